@@ -1,0 +1,85 @@
+//! Configuration: parse → validate → typed.
+//!
+//! `load` reads one TOML file and returns either a validated [`Config`] or every
+//! problem found, each naming the file, the dotted key and the reason.
+
+mod duration;
+mod schema;
+mod validate;
+
+pub use duration::format as format_duration;
+pub use schema::*;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted key such as `pools[0].replicas[1].url`; empty for the whole file.
+    pub key: String,
+    pub reason: String,
+}
+
+/// Every problem found in one file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.issues.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            let file = self.file.display();
+            if issue.key.is_empty() {
+                write!(f, "{file}: {}", issue.reason)?;
+            } else {
+                write!(f, "{file}: {}: {}", issue.key, issue.reason)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads, parses and validates the config at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_path_buf(),
+        issues: vec![ConfigIssue {
+            key: String::new(),
+            reason: format!("cannot read file: {e}"),
+        }],
+    })?;
+    parse(&text).map_err(|issues| ConfigError {
+        file: path.to_path_buf(),
+        issues,
+    })
+}
+
+/// Parses and validates config text.
+pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {
+    let de = toml::Deserializer::parse(text).map_err(|e| vec![toml_issue(String::new(), &e)])?;
+    let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let key = if key == "." { String::new() } else { key };
+        vec![toml_issue(key, e.inner())]
+    })?;
+    let issues = validate::validate(&config);
+    if issues.is_empty() {
+        Ok(config)
+    } else {
+        Err(issues)
+    }
+}
+
+fn toml_issue(key: String, e: &toml::de::Error) -> ConfigIssue {
+    let mut reason = e.message().to_string();
+    if let Some(span) = e.span() {
+        reason.push_str(&format!(" (at byte {})", span.start));
+    }
+    ConfigIssue { key, reason }
+}

@@ -1,0 +1,187 @@
+//! The response body llmlb streams back to the client.
+//!
+//! [`ProxyBody`] passes the replica's frames through one by one as they arrive
+//! (no buffering), enforces the idle-between-chunks timeout, records time to
+//! first byte, and carries the replica's [`InFlightGuard`]: the load is released
+//! at end of stream, on error, or when hyper drops the body because the client
+//! went away. Dropping the body also drops the upstream connection, which is
+//! how a vLLM replica learns to abort the request and free its KV cache.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use crate::balancing::InFlightGuard;
+use crate::telemetry::Metrics;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body of known bytes.
+pub fn full_body(bytes: impl Into<Bytes>) -> ResponseBody {
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Records the outcome of one proxied request exactly once, when the body ends
+/// or is dropped. A body dropped before its end counts as status 499 (client
+/// closed request), as NGINX reports it.
+#[derive(Debug)]
+pub struct Completion {
+    pub metrics: Arc<Metrics>,
+    pub pool: Arc<str>,
+    pub replica: Arc<str>,
+    pub status: u16,
+    pub start: Instant,
+    pub finished: bool,
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        let status = if self.finished { self.status } else { 499 };
+        self.metrics
+            .requests
+            .with_label_values(&[&*self.pool, &*self.replica, &status.to_string()])
+            .inc();
+        self.metrics
+            .request_duration
+            .with_label_values(&[&*self.pool])
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+pub struct ProxyBody {
+    inner: Incoming,
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    /// Released at end of stream.
+    guard: Option<InFlightGuard>,
+    completion: Option<Completion>,
+    /// Server-sent events: a failure mid-stream becomes a readable error event.
+    sse: bool,
+    first_byte_seen: bool,
+    ended: bool,
+}
+
+impl ProxyBody {
+    pub fn new(
+        inner: Incoming,
+        idle_timeout: Duration,
+        guard: InFlightGuard,
+        completion: Completion,
+        sse: bool,
+    ) -> ProxyBody {
+        ProxyBody {
+            inner,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout,
+            guard: Some(guard),
+            completion: Some(completion),
+            sse,
+            first_byte_seen: false,
+            ended: false,
+        }
+    }
+
+    fn finish(&mut self) {
+        self.ended = true;
+        self.guard = None;
+        if let Some(mut c) = self.completion.take() {
+            c.finished = true;
+        }
+    }
+
+    /// Ends the stream after an upstream failure: SSE clients get an error
+    /// event they can parse; others see the response cut off.
+    fn fail(
+        &mut self,
+        kind: &str,
+        message: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(c) = &self.completion {
+            c.metrics
+                .upstream_errors
+                .with_label_values(&[&*c.pool, &*c.replica, kind])
+                .inc();
+        }
+        tracing::warn!(kind, %message, "upstream stream failed");
+        self.finish();
+        if self.sse {
+            let event = serde_json::json!({
+                "error": {"message": message, "type": "server_error", "code": kind}
+            });
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!(
+                "data: {event}\n\n"
+            ))))))
+        } else {
+            Poll::Ready(Some(Err(message.into())))
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if !this.first_byte_seen && frame.is_data() {
+                    this.first_byte_seen = true;
+                    if let Some(c) = &this.completion {
+                        c.metrics
+                            .time_to_first_byte
+                            .with_label_values(&[&*c.pool])
+                            .observe(c.start.elapsed().as_secs_f64());
+                    }
+                }
+                let deadline = tokio::time::Instant::now() + this.idle_timeout;
+                this.idle.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => this.fail("stream", format!("replica stream broke: {e}")),
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => this.fail(
+                    "idle_timeout",
+                    format!(
+                        "replica sent nothing for {}",
+                        crate::config::format_duration(this.idle_timeout)
+                    ),
+                ),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.ended {
+            SizeHint::with_exact(0)
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! One proxied request: pick a replica, send the original bytes, retry on
+//! another replica when the connection fails before any response byte, and
+//! hand back a streaming response.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full};
+
+use super::body::{Completion, ProxyBody, ResponseBody};
+use super::headers::{REQUEST_ID, strip_hop_by_hop};
+use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
+use crate::routing::Pool;
+use crate::server::ApiError;
+use crate::telemetry::Metrics;
+
+/// Everything needed to send one client request upstream.
+pub struct ForwardRequest<'a> {
+    pub pool: &'a Arc<Pool>,
+    pub method: Method,
+    pub path_and_query: &'a str,
+    /// Client headers, hop-by-hop ones already removed.
+    pub headers: HeaderMap,
+    /// The original request body, unchanged.
+    pub body: Bytes,
+    pub info: RequestInfo<'a>,
+    pub request_id: &'a HeaderValue,
+    pub client_ip: Option<IpAddr>,
+    pub start: Instant,
+    pub metrics: &'a Arc<Metrics>,
+}
+
+pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ApiError> {
+    let pool = req.pool;
+    let mut headers = std::mem::take(&mut req.headers);
+    prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
+    let mut tried: Vec<ReplicaId> = Vec::new();
+    let max_attempts = pool.retries + 1;
+    loop {
+        let candidates: Vec<Arc<Replica>> = pool
+            .eligible()
+            .into_iter()
+            .filter(|r| !tried.contains(&r.id))
+            .collect();
+        let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
+        let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
+            Ok(pick) => pick,
+            Err(branch) => {
+                req.metrics
+                    .decisions
+                    .with_label_values(&[&pool.name, branch.as_str()])
+                    .inc();
+                return Err(if tried.is_empty() {
+                    ApiError::NoHealthyReplica {
+                        pool: pool.name.clone(),
+                    }
+                } else {
+                    ApiError::UpstreamUnavailable {
+                        pool: pool.name.clone(),
+                        attempts: tried.len() as u32,
+                    }
+                });
+            }
+        };
+        req.metrics
+            .decisions
+            .with_label_values(&[&pool.name, pick.branch.as_str()])
+            .inc();
+        let replica = &candidates[pick.index];
+        tried.push(replica.id);
+        tracing::debug!(
+            pool = %pool.name,
+            replica = %replica.name,
+            branch = pick.branch.as_str(),
+            attempt = tried.len(),
+            "dispatch"
+        );
+        let guard = replica.acquire();
+        let upstream = build_request(
+            &req.method,
+            replica,
+            req.path_and_query,
+            &headers,
+            &req.body,
+        )?;
+        let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
+        match sent.await {
+            Err(_elapsed) => {
+                count_upstream_error(req.metrics, pool, replica, "timeout");
+                return Err(ApiError::UpstreamTimeout {
+                    pool: pool.name.clone(),
+                    timeout: crate::config::format_duration(pool.timeouts.first_byte),
+                });
+            }
+            Ok(Err(err)) => {
+                let kind = if err.is_connect() { "connect" } else { "reset" };
+                count_upstream_error(req.metrics, pool, replica, kind);
+                if replica.record_failure(pool.outlier.consecutive_failures, pool.outlier.cooldown)
+                {
+                    tracing::warn!(pool = %pool.name, replica = %replica.name, "replica set aside after repeated connection failures");
+                }
+                tracing::info!(pool = %pool.name, replica = %replica.name, error = %err, "upstream attempt failed");
+                drop(guard);
+                if tried.len() as u32 >= max_attempts {
+                    return Err(ApiError::UpstreamUnavailable {
+                        pool: pool.name.clone(),
+                        attempts: tried.len() as u32,
+                    });
+                }
+                req.metrics.retries.with_label_values(&[&pool.name]).inc();
+            }
+            Ok(Ok(resp)) => {
+                replica.record_success();
+                return Ok(stream_back(resp, &req, replica, guard));
+            }
+        }
+    }
+}
+
+fn prepare_upstream_headers(
+    headers: &mut HeaderMap,
+    request_id: &HeaderValue,
+    client_ip: Option<IpAddr>,
+) {
+    // hyper sets Host from the upstream URI and Content-Length from the body.
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(REQUEST_ID, request_id.clone());
+    if let Some(ip) = client_ip {
+        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
+            _ => ip.to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert("x-forwarded-for", v);
+        }
+    }
+}
+
+fn build_request(
+    method: &Method,
+    replica: &Replica,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(replica.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|e| ApiError::BadRequest(format!("invalid request path: {e}")))?;
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers.clone();
+    Ok(req)
+}
+
+fn stream_back(
+    resp: Response<hyper::body::Incoming>,
+    req: &ForwardRequest<'_>,
+    replica: &Arc<Replica>,
+    guard: balancing::InFlightGuard,
+) -> Response<ResponseBody> {
+    let (mut parts, incoming) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .entry(REQUEST_ID)
+        .or_insert_with(|| req.request_id.clone());
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let completion = Completion {
+        metrics: Arc::clone(req.metrics),
+        pool: Arc::from(req.pool.name.as_str()),
+        replica: Arc::from(replica.name.as_str()),
+        status: parts.status.as_u16(),
+        start: req.start,
+        finished: false,
+    };
+    let body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+fn count_upstream_error(metrics: &Metrics, pool: &Pool, replica: &Replica, kind: &str) {
+    metrics
+        .upstream_errors
+        .with_label_values(&[&pool.name, &replica.name, kind])
+        .inc();
+}

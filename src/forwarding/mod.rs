@@ -1,0 +1,13 @@
+//! Forwarding: send the original request bytes to the chosen replica, retry on
+//! another replica while nothing has reached the client, and stream the answer
+//! back frame by frame.
+
+mod body;
+mod client;
+mod forward;
+mod headers;
+
+pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
+pub use client::{UpstreamClient, client};
+pub use forward::{ForwardRequest, forward};
+pub use headers::{REQUEST_ID, strip_hop_by_hop};

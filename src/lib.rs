@@ -1,0 +1,17 @@
+//! llmlb: a load balancer for LLM inference fleets.
+//!
+//! The request path, one module per stage: [`server`] accepts and reads the
+//! request, [`routing`] finds the pool, [`balancing`] picks the replica,
+//! [`forwarding`] streams the answer back. [`config`] parses and validates the
+//! TOML file; [`telemetry`] and [`admin`] make it observable.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod balancing;
+pub mod config;
+pub mod forwarding;
+pub mod routing;
+pub mod server;
+pub mod telemetry;
+pub mod tokenizer;

@@ -1,0 +1,117 @@
+//! The daemon: shared state, the client-facing listener and its request handler.
+
+mod error;
+mod handler;
+mod listener;
+pub mod request;
+
+pub use error::{ApiError, error_response};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::routing::Topology;
+use crate::telemetry::Metrics;
+
+/// State shared by every connection. The topology is an `ArcSwap` snapshot:
+/// each request loads it once and keeps it for its whole life, and a reload
+/// swaps in a new one without blocking anybody.
+#[derive(Debug)]
+pub struct AppState {
+    pub config: ArcSwap<Config>,
+    pub topology: ArcSwap<Topology>,
+    pub metrics: Arc<Metrics>,
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Arc<AppState> {
+        let metrics = Arc::new(Metrics::new());
+        let topology = Topology::build(&config, &metrics, None);
+        Arc::new(AppState {
+            config: ArcSwap::from_pointee(config),
+            topology: ArcSwap::from_pointee(topology),
+            metrics,
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// Ready to take traffic: not draining and every pool has a live replica.
+    pub fn is_ready(&self) -> bool {
+        !self.draining.load(Ordering::Relaxed) && self.topology.load().is_ready()
+    }
+}
+
+/// A running llmlb: its bound addresses and the means to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub state: Arc<AppState>,
+    shutdown: watch::Sender<bool>,
+    admin_shutdown: watch::Sender<bool>,
+    client_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish (up to the drain
+    /// timeout) and returns when both listeners are closed.
+    /// The admin listener keeps answering (`/readyz` says 503) until the
+    /// client listener has drained.
+    pub async fn shutdown(self) {
+        self.state.draining.store(true, Ordering::Relaxed);
+        let _ = self.shutdown.send(true);
+        let _ = self.client_task.await;
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
+    }
+}
+
+/// Starts llmlb on already-bound listeners (tests bind `127.0.0.1:0`).
+pub fn start(
+    config: Config,
+    listener: TcpListener,
+    admin: TcpListener,
+) -> std::io::Result<Running> {
+    let addr = listener.local_addr()?;
+    let admin_addr = admin.local_addr()?;
+    let state = AppState::new(config);
+    let (shutdown, rx) = watch::channel(false);
+    let (admin_shutdown, admin_rx) = watch::channel(false);
+    let server = state.config.load();
+    let (http2, drain) = (server.server.http2, server.server.drain_timeout);
+
+    let s = Arc::clone(&state);
+    let client = tokio::spawn(listener::run(
+        listener,
+        move |peer, req| handler::handle(Arc::clone(&s), peer, req),
+        rx,
+        http2,
+        drain,
+    ));
+    let s = Arc::clone(&state);
+    let admin_task = tokio::spawn(listener::run(
+        admin,
+        move |_peer, req| crate::admin::handle(Arc::clone(&s), req),
+        admin_rx,
+        false,
+        drain,
+    ));
+    tracing::info!(%addr, %admin_addr, "llmlb listening");
+    Ok(Running {
+        addr,
+        admin_addr,
+        state,
+        shutdown,
+        admin_shutdown,
+        client_task: client,
+        admin_task,
+    })
+}

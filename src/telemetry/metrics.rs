@@ -1,0 +1,157 @@
+//! llmlb's own metrics, registered in one private registry and served as
+//! Prometheus text on the admin listener.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets in seconds, from sub-millisecond proxy work to long generations.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Finished requests by pool, replica and HTTP status.
+    pub requests: IntCounterVec,
+    /// Time from request arrival to the end of the response body.
+    pub request_duration: HistogramVec,
+    /// Time from request arrival to the first response body byte from the replica.
+    pub time_to_first_byte: HistogramVec,
+    /// Requests in flight per replica.
+    pub in_flight: IntGaugeVec,
+    /// Failures talking to a replica, by kind (`connect`, `timeout`, `stream`, ...).
+    pub upstream_errors: IntCounterVec,
+    /// Attempts repeated on another replica.
+    pub retries: IntCounterVec,
+    /// Requests answered by llmlb itself with an error, by reason.
+    pub rejections: IntCounterVec,
+    /// Balancer decisions by pool and branch.
+    pub decisions: IntCounterVec,
+    /// 1 while a replica is set aside by passive health.
+    pub replica_down: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "llmlb_requests_total",
+                "Requests finished, by pool, replica and status.",
+            ),
+            &["pool", "replica", "status"],
+        )
+        .expect("metric");
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "llmlb_request_duration_seconds",
+                "End-to-end request latency seen by llmlb, to the last response byte.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["pool"],
+        )
+        .expect("metric");
+        let time_to_first_byte = HistogramVec::new(
+            HistogramOpts::new(
+                "llmlb_time_to_first_byte_seconds",
+                "Time from request arrival to the first response body byte from the replica.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["pool"],
+        )
+        .expect("metric");
+        let in_flight = IntGaugeVec::new(
+            Opts::new("llmlb_replica_in_flight", "Requests in flight per replica."),
+            &["pool", "replica"],
+        )
+        .expect("metric");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "llmlb_upstream_errors_total",
+                "Failures talking to a replica, by kind.",
+            ),
+            &["pool", "replica", "kind"],
+        )
+        .expect("metric");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "llmlb_retries_total",
+                "Attempts repeated on another replica.",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        let rejections = IntCounterVec::new(
+            Opts::new(
+                "llmlb_rejections_total",
+                "Requests answered by llmlb itself with an error, by reason.",
+            ),
+            &["reason"],
+        )
+        .expect("metric");
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "llmlb_balancer_decisions_total",
+                "Balancer decisions by pool and branch.",
+            ),
+            &["pool", "branch"],
+        )
+        .expect("metric");
+        let replica_down = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_replica_down",
+                "1 while a replica is set aside after repeated connection failures.",
+            ),
+            &["pool", "replica"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(request_duration.clone()),
+            Box::new(time_to_first_byte.clone()),
+            Box::new(in_flight.clone()),
+            Box::new(upstream_errors.clone()),
+            Box::new(retries.clone()),
+            Box::new(rejections.clone()),
+            Box::new(decisions.clone()),
+            Box::new(replica_down.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            time_to_first_byte,
+            in_flight,
+            upstream_errors,
+            retries,
+            rejections,
+            decisions,
+            replica_down,
+        }
+    }
+
+    /// The registry, for modules that add their own metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Everything in Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
