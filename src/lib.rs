@@ -8,9 +8,11 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod balancing;
 pub mod config;
 pub mod forwarding;
+pub mod gateway;
 pub mod routing;
 pub mod server;
 pub mod telemetry;

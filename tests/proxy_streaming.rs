@@ -177,7 +177,9 @@ async fn silent_stream_past_idle_timeout_ends_with_an_sse_error_event() {
     ))
     .await;
     let mut conn = Conn::open(lb.addr).await;
-    let resp = conn.send(chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    let resp = conn
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
     assert_eq!(resp.status(), 200);
     // The upstream sends one chunk and then nothing: llmlb gives up after 200 ms,
     // tells the client in a parseable SSE event, ends the body and drops the replica.
@@ -189,12 +191,17 @@ async fn silent_stream_past_idle_timeout_ends_with_an_sse_error_event() {
     let text = String::from_utf8_lossy(&all);
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 2, "{text}");
-    let err: serde_json::Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+    let err: serde_json::Value =
+        serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(err["error"]["code"], "idle_timeout");
     up.wait_closed(1, Duration::from_secs(1)).await;
     let metrics = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(&metrics, "llmlb_upstream_errors_total", &[("kind", "idle_timeout")]),
+        metric_value(
+            &metrics,
+            "llmlb_upstream_errors_total",
+            &[("kind", "idle_timeout")]
+        ),
         1.0
     );
     lb.shutdown().await;

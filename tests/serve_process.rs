@@ -33,21 +33,28 @@ async fn serve_proxies_and_exits_cleanly_on_sigterm() {
     // The first log line names the bound addresses.
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let line = lines.next().unwrap().unwrap();
-    let log: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let log: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
     assert_eq!(log["message"], "llmlb listening", "{line}");
     let addr: std::net::SocketAddr = log["addr"].as_str().unwrap().parse().unwrap();
     let (status, _, body) = call(addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(up.requests(), 1);
 
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(kill.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(std::time::Instant::now() < deadline, "llmlb did not exit after SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "llmlb did not exit after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "{status:?}");

@@ -26,6 +26,8 @@ pub struct Replica {
     /// `host:port` used to build upstream URIs.
     pub authority: http::uri::Authority,
     pub weight: u32,
+    /// Concurrency limit when the pool queues (`max_inflight`).
+    pub max_inflight: Option<u32>,
     in_flight: AtomicU64,
     consecutive_failures: AtomicU32,
     /// Milliseconds on the process clock until which the replica is set aside (0 = eligible).
@@ -45,6 +47,7 @@ impl Replica {
             name,
             authority,
             weight,
+            max_inflight: None,
             in_flight: AtomicU64::new(0),
             consecutive_failures: AtomicU32::new(0),
             down_until_ms: AtomicU64::new(0),
@@ -54,6 +57,18 @@ impl Replica {
 
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Sets the concurrency limit (builder style, before sharing).
+    pub fn with_limit(mut self, max_inflight: Option<u32>) -> Replica {
+        self.max_inflight = max_inflight;
+        self
+    }
+
+    /// Whether the replica is under its concurrency limit (always, without one).
+    pub fn has_free_slot(&self) -> bool {
+        self.max_inflight
+            .is_none_or(|limit| self.in_flight() < u64::from(limit))
     }
 
     /// Counts one more request in flight until the guard is dropped.

@@ -4,10 +4,13 @@
 //! problem found, each naming the file, the dotted key and the reason.
 
 mod duration;
+mod gateway;
 mod schema;
 mod validate;
+mod validate_gateway;
 
 pub use duration::format as format_duration;
+pub use gateway::*;
 pub use schema::*;
 
 use std::fmt;

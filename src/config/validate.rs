@@ -57,6 +57,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         }
         validate_pool(&mut out, &key, pool);
     }
+    super::validate_gateway::validate(config, &mut out);
     out
 }
 
@@ -154,7 +155,7 @@ pub fn parse_replica_url(url: &str) -> Result<String, String> {
     Ok(format!("{}:{port}", authority.host()))
 }
 
-fn push(out: &mut Vec<ConfigIssue>, key: &str, reason: &str) {
+pub(super) fn push(out: &mut Vec<ConfigIssue>, key: &str, reason: &str) {
     out.push(ConfigIssue {
         key: key.to_string(),
         reason: reason.to_string(),

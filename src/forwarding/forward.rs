@@ -46,6 +46,13 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             .into_iter()
             .filter(|r| !tried.contains(&r.id))
             .collect();
+        // Under a concurrency limit, prefer replicas with a free slot.
+        let free: Vec<Arc<Replica>> = candidates
+            .iter()
+            .filter(|r| r.has_free_slot())
+            .cloned()
+            .collect();
+        let candidates = if free.is_empty() { candidates } else { free };
         let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
         let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
             Ok(pick) => pick,

@@ -172,7 +172,7 @@ impl Shared {
         match mode {
             Mode::Json => {
                 let body = format!(
-                    r#"{{"replica":"{}","object":"chat.completion"}}"#,
+                    r#"{{"replica":"{}","object":"chat.completion","usage":{{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}}}"#,
                     self.name
                 );
                 ChannelBody::fixed(StatusCode::OK, "application/json", body)
