@@ -105,6 +105,7 @@ fn hash_key(key: Option<String>) -> anyhow::Result<()> {
 }
 
 fn serve(path: &Path) -> anyhow::Result<()> {
+    let loaded = std::fs::read(path).ok();
     let cfg = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
@@ -114,8 +115,21 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         let admin = tokio::net::TcpListener::bind(cfg.server.admin_listen)
             .await
             .with_context(|| format!("binding server.admin_listen {}", cfg.server.admin_listen))?;
+        let watch_interval = cfg.server.watch_interval;
         let running = llmlb::server::start(cfg, listener, admin)?;
-        wait_for_signal().await;
+        let _ = running.state.config_path.set(path.to_path_buf());
+        let (stop_watch, watch_rx) = tokio::sync::watch::channel(false);
+        if !watch_interval.is_zero() {
+            tokio::spawn(llmlb::server::reload::watch_file(
+                std::sync::Arc::clone(&running.state),
+                path.to_path_buf(),
+                loaded,
+                watch_interval,
+                watch_rx,
+            ));
+        }
+        wait_for_shutdown(&running.state).await;
+        let _ = stop_watch.send(true);
         tracing::info!("shutting down: draining in-flight requests");
         running.shutdown().await;
         tracing::info!("stopped");
@@ -123,12 +137,20 @@ fn serve(path: &Path) -> anyhow::Result<()> {
     })
 }
 
-async fn wait_for_signal() {
+/// Waits for SIGTERM or SIGINT; reloads the config on each SIGHUP meanwhile.
+async fn wait_for_shutdown(state: &llmlb::server::AppState) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
+    let mut hup = signal(SignalKind::hangup()).expect("install SIGHUP handler");
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = llmlb::server::reload::reload(state, None);
+            }
+        }
     }
 }

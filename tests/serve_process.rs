@@ -23,13 +23,15 @@ async fn serve_proxies_and_exits_cleanly_on_sigterm() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
+    let child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
         .args(["--log-format", "json", "serve", "--config"])
         .arg(&path)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut child = ChildGuard(child);
+    let child = &mut child.0;
     // The first log line names the bound addresses.
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let line = lines.next().unwrap().unwrap();

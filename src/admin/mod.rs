@@ -12,6 +12,9 @@ use crate::forwarding::{ResponseBody, full_body};
 use crate::server::{AppState, error_response};
 
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResponseBody> {
+    if req.method() == Method::POST {
+        return post(&state, &req);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return error_response(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -45,6 +48,63 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
             &format!("no admin endpoint {other}"),
         ),
     }
+}
+
+/// Mutating endpoints, behind the optional admin token.
+fn post(state: &AppState, req: &Request<Incoming>) -> Response<ResponseBody> {
+    if let Some(token) = &state.config.load().server.admin_token {
+        let presented = crate::gateway::keys::presented_key(req.headers()).unwrap_or("");
+        let ok: bool = subtle::ConstantTimeEq::ct_eq(presented.as_bytes(), token.as_bytes()).into();
+        if !ok {
+            let mut resp = error_response(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_admin_token",
+                "admin endpoints need `Authorization: Bearer <server.admin_token>`",
+            );
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return resp;
+        }
+    }
+    match req.uri().path() {
+        "/admin/reload" => match crate::server::reload::reload(state, None) {
+            Ok(summary) => json(
+                StatusCode::OK,
+                &serde_json::json!({"status": "reloaded", "summary": summary}),
+            ),
+            Err(e) => {
+                let errors: Vec<serde_json::Value> = e
+                    .issues
+                    .iter()
+                    .map(|i| serde_json::json!({"key": i.key, "reason": i.reason}))
+                    .collect();
+                json(
+                    StatusCode::BAD_REQUEST,
+                    &serde_json::json!({
+                        "error": {
+                            "message": format!("config rejected; the running config stays in force:\n{e}"),
+                            "type": "invalid_request_error",
+                            "param": null,
+                            "code": "invalid_config",
+                        },
+                        "file": e.file.display().to_string(),
+                        "issues": errors,
+                    }),
+                )
+            }
+        },
+        other => error_response(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            &format!("no admin endpoint POST {other}"),
+        ),
+    }
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<ResponseBody> {
+    text(status, "application/json", value.to_string())
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<ResponseBody> {

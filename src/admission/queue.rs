@@ -62,12 +62,12 @@ pub enum Admit {
     Refused(Refusal),
 }
 
-type Capacity = Box<dyn Fn() -> usize + Send + Sync>;
+pub type Capacity = Box<dyn Fn() -> usize + Send + Sync>;
 
 pub struct PoolQueue {
     me: Weak<PoolQueue>,
     params: QueueParams,
-    capacity: Capacity,
+    capacity: arc_swap::ArcSwap<Capacity>,
     inner: Mutex<Inner>,
 }
 
@@ -127,12 +127,28 @@ impl PoolQueue {
         Arc::new_cyclic(|me| PoolQueue {
             me: me.clone(),
             params,
-            capacity,
+            capacity: arc_swap::ArcSwap::from_pointee(capacity),
             inner: Mutex::new(Inner {
                 waiting: (0..levels).map(|_| VecDeque::new()).collect(),
                 ..Inner::default()
             }),
         })
+    }
+
+    /// Whether a config with `params` can keep using this queue on reload.
+    pub fn same_params(&self, params: &QueueParams) -> bool {
+        self.params.max_depth == params.max_depth
+            && self.params.levels.len() == params.levels.len()
+            && self.params.levels.iter().zip(&params.levels).all(|(a, b)| {
+                a.name == b.name && a.max_wait == b.max_wait && a.promote_after == b.promote_after
+            })
+    }
+
+    /// Replaces where capacity comes from (a reload changed the replicas)
+    /// and grants waiters the new capacity allows.
+    pub fn set_capacity(&self, capacity: Capacity) {
+        self.capacity.store(std::sync::Arc::new(capacity));
+        self.poke();
     }
 
     pub fn levels(&self) -> &[Level] {
@@ -146,7 +162,7 @@ impl PoolQueue {
     /// Admits a request at `level` now, queues it, or refuses it.
     pub fn admit(&self, level: usize, now: Instant) -> Admit {
         let level = level.min(self.params.levels.len().saturating_sub(1));
-        let capacity = (self.capacity)();
+        let capacity = (self.capacity.load())();
         let mut inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
         if queued == 0 && inner.active < capacity {
@@ -210,7 +226,7 @@ impl PoolQueue {
 
     /// Time to drain the current backlog at the measured rate (1 s without data).
     pub fn backlog_drain_time(&self) -> Duration {
-        let capacity = (self.capacity)();
+        let capacity = (self.capacity.load())();
         let inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
         let rate = drain_rate(&inner, capacity);
@@ -254,7 +270,7 @@ impl PoolQueue {
 
     fn grant(&self, inner: &mut Inner) -> Vec<(oneshot::Sender<Permit>, Permit)> {
         let mut out = Vec::new();
-        let capacity = (self.capacity)();
+        let capacity = (self.capacity.load())();
         let now = Instant::now();
         while inner.active < capacity {
             let Some(level) = self.next_level(inner, now) else {

@@ -41,6 +41,15 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Whether to accept HTTP/2 with prior knowledge (h2c) besides HTTP/1.1.
     pub http2: bool,
+    /// Bearer token required by the admin listener's mutating endpoints
+    /// (`POST /admin/...`); unset means they are open to whoever reaches the
+    /// admin listener (which binds to loopback by default).
+    pub admin_token: Option<String>,
+    /// How often `llmlb serve` checks the config file for changes (reload on
+    /// change); "0s" turns watching off. SIGHUP and `POST /admin/reload`
+    /// always reload.
+    #[serde(with = "duration_serde")]
+    pub watch_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +60,8 @@ impl Default for ServerConfig {
             max_body_bytes: 32 * 1024 * 1024,
             drain_timeout: Duration::from_secs(30),
             http2: true,
+            admin_token: None,
+            watch_interval: Duration::from_secs(2),
         }
     }
 }

@@ -125,7 +125,8 @@ fn build_pool(
             Arc::new(Replica::new(name, authority, rc.weight, gauge).with_limit(limit))
         })
         .collect();
-    let admission = queue_for(config, pc, &replicas, admission_metrics);
+    let old_queue = old.and_then(|p| p.admission.as_ref());
+    let admission = queue_for(config, pc, &replicas, admission_metrics, old_queue);
     Pool {
         name: pc.name.clone(),
         models: pc.models.clone(),
@@ -146,6 +147,7 @@ fn queue_for(
     pc: &PoolConfig,
     replicas: &[Arc<Replica>],
     metrics: &AdmissionMetrics,
+    old: Option<&Admission>,
 ) -> Option<Admission> {
     if replicas.iter().all(|r| r.max_inflight.is_none()) {
         return None;
@@ -167,12 +169,18 @@ fn queue_for(
             .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
             .sum()
     });
-    let queue = PoolQueue::new(
-        QueueParams {
-            levels,
-            max_depth: pc.queue.max_depth,
-        },
-        capacity,
-    );
+    let params = QueueParams {
+        levels,
+        max_depth: pc.queue.max_depth,
+    };
+    // A reload that keeps the queue's shape keeps the queue itself: its
+    // waiters and the permits of requests in flight stay counted.
+    let queue = match old {
+        Some(a) if a.queue.same_params(&params) => {
+            a.queue.set_capacity(capacity);
+            Arc::clone(&a.queue)
+        }
+        _ => PoolQueue::new(params, capacity),
+    };
     Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
 }

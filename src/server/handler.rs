@@ -112,6 +112,17 @@ async fn route(
         },
         None => None,
     };
+    // A reload may have happened while the request waited: place it with the
+    // replicas in force now.
+    let topology = if permit.is_some() {
+        state.topology.load()
+    } else {
+        topology
+    };
+    let Some(pool) = topology.pool_for(&meta.model) else {
+        caller.refund(estimated, Instant::now());
+        return Err(ApiError::ModelNotFound(meta.model.clone()));
+    };
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);

@@ -3,6 +3,7 @@
 mod error;
 mod handler;
 mod listener;
+pub mod reload;
 pub mod request;
 
 pub use error::{ApiError, error_response};
@@ -33,6 +34,9 @@ pub struct AppState {
     pub admission_metrics: AdmissionMetrics,
     pub gateway: ArcSwap<Gateway>,
     pub draining: AtomicBool,
+    pub reload_metrics: reload::ReloadMetrics,
+    /// The file the config came from, when it came from one (for reloads).
+    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 impl AppState {
@@ -41,6 +45,7 @@ impl AppState {
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
         let topology = Topology::build(&config, &metrics, &admission_metrics, None);
         let gateway = Gateway::build(&config, None, std::time::Instant::now());
+        let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
@@ -48,6 +53,8 @@ impl AppState {
             admission_metrics,
             gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
+            reload_metrics,
+            config_path: std::sync::OnceLock::new(),
         })
     }
 

@@ -378,3 +378,14 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A child process that is killed when the test ends, even by a panic, so a
+/// failing test never leaves a server running (or a pipe open).
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

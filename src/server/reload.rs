@@ -1,0 +1,188 @@
+//! Hot reload: parse and validate a new config; if it is invalid keep serving
+//! with the old one, otherwise swap the topology and gateway atomically.
+//!
+//! Replicas that stay (same pool, address, name, weight and limit) keep their
+//! `Arc` and so their in-flight counts and health; a pool queue whose shape is
+//! unchanged is kept with its waiters; keys that stay keep their buckets.
+//! Requests already running hold the snapshot they started with, so removed
+//! replicas finish their streams and receive nothing new.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+
+use super::AppState;
+use crate::config::{self, ConfigError};
+use crate::gateway::Gateway;
+use crate::routing::Topology;
+
+#[derive(Debug, Clone)]
+pub struct ReloadMetrics {
+    /// Reload attempts by result (`success`, `failure`).
+    pub reloads: IntCounterVec,
+    /// 1 when the last reload attempt succeeded.
+    pub last_ok: IntGauge,
+}
+
+impl ReloadMetrics {
+    pub fn new(registry: &Registry) -> ReloadMetrics {
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "llmlb_config_reloads_total",
+                "Config reload attempts by result.",
+            ),
+            &["result"],
+        )
+        .expect("metric");
+        let last_ok = IntGauge::new(
+            "llmlb_config_last_reload_successful",
+            "1 when the last config reload succeeded (or none was tried).",
+        )
+        .expect("metric");
+        last_ok.set(1);
+        registry
+            .register(Box::new(reloads.clone()))
+            .expect("unique metric names");
+        registry
+            .register(Box::new(last_ok.clone()))
+            .expect("unique metric names");
+        ReloadMetrics { reloads, last_ok }
+    }
+}
+
+/// What a successful reload changed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReloadSummary {
+    pub pools: usize,
+    pub replicas: usize,
+    /// Replicas carried over with their state.
+    pub kept_replicas: usize,
+    /// Settings that need a restart and were not applied.
+    pub needs_restart: Vec<String>,
+}
+
+/// Reloads from `path` (or the file llmlb was started with).
+pub fn reload(state: &AppState, path: Option<&Path>) -> Result<ReloadSummary, ConfigError> {
+    let path: PathBuf = match path.or(state.config_path.get().map(PathBuf::as_path)) {
+        Some(p) => p.to_path_buf(),
+        None => {
+            return Err(ConfigError {
+                file: PathBuf::from("<none>"),
+                issues: vec![config::ConfigIssue {
+                    key: String::new(),
+                    reason: "llmlb was not started from a config file".into(),
+                }],
+            });
+        }
+    };
+    match config::load(&path) {
+        Ok(new) => Ok(apply(state, new)),
+        Err(e) => {
+            state
+                .reload_metrics
+                .reloads
+                .with_label_values(&["failure"])
+                .inc();
+            state.reload_metrics.last_ok.set(0);
+            tracing::error!(file = %path.display(), errors = %e, "config reload rejected; keeping the running config");
+            Err(e)
+        }
+    }
+}
+
+/// Swaps in a validated config.
+pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
+    let old_config = state.config.load_full();
+    let old_topology = state.topology.load_full();
+    let topology = Topology::build(
+        &new,
+        &state.metrics,
+        &state.admission_metrics,
+        Some(&old_topology),
+    );
+    let gateway = Gateway::build(&new, Some(&state.gateway.load()), Instant::now());
+    let mut needs_restart = Vec::new();
+    for (key, changed) in [
+        (
+            "server.listen",
+            old_config.server.listen != new.server.listen,
+        ),
+        (
+            "server.admin_listen",
+            old_config.server.admin_listen != new.server.admin_listen,
+        ),
+        ("server.http2", old_config.server.http2 != new.server.http2),
+    ] {
+        if changed {
+            needs_restart.push(key.to_string());
+        }
+    }
+    let old_ids: Vec<u64> = old_topology
+        .pools
+        .iter()
+        .flat_map(|p| p.replicas.iter().map(|r| r.id))
+        .collect();
+    let replicas: usize = topology.pools.iter().map(|p| p.replicas.len()).sum();
+    let kept_replicas = topology
+        .pools
+        .iter()
+        .flat_map(|p| p.replicas.iter())
+        .filter(|r| old_ids.contains(&r.id))
+        .count();
+    let summary = ReloadSummary {
+        pools: topology.pools.len(),
+        replicas,
+        kept_replicas,
+        needs_restart,
+    };
+    state.gateway.store(std::sync::Arc::new(gateway));
+    state.topology.store(std::sync::Arc::new(topology));
+    state.config.store(std::sync::Arc::new(new));
+    state
+        .reload_metrics
+        .reloads
+        .with_label_values(&["success"])
+        .inc();
+    state.reload_metrics.last_ok.set(1);
+    tracing::info!(
+        pools = summary.pools,
+        replicas = summary.replicas,
+        kept = summary.kept_replicas,
+        needs_restart = ?summary.needs_restart,
+        "config reloaded"
+    );
+    summary
+}
+
+/// Reloads whenever the file's content changes, checking every `interval`
+/// until `shutdown` turns true. Polling (rather than inotify) also sees a
+/// Kubernetes ConfigMap update, which swaps a symlink.
+/// `loaded` is the content the running config was read from.
+pub async fn watch_file(
+    state: std::sync::Arc<AppState>,
+    path: PathBuf,
+    loaded: Option<Vec<u8>>,
+    interval: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut last = loaded;
+    let mut next = tokio::time::Instant::now() + interval;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    return;
+                }
+            }
+        }
+        next += interval;
+        let now = std::fs::read(&path).ok();
+        if now.is_some() && now != last {
+            last = now;
+            tracing::info!(file = %path.display(), "config file changed; reloading");
+            let _ = reload(&state, Some(&path));
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Hot reload: a bad file changes nothing; a good one swaps the topology
+//! without dropping running streams or queued requests.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+struct TempConfig {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TempConfig {
+    fn new(tag: &str, text: &str) -> TempConfig {
+        let dir = std::env::temp_dir().join(format!("llmlb-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("llmlb.toml");
+        std::fs::write(&path, text).unwrap();
+        TempConfig { dir, path }
+    }
+
+    fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn post(path: &str, token: Option<&str>) -> Request<Full<Bytes>> {
+    let mut b = Request::post(path).header("host", "admin");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    b.body(Full::new(Bytes::new())).unwrap()
+}
+
+async fn start_from(file: &TempConfig) -> llmlb::server::Running {
+    let text = std::fs::read_to_string(&file.path).unwrap();
+    let lb = start_llmlb(&text).await;
+    lb.state.config_path.set(file.path.clone()).unwrap();
+    lb
+}
+
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
+
+#[tokio::test]
+async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let file = TempConfig::new(
+        "bad-reload",
+        &one_pool("round_robin", &[(&up.url(), 1)], ""),
+    );
+    let lb = start_from(&file).await;
+    file.write(&one_pool("round_robin", &[("ftp://nowhere", 0)], ""));
+    let (status, _, body) = call(lb.admin_addr, post("/admin/reload", None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_config");
+    let keys: Vec<&str> = v["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        vec!["pools[0].replicas[0].url", "pools[0].replicas[0].weight"]
+    );
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, StatusCode::OK, "the old config stays in force");
+    let text = metrics_text(lb.admin_addr).await;
+    assert_eq!(
+        metric_value(
+            &text,
+            "llmlb_config_reloads_total",
+            &[("result", "failure")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_value(&text, "llmlb_config_last_reload_successful", &[]),
+        0.0
+    );
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
+    let a = Upstream::start("a", Mode::StreamHeld).await;
+    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let c = Upstream::start("c", Mode::StreamHeld).await;
+    let file = TempConfig::new(
+        "good-reload",
+        &one_pool("least_connections", &[(&a.url(), 1), (&b.url(), 1)], ""),
+    );
+    let lb = start_from(&file).await;
+    let old_b = lb.state.topology.load().pools[0].replicas[1].clone();
+
+    // A stream running on each replica.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut conn = Conn::open(lb.addr).await;
+        let resp = conn
+            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+            .await;
+        let mut body = resp.into_body();
+        body.frame().await.unwrap().unwrap();
+        held.push((conn, body));
+    }
+    assert_eq!((a.requests(), b.requests()), (1, 1));
+
+    // Remove a, keep b, add c.
+    file.write(&one_pool(
+        "least_connections",
+        &[(&b.url(), 1), (&c.url(), 1)],
+        "",
+    ));
+    let (status, _, body) = call(lb.admin_addr, post("/admin/reload", None)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["summary"]["kept_replicas"], 1);
+
+    let topo = lb.state.topology.load();
+    let kept_b = topo.pools[0]
+        .replicas
+        .iter()
+        .find(|r| r.name == b.addr.to_string())
+        .unwrap();
+    assert_eq!(kept_b.id, old_b.id, "b keeps its state");
+    assert_eq!(kept_b.in_flight(), 1, "b's running stream is still counted");
+
+    // New work: c (0 open) first, then b/c; never the removed a.
+    for _ in 0..3 {
+        let (status, _, _) = {
+            let mut conn = Conn::open(lb.addr).await;
+            let resp = conn
+                .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+                .await;
+            let status = resp.status();
+            let mut body = resp.into_body();
+            body.frame().await.unwrap().unwrap();
+            held.push((conn, body));
+            (status, (), ())
+        };
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(a.requests(), 1, "a removed: nothing new reaches it");
+    assert_eq!(b.requests() + c.requests(), 4);
+
+    // The streams started before the reload complete normally.
+    for _ in 0..held.len() {
+        a.release_one();
+        b.release_one();
+        c.release_one();
+    }
+    let (_, first_body) = held.remove(0);
+    let rest = first_body.collect().await.unwrap().to_bytes();
+    assert!(rest.ends_with(b"data: [DONE]\n\n"));
+    drop(held);
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_requests_survive_a_reload_and_use_new_capacity() {
+    let a = Upstream::start("a", Mode::StreamHeld).await;
+    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let cfg = |urls: &[&str]| {
+        let mut s = "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nmax_inflight = 1\n"
+            .to_string();
+        for u in urls {
+            s.push_str(&format!("[[pools.replicas]]\nurl = \"{u}\"\n"));
+        }
+        s
+    };
+    let file = TempConfig::new("queue-reload", &cfg(&[&a.url()]));
+    let lb = start_from(&file).await;
+    let addr = lb.addr;
+    let first =
+        tokio::spawn(
+            async move { call(addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await },
+        );
+    until("first dispatched", || a.requests() == 1).await;
+    let queued =
+        tokio::spawn(
+            async move { call(addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await },
+        );
+    let depth = |lb: &llmlb::server::Running| {
+        lb.state.topology.load().pools[0]
+            .admission
+            .as_ref()
+            .unwrap()
+            .queue
+            .depths()
+    };
+    until("second queued", || depth(&lb) == vec![0, 1]).await;
+
+    file.write(&cfg(&[&a.url(), &b.url()]));
+    let (status, _, _) = call(lb.admin_addr, post("/admin/reload", None)).await;
+    assert_eq!(status, StatusCode::OK);
+    // The kept queue sees the new capacity at once and dispatches the waiter to b.
+    until("queued request dispatched to the new replica", || {
+        b.requests() == 1
+    })
+    .await;
+    assert_eq!(depth(&lb), vec![0, 0]);
+    a.release_one();
+    b.release_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::OK);
+    assert_eq!(queued.await.unwrap().0, StatusCode::OK);
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn admin_token_guards_mutating_endpoints() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let text = format!(
+        "[server]\nadmin_token = \"s3cret\"\n{}",
+        one_pool("round_robin", &[(&up.url(), 1)], "")
+    );
+    let file = TempConfig::new("admin-token", &text);
+    let lb = start_from(&file).await;
+    let (status, _, body) = call(lb.admin_addr, post("/admin/reload", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(error_code(&body), "invalid_admin_token");
+    let (status, _, _) = call(lb.admin_addr, post("/admin/reload", Some("wrong"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(lb.admin_addr, post("/admin/reload", Some("s3cret"))).await;
+    assert_eq!(status, StatusCode::OK);
+    lb.shutdown().await;
+}
+
+/// Model ids listed by `GET /v1/models`.
+async fn model_ids(addr: std::net::SocketAddr) -> Vec<String> {
+    let req = Request::get("/v1/models")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, _, body) = call(addr, req).await;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn serve_reloads_on_file_change_and_on_sighup() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let cfg = |model: &str, watch: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nwatch_interval = \"{watch}\"\n\
+             [[pools]]\nname = \"p\"\nmodels = [\"{model}\"]\n[[pools.replicas]]\nurl = \"{}\"\n",
+            up.url()
+        )
+    };
+    let file = TempConfig::new("serve-reload", &cfg("m1", "50ms"));
+    let child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
+        .args(["--log-format", "json", "serve", "--config"])
+        .arg(&file.path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard(child);
+    let child = &mut child.0;
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let addr: std::net::SocketAddr = first["addr"].as_str().unwrap().parse().unwrap();
+    assert_eq!(model_ids(addr).await, vec!["m1"]);
+
+    // A change of the file is picked up by the watcher.
+    file.write(&cfg("m2", "0s"));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while model_ids(addr).await != vec!["m2"] {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("file change reloaded");
+
+    // Watching is now off ("0s" applies at the next start), so SIGHUP it is.
+    file.write(&cfg("m3", "0s"));
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while model_ids(addr).await != vec!["m3"] {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("SIGHUP reloaded");
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "llmlb did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
