@@ -8,10 +8,13 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod background;
 pub mod balancing;
 pub mod config;
 pub mod forwarding;
+pub mod health;
 pub mod routing;
 pub mod server;
+pub mod signals;
 pub mod telemetry;
 pub mod tokenizer;

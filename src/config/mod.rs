@@ -6,6 +6,7 @@
 mod duration;
 mod schema;
 mod validate;
+mod validate_load;
 
 pub use duration::format as format_duration;
 pub use schema::*;

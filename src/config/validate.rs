@@ -92,6 +92,7 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be at least 1",
         );
     }
+    super::validate_load::validate_load(out, key, pool);
     let mut urls: HashMap<String, usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
     for (r, replica) in pool.replicas.iter().enumerate() {
@@ -154,7 +155,7 @@ pub fn parse_replica_url(url: &str) -> Result<String, String> {
     Ok(format!("{}:{port}", authority.host()))
 }
 
-fn push(out: &mut Vec<ConfigIssue>, key: &str, reason: &str) {
+pub(super) fn push(out: &mut Vec<ConfigIssue>, key: &str, reason: &str) {
     out.push(ConfigIssue {
         key: key.to_string(),
         reason: reason.to_string(),

@@ -50,10 +50,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
             Ok(pick) => pick,
             Err(branch) => {
-                req.metrics
-                    .decisions
-                    .with_label_values(&[&pool.name, branch.as_str()])
-                    .inc();
+                pool.record_branch(branch, req.metrics);
                 return Err(if tried.is_empty() {
                     ApiError::NoHealthyReplica {
                         pool: pool.name.clone(),
@@ -66,10 +63,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
         };
-        req.metrics
-            .decisions
-            .with_label_values(&[&pool.name, pick.branch.as_str()])
-            .inc();
+        pool.record_branch(pick.branch, req.metrics);
         let replica = &candidates[pick.index];
         tried.push(replica.id);
         tracing::debug!(
@@ -79,7 +73,10 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             attempt = tried.len(),
             "dispatch"
         );
-        let guard = replica.acquire();
+        let guard = replica.acquire_tokens(
+            u64::from(req.info.prompt_tokens),
+            req.info.expected_output(pool.balancing.default_max_tokens),
+        );
         let upstream = build_request(
             &req.method,
             replica,
@@ -91,6 +88,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         match sent.await {
             Err(_elapsed) => {
                 count_upstream_error(req.metrics, pool, replica, "timeout");
+                pool.record_failure(replica, req.metrics);
                 return Err(ApiError::UpstreamTimeout {
                     pool: pool.name.clone(),
                     timeout: crate::config::format_duration(pool.timeouts.first_byte),
@@ -99,10 +97,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             Ok(Err(err)) => {
                 let kind = if err.is_connect() { "connect" } else { "reset" };
                 count_upstream_error(req.metrics, pool, replica, kind);
-                if replica.record_failure(pool.outlier.consecutive_failures, pool.outlier.cooldown)
-                {
-                    tracing::warn!(pool = %pool.name, replica = %replica.name, "replica set aside after repeated connection failures");
-                }
+                pool.record_failure(replica, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %err, "upstream attempt failed");
                 drop(guard);
                 if tried.len() as u32 >= max_attempts {
@@ -114,7 +109,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.metrics.retries.with_label_values(&[&pool.name]).inc();
             }
             Ok(Ok(resp)) => {
-                replica.record_success();
+                // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
+                match resp.status().as_u16() {
+                    503 => {}
+                    500..=599 => pool.record_failure(replica, req.metrics),
+                    _ => pool.record_success(replica),
+                }
                 return Ok(stream_back(resp, &req, replica, guard));
             }
         }

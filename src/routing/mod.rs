@@ -3,6 +3,7 @@
 //! The live [`Topology`] is built from a validated config and published through
 //! an `ArcSwap`, so a reload replaces it whole without stopping traffic.
 
+mod outcome;
 mod topology;
 
 pub use topology::{Pool, Topology};

@@ -1,0 +1,97 @@
+//! A replica's load as last scraped: one immutable [`LoadSnapshot`] replaced
+//! whole (through an `ArcSwap` on the replica) after every successful scrape.
+//!
+//! A missing metric stays `None` rather than becoming zero, so a balancer can
+//! tell "idle" from "unknown". Negative or non-finite values count as missing.
+
+use super::parse;
+use super::preset::MetricNames;
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LoadSnapshot {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    /// 0..1, averaged over engines.
+    pub kv_usage: Option<f64>,
+    /// KV capacity in tokens, when the replica reports it.
+    pub kv_capacity_tokens: Option<u64>,
+    /// When it was taken, on the process clock (`telemetry::clock::now_millis`).
+    pub taken_at_ms: u64,
+}
+
+impl LoadSnapshot {
+    /// Reads one scrape. `taken_at_ms` is when the scrape completed.
+    pub fn from_text(text: &str, names: &MetricNames, taken_at_ms: u64) -> LoadSnapshot {
+        let count = |list: &[String]| {
+            first_present(list, |n| parse::sum(text, n))
+                .filter(|v| *v >= 0.0)
+                .map(|v| v.round().min(u64::MAX as f64) as u64)
+        };
+        LoadSnapshot {
+            running: count(&names.running),
+            waiting: count(&names.waiting),
+            kv_usage: first_present(&names.kv_usage, |n| parse::mean(text, n))
+                .filter(|v| *v >= 0.0)
+                .map(|v| v.min(1.0)),
+            kv_capacity_tokens: names.cache_info.as_deref().and_then(|n| capacity(text, n)),
+            taken_at_ms,
+        }
+    }
+
+    /// Whether no load metric at all was found (wrong preset, wrong path).
+    pub fn is_empty(&self) -> bool {
+        self.running.is_none() && self.waiting.is_none() && self.kv_usage.is_none()
+    }
+}
+
+fn first_present(list: &[String], read: impl Fn(&str) -> Option<f64>) -> Option<f64> {
+    list.iter().find_map(|n| read(n))
+}
+
+/// Sum over engines of `num_gpu_blocks × block_size` from an info gauge.
+fn capacity(text: &str, name: &str) -> Option<u64> {
+    let mut total: Option<u64> = None;
+    for s in parse::samples(text).filter(|s| s.name == name) {
+        let blocks = s
+            .label("num_gpu_blocks")
+            .and_then(|v| v.parse::<u64>().ok());
+        let size = s.label("block_size").and_then(|v| v.parse::<u64>().ok());
+        if let (Some(b), Some(z)) = (blocks, size) {
+            total = Some(total.unwrap_or(0).saturating_add(b.saturating_mul(z)));
+        }
+    }
+    total.filter(|t| *t > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_metrics_stay_unknown() {
+        let s = LoadSnapshot::from_text("other 1\n", &MetricNames::vllm(), 5);
+        assert!(s.is_empty());
+        assert_eq!(s.taken_at_ms, 5);
+    }
+
+    #[test]
+    fn older_kv_name_is_accepted() {
+        let s = LoadSnapshot::from_text(
+            "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.25\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(s.kv_usage, Some(0.25));
+    }
+
+    #[test]
+    fn negative_and_infinite_values_are_missing() {
+        let s = LoadSnapshot::from_text(
+            "vllm:num_requests_waiting -3\nvllm:num_requests_running +Inf\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(s.waiting, None);
+        assert_eq!(s.running, None);
+    }
+}
