@@ -21,7 +21,10 @@ fn vllm_two_engines_summed_and_averaged() {
 
 #[test]
 fn vllm_other_series_are_readable_by_name() {
-    assert_eq!(parse::sum(VLLM, "vllm:prompt_tokens_total"), Some(188_456.0));
+    assert_eq!(
+        parse::sum(VLLM, "vllm:prompt_tokens_total"),
+        Some(188_456.0)
+    );
     assert_eq!(parse::sum(VLLM, "vllm:request_success_total"), Some(42.0));
     assert_eq!(
         parse::sum(VLLM, "vllm:time_to_first_token_seconds_count"),
@@ -90,7 +93,9 @@ fn custom_names_in_order_of_preference() {
 fn truncated_page_keeps_what_is_whole() {
     // Cut in the middle of the last waiting line: that line is dropped,
     // the complete one before it still counts.
-    let cut = VLLM.rfind("vllm:num_requests_waiting{engine=\"1\"").unwrap();
+    let cut = VLLM
+        .rfind("vllm:num_requests_waiting{engine=\"1\"")
+        .unwrap();
     let truncated = &VLLM[..cut + 30];
     let s = LoadSnapshot::from_text(truncated, &MetricNames::vllm(), 1);
     assert_eq!(s.waiting, Some(5));
