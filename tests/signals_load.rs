@@ -219,3 +219,40 @@ async fn kv_aware_avoids_the_full_cache() {
     );
     proxy.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outstanding_tokens_shrink_as_the_stream_flows_and_free_on_disconnect() {
+    use http_body_util::BodyExt;
+
+    let a = Fake::start().await;
+    a.token_delay_ms.store(30, Ordering::SeqCst);
+    a.tokens.store(40, Ordering::SeqCst);
+    let proxy = Proxy::start(&[&a], "balancer = \"least_tokens\"", "").await;
+    let mut resp = proxy.open_stream(100).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.body_mut();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().unwrap().starts_with(b"data:"));
+    // Prompt done, one event out: at most 99 of the 100 output tokens remain.
+    let at_first = proxy.replica(&a).await["outstanding_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!((1..=99).contains(&at_first), "{at_first}");
+    for _ in 0..5 {
+        body.frame().await.unwrap().unwrap();
+    }
+    let later = proxy.replica(&a).await["outstanding_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(later <= at_first - 5, "{at_first} -> {later}");
+    assert_eq!(proxy.replica(&a).await["in_flight"], 1);
+
+    // The client goes away mid-stream: the whole remaining estimate is released.
+    drop(resp);
+    proxy
+        .wait_for(&a, Duration::from_secs(3), "release on disconnect", |r| {
+            r["in_flight"] == 0 && r["outstanding_tokens"] == 0
+        })
+        .await;
+    proxy.stop().await;
+}

@@ -34,6 +34,8 @@ impl JoinShortestQueue {
     }
 }
 
+const WORST: (f64, f64, f64) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+
 /// `(queue, in system, in flight)` per unit of weight, when fresh.
 pub(super) fn queue_key(v: &ReplicaView, max_age_ms: u64) -> Option<(f64, f64, f64)> {
     let l = v.fresh_load(max_age_ms)?;
@@ -59,13 +61,13 @@ impl Balancer for JoinShortestQueue {
     fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         let max_age = self.params.max_age_ms;
-        let keys: Option<Vec<_>> = replicas.iter().map(|v| queue_key(v, max_age)).collect();
-        let (index, branch) = match keys {
-            Some(keys) => (argmin_from(keys.len(), start, |i| keys[i])?, Branch::Jsq),
-            None => (
-                argmin_from(replicas.len(), start, |i| local_key(&replicas[i]))?,
-                Branch::FallbackStaleMetrics,
-            ),
+        let n = replicas.len();
+        let (index, branch) = if replicas.iter().all(|v| queue_key(v, max_age).is_some()) {
+            let key = |i: usize| queue_key(&replicas[i], max_age).unwrap_or(WORST);
+            (argmin_from(n, start, key)?, Branch::Jsq)
+        } else {
+            let key = |i: usize| local_key(&replicas[i]);
+            (argmin_from(n, start, key)?, Branch::FallbackStaleMetrics)
         };
         Some(Pick { index, branch })
     }

@@ -74,19 +74,18 @@ impl Balancer for KvAware {
 
     fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let keys: Option<Vec<_>> = replicas
-            .iter()
-            .map(|v| kv_key(v, req, &self.params))
-            .collect();
-        let Some(keys) = keys else {
+        let p = &self.params;
+        if !replicas.iter().all(|v| kv_key(v, req, p).is_some()) {
             let index = argmin_from(replicas.len(), start, |i| local_key(&replicas[i]))?;
             return Some(Pick {
                 index,
                 branch: Branch::FallbackStaleMetrics,
             });
-        };
-        let index = argmin_from(keys.len(), start, |i| keys[i])?;
-        let branch = if keys[index].0 {
+        }
+        let key =
+            |i: usize| kv_key(&replicas[i], req, p).unwrap_or((true, f64::INFINITY, f64::INFINITY));
+        let index = argmin_from(replicas.len(), start, key)?;
+        let branch = if key(index).0 {
             Branch::KvSaturated
         } else {
             Branch::KvAware

@@ -20,20 +20,36 @@ pub struct LoadSnapshot {
 }
 
 impl LoadSnapshot {
-    /// Reads one scrape. `taken_at_ms` is when the scrape completed.
+    /// Reads one scrape in a single pass. `taken_at_ms` is when the scrape completed.
     pub fn from_text(text: &str, names: &MetricNames, taken_at_ms: u64) -> LoadSnapshot {
-        let count = |list: &[String]| {
-            first_present(list, |n| parse::sum(text, n))
-                .filter(|v| *v >= 0.0)
+        let mut running = Acc::new(&names.running);
+        let mut waiting = Acc::new(&names.waiting);
+        let mut kv = Acc::new(&names.kv_usage);
+        let mut capacity: Option<u64> = None;
+        let cache_info = names.cache_info.as_deref();
+        for s in parse::samples(text) {
+            running.add(s.name, s.value);
+            waiting.add(s.name, s.value);
+            kv.add(s.name, s.value);
+            if Some(s.name) == cache_info {
+                let blocks = s
+                    .label("num_gpu_blocks")
+                    .and_then(|v| v.parse::<u64>().ok());
+                let size = s.label("block_size").and_then(|v| v.parse::<u64>().ok());
+                if let (Some(b), Some(z)) = (blocks, size) {
+                    capacity = Some(capacity.unwrap_or(0).saturating_add(b.saturating_mul(z)));
+                }
+            }
+        }
+        let count = |v: Option<f64>| {
+            v.filter(|v| *v >= 0.0)
                 .map(|v| v.round().min(u64::MAX as f64) as u64)
         };
         LoadSnapshot {
-            running: count(&names.running),
-            waiting: count(&names.waiting),
-            kv_usage: first_present(&names.kv_usage, |n| parse::mean(text, n))
-                .filter(|v| *v >= 0.0)
-                .map(|v| v.min(1.0)),
-            kv_capacity_tokens: names.cache_info.as_deref().and_then(|n| capacity(text, n)),
+            running: count(running.sum()),
+            waiting: count(waiting.sum()),
+            kv_usage: kv.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
+            kv_capacity_tokens: capacity.filter(|t| *t > 0),
             taken_at_ms,
         }
     }
@@ -44,23 +60,42 @@ impl LoadSnapshot {
     }
 }
 
-fn first_present(list: &[String], read: impl Fn(&str) -> Option<f64>) -> Option<f64> {
-    list.iter().find_map(|n| read(n))
+/// Sums of the finite values per candidate name; the first name (in order of
+/// preference) that had any wins.
+struct Acc<'n> {
+    names: &'n [String],
+    sums: Vec<(f64, usize)>,
 }
 
-/// Sum over engines of `num_gpu_blocks × block_size` from an info gauge.
-fn capacity(text: &str, name: &str) -> Option<u64> {
-    let mut total: Option<u64> = None;
-    for s in parse::samples(text).filter(|s| s.name == name) {
-        let blocks = s
-            .label("num_gpu_blocks")
-            .and_then(|v| v.parse::<u64>().ok());
-        let size = s.label("block_size").and_then(|v| v.parse::<u64>().ok());
-        if let (Some(b), Some(z)) = (blocks, size) {
-            total = Some(total.unwrap_or(0).saturating_add(b.saturating_mul(z)));
+impl<'n> Acc<'n> {
+    fn new(names: &'n [String]) -> Acc<'n> {
+        Acc {
+            names,
+            sums: vec![(0.0, 0); names.len()],
         }
     }
-    total.filter(|t| *t > 0)
+
+    fn add(&mut self, name: &str, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        if let Some(i) = self.names.iter().position(|n| n == name) {
+            self.sums[i].0 += value;
+            self.sums[i].1 += 1;
+        }
+    }
+
+    fn first(&self) -> Option<(f64, usize)> {
+        self.sums.iter().copied().find(|(_, n)| *n > 0)
+    }
+
+    fn sum(&self) -> Option<f64> {
+        self.first().map(|(s, _)| s)
+    }
+
+    fn mean(&self) -> Option<f64> {
+        self.first().map(|(s, n)| s / n as f64)
+    }
 }
 
 #[cfg(test)]

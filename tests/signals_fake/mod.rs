@@ -246,6 +246,18 @@ impl Proxy {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Starts a streamed chat and returns the response with its body unread.
+    pub async fn open_stream(&self, max_tokens: u32) -> Response<Incoming> {
+        let body = format!(
+            r#"{{"model":"m","stream":true,"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"tell me a long story"}}]}}"#
+        );
+        let req = Request::post(format!("http://{}/v1/chat/completions", self.running.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        self.client.request(req).await.unwrap()
+    }
+
     async fn admin_get(&self, path: &str) -> String {
         let req = Request::get(format!("http://{}{path}", self.running.admin_addr))
             .body(Full::new(Bytes::new()))
