@@ -9,6 +9,7 @@ use llmlb::config::{BalancerKind, P2cMetric};
 use llmlb::signals::{LoadSnapshot, MetricNames};
 
 const VLLM: &str = include_str!("../tests/fixtures/vllm_metrics.txt");
+const VLLM_REAL: &str = include_str!("../tests/fixtures/vllm_cpu_real_metrics.txt");
 
 /// Varied, fresh load so no balancer takes a shortcut.
 fn views(n: usize) -> Vec<ReplicaView> {
@@ -75,6 +76,9 @@ fn picks(c: &mut Criterion) {
 fn parse(c: &mut Criterion) {
     let names = MetricNames::vllm();
     c.bench_function("parse_vllm_scrape", |b| {
+        b.iter(|| LoadSnapshot::from_text(black_box(VLLM_REAL), &names, 1))
+    });
+    c.bench_function("parse_vllm_two_engine_fixture", |b| {
         b.iter(|| LoadSnapshot::from_text(black_box(VLLM), &names, 1))
     });
 }

@@ -8,6 +8,38 @@ use proptest::prelude::*;
 
 const VLLM: &str = include_str!("fixtures/vllm_metrics.txt");
 const SGLANG: &str = include_str!("fixtures/sglang_metrics.txt");
+/// Captured from a real vLLM 0.32 CPU replica (tiny random-weight model) in
+/// just after a burst of ten 200-token completions.
+const VLLM_REAL: &str = include_str!("fixtures/vllm_cpu_real_metrics.txt");
+
+#[test]
+fn real_vllm_page() {
+    let s = LoadSnapshot::from_text(VLLM_REAL, &MetricNames::vllm(), 3);
+    assert_eq!(s.running, Some(0));
+    // `vllm:num_requests_waiting_by_reason` must not be mistaken for the queue.
+    assert_eq!(s.waiting, Some(0));
+    assert_eq!(s.kv_usage, Some(0.0));
+    // num_gpu_blocks 32 × block_size 128, as the page's kv_cache_size_tokens says.
+    assert_eq!(s.kv_capacity_tokens, Some(4096));
+    assert!(!s.is_empty());
+    assert_eq!(
+        parse::sum(VLLM_REAL, "vllm:generation_tokens_total"),
+        Some(2019.0)
+    );
+    // Change the live values the way a loaded replica would report them.
+    let loaded = VLLM_REAL
+        .replace(
+            "vllm:num_requests_waiting{engine=\"0\",model_name=\"tiny-llama\"} 0.0",
+            "vllm:num_requests_waiting{engine=\"0\",model_name=\"tiny-llama\"} 6.0",
+        )
+        .replace(
+            "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny-llama\"} 0.0",
+            "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny-llama\"} 0.8125",
+        );
+    let s = LoadSnapshot::from_text(&loaded, &MetricNames::vllm(), 3);
+    assert_eq!(s.waiting, Some(6));
+    assert_eq!(s.kv_usage, Some(0.8125));
+}
 
 #[test]
 fn vllm_two_engines_summed_and_averaged() {
