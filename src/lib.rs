@@ -8,10 +8,12 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod background;
 pub mod balancing;
 pub mod config;
 pub mod forwarding;
+pub mod gateway;
 pub mod health;
 pub mod routing;
 pub mod server;

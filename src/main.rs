@@ -36,6 +36,12 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Print the SHA-256 of an API key, for `[[keys]] sha256 = ...`.
+    /// Reads the key from standard input when not given.
+    HashKey {
+        /// The key (prefer standard input: arguments end up in shell history).
+        key: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -44,6 +50,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
+        Command::HashKey { key } => hash_key(key),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -79,6 +86,22 @@ fn check(path: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn hash_key(key: Option<String>) -> anyhow::Result<()> {
+    let key = match key {
+        Some(k) => k,
+        None => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the key from standard input")?;
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    anyhow::ensure!(!key.is_empty(), "the key is empty");
+    println!("{}", llmlb::gateway::keys::hash_key(&key));
+    Ok(())
 }
 
 fn serve(path: &Path) -> anyhow::Result<()> {

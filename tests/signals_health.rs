@@ -176,3 +176,29 @@ async fn hanging_replica_is_taken_out_by_active_checks() {
     assert!(a.chats() > before);
     proxy.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ejection_share_keeps_part_of_the_pool_when_all_answer_500() {
+    let a = Fake::start().await;
+    let b = Fake::start().await;
+    let proxy = Proxy::start(
+        &[&a, &b],
+        "balancer = \"round_robin\"\nretries = 0",
+        "[pools.outlier]\nconsecutive_failures = 2\ncooldown = \"60s\"\nmax_ejection_percent = 50",
+    )
+    .await;
+    a.set_mode(Mode::Fail500);
+    b.set_mode(Mode::Fail500);
+    for _ in 0..10 {
+        assert_eq!(proxy.chat(false, 8).await.0, 500);
+    }
+    let ejected = [proxy.replica(&a).await, proxy.replica(&b).await]
+        .iter()
+        .filter(|r| r["health"]["ejected"] == true)
+        .count();
+    assert_eq!(
+        ejected, 1,
+        "half of a two-replica pool may be ejected, not all"
+    );
+    proxy.stop().await;
+}

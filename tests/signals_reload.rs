@@ -49,7 +49,12 @@ async fn scrape_loops_follow_topology_swaps() {
     let state = &proxy.running.state;
     let swap = |urls: &[String]| {
         let old = state.topology.load();
-        let new = Topology::build(&config(urls), &state.metrics, Some(&old));
+        let new = Topology::build(
+            &config(urls),
+            &state.metrics,
+            &state.admission_metrics,
+            Some(&old),
+        );
         state.topology.store(std::sync::Arc::new(new));
     };
 

@@ -9,8 +9,9 @@
 //! with it) and counts as neither failure nor success.
 //!
 //! How many replicas of a pool may be ejected at once is decided by the pool
-//! (see [`ejection_allowed`]); this type only keeps one replica's state, in
-//! atomics, with the clock passed in so tests control time.
+//! (see [`ejection_allowed`]; refused connections are exempt from the share,
+//! see `routing::Pool::record_failure`); this type only keeps one replica's
+//! state, in atomics, with the clock passed in so tests control time.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;

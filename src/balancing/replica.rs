@@ -32,6 +32,8 @@ pub struct Replica {
     /// `host:port` used to build upstream URIs.
     pub authority: http::uri::Authority,
     pub weight: u32,
+    /// Concurrency limit when the pool queues (`max_inflight`).
+    pub max_inflight: Option<u32>,
     in_flight: AtomicU64,
     /// Estimated tokens the replica still has to process for this proxy's
     /// in-flight requests (prompt not yet prefilled + output not yet streamed).
@@ -61,6 +63,7 @@ impl Replica {
             name,
             authority,
             weight,
+            max_inflight: None,
             in_flight: AtomicU64::new(0),
             outstanding_tokens: AtomicU64::new(0),
             dispatched_since_scrape: AtomicU64::new(0),
@@ -79,6 +82,18 @@ impl Replica {
 
     pub fn outstanding_tokens(&self) -> u64 {
         self.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets the concurrency limit (builder style, before sharing).
+    pub fn with_limit(mut self, max_inflight: Option<u32>) -> Replica {
+        self.max_inflight = max_inflight;
+        self
+    }
+
+    /// Whether the replica is under its concurrency limit (always, without one).
+    pub fn has_free_slot(&self) -> bool {
+        self.max_inflight
+            .is_none_or(|limit| self.in_flight() < u64::from(limit))
     }
 
     /// Counts one more request in flight until the guard is dropped.

@@ -4,11 +4,14 @@
 //! problem found, each naming the file, the dotted key and the reason.
 
 mod duration;
+mod gateway;
 mod schema;
 mod validate;
+mod validate_gateway;
 mod validate_load;
 
 pub use duration::format as format_duration;
+pub use gateway::*;
 pub use schema::*;
 
 use std::fmt;
@@ -63,11 +66,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text.
 pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {
-    let de = toml::Deserializer::parse(text).map_err(|e| vec![toml_issue(String::new(), &e)])?;
+    let de =
+        toml::Deserializer::parse(text).map_err(|e| vec![toml_issue(text, String::new(), &e)])?;
     let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let key = if key == "." { String::new() } else { key };
-        vec![toml_issue(key, e.inner())]
+        vec![toml_issue(text, key, e.inner())]
     })?;
     let issues = validate::validate(&config);
     if issues.is_empty() {
@@ -77,10 +81,13 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {
     }
 }
 
-fn toml_issue(key: String, e: &toml::de::Error) -> ConfigIssue {
+fn toml_issue(text: &str, key: String, e: &toml::de::Error) -> ConfigIssue {
     let mut reason = e.message().to_string();
     if let Some(span) = e.span() {
-        reason.push_str(&format!(" (at byte {})", span.start));
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        reason.push_str(&format!(" (line {line}, column {column})"));
     }
     ConfigIssue { key, reason }
 }

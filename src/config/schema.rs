@@ -5,6 +5,10 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::gateway::{
+    GatewayConfig, KeyConfig, PriorityConfig, QueueConfig, TierConfig, default_priorities,
+};
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -12,6 +16,15 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
+    #[serde(default)]
+    pub keys: Vec<KeyConfig>,
+    /// Queue priority levels, highest first.
+    #[serde(default = "default_priorities")]
+    pub priorities: Vec<PriorityConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -99,6 +112,12 @@ pub struct PoolConfig {
     /// Active health checks (`GET /health`).
     #[serde(default)]
     pub health: HealthConfig,
+    /// Requests in flight per replica before new ones wait in the pool's
+    /// queue; unset means no limit and no queue.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
+    #[serde(default)]
+    pub queue: QueueConfig,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
 }
@@ -159,8 +178,9 @@ pub struct OutlierConfig {
     /// Upper bound of one ejection.
     #[serde(with = "duration_serde")]
     pub max_ejection_time: Duration,
-    /// Largest share of a pool ejected at once, in percent (at least one
-    /// replica may always be ejected when the pool has two or more).
+    /// Largest share of a pool ejected at once for timeouts and 5xx answers,
+    /// in percent (at least one replica may always be ejected). Replicas that
+    /// refuse connections are ejected regardless.
     pub max_ejection_percent: u32,
 }
 
@@ -304,6 +324,9 @@ pub struct ReplicaConfig {
     /// Label used in metrics and logs; defaults to `host:port`.
     #[serde(default)]
     pub name: Option<String>,
+    /// Overrides the pool's `max_inflight` for this replica.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
 }
 
 fn default_weight() -> u32 {

@@ -7,7 +7,7 @@ use super::{Config, ConfigIssue, PoolConfig};
 
 pub fn validate(config: &Config) -> Vec<ConfigIssue> {
     let mut out = Vec::new();
-    if config.server.listen == config.server.admin_listen {
+    if config.server.listen == config.server.admin_listen && config.server.listen.port() != 0 {
         push(
             &mut out,
             "server.admin_listen",
@@ -57,6 +57,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         }
         validate_pool(&mut out, &key, pool);
     }
+    super::validate_gateway::validate(config, &mut out);
     out
 }
 

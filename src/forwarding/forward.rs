@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REQUEST_ID, strip_hop_by_hop};
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
-use crate::routing::Pool;
+use crate::routing::{Failure, Pool};
 use crate::server::ApiError;
 use crate::telemetry::Metrics;
 
@@ -46,6 +46,13 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             .into_iter()
             .filter(|r| !tried.contains(&r.id))
             .collect();
+        // Under a concurrency limit, prefer replicas with a free slot.
+        let free: Vec<Arc<Replica>> = candidates
+            .iter()
+            .filter(|r| r.has_free_slot())
+            .cloned()
+            .collect();
+        let candidates = if free.is_empty() { candidates } else { free };
         let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
         let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
             Ok(pick) => pick,
@@ -88,7 +95,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         match sent.await {
             Err(_elapsed) => {
                 count_upstream_error(req.metrics, pool, replica, "timeout");
-                pool.record_failure(replica, req.metrics);
+                pool.record_failure(replica, Failure::Timeout, req.metrics);
                 return Err(ApiError::UpstreamTimeout {
                     pool: pool.name.clone(),
                     timeout: crate::config::format_duration(pool.timeouts.first_byte),
@@ -97,7 +104,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             Ok(Err(err)) => {
                 let kind = if err.is_connect() { "connect" } else { "reset" };
                 count_upstream_error(req.metrics, pool, replica, kind);
-                pool.record_failure(replica, req.metrics);
+                let failure = if err.is_connect() {
+                    Failure::Connect
+                } else {
+                    Failure::Timeout
+                };
+                pool.record_failure(replica, failure, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %err, "upstream attempt failed");
                 drop(guard);
                 if tried.len() as u32 >= max_attempts {
@@ -112,7 +124,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
                 match resp.status().as_u16() {
                     503 => {}
-                    500..=599 => pool.record_failure(replica, req.metrics),
+                    500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
                     _ => pool.record_success(replica),
                 }
                 return Ok(stream_back(resp, &req, replica, guard));

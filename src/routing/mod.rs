@@ -6,4 +6,5 @@
 mod outcome;
 mod topology;
 
+pub use outcome::Failure;
 pub use topology::{Pool, Topology};

@@ -10,12 +10,32 @@ use crate::balancing::{Branch, Replica};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 
+/// What went wrong with one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The TCP connection could not be made.
+    Connect,
+    /// Connected, but no answer in time or the connection broke.
+    Timeout,
+    /// The replica answered a 5xx other than 503.
+    ServerError,
+}
+
 impl Pool {
     /// A request to `replica` failed (connect error, timeout, or a 5xx that
     /// is not 503). May eject the replica.
-    pub fn record_failure(&self, replica: &Replica, metrics: &Metrics) {
+    ///
+    /// The pool's `max_ejection_percent` guards against a systemic problem
+    /// (a request pattern that makes every replica answer 500, a timeout set
+    /// too short) emptying the pool. A refused connection is no such
+    /// ambiguity: a replica that cannot be reached cannot serve, so
+    /// [`Failure::Connect`] ejects regardless of the share.
+    pub fn record_failure(&self, replica: &Replica, failure: Failure, metrics: &Metrics) {
         let now = now_millis();
         let outcome = replica.outlier.on_failure(now, &self.outlier, || {
+            if failure == Failure::Connect {
+                return true;
+            }
             let ejected = self
                 .replicas
                 .iter()

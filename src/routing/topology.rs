@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
 use crate::balancing::{self, Balancer, BalancerParams, Replica};
 use crate::config::{
     BalancingConfig, Config, HealthConfig, OutlierConfig, PoolConfig, ScrapeConfig, TimeoutConfig,
@@ -28,6 +29,8 @@ pub struct Pool {
     /// Whether the last pick fell back to local counts (to log transitions only).
     pub stale_fallback: AtomicBool,
     pub client: UpstreamClient,
+    /// The pool's central queue, when replicas have concurrency limits.
+    pub admission: Option<Admission>,
 }
 
 impl Pool {
@@ -56,12 +59,23 @@ impl Topology {
     /// Builds the topology for a validated config. Replicas present in
     /// `previous` (same pool name, same address) are carried over with their
     /// in-flight counts and health.
-    pub fn build(config: &Config, metrics: &Metrics, previous: Option<&Topology>) -> Topology {
+    pub fn build(
+        config: &Config,
+        metrics: &Metrics,
+        admission_metrics: &AdmissionMetrics,
+        previous: Option<&Topology>,
+    ) -> Topology {
         let mut pools = Vec::with_capacity(config.pools.len());
         let mut by_model = HashMap::new();
         for (i, pc) in config.pools.iter().enumerate() {
             let old = previous.and_then(|t| t.pools.iter().find(|p| p.name == pc.name));
-            pools.push(Arc::new(build_pool(pc, metrics, old.map(|p| p.as_ref()))));
+            pools.push(Arc::new(build_pool(
+                config,
+                pc,
+                metrics,
+                admission_metrics,
+                old.map(|p| p.as_ref()),
+            )));
             for m in &pc.models {
                 by_model.insert(m.clone(), i);
             }
@@ -87,8 +101,14 @@ impl Topology {
     }
 }
 
-fn build_pool(pc: &PoolConfig, metrics: &Metrics, old: Option<&Pool>) -> Pool {
-    let replicas = pc
+fn build_pool(
+    config: &Config,
+    pc: &PoolConfig,
+    metrics: &Metrics,
+    admission_metrics: &AdmissionMetrics,
+    old: Option<&Pool>,
+) -> Pool {
+    let replicas: Vec<Arc<Replica>> = pc
         .replicas
         .iter()
         .map(|rc| {
@@ -99,17 +119,22 @@ fn build_pool(pc: &PoolConfig, metrics: &Metrics, old: Option<&Pool>) -> Pool {
                 .and_then(|u| u.authority().cloned())
                 .expect("replica URL checked by config validation");
             let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
+            let limit = rc.max_inflight.or(pc.max_inflight);
             if let Some(kept) = old.and_then(|p| {
-                p.replicas
-                    .iter()
-                    .find(|r| r.authority == authority && r.weight == rc.weight && r.name == name)
+                p.replicas.iter().find(|r| {
+                    r.authority == authority
+                        && r.weight == rc.weight
+                        && r.name == name
+                        && r.max_inflight == limit
+                })
             }) {
                 return Arc::clone(kept);
             }
             let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
-            Arc::new(Replica::new(name, authority, rc.weight, gauge))
+            Arc::new(Replica::new(name, authority, rc.weight, gauge).with_limit(limit))
         })
         .collect();
+    let admission = queue_for(config, pc, &replicas, admission_metrics);
     Pool {
         name: pc.name.clone(),
         models: pc.models.clone(),
@@ -123,5 +148,44 @@ fn build_pool(pc: &PoolConfig, metrics: &Metrics, old: Option<&Pool>) -> Pool {
         health: pc.health.clone(),
         stale_fallback: AtomicBool::new(false),
         client: crate::forwarding::client(&pc.timeouts),
+        admission,
     }
+}
+
+/// The pool's queue when any replica has a concurrency limit. Capacity is
+/// the sum of the limits of the replicas eligible at that moment.
+fn queue_for(
+    config: &Config,
+    pc: &PoolConfig,
+    replicas: &[Arc<Replica>],
+    metrics: &AdmissionMetrics,
+) -> Option<Admission> {
+    if replicas.iter().all(|r| r.max_inflight.is_none()) {
+        return None;
+    }
+    let levels = config
+        .priorities
+        .iter()
+        .map(|p| Level {
+            name: p.name.clone(),
+            max_wait: p.max_wait.unwrap_or(pc.queue.max_wait),
+            promote_after: p.promote_after.unwrap_or(pc.queue.promote_after),
+        })
+        .collect();
+    let members: Vec<Arc<Replica>> = replicas.to_vec();
+    let capacity = Box::new(move || {
+        members
+            .iter()
+            .filter(|r| r.is_eligible())
+            .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
+            .sum()
+    });
+    let queue = PoolQueue::new(
+        QueueParams {
+            levels,
+            max_depth: pc.queue.max_depth,
+        },
+        capacity,
+    );
+    Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
 }

@@ -1,6 +1,8 @@
 //! Errors llmlb answers itself, mapped to an HTTP status and an OpenAI-style
 //! JSON body in exactly one place ([`ApiError::into_response`]).
 
+use std::time::Duration;
+
 use http::{Response, StatusCode, header};
 
 use crate::forwarding::{ResponseBody, full_body};
@@ -25,6 +27,27 @@ pub enum ApiError {
     UpstreamTimeout { pool: String, timeout: String },
     #[error("llmlb is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("rate limit reached for {kind} per minute; retry after {}s", retry_secs(*retry_after))]
+    RateLimited {
+        kind: &'static str,
+        retry_after: Duration,
+    },
+    #[error("queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
+    QueueFull { retry_after: Duration },
+    #[error("the fleet cannot start this request within its latency objective (estimated wait {:.1}s); retry after {}s", estimated.as_secs_f64(), retry_secs(*retry_after))]
+    OverObjective {
+        estimated: Duration,
+        retry_after: Duration,
+    },
+    #[error("request waited too long in the queue; retry after {}s", retry_secs(*retry_after))]
+    QueueTimeout { retry_after: Duration },
+}
+
+/// Whole seconds for `Retry-After`, at least 1.
+pub fn retry_secs(d: Duration) -> u64 {
+    (d.as_secs_f64().ceil() as u64).max(1)
 }
 
 impl ApiError {
@@ -39,6 +62,31 @@ impl ApiError {
             }
             ApiError::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::RateLimited { .. }
+            | ApiError::QueueFull { .. }
+            | ApiError::OverObjective { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `Retry-After` a client should honour, when there is one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::RateLimited { retry_after, .. }
+            | ApiError::QueueFull { retry_after }
+            | ApiError::OverObjective { retry_after, .. }
+            | ApiError::QueueTimeout { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The `reason` label of `llmlb_rejections_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::OverObjective { .. } => "slo",
+            other => other.code(),
         }
     }
 
@@ -55,18 +103,39 @@ impl ApiError {
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
             ApiError::ShuttingDown => "shutting_down",
+            ApiError::Unauthorized(_) => "invalid_api_key",
+            ApiError::RateLimited { kind: "tokens", .. } => "rate_limit_tokens",
+            ApiError::RateLimited { .. } => "rate_limit_requests",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::OverObjective { .. } => "over_objective",
+            ApiError::QueueTimeout { .. } => "queue_timeout",
         }
     }
 
     fn kind(&self) -> &'static str {
         match self.status().as_u16() {
+            401 => "authentication_error",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }
     }
 
     pub fn into_response(self) -> Response<ResponseBody> {
-        error_response(self.status(), self.kind(), self.code(), &self.to_string())
+        let mut resp = error_response(self.status(), self.kind(), self.code(), &self.to_string());
+        if let Some(d) = self.retry_after() {
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(retry_secs(d)),
+            );
+        }
+        if matches!(self, ApiError::Unauthorized(_)) {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
     }
 }
 

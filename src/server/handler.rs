@@ -9,12 +9,16 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
+use http_body_util::BodyExt;
+
 use super::request::{extract, read_body};
 use super::{ApiError, AppState};
+use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
 };
+use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
 
 /// Inference endpoints llmlb routes by `model`.
 const INFERENCE_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -26,18 +30,20 @@ pub async fn handle(
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
-    let mut resp = match route(&state, peer, req, &request_id, start).await {
+    let mut rate = RateHeaders::default();
+    let mut resp = match route(&state, peer, req, &request_id, start, &mut rate).await {
         Ok(resp) => resp,
         Err(err) => {
             state
                 .metrics
                 .rejections
-                .with_label_values(&[err.code()])
+                .with_label_values(&[err.reason()])
                 .inc();
             tracing::info!(code = err.code(), error = %err, request_id = ?request_id, "request rejected");
             err.into_response()
         }
     };
+    rate.apply(resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
     resp
 }
@@ -48,6 +54,7 @@ async fn route(
     req: Request<Incoming>,
     request_id: &HeaderValue,
     start: Instant,
+    rate: &mut RateHeaders,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let path = req.uri().path();
     if path == "/v1/models" {
@@ -68,6 +75,8 @@ async fn route(
     if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(ApiError::ShuttingDown);
     }
+    // Authenticate before reading the body.
+    let caller = state.gateway.load().authenticate(req.headers())?;
     let config = state.config.load();
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
@@ -76,6 +85,34 @@ async fn route(
     let pool = topology
         .pool_for(&meta.model)
         .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+
+    let estimated = u64::from(meta.estimated_prompt_tokens())
+        + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
+    match caller.charge(estimated, Instant::now()) {
+        Ok(headers) => *rate = headers,
+        Err((err, headers)) => {
+            *rate = headers;
+            return Err(err);
+        }
+    }
+    if let Some(tenant) = &caller.tenant {
+        state
+            .admission_metrics
+            .tenant_requests
+            .with_label_values(&[tenant])
+            .inc();
+    }
+    let permit = match &pool.admission {
+        Some(admission) => match admission.acquire(caller.level).await {
+            Ok(permit) => Some(permit),
+            Err(err) => {
+                caller.refund(estimated, Instant::now());
+                return Err(err);
+            }
+        },
+        None => None,
+    };
+
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
     let path_and_query = parts
@@ -83,7 +120,7 @@ async fn route(
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/");
-    forward(ForwardRequest {
+    let forwarded = forward(ForwardRequest {
         pool,
         method: parts.method.clone(),
         path_and_query,
@@ -100,7 +137,23 @@ async fn route(
         start,
         metrics: &state.metrics,
     })
-    .await
+    .await;
+    let resp = match forwarded {
+        Ok(resp) => resp,
+        Err(err) => {
+            caller.refund(estimated, Instant::now());
+            return Err(err);
+        }
+    };
+    if permit.is_none() && caller.key.is_none() {
+        return Ok(resp);
+    }
+    let settlement = Settlement {
+        caller,
+        estimated,
+        metrics: state.admission_metrics.clone(),
+    };
+    Ok(resp.map(|body| AdmittedBody::new(body, permit, Some(settlement)).boxed_unsync()))
 }
 
 /// `GET /v1/models`, answered from the config.

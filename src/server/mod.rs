@@ -16,7 +16,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admission::AdmissionMetrics;
 use crate::config::Config;
+use crate::gateway::Gateway;
 use crate::routing::Topology;
 use crate::telemetry::Metrics;
 
@@ -28,17 +30,23 @@ pub struct AppState {
     pub config: ArcSwap<Config>,
     pub topology: ArcSwap<Topology>,
     pub metrics: Arc<Metrics>,
+    pub admission_metrics: AdmissionMetrics,
+    pub gateway: ArcSwap<Gateway>,
     pub draining: AtomicBool,
 }
 
 impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::new());
-        let topology = Topology::build(&config, &metrics, None);
+        let admission_metrics = AdmissionMetrics::new(metrics.registry());
+        let topology = Topology::build(&config, &metrics, &admission_metrics, None);
+        let gateway = Gateway::build(&config, None, std::time::Instant::now());
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
             metrics,
+            admission_metrics,
+            gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
         })
     }

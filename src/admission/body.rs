@@ -1,0 +1,140 @@
+//! The response body of an admitted request: holds the queue [`Permit`] until
+//! the stream ends (or the client goes away), and settles the caller's token
+//! charge with the `usage` the replica reports.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use super::{AdmissionMetrics, Permit};
+use crate::forwarding::{BoxError, ResponseBody};
+use crate::gateway::Caller;
+
+/// What to settle when the response ends.
+#[derive(Debug)]
+pub struct Settlement {
+    pub caller: Caller,
+    /// Tokens charged up front (prompt estimate plus output allowance).
+    pub estimated: u64,
+    pub metrics: AdmissionMetrics,
+}
+
+pub struct AdmittedBody {
+    inner: ResponseBody,
+    permit: Option<Permit>,
+    settlement: Option<Settlement>,
+    /// `usage.total_tokens` as last reported by the replica.
+    reported: Option<u64>,
+}
+
+impl AdmittedBody {
+    pub fn new(
+        inner: ResponseBody,
+        permit: Option<Permit>,
+        settlement: Option<Settlement>,
+    ) -> AdmittedBody {
+        AdmittedBody {
+            inner,
+            permit,
+            settlement,
+            reported: None,
+        }
+    }
+
+    fn finish(&mut self) {
+        self.permit = None;
+        if let Some(s) = self.settlement.take() {
+            let used = self.reported.unwrap_or(s.estimated);
+            if self.reported.is_some() {
+                s.caller.settle(s.estimated, used, Instant::now());
+            }
+            if let Some(tenant) = &s.caller.tenant {
+                s.metrics
+                    .tenant_tokens
+                    .with_label_values(&[tenant])
+                    .inc_by(used);
+            }
+        }
+    }
+}
+
+impl Drop for AdmittedBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl Body for AdmittedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.settlement.is_some()
+                    && let Some(n) = frame.data_ref().and_then(|d| total_tokens(d))
+                {
+                    this.reported = Some(n);
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.finish(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Finds `"total_tokens": N` inside a `"usage"` object in a chunk of a JSON
+/// body or an SSE event. Usage that straddles two chunks is not seen (vLLM
+/// sends each event, and small JSON bodies, in one chunk).
+pub fn total_tokens(chunk: &[u8]) -> Option<u64> {
+    let usage = find(chunk, b"\"usage\"")?;
+    let rest = &chunk[usage..];
+    let key = find(rest, b"\"total_tokens\"")?;
+    let after = &rest[key + b"\"total_tokens\"".len()..];
+    let digits: Vec<u8> = after
+        .iter()
+        .copied()
+        .skip_while(|b| *b == b':' || b.is_ascii_whitespace())
+        .take_while(u8::is_ascii_digit)
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::total_tokens;
+
+    #[test]
+    fn reads_usage_from_sse_and_json() {
+        let sse = br#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+        assert_eq!(total_tokens(sse), Some(42));
+        let json = b"{\"usage\": {\"total_tokens\" : 7}}";
+        assert_eq!(total_tokens(json), Some(7));
+        assert_eq!(
+            total_tokens(b"data: {\"choices\":[{\"text\":\"total_tokens\"}]}"),
+            None
+        );
+        assert_eq!(total_tokens(b"data: {\"usage\":null}"), None);
+    }
+}

@@ -1,0 +1,138 @@
+//! Admission: when a pool has per-replica concurrency limits, requests that
+//! find no free slot wait in the pool's priority queue ([`queue`]) and are
+//! dispatched the moment a slot frees, or are refused at once (429) when they
+//! could not start within their level's objective.
+
+mod body;
+mod metrics;
+pub mod queue;
+
+pub use body::{AdmittedBody, Settlement};
+pub use metrics::AdmissionMetrics;
+pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal};
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::server::ApiError;
+
+/// A pool's queue with its timeout and metric handles.
+#[derive(Debug)]
+pub struct Admission {
+    pub queue: Arc<PoolQueue>,
+    pub timeout: Duration,
+    pool: String,
+    metrics: AdmissionMetrics,
+}
+
+impl Admission {
+    pub fn new(
+        queue: Arc<PoolQueue>,
+        timeout: Duration,
+        pool: &str,
+        metrics: &AdmissionMetrics,
+    ) -> Admission {
+        Admission {
+            queue,
+            timeout,
+            pool: pool.to_string(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Waits for a slot at `level`. Dropping the future (the client went
+    /// away) leaves the queue at once.
+    pub async fn acquire(&self, level: usize) -> Result<Permit, ApiError> {
+        let start = Instant::now();
+        let ticket = match self.queue.admit(level, start) {
+            Admit::Now(permit) => {
+                self.observe_wait(permit.level, Duration::ZERO);
+                return Ok(permit);
+            }
+            Admit::Refused(Refusal::QueueFull { retry_after }) => {
+                return Err(ApiError::QueueFull { retry_after });
+            }
+            Admit::Refused(Refusal::OverObjective {
+                estimated,
+                retry_after,
+            }) => {
+                return Err(ApiError::OverObjective {
+                    estimated,
+                    retry_after,
+                });
+            }
+            Admit::Wait(ticket) => ticket,
+        };
+        self.update_depths();
+        let mut leave = LeaveOnDrop {
+            admission: self,
+            id: ticket.id,
+            level: ticket.level,
+            armed: true,
+        };
+        let mut rx = ticket.rx;
+        let outcome = match tokio::time::timeout(self.timeout, &mut rx).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) | Err(_) => {
+                if self.queue.cancel(ticket.id, ticket.level) {
+                    Err(ApiError::QueueTimeout {
+                        retry_after: self.queue.backlog_drain_time(),
+                    })
+                } else {
+                    // Granted at the last moment: take the slot after all.
+                    rx.try_recv().map_err(|_| ApiError::QueueTimeout {
+                        retry_after: self.queue.backlog_drain_time(),
+                    })
+                }
+            }
+        };
+        leave.armed = false;
+        drop(leave);
+        self.update_depths();
+        if let Ok(permit) = &outcome {
+            self.observe_wait(permit.level, start.elapsed());
+        }
+        outcome
+    }
+
+    fn observe_wait(&self, level: usize, waited: Duration) {
+        let name = self.level_name(level);
+        self.metrics
+            .queue_wait
+            .with_label_values(&[&self.pool, name])
+            .observe(waited.as_secs_f64());
+    }
+
+    fn level_name(&self, level: usize) -> &str {
+        self.queue
+            .levels()
+            .get(level)
+            .map_or("", |l| l.name.as_str())
+    }
+
+    fn update_depths(&self) {
+        for (level, depth) in self.queue.depths().into_iter().enumerate() {
+            self.metrics
+                .queue_depth
+                .with_label_values(&[&self.pool, self.level_name(level)])
+                .set(depth as i64);
+        }
+    }
+}
+
+/// Removes a waiter whose request future was dropped while queued.
+struct LeaveOnDrop<'a> {
+    admission: &'a Admission,
+    id: u64,
+    level: usize,
+    armed: bool,
+}
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.admission.queue.cancel(self.id, self.level);
+            self.admission.update_depths();
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Config of the gateway (API keys, tiers) and of admission (priority levels,
+//! per-pool queues).
+
+use serde::Deserialize;
+use std::time::Duration;
+
+use super::duration;
+
+/// `[gateway]`: who may call, and which tier a call belongs to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// Require an API key from `[[keys]]` on every inference request.
+    pub auth: bool,
+    /// With `auth = false` (sidecar use), the tier may come from this header.
+    pub tier_header: Option<String>,
+    /// Tier of requests that name none; default: the lowest priority level.
+    pub default_tier: Option<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            auth: false,
+            tier_header: Some("x-llmlb-tier".to_string()),
+            default_tier: None,
+        }
+    }
+}
+
+/// `[[tiers]]`: a class of callers and the queue priority it gets.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    pub name: String,
+    /// Name of a `[[priorities]]` level.
+    pub priority: String,
+}
+
+/// `[[keys]]`: one API key, stored only as the SHA-256 of the key (hex).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    pub sha256: String,
+    pub tenant: String,
+    pub tier: String,
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    #[serde(default)]
+    pub tokens_per_minute: Option<u32>,
+}
+
+/// `[[priorities]]`: queue levels, highest first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityConfig {
+    pub name: String,
+    /// Admission objective for this level; default: the pool's `queue.max_wait`.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub max_wait: Option<Duration>,
+    /// A request waiting this long at this level moves up one level (no
+    /// starvation); default: the pool's `queue.promote_after`.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub promote_after: Option<Duration>,
+}
+
+/// The levels used when the config names none.
+pub fn default_priorities() -> Vec<PriorityConfig> {
+    ["high", "low"]
+        .into_iter()
+        .map(|name| PriorityConfig {
+            name: name.to_string(),
+            max_wait: None,
+            promote_after: None,
+        })
+        .collect()
+}
+
+/// `[pools.queue]`: the pool's central queue, active when `max_inflight` is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Waiting requests per priority level; one more gets 429.
+    pub max_depth: usize,
+    /// Admission objective: a request whose estimated wait exceeds it gets 429 at once.
+    #[serde(with = "duration_serde")]
+    pub max_wait: Duration,
+    /// A request still waiting after this long gets 503.
+    #[serde(with = "duration_serde")]
+    pub timeout: Duration,
+    /// Aging: time at one level after which a waiting request moves up a level.
+    #[serde(with = "duration_serde")]
+    pub promote_after: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            max_depth: 256,
+            max_wait: Duration::from_secs(2),
+            timeout: Duration::from_secs(30),
+            promote_after: Duration::from_secs(5),
+        }
+    }
+}
+
+fn opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration::deserialize(d).map(Some)
+}
+
+mod duration_serde {
+    pub use crate::config::duration::deserialize;
+}

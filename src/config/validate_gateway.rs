@@ -1,0 +1,197 @@
+//! Rules for the gateway and admission sections: names that refer to each
+//! other must exist, hashes must be hashes, limits must be positive.
+
+use std::collections::HashMap;
+
+use super::validate::push;
+use super::{Config, ConfigIssue};
+
+pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
+    let mut levels: HashMap<&str, usize> = HashMap::new();
+    if config.priorities.is_empty() {
+        push(out, "priorities", "list at least one priority level");
+    }
+    for (i, p) in config.priorities.iter().enumerate() {
+        if p.name.is_empty() {
+            push(out, &format!("priorities[{i}].name"), "must not be empty");
+        } else if let Some(first) = levels.insert(&p.name, i) {
+            push(
+                out,
+                &format!("priorities[{i}].name"),
+                &format!("duplicate level {:?} (also priorities[{first}])", p.name),
+            );
+        }
+        for (field, d) in [("max_wait", p.max_wait), ("promote_after", p.promote_after)] {
+            if d.is_some_and(|d| d.is_zero()) {
+                push(
+                    out,
+                    &format!("priorities[{i}].{field}"),
+                    "must be greater than 0",
+                );
+            }
+        }
+    }
+
+    let mut tiers: HashMap<&str, usize> = HashMap::new();
+    for (i, t) in config.tiers.iter().enumerate() {
+        if t.name.is_empty() {
+            push(out, &format!("tiers[{i}].name"), "must not be empty");
+        } else if let Some(first) = tiers.insert(&t.name, i) {
+            push(
+                out,
+                &format!("tiers[{i}].name"),
+                &format!("duplicate tier {:?} (also tiers[{first}])", t.name),
+            );
+        }
+        if !levels.contains_key(t.priority.as_str()) {
+            push(
+                out,
+                &format!("tiers[{i}].priority"),
+                &format!(
+                    "unknown priority level {:?}; known: {}",
+                    t.priority,
+                    names(&levels)
+                ),
+            );
+        }
+    }
+
+    if let Some(tier) = &config.gateway.default_tier
+        && !tiers.contains_key(tier.as_str())
+    {
+        push(
+            out,
+            "gateway.default_tier",
+            &format!("unknown tier {tier:?}"),
+        );
+    }
+    if config.gateway.auth && config.keys.is_empty() {
+        push(
+            out,
+            "gateway.auth",
+            "auth is on but no [[keys]] are configured",
+        );
+    }
+
+    let mut hashes: HashMap<String, usize> = HashMap::new();
+    for (i, k) in config.keys.iter().enumerate() {
+        let key = format!("keys[{i}]");
+        let h = k.sha256.to_ascii_lowercase();
+        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            push(
+                out,
+                &format!("{key}.sha256"),
+                "must be 64 hex digits (the output of `llmlb hash-key`), never the key itself",
+            );
+        } else if let Some(first) = hashes.insert(h, i) {
+            push(
+                out,
+                &format!("{key}.sha256"),
+                &format!("duplicate key (also keys[{first}])"),
+            );
+        }
+        if k.tenant.is_empty() {
+            push(out, &format!("{key}.tenant"), "must not be empty");
+        }
+        if !tiers.contains_key(k.tier.as_str()) {
+            push(
+                out,
+                &format!("{key}.tier"),
+                &format!("unknown tier {:?}", k.tier),
+            );
+        }
+        if k.requests_per_minute == Some(0) {
+            push(
+                out,
+                &format!("{key}.requests_per_minute"),
+                "must be at least 1 (omit it for no limit)",
+            );
+        }
+        if k.tokens_per_minute == Some(0) {
+            push(
+                out,
+                &format!("{key}.tokens_per_minute"),
+                "must be at least 1 (omit it for no limit)",
+            );
+        }
+    }
+
+    for (i, pool) in config.pools.iter().enumerate() {
+        let key = format!("pools[{i}]");
+        if pool.max_inflight == Some(0) {
+            push(out, &format!("{key}.max_inflight"), "must be at least 1");
+        }
+        for (r, replica) in pool.replicas.iter().enumerate() {
+            if replica.max_inflight == Some(0) {
+                push(
+                    out,
+                    &format!("{key}.replicas[{r}].max_inflight"),
+                    "must be at least 1",
+                );
+            }
+        }
+        let q = &pool.queue;
+        if q.max_depth == 0 {
+            push(out, &format!("{key}.queue.max_depth"), "must be at least 1");
+        }
+        for (field, d) in [
+            ("max_wait", q.max_wait),
+            ("timeout", q.timeout),
+            ("promote_after", q.promote_after),
+        ] {
+            if d.is_zero() {
+                push(
+                    out,
+                    &format!("{key}.queue.{field}"),
+                    "must be greater than 0",
+                );
+            }
+        }
+    }
+}
+
+fn names(map: &HashMap<&str, usize>) -> String {
+    let mut v: Vec<(&usize, &&str)> = map.iter().map(|(k, i)| (i, k)).collect();
+    v.sort();
+    v.iter()
+        .map(|(_, k)| format!("{k:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse;
+
+    const POOL: &str = "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nmax_inflight = 4\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n";
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn paid_free_setup_is_valid() {
+        let text = format!(
+            "{POOL}[gateway]\nauth = true\ndefault_tier = \"free\"\n[[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n[[keys]]\nsha256 = \"{HASH}\"\ntenant = \"acme\"\ntier = \"paid\"\nrequests_per_minute = 600\n"
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.priorities.len(), 2);
+        assert_eq!(c.pools[0].max_inflight, Some(4));
+    }
+
+    #[test]
+    fn dangling_names_and_bad_hashes_are_reported() {
+        let text = format!(
+            "{POOL}[gateway]\nauth = true\ndefault_tier = \"gold\"\n[[tiers]]\nname = \"paid\"\npriority = \"urgent\"\n[[keys]]\nsha256 = \"sk-live-123\"\ntenant = \"acme\"\ntier = \"vip\"\ntokens_per_minute = 0\n"
+        );
+        let issues = parse(&text).unwrap_err();
+        let keys: Vec<&str> = issues.iter().map(|i| i.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "tiers[0].priority",
+                "gateway.default_tier",
+                "keys[0].sha256",
+                "keys[0].tier",
+                "keys[0].tokens_per_minute"
+            ]
+        );
+    }
+}
