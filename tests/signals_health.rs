@@ -38,6 +38,8 @@ async fn failing_replica_is_ejected_then_readmitted() {
         1.0,
         "{m}"
     );
+    let down = format!("llmlb_replica_down{{pool=\"p\",replica=\"{}\"}}", a.addr);
+    assert_eq!(metric_value(&m, &down), 1.0, "{m}");
 
     // The replica recovers; once its ejection time is over it gets work again.
     a.set_mode(Mode::Ok);
@@ -56,6 +58,15 @@ async fn failing_replica_is_ejected_then_readmitted() {
         "a served {served} of 10 after recovery"
     );
     assert_eq!(proxy.replica(&a).await["health"]["consecutive_failures"], 0);
+    // The supervisor's next tick clears the gauge.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while metric_value(&proxy.metrics().await, &down) != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "llmlb_replica_down stayed 1"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     proxy.stop().await;
 }
 

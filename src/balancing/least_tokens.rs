@@ -6,10 +6,10 @@
 //! replica starts answering (prefill done) plus its remaining output tokens:
 //! `max_tokens` (or the pool's `default_max_tokens`) minus the SSE events
 //! already streamed. A 4,000-token summarisation thus counts for far more than
-//! a 10-token classification, which least-connections treats alike. The idea
-//! is the "least outstanding work" family (vLLM production-stack's
-//! load-aware routing, Dynamo's active-block cost) applied to counts the proxy
-//! keeps itself.
+//! a 10-token classification, which least-connections treats alike. It is
+//! least-request balancing with requests weighed by their work, close to how
+//! Dynamo's KV router costs a worker by the blocks its active requests hold,
+//! computed from counts the proxy keeps itself.
 //!
 //! Cost per pick: O(n), one atomic increment for the tie-break rotation.
 //! Uses only the proxy's own counts, which are never stale; a replica that
