@@ -9,11 +9,14 @@
 
 pub mod admin;
 pub mod admission;
+pub mod background;
 pub mod balancing;
 pub mod config;
 pub mod forwarding;
 pub mod gateway;
+pub mod health;
 pub mod routing;
 pub mod server;
+pub mod signals;
 pub mod telemetry;
 pub mod tokenizer;

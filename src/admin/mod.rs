@@ -1,6 +1,8 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process is
-//! alive) and `/readyz` (config loaded, not draining, every pool has a replica
-//! not known to be down).
+//! alive), `/readyz` (config loaded, not draining, every pool has a replica
+//! not known to be down) and `/admin/replicas` (each replica's load and health, JSON).
+
+mod replicas;
 
 use std::sync::Arc;
 
@@ -30,6 +32,11 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
             state.metrics.render(),
         ),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/admin/replicas" => text(
+            StatusCode::OK,
+            "application/json",
+            replicas::render(&state.topology.load()).to_string(),
+        ),
         "/readyz" => {
             if state.is_ready() {
                 text(StatusCode::OK, "text/plain", "ready\n".into())

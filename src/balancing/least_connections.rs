@@ -56,6 +56,7 @@ mod tests {
             id,
             weight,
             in_flight,
+            ..ReplicaView::default()
         }
     }
 

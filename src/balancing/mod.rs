@@ -6,13 +6,24 @@
 //! balancers never re-check them. Each pick says why it was made ([`Branch`]),
 //! which becomes a metric label and a tracing field.
 
+mod jsq;
+mod kv_aware;
 mod least_connections;
+mod least_tokens;
+pub mod outlier;
+mod p2c;
 pub mod replica;
 mod round_robin;
+mod view;
 
+pub use jsq::JoinShortestQueue;
+pub use kv_aware::KvAware;
 pub use least_connections::LeastConnections;
+pub use least_tokens::LeastTokens;
+pub use p2c::PowerOfTwo;
 pub use replica::{InFlightGuard, Replica, ReplicaId};
 pub use round_robin::WeightedRoundRobin;
+pub use view::{BalancerParams, ReplicaView, ScrapedLoad};
 
 use crate::config::BalancerKind;
 
@@ -27,22 +38,15 @@ pub struct RequestInfo<'a> {
     pub user: Option<&'a str>,
 }
 
-/// A candidate replica as the balancer sees it: a copy of its numbers at pick time.
-#[derive(Debug, Clone, Copy)]
-pub struct ReplicaView {
-    pub id: ReplicaId,
-    pub weight: u32,
-    /// Requests this proxy has sent to the replica that have not finished.
-    pub in_flight: u64,
-}
+impl RequestInfo<'_> {
+    /// Output tokens to expect: `max_tokens`, else `default`.
+    pub fn expected_output(&self, default: u32) -> u64 {
+        u64::from(self.max_tokens.unwrap_or(default))
+    }
 
-impl ReplicaView {
-    pub fn of(replica: &Replica) -> ReplicaView {
-        ReplicaView {
-            id: replica.id,
-            weight: replica.weight,
-            in_flight: replica.in_flight(),
-        }
+    /// Tokens the request adds to a replica's work and KV cache.
+    pub fn expected_tokens(&self, default_output: u32) -> u64 {
+        u64::from(self.prompt_tokens) + self.expected_output(default_output)
     }
 }
 
@@ -51,6 +55,16 @@ impl ReplicaView {
 pub enum Branch {
     RoundRobin,
     LeastConnections,
+    LeastTokens,
+    Jsq,
+    /// KV headroom decided, among replicas under the usage threshold.
+    KvAware,
+    /// Every candidate was above the KV threshold: shortest queue instead.
+    KvSaturated,
+    P2c,
+    /// Some candidate's scraped load was missing or stale: local counts
+    /// were compared for all of them.
+    FallbackStaleMetrics,
     /// The only candidate left.
     Single,
     /// No eligible replica.
@@ -62,6 +76,12 @@ impl Branch {
         match self {
             Branch::RoundRobin => "round_robin",
             Branch::LeastConnections => "least_connections",
+            Branch::LeastTokens => "least_tokens",
+            Branch::Jsq => "jsq",
+            Branch::KvAware => "kv_aware",
+            Branch::KvSaturated => "kv_saturated",
+            Branch::P2c => "p2c",
+            Branch::FallbackStaleMetrics => "fallback_stale_metrics",
             Branch::Single => "single",
             Branch::NoHealthy => "no_healthy",
         }
@@ -82,11 +102,39 @@ pub trait Balancer: Send + Sync + std::fmt::Debug {
 }
 
 /// Builds the balancer a pool's config names.
-pub fn build(kind: BalancerKind) -> Box<dyn Balancer> {
+pub fn build(kind: BalancerKind, params: BalancerParams) -> Box<dyn Balancer> {
     match kind {
         BalancerKind::RoundRobin => Box::new(WeightedRoundRobin::default()),
         BalancerKind::LeastConnections => Box::new(LeastConnections::default()),
+        BalancerKind::LeastTokens => Box::new(LeastTokens::default()),
+        BalancerKind::Jsq => Box::new(JoinShortestQueue::new(params)),
+        BalancerKind::KvAware => Box::new(KvAware::new(params)),
+        BalancerKind::P2c => Box::new(PowerOfTwo::new(params)),
     }
+}
+
+/// Index of the smallest key, scanning from `start` and wrapping, so ties go
+/// to a rotating replica instead of always the first.
+pub(crate) fn argmin_from<K: PartialOrd>(
+    n: usize,
+    start: usize,
+    key: impl Fn(usize) -> K,
+) -> Option<usize> {
+    if n == 0 {
+        return None;
+    }
+    let start = start % n;
+    let mut best = start;
+    let mut best_key = key(start);
+    for step in 1..n {
+        let i = (start + step) % n;
+        let k = key(i);
+        if k < best_key {
+            best = i;
+            best_key = k;
+        }
+    }
+    Some(best)
 }
 
 /// Picks among candidates, answering `Single` without consulting the balancer

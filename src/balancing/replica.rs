@@ -1,15 +1,21 @@
-//! Live state of one replica: identity, weight, in-flight count and passive health.
+//! Live state of one replica: identity, weight, the proxy's own load counts,
+//! its last scraped load, and its health (active checks and outlier ejection).
 //!
-//! Everything mutable is an atomic so the request path never takes a lock.
-//! The in-flight count is held by an RAII [`InFlightGuard`] that travels inside
-//! the response body and is released at end of stream or when the client goes away.
+//! Everything mutable is an atomic or an `ArcSwap` so the request path never
+//! takes a lock. The in-flight count and the outstanding-token estimate are
+//! held by an RAII [`InFlightGuard`] that travels inside the response body and
+//! is released at end of stream or when the client goes away.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use arc_swap::ArcSwapOption;
 use prometheus::IntGauge;
 
+use super::outlier::Outlier;
+use super::view::ScrapedLoad;
+use crate::health::ActiveHealth;
+use crate::signals::LoadSnapshot;
 use crate::telemetry::clock::now_millis;
 
 /// Process-unique identity of a replica, stable across config reloads while the
@@ -29,9 +35,19 @@ pub struct Replica {
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
     in_flight: AtomicU64,
-    consecutive_failures: AtomicU32,
-    /// Milliseconds on the process clock until which the replica is set aside (0 = eligible).
-    down_until_ms: AtomicU64,
+    /// Estimated tokens the replica still has to process for this proxy's
+    /// in-flight requests (prompt not yet prefilled + output not yet streamed).
+    outstanding_tokens: AtomicU64,
+    /// Since the last stored scrape: requests dispatched, requests finished,
+    /// tokens (prompt + expected output) dispatched.
+    dispatched_since_scrape: AtomicU64,
+    completed_since_scrape: AtomicU64,
+    tokens_since_scrape: AtomicU64,
+    load: ArcSwapOption<LoadSnapshot>,
+    /// Passive health.
+    pub outlier: Outlier,
+    /// Active health checks.
+    pub health: ActiveHealth,
     in_flight_gauge: IntGauge,
 }
 
@@ -49,14 +65,23 @@ impl Replica {
             weight,
             max_inflight: None,
             in_flight: AtomicU64::new(0),
-            consecutive_failures: AtomicU32::new(0),
-            down_until_ms: AtomicU64::new(0),
+            outstanding_tokens: AtomicU64::new(0),
+            dispatched_since_scrape: AtomicU64::new(0),
+            completed_since_scrape: AtomicU64::new(0),
+            tokens_since_scrape: AtomicU64::new(0),
+            load: ArcSwapOption::empty(),
+            outlier: Outlier::default(),
+            health: ActiveHealth::default(),
             in_flight_gauge,
         }
     }
 
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn outstanding_tokens(&self) -> u64 {
+        self.outstanding_tokens.load(Ordering::Relaxed)
     }
 
     /// Sets the concurrency limit (builder style, before sharing).
@@ -73,11 +98,57 @@ impl Replica {
 
     /// Counts one more request in flight until the guard is dropped.
     pub fn acquire(self: &Arc<Self>) -> InFlightGuard {
+        self.acquire_tokens(0, 0)
+    }
+
+    /// Counts one more request in flight that should cost `prompt_tokens` of
+    /// prefill and up to `output_tokens` of decode, until the guard is dropped.
+    pub fn acquire_tokens(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> InFlightGuard {
+        let total = prompt_tokens + output_tokens;
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.outstanding_tokens.fetch_add(total, Ordering::Relaxed);
+        self.dispatched_since_scrape.fetch_add(1, Ordering::Relaxed);
+        self.tokens_since_scrape.fetch_add(total, Ordering::Relaxed);
         self.in_flight_gauge.inc();
         InFlightGuard {
             replica: Arc::clone(self),
+            prompt_left: prompt_tokens,
+            output_left: output_tokens,
         }
+    }
+
+    /// Stores a new scrape and restarts the since-scrape counts.
+    pub fn store_load(&self, snapshot: LoadSnapshot) {
+        self.load.store(Some(Arc::new(snapshot)));
+        self.dispatched_since_scrape.store(0, Ordering::Relaxed);
+        self.completed_since_scrape.store(0, Ordering::Relaxed);
+        self.tokens_since_scrape.store(0, Ordering::Relaxed);
+    }
+
+    /// The last stored scrape, if any.
+    pub fn load_snapshot(&self) -> Option<Arc<LoadSnapshot>> {
+        self.load.load_full()
+    }
+
+    /// The last scrape as balancers see it, aged at `now_ms`, with what this
+    /// proxy has done since.
+    pub fn scraped_load(&self, now_ms: u64) -> Option<ScrapedLoad> {
+        let guard = self.load.load();
+        let s = guard.as_deref()?;
+        Some(ScrapedLoad {
+            running: s.running,
+            waiting: s.waiting,
+            kv_usage: s.kv_usage,
+            kv_capacity_tokens: s.kv_capacity_tokens,
+            age_ms: now_ms.saturating_sub(s.taken_at_ms),
+            dispatched_since: self.dispatched_since_scrape.load(Ordering::Relaxed),
+            completed_since: self.completed_since_scrape.load(Ordering::Relaxed),
+            tokens_since: self.tokens_since_scrape.load(Ordering::Relaxed),
+        })
     }
 
     /// Whether the replica may receive new work now.
@@ -85,31 +156,12 @@ impl Replica {
         self.is_eligible_at(now_millis())
     }
 
+    /// Up by active checks and not ejected by passive health.
     pub fn is_eligible_at(&self, now_ms: u64) -> bool {
-        self.down_until_ms.load(Ordering::Relaxed) <= now_ms
+        self.health.is_up() && !self.outlier.is_ejected_at(now_ms)
     }
 
-    /// Records a connection failure; returns true when this failure set the replica aside.
-    pub fn record_failure(&self, threshold: u32, cooldown: Duration) -> bool {
-        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= threshold {
-            let until = now_millis() + cooldown.as_millis() as u64;
-            let before = self.down_until_ms.swap(until, Ordering::Relaxed);
-            // After the cooldown one more failure sets it aside again at once.
-            self.consecutive_failures
-                .store(threshold.saturating_sub(1), Ordering::Relaxed);
-            return before <= now_millis();
-        }
-        false
-    }
-
-    /// Records a request that reached the replica and got an answer.
-    pub fn record_success(&self) {
-        self.consecutive_failures.store(0, Ordering::Relaxed);
-        self.down_until_ms.store(0, Ordering::Relaxed);
-    }
-
-    /// Whether the replica is currently set aside by passive health.
+    /// Whether the replica is currently set aside by either kind of health.
     pub fn is_down(&self) -> bool {
         !self.is_eligible()
     }
@@ -119,18 +171,47 @@ impl Replica {
 #[derive(Debug)]
 pub struct InFlightGuard {
     replica: Arc<Replica>,
+    prompt_left: u64,
+    output_left: u64,
 }
 
 impl InFlightGuard {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
+
+    /// The replica has started answering: the prompt is prefilled.
+    pub fn prefill_done(&mut self) {
+        let p = std::mem::take(&mut self.prompt_left);
+        if p > 0 {
+            self.replica
+                .outstanding_tokens
+                .fetch_sub(p, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` output tokens have streamed out.
+    pub fn produced(&mut self, n: u64) {
+        let n = n.min(self.output_left);
+        if n > 0 {
+            self.output_left -= n;
+            self.replica
+                .outstanding_tokens
+                .fetch_sub(n, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.replica.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.replica.in_flight_gauge.dec();
+        let r = &self.replica;
+        r.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let left = self.prompt_left + self.output_left;
+        if left > 0 {
+            r.outstanding_tokens.fetch_sub(left, Ordering::Relaxed);
+        }
+        r.completed_since_scrape.fetch_add(1, Ordering::Relaxed);
+        r.in_flight_gauge.dec();
     }
 }
 
@@ -160,15 +241,51 @@ mod tests {
     }
 
     #[test]
-    fn failures_set_aside_then_success_restores() {
+    fn tokens_decrease_as_the_stream_flows() {
         let r = replica();
-        let cooldown = Duration::from_secs(60);
-        assert!(!r.record_failure(3, cooldown));
-        assert!(!r.record_failure(3, cooldown));
-        assert!(r.is_eligible());
-        assert!(r.record_failure(3, cooldown));
-        assert!(!r.is_eligible());
-        r.record_success();
-        assert!(r.is_eligible());
+        let mut g = r.acquire_tokens(100, 50);
+        let other = r.acquire_tokens(10, 10);
+        assert_eq!(r.outstanding_tokens(), 170);
+        g.prefill_done();
+        assert_eq!(r.outstanding_tokens(), 70);
+        g.produced(20);
+        assert_eq!(r.outstanding_tokens(), 50);
+        g.produced(1000); // more than promised: clamps
+        assert_eq!(r.outstanding_tokens(), 20);
+        drop(g);
+        assert_eq!(r.outstanding_tokens(), 20);
+        drop(other); // a client that went away releases its whole share
+        assert_eq!(r.outstanding_tokens(), 0);
+    }
+
+    #[test]
+    fn since_scrape_counts_restart_on_store() {
+        let r = replica();
+        assert!(r.scraped_load(10).is_none());
+        let g = r.acquire_tokens(5, 5);
+        drop(r.acquire());
+        r.store_load(LoadSnapshot {
+            waiting: Some(3),
+            taken_at_ms: 100,
+            ..LoadSnapshot::default()
+        });
+        let _g2 = r.acquire_tokens(7, 1);
+        drop(g);
+        let l = r.scraped_load(150).unwrap();
+        assert_eq!(l.waiting, Some(3));
+        assert_eq!(l.age_ms, 50);
+        assert_eq!(l.dispatched_since, 1);
+        assert_eq!(l.completed_since, 1);
+        assert_eq!(l.tokens_since, 8);
+    }
+
+    #[test]
+    fn ineligible_while_down_or_ejected() {
+        let r = replica();
+        assert!(r.is_eligible_at(1));
+        for _ in 0..3 {
+            r.health.record(false, 3, 2);
+        }
+        assert!(!r.is_eligible_at(1));
     }
 }

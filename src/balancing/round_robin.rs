@@ -70,6 +70,7 @@ mod tests {
                 id: i as u64 + 1,
                 weight: w,
                 in_flight: 0,
+                ..ReplicaView::default()
             })
             .collect()
     }

@@ -8,6 +8,7 @@ mod gateway;
 mod schema;
 mod validate;
 mod validate_gateway;
+mod validate_load;
 
 pub use duration::format as format_duration;
 pub use gateway::*;

@@ -71,6 +71,10 @@ impl Default for ServerConfig {
 pub enum BalancerKind {
     RoundRobin,
     LeastConnections,
+    LeastTokens,
+    Jsq,
+    KvAware,
+    P2c,
 }
 
 impl BalancerKind {
@@ -78,6 +82,19 @@ impl BalancerKind {
         match self {
             BalancerKind::RoundRobin => "round_robin",
             BalancerKind::LeastConnections => "least_connections",
+            BalancerKind::LeastTokens => "least_tokens",
+            BalancerKind::Jsq => "jsq",
+            BalancerKind::KvAware => "kv_aware",
+            BalancerKind::P2c => "p2c",
+        }
+    }
+
+    /// Whether this balancer reads scraped replica metrics.
+    pub fn uses_scraped_load(self, params: &BalancingConfig) -> bool {
+        match self {
+            BalancerKind::Jsq | BalancerKind::KvAware => true,
+            BalancerKind::P2c => matches!(params.p2c_metric, P2cMetric::Jsq | P2cMetric::KvAware),
+            _ => false,
         }
     }
 }
@@ -97,6 +114,15 @@ pub struct PoolConfig {
     pub timeouts: TimeoutConfig,
     #[serde(default)]
     pub outlier: OutlierConfig,
+    /// Parameters of the load-aware balancers.
+    #[serde(default)]
+    pub balancing: BalancingConfig,
+    /// Polling each replica's `/metrics`.
+    #[serde(default)]
+    pub scrape: ScrapeConfig,
+    /// Active health checks (`GET /health`).
+    #[serde(default)]
+    pub health: HealthConfig,
     /// Requests in flight per replica before new ones wait in the pool's
     /// queue; unset means no limit and no queue.
     #[serde(default)]
@@ -105,6 +131,16 @@ pub struct PoolConfig {
     pub queue: QueueConfig,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
+}
+
+impl PoolConfig {
+    /// Whether the scraper runs for this pool: as configured, else when the
+    /// balancer needs scraped load.
+    pub fn scrape_enabled(&self) -> bool {
+        self.scrape
+            .enabled
+            .unwrap_or_else(|| self.balancer.uses_scraped_load(&self.balancing))
+    }
 }
 
 fn default_balancer() -> BalancerKind {
@@ -139,15 +175,24 @@ impl Default for TimeoutConfig {
     }
 }
 
-/// Passive health: a replica whose connections keep failing is set aside for a while.
+/// Passive health (outlier ejection): a replica whose requests keep failing
+/// (connect errors, timeouts, 5xx other than 503) is ejected for a while.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
-    /// Consecutive connection failures that mark a replica down.
+    /// Consecutive failures that eject a replica.
     pub consecutive_failures: u32,
-    /// How long a replica marked down stays out before it is tried again.
-    #[serde(with = "duration_serde")]
+    /// Base ejection time, multiplied by how many times the replica has been
+    /// ejected in a row.
+    #[serde(with = "duration_serde", alias = "base_ejection_time")]
     pub cooldown: Duration,
+    /// Upper bound of one ejection.
+    #[serde(with = "duration_serde")]
+    pub max_ejection_time: Duration,
+    /// Largest share of a pool ejected at once for timeouts and 5xx answers,
+    /// in percent (at least one replica may always be ejected). Replicas that
+    /// refuse connections are ejected regardless.
+    pub max_ejection_percent: u32,
 }
 
 impl Default for OutlierConfig {
@@ -155,6 +200,127 @@ impl Default for OutlierConfig {
         OutlierConfig {
             consecutive_failures: 3,
             cooldown: Duration::from_secs(10),
+            max_ejection_time: Duration::from_secs(300),
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+/// Which load a `p2c` balancer compares between its two sampled replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum P2cMetric {
+    LeastConnections,
+    LeastTokens,
+    Jsq,
+    KvAware,
+}
+
+/// Parameters of the load-aware balancers (`[pools.balancing]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalancingConfig {
+    /// Output tokens assumed for a request that sets no `max_tokens`.
+    pub default_max_tokens: u32,
+    /// `kv_aware`: KV usage (0..1) above which a replica is avoided.
+    pub kv_threshold: f64,
+    /// `kv_aware`: KV capacity in tokens per replica when the replica does
+    /// not report it (`vllm:cache_config_info`).
+    pub kv_capacity_tokens: u64,
+    /// `p2c`: the load compared between the two sampled replicas.
+    pub p2c_metric: P2cMetric,
+    /// `p2c`: seed of the sampling generator (fixed for reproducible runs).
+    pub seed: u64,
+}
+
+impl Default for BalancingConfig {
+    fn default() -> Self {
+        BalancingConfig {
+            default_max_tokens: 256,
+            kv_threshold: 0.9,
+            kv_capacity_tokens: 65_536,
+            p2c_metric: P2cMetric::LeastTokens,
+            seed: 0x11_4d_1b,
+        }
+    }
+}
+
+/// Metric-name presets for the scraper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsPreset {
+    Vllm,
+    Sglang,
+    Custom,
+}
+
+/// Metric names for `preset = "custom"` (`[pools.scrape.metrics]`); each
+/// list is tried in order and the first name present wins.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CustomMetricNames {
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    pub kv_usage: Vec<String>,
+}
+
+/// Polling replicas' Prometheus `/metrics` (`[pools.scrape]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScrapeConfig {
+    /// On or off; when unset, on exactly when the balancer reads scraped load.
+    pub enabled: Option<bool>,
+    pub path: String,
+    #[serde(with = "duration_serde")]
+    pub interval: Duration,
+    #[serde(with = "duration_serde")]
+    pub timeout: Duration,
+    /// Snapshots older than this are not used: balancers fall back to the
+    /// proxy's own counts for every candidate.
+    #[serde(with = "duration_serde")]
+    pub staleness: Duration,
+    pub preset: MetricsPreset,
+    pub metrics: CustomMetricNames,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        ScrapeConfig {
+            enabled: None,
+            path: "/metrics".into(),
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_millis(400),
+            staleness: Duration::from_secs(2),
+            preset: MetricsPreset::Vllm,
+            metrics: CustomMetricNames::default(),
+        }
+    }
+}
+
+/// Active health checks in HAProxy's manner (`[pools.health]`): `fall`
+/// failed checks in a row mark a replica down, `rise` good ones bring it back.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub enabled: bool,
+    pub path: String,
+    #[serde(with = "duration_serde")]
+    pub interval: Duration,
+    #[serde(with = "duration_serde")]
+    pub timeout: Duration,
+    pub fall: u32,
+    pub rise: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: false,
+            path: "/health".into(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            fall: 3,
+            rise: 2,
         }
     }
 }

@@ -93,6 +93,7 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be at least 1",
         );
     }
+    super::validate_load::validate_load(out, key, pool);
     let mut urls: HashMap<String, usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
     for (r, replica) in pool.replicas.iter().enumerate() {

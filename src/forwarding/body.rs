@@ -128,6 +128,23 @@ impl ProxyBody {
     }
 }
 
+/// `data:` events in one chunk, not counting the final `[DONE]`. An event
+/// split across two chunks may be missed; the estimate only steers balancing.
+fn count_sse_events(chunk: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut at_line_start = true;
+    for (i, &b) in chunk.iter().enumerate() {
+        if at_line_start && chunk[i..].starts_with(b"data:") {
+            let rest = chunk[i + 5..].trim_ascii_start();
+            if !rest.starts_with(b"[DONE]") {
+                n += 1;
+            }
+        }
+        at_line_start = b == b'\n';
+    }
+    n
+}
+
 impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -142,6 +159,14 @@ impl Body for ProxyBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(guard), Some(data)) = (this.guard.as_mut(), frame.data_ref()) {
+                    // Prefill is over once the replica answers; with SSE each
+                    // `data:` event carries about one output token.
+                    guard.prefill_done();
+                    if this.sse {
+                        guard.produced(count_sse_events(data));
+                    }
+                }
                 if !this.first_byte_seen && frame.is_data() {
                     this.first_byte_seen = true;
                     if let Some(c) = &this.completion {
@@ -183,5 +208,22 @@ impl Body for ProxyBody {
         } else {
             self.inner.size_hint()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_sse_events;
+
+    #[test]
+    fn counts_data_events_but_not_done() {
+        assert_eq!(
+            count_sse_events(b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\n"),
+            2
+        );
+        assert_eq!(count_sse_events(b"data: [DONE]\n\n"), 0);
+        assert_eq!(count_sse_events(b": keep-alive\n\n"), 0);
+        assert_eq!(count_sse_events(b"{\"x\":\"data: inside\"}"), 0);
+        assert_eq!(count_sse_events(b""), 0);
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REQUEST_ID, strip_hop_by_hop};
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
-use crate::routing::Pool;
+use crate::routing::{Failure, Pool};
 use crate::server::ApiError;
 use crate::telemetry::Metrics;
 
@@ -57,10 +57,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
             Ok(pick) => pick,
             Err(branch) => {
-                req.metrics
-                    .decisions
-                    .with_label_values(&[&pool.name, branch.as_str()])
-                    .inc();
+                pool.record_branch(branch, req.metrics);
                 return Err(if tried.is_empty() {
                     ApiError::NoHealthyReplica {
                         pool: pool.name.clone(),
@@ -73,10 +70,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
         };
-        req.metrics
-            .decisions
-            .with_label_values(&[&pool.name, pick.branch.as_str()])
-            .inc();
+        pool.record_branch(pick.branch, req.metrics);
         let replica = &candidates[pick.index];
         tried.push(replica.id);
         tracing::debug!(
@@ -86,7 +80,10 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             attempt = tried.len(),
             "dispatch"
         );
-        let guard = replica.acquire();
+        let guard = replica.acquire_tokens(
+            u64::from(req.info.prompt_tokens),
+            req.info.expected_output(pool.balancing.default_max_tokens),
+        );
         let upstream = build_request(
             &req.method,
             replica,
@@ -98,6 +95,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         match sent.await {
             Err(_elapsed) => {
                 count_upstream_error(req.metrics, pool, replica, "timeout");
+                pool.record_failure(replica, Failure::Timeout, req.metrics);
                 return Err(ApiError::UpstreamTimeout {
                     pool: pool.name.clone(),
                     timeout: crate::config::format_duration(pool.timeouts.first_byte),
@@ -106,10 +104,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             Ok(Err(err)) => {
                 let kind = if err.is_connect() { "connect" } else { "reset" };
                 count_upstream_error(req.metrics, pool, replica, kind);
-                if replica.record_failure(pool.outlier.consecutive_failures, pool.outlier.cooldown)
-                {
-                    tracing::warn!(pool = %pool.name, replica = %replica.name, "replica set aside after repeated connection failures");
-                }
+                let failure = if err.is_connect() {
+                    Failure::Connect
+                } else {
+                    Failure::Timeout
+                };
+                pool.record_failure(replica, failure, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %err, "upstream attempt failed");
                 drop(guard);
                 if tried.len() as u32 >= max_attempts {
@@ -121,7 +121,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.metrics.retries.with_label_values(&[&pool.name]).inc();
             }
             Ok(Ok(resp)) => {
-                replica.record_success();
+                // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
+                match resp.status().as_u16() {
+                    503 => {}
+                    500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
+                    _ => pool.record_success(replica),
+                }
                 return Ok(stream_back(resp, &req, replica, guard));
             }
         }

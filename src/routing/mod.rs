@@ -3,6 +3,8 @@
 //! The live [`Topology`] is built from a validated config and published through
 //! an `ArcSwap`, so a reload replaces it whole without stopping traffic.
 
+mod outcome;
 mod topology;
 
+pub use outcome::Failure;
 pub use topology::{Pool, Topology};

@@ -2,10 +2,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
-use crate::balancing::{self, Balancer, Replica};
-use crate::config::{Config, OutlierConfig, PoolConfig, TimeoutConfig};
+use crate::balancing::{self, Balancer, BalancerParams, Replica};
+use crate::config::{
+    BalancingConfig, Config, HealthConfig, OutlierConfig, PoolConfig, ScrapeConfig, TimeoutConfig,
+};
 use crate::forwarding::UpstreamClient;
 use crate::telemetry::Metrics;
 
@@ -19,6 +22,12 @@ pub struct Pool {
     pub retries: u32,
     pub timeouts: TimeoutConfig,
     pub outlier: OutlierConfig,
+    pub balancing: BalancingConfig,
+    /// Scrape settings when the pool's replicas are scraped.
+    pub scrape: Option<ScrapeConfig>,
+    pub health: HealthConfig,
+    /// Whether the last pick fell back to local counts (to log transitions only).
+    pub stale_fallback: AtomicBool,
     pub client: UpstreamClient,
     /// The pool's central queue, when replicas have concurrency limits.
     pub admission: Option<Admission>,
@@ -130,11 +139,15 @@ fn build_pool(
     Pool {
         name: pc.name.clone(),
         models: pc.models.clone(),
-        balancer: balancing::build(pc.balancer),
+        balancer: balancing::build(pc.balancer, BalancerParams::from_pool(pc)),
         replicas,
         retries: pc.retries,
         timeouts: pc.timeouts.clone(),
         outlier: pc.outlier.clone(),
+        balancing: pc.balancing.clone(),
+        scrape: pc.scrape_enabled().then(|| pc.scrape.clone()),
+        health: pc.health.clone(),
+        stale_fallback: AtomicBool::new(false),
         client: crate::forwarding::client(&pc.timeouts),
         admission,
     }

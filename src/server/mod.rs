@@ -73,6 +73,9 @@ pub struct Running {
     admin_shutdown: watch::Sender<bool>,
     client_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    /// Scrape and health-check loops.
+    background_shutdown: watch::Sender<bool>,
+    background_task: JoinHandle<()>,
 }
 
 impl Running {
@@ -86,6 +89,8 @@ impl Running {
         let _ = self.client_task.await;
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
+        let _ = self.background_shutdown.send(true);
+        let _ = self.background_task.await;
     }
 }
 
@@ -119,6 +124,11 @@ pub fn start(
         false,
         drain,
     ));
+    let (background_shutdown, background_rx) = watch::channel(false);
+    let background_task = tokio::spawn(crate::background::supervise(
+        Arc::clone(&state),
+        background_rx,
+    ));
     tracing::info!(%addr, %admin_addr, "llmlb listening");
     Ok(Running {
         addr,
@@ -128,5 +138,7 @@ pub fn start(
         admin_shutdown,
         client_task: client,
         admin_task,
+        background_shutdown,
+        background_task,
     })
 }

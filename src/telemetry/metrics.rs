@@ -32,6 +32,8 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// 1 while a replica is set aside by passive health.
     pub replica_down: IntGaugeVec,
+    /// Load signals and health.
+    pub signals: super::SignalMetrics,
 }
 
 impl Metrics {
@@ -103,7 +105,7 @@ impl Metrics {
         let replica_down = IntGaugeVec::new(
             Opts::new(
                 "llmlb_replica_down",
-                "1 while a replica is set aside after repeated connection failures.",
+                "1 while a replica receives no new work (ejected or failing health checks).",
             ),
             &["pool", "replica"],
         )
@@ -121,7 +123,9 @@ impl Metrics {
         ] {
             registry.register(c).expect("unique metric names");
         }
+        let signals = super::SignalMetrics::register(&registry);
         Metrics {
+            signals,
             registry,
             requests,
             request_duration,

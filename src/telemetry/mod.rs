@@ -3,6 +3,8 @@
 pub mod clock;
 mod logging;
 mod metrics;
+mod signal_metrics;
 
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
+pub use signal_metrics::SignalMetrics;

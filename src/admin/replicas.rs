@@ -1,0 +1,55 @@
+//! `GET /admin/replicas`: every replica's weight, load (local and scraped)
+//! and health, as JSON, for operators and tests.
+
+use serde_json::{Value, json};
+
+use crate::balancing::Replica;
+use crate::routing::{Pool, Topology};
+use crate::telemetry::clock::now_millis;
+
+pub fn render(topology: &Topology) -> Value {
+    let now = now_millis();
+    let pools: Vec<Value> = topology.pools.iter().map(|p| pool(p, now)).collect();
+    json!({ "pools": pools })
+}
+
+fn pool(p: &Pool, now: u64) -> Value {
+    let staleness = p.scrape.as_ref().map(|s| s.staleness.as_millis() as u64);
+    json!({
+        "name": p.name,
+        "balancer": p.balancer.name(),
+        "replicas": p.replicas.iter().map(|r| replica(r, now, staleness)).collect::<Vec<_>>(),
+    })
+}
+
+fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
+    let load = r.scraped_load(now).map(|l| {
+        json!({
+            "running": l.running,
+            "waiting": l.waiting,
+            "kv_usage": l.kv_usage,
+            "kv_capacity_tokens": l.kv_capacity_tokens,
+            "age_ms": l.age_ms,
+            "stale": staleness_ms.is_some_and(|s| l.age_ms > s),
+            "dispatched_since_scrape": l.dispatched_since,
+            "completed_since_scrape": l.completed_since,
+        })
+    });
+    let ejected = r.outlier.is_ejected_at(now);
+    json!({
+        "name": r.name,
+        "address": r.authority.to_string(),
+        "weight": r.weight,
+        "eligible": r.is_eligible_at(now),
+        "in_flight": r.in_flight(),
+        "outstanding_tokens": r.outstanding_tokens(),
+        "health": {
+            "active": if r.health.checks() == 0 { "unchecked" } else if r.health.is_up() { "up" } else { "down" },
+            "ejected": ejected,
+            "ejection_remaining_ms": r.outlier.remaining_ms(now),
+            "ejections": r.outlier.ejection_count(),
+            "consecutive_failures": r.outlier.consecutive_failures(),
+        },
+        "load": load,
+    })
+}

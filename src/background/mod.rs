@@ -1,0 +1,161 @@
+//! Background loops: one scrape loop and one health-check loop per replica
+//! that needs them, kept in step with the live topology.
+//!
+//! [`supervise`] is started by the server with its shutdown signal (never from
+//! a constructor). Every tick it compares the loops that run with the loops
+//! the current topology asks for (a reload may add or remove replicas or
+//! change a pool's settings), stops the extra ones, starts the missing ones,
+//! and refreshes the per-replica eligibility gauge. On shutdown it stops every
+//! loop and waits for them.
+
+mod probe;
+
+pub use probe::{ProbeError, Prober};
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::balancing::ReplicaId;
+use crate::health::checker::{self, CheckTarget};
+use crate::routing::Topology;
+use crate::server::AppState;
+use crate::signals::scraper::{self, ScrapeTarget};
+use crate::telemetry::Metrics;
+
+/// How often the supervisor reconciles loops with the topology.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Resolves once `rx` holds `true` or its sender is gone.
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Kind {
+    Scrape,
+    Health,
+}
+
+struct Loop {
+    /// The settings it runs with, to notice a reload that changed them.
+    fingerprint: String,
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+type Key = (Kind, String, ReplicaId);
+
+/// Starts a loop given its stop signal.
+type Starter = Box<dyn FnOnce(watch::Receiver<bool>) -> JoinHandle<()>>;
+
+/// Runs the per-replica loops until `shutdown` turns true.
+pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+    let metrics = Arc::clone(&state.metrics);
+    let prober = Prober::default();
+    let mut loops: HashMap<Key, Loop> = HashMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped(&mut shutdown) => break,
+        }
+        let topo = state.topology.load();
+        reconcile(&topo, &mut loops, &prober, &metrics);
+        refresh_gauges(&topo, &metrics);
+    }
+    for (_, l) in loops.drain() {
+        let _ = l.stop.send(true);
+        let _ = l.handle.await;
+    }
+}
+
+fn reconcile(
+    topo: &Topology,
+    loops: &mut HashMap<Key, Loop>,
+    prober: &Prober,
+    metrics: &Arc<Metrics>,
+) {
+    let mut wanted: HashMap<Key, (String, Starter)> = HashMap::new();
+    for pool in &topo.pools {
+        let pool_name: Arc<str> = Arc::from(pool.name.as_str());
+        for replica in &pool.replicas {
+            if let Some(scrape) = &pool.scrape {
+                let target = ScrapeTarget {
+                    pool: Arc::clone(&pool_name),
+                    replica: Arc::clone(replica),
+                    config: scrape.clone(),
+                    names: crate::signals::MetricNames::from_config(scrape),
+                };
+                let (p, m) = (prober.clone(), Arc::clone(metrics));
+                wanted.insert(
+                    (Kind::Scrape, pool.name.clone(), replica.id),
+                    (
+                        format!("{scrape:?}"),
+                        Box::new(move |rx| tokio::spawn(scraper::run(target, p, m, rx))),
+                    ),
+                );
+            }
+            if pool.health.enabled {
+                let target = CheckTarget {
+                    pool: Arc::clone(&pool_name),
+                    replica: Arc::clone(replica),
+                    config: pool.health.clone(),
+                };
+                let (p, m) = (prober.clone(), Arc::clone(metrics));
+                wanted.insert(
+                    (Kind::Health, pool.name.clone(), replica.id),
+                    (
+                        format!("{:?}", pool.health),
+                        Box::new(move |rx| tokio::spawn(checker::run(target, p, m, rx))),
+                    ),
+                );
+            }
+        }
+    }
+    loops.retain(|key, l| {
+        let keep = wanted.get(key).is_some_and(|(fp, _)| *fp == l.fingerprint);
+        if !keep {
+            let _ = l.stop.send(true);
+        }
+        keep
+    });
+    for (key, (fingerprint, start)) in wanted {
+        if loops.contains_key(&key) {
+            continue;
+        }
+        let (stop, rx) = watch::channel(false);
+        let handle = start(rx);
+        loops.insert(
+            key,
+            Loop {
+                fingerprint,
+                stop,
+                handle,
+            },
+        );
+    }
+}
+
+fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
+    let now = crate::telemetry::clock::now_millis();
+    for pool in &topo.pools {
+        for r in &pool.replicas {
+            metrics
+                .replica_down
+                .with_label_values(&[&pool.name, &r.name])
+                .set(i64::from(!r.is_eligible_at(now)));
+        }
+    }
+}

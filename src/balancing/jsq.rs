@@ -1,0 +1,170 @@
+//! Join-the-shortest-queue: the candidate whose internal waiting queue is
+//! shortest, as the replica itself reports it (`vllm:num_requests_waiting`,
+//! `sglang:num_queue_reqs`), corrected by what this proxy has dispatched and
+//! seen finish since that scrape, so a burst that arrives between two scrapes
+//! spreads out instead of herding onto the replica that looked emptiest.
+//! Ties (typically all queues empty) go to the fewest requests in the replica
+//! (running + waiting), then the fewest in flight from this proxy.
+//!
+//! JSQ is the classic policy for parallel servers (Winston 1977; Gupta et al.
+//! 2007 for processor sharing); the waiting queue is the signal llm-d's
+//! endpoint picker and the SGLang gateway score on.
+//!
+//! Cost per pick: O(n). When any candidate's scrape is missing, lacks the
+//! queue metric or is older than the pool's `scrape.staleness`, all
+//! candidates are compared by this proxy's in-flight counts instead (branch
+//! `fallback_stale_metrics`): scraped and local units are never mixed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+
+#[derive(Debug)]
+pub struct JoinShortestQueue {
+    params: BalancerParams,
+    cursor: AtomicUsize,
+}
+
+impl JoinShortestQueue {
+    pub fn new(params: BalancerParams) -> JoinShortestQueue {
+        JoinShortestQueue {
+            params,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+const WORST: (f64, f64, f64) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+
+/// `(queue, in system, in flight)` per unit of weight, when fresh.
+pub(super) fn queue_key(v: &ReplicaView, max_age_ms: u64) -> Option<(f64, f64, f64)> {
+    let l = v.fresh_load(max_age_ms)?;
+    let w = f64::from(v.weight.max(1));
+    Some((
+        l.queue_now()? as f64 / w,
+        l.in_system_now().unwrap_or(0) as f64 / w,
+        v.in_flight as f64 / w,
+    ))
+}
+
+/// Local fallback: in flight per unit of weight.
+pub(super) fn local_key(v: &ReplicaView) -> (f64, f64) {
+    let w = f64::from(v.weight.max(1));
+    (v.in_flight as f64 / w, v.outstanding_tokens as f64 / w)
+}
+
+impl Balancer for JoinShortestQueue {
+    fn name(&self) -> &'static str {
+        "jsq"
+    }
+
+    fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let max_age = self.params.max_age_ms;
+        let n = replicas.len();
+        let (index, branch) = if replicas.iter().all(|v| queue_key(v, max_age).is_some()) {
+            let key = |i: usize| queue_key(&replicas[i], max_age).unwrap_or(WORST);
+            (argmin_from(n, start, key)?, Branch::Jsq)
+        } else {
+            let key = |i: usize| local_key(&replicas[i]);
+            (argmin_from(n, start, key)?, Branch::FallbackStaleMetrics)
+        };
+        Some(Pick { index, branch })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancing::ScrapedLoad;
+
+    fn view(id: u64, waiting: u64, running: u64, age_ms: u64, in_flight: u64) -> ReplicaView {
+        ReplicaView {
+            id,
+            weight: 1,
+            in_flight,
+            outstanding_tokens: 0,
+            load: Some(ScrapedLoad {
+                waiting: Some(waiting),
+                running: Some(running),
+                age_ms,
+                ..ScrapedLoad::default()
+            }),
+        }
+    }
+
+    fn jsq() -> JoinShortestQueue {
+        JoinShortestQueue::new(BalancerParams {
+            max_age_ms: 1_000,
+            ..BalancerParams::default()
+        })
+    }
+
+    #[test]
+    fn shortest_scraped_queue_wins() {
+        let v = [
+            view(1, 12, 8, 10, 0),
+            view(2, 0, 8, 10, 3),
+            view(3, 4, 8, 10, 0),
+        ];
+        let p = jsq().pick(&RequestInfo::default(), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::Jsq
+            }
+        );
+    }
+
+    #[test]
+    fn dispatches_since_scrape_count() {
+        let mut v = [view(1, 2, 8, 10, 0), view(2, 0, 8, 10, 0)];
+        // Three sent to replica 2 since its scrape, none finished: queue 3 > 2.
+        v[1].load.as_mut().unwrap().dispatched_since = 3;
+        assert_eq!(jsq().pick(&RequestInfo::default(), &v).unwrap().index, 0);
+        // Two of them finished: queue 1 < 2.
+        v[1].load.as_mut().unwrap().completed_since = 2;
+        assert_eq!(jsq().pick(&RequestInfo::default(), &v).unwrap().index, 1);
+    }
+
+    #[test]
+    fn empty_queues_tie_break_on_running() {
+        let v = [view(1, 0, 9, 10, 0), view(2, 0, 2, 10, 0)];
+        assert_eq!(jsq().pick(&RequestInfo::default(), &v).unwrap().index, 1);
+    }
+
+    #[test]
+    fn one_stale_candidate_sends_all_to_local_counts() {
+        // Replica 1 looks idle by its (stale) scrape; replica 0 has the
+        // shorter local count. Local counts decide for both.
+        let v = [view(1, 50, 8, 10, 1), view(2, 0, 0, 5_000, 4)];
+        let p = jsq().pick(&RequestInfo::default(), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 0,
+                branch: Branch::FallbackStaleMetrics
+            }
+        );
+    }
+
+    #[test]
+    fn never_scraped_or_missing_metric_falls_back() {
+        let mut v = [view(1, 0, 0, 10, 5), view(2, 0, 0, 10, 1)];
+        v[0].load.as_mut().unwrap().waiting = None;
+        let p = jsq().pick(&RequestInfo::default(), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::FallbackStaleMetrics
+            }
+        );
+        v[0].load = None;
+        assert_eq!(
+            jsq().pick(&RequestInfo::default(), &v).unwrap().branch,
+            Branch::FallbackStaleMetrics
+        );
+    }
+}

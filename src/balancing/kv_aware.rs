@@ -1,0 +1,208 @@
+//! KV-cache-aware: prefer the replica with the most free KV-cache headroom
+//! after this request, and avoid replicas whose cache would pass a usage
+//! threshold, where admitting a long prompt forces the replica to preempt
+//! (evict and later recompute) running requests.
+//!
+//! For each candidate, projected usage = scraped usage
+//! (`vllm:kv_cache_usage_perc`, or `gpu_cache_usage_perc` before vLLM 0.9.2)
+//! plus (tokens dispatched since that scrape plus this request's prompt and
+//! expected output) divided by the KV capacity in tokens. The capacity comes
+//! from the replica's `vllm:cache_config_info` (`num_gpu_blocks × block_size`),
+//! else the pool's `kv_capacity_tokens`. Candidates at or under
+//! `kv_threshold` win by lowest projected usage, then shortest queue (branch
+//! `kv_aware`); if all are over, the shortest queue wins (branch
+//! `kv_saturated`). The saturation idea follows llm-d's endpoint picker (KV
+//! above 0.8 is saturated) and Dynamo's KV router (cost in blocks a request adds).
+//!
+//! Weights are not applied: usage is already a fraction of each replica's
+//! own cache. Tokens dispatched since the scrape are all counted as still
+//! held, which overestimates slightly until the next scrape.
+//!
+//! Cost per pick: O(n). When any candidate lacks a fresh usage figure, all
+//! are compared by this proxy's outstanding tokens (branch
+//! `fallback_stale_metrics`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+
+#[derive(Debug)]
+pub struct KvAware {
+    params: BalancerParams,
+    cursor: AtomicUsize,
+}
+
+impl KvAware {
+    pub fn new(params: BalancerParams) -> KvAware {
+        KvAware {
+            params,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Ordering key, smaller is better: `(over threshold, primary, secondary)`.
+/// Under the threshold the primary is the projected usage and the secondary
+/// the queue; over it, the other way round. `None` when data is missing or stale.
+pub(super) fn kv_key(
+    v: &ReplicaView,
+    req: &RequestInfo<'_>,
+    p: &BalancerParams,
+) -> Option<(bool, f64, f64)> {
+    let l = v.fresh_load(p.max_age_ms)?;
+    let usage = l.kv_usage?;
+    let capacity = l.kv_capacity_tokens.unwrap_or(p.kv_capacity_tokens).max(1) as f64;
+    let need = (l.tokens_since + req.expected_tokens(p.default_max_tokens)) as f64;
+    let projected = usage + need / capacity;
+    let queue = l.queue_now().unwrap_or(0) as f64;
+    Some(if projected <= p.kv_threshold {
+        (false, projected, queue)
+    } else {
+        (true, queue, projected)
+    })
+}
+
+/// Local fallback: outstanding tokens, then in flight.
+pub(super) fn local_key(v: &ReplicaView) -> (u64, u64) {
+    (v.outstanding_tokens, v.in_flight)
+}
+
+impl Balancer for KvAware {
+    fn name(&self) -> &'static str {
+        "kv_aware"
+    }
+
+    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let p = &self.params;
+        if !replicas.iter().all(|v| kv_key(v, req, p).is_some()) {
+            let index = argmin_from(replicas.len(), start, |i| local_key(&replicas[i]))?;
+            return Some(Pick {
+                index,
+                branch: Branch::FallbackStaleMetrics,
+            });
+        }
+        let key =
+            |i: usize| kv_key(&replicas[i], req, p).unwrap_or((true, f64::INFINITY, f64::INFINITY));
+        let index = argmin_from(replicas.len(), start, key)?;
+        let branch = if key(index).0 {
+            Branch::KvSaturated
+        } else {
+            Branch::KvAware
+        };
+        Some(Pick { index, branch })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancing::ScrapedLoad;
+
+    fn view(id: u64, usage: f64, waiting: u64, age_ms: u64) -> ReplicaView {
+        ReplicaView {
+            id,
+            weight: 1,
+            in_flight: 0,
+            outstanding_tokens: 0,
+            load: Some(ScrapedLoad {
+                kv_usage: Some(usage),
+                waiting: Some(waiting),
+                running: Some(0),
+                kv_capacity_tokens: Some(10_000),
+                age_ms,
+                ..ScrapedLoad::default()
+            }),
+        }
+    }
+
+    fn kv() -> KvAware {
+        KvAware::new(BalancerParams {
+            max_age_ms: 1_000,
+            kv_threshold: 0.8,
+            default_max_tokens: 100,
+            ..BalancerParams::default()
+        })
+    }
+
+    fn req(prompt: u32) -> RequestInfo<'static> {
+        RequestInfo {
+            prompt_tokens: prompt,
+            max_tokens: Some(100),
+            ..RequestInfo::default()
+        }
+    }
+
+    #[test]
+    fn most_headroom_wins() {
+        let v = [
+            view(1, 0.6, 0, 10),
+            view(2, 0.2, 3, 10),
+            view(3, 0.4, 0, 10),
+        ];
+        let p = kv().pick(&req(100), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::KvAware
+            }
+        );
+    }
+
+    #[test]
+    fn long_prompt_avoids_replica_it_would_overfill() {
+        // 0.5 + 3,100/10,000 = 0.81 > 0.8 on replica 0; replica 1 has its own
+        // tokens dispatched since scrape but stays under.
+        let mut v = [view(1, 0.5, 0, 10), view(2, 0.55, 5, 10)];
+        v[1].load.as_mut().unwrap().kv_capacity_tokens = Some(100_000);
+        let p = kv().pick(&req(3_000), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::KvAware
+            }
+        );
+    }
+
+    #[test]
+    fn all_saturated_goes_to_shortest_queue() {
+        let v = [
+            view(1, 0.95, 7, 10),
+            view(2, 0.99, 1, 10),
+            view(3, 0.9, 4, 10),
+        ];
+        let p = kv().pick(&req(10), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::KvSaturated
+            }
+        );
+    }
+
+    #[test]
+    fn tokens_since_scrape_count_against_headroom() {
+        let mut v = [view(1, 0.1, 0, 10), view(2, 0.2, 0, 10)];
+        v[0].load.as_mut().unwrap().tokens_since = 2_000; // 0.1 + 0.2 + ...
+        assert_eq!(kv().pick(&req(100), &v).unwrap().index, 1);
+    }
+
+    #[test]
+    fn stale_usage_falls_back_to_local_tokens() {
+        let mut v = [view(1, 0.1, 0, 10), view(2, 0.9, 0, 10)];
+        v[0].outstanding_tokens = 5_000;
+        v[1].outstanding_tokens = 10;
+        v[1].load.as_mut().unwrap().age_ms = 60_000;
+        let p = kv().pick(&req(10), &v).unwrap();
+        assert_eq!(
+            p,
+            Pick {
+                index: 1,
+                branch: Branch::FallbackStaleMetrics
+            }
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Power of two choices: sample two distinct candidates at random and keep
+//! the less loaded one, by any of the other balancers' measures
+//! (`p2c_metric`: least_connections, least_tokens, jsq, kv_aware).
+//!
+//! Mitzenmacher (2001) showed that two random choices bring the maximum load
+//! from Θ(log n / log log n) down to Θ(log log n); in practice p2c also
+//! avoids the herding of a full scan when many proxies read the same stale
+//! numbers, and its cost does not grow with the pool. Tower's `p2c` balancer
+//! and Envoy's least-request use the same scheme.
+//!
+//! Sampling uses a lock-free SplitMix64 sequence seeded from the pool's
+//! `seed`, so a run is reproducible. Cost per pick: O(1) beyond building the
+//! view slice. For scraped measures, when either sampled candidate lacks
+//! fresh data both are compared by local counts instead (branch
+//! `fallback_stale_metrics`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{
+    Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, jsq, kv_aware, least_tokens,
+};
+use crate::config::P2cMetric;
+
+#[derive(Debug)]
+pub struct PowerOfTwo {
+    params: BalancerParams,
+    state: AtomicU64,
+}
+
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl PowerOfTwo {
+    pub fn new(params: BalancerParams) -> PowerOfTwo {
+        PowerOfTwo {
+            params,
+            state: AtomicU64::new(params.seed),
+        }
+    }
+
+    fn next_u64(&self) -> u64 {
+        let mut z = self
+            .state
+            .fetch_add(GOLDEN_GAMMA, Ordering::Relaxed)
+            .wrapping_add(GOLDEN_GAMMA);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Two distinct indices in `0..n` (n ≥ 2).
+    fn sample(&self, n: usize) -> (usize, usize) {
+        let r = self.next_u64();
+        let a = (r % n as u64) as usize;
+        let b = (a + 1 + ((r >> 32) % (n as u64 - 1)) as usize) % n;
+        (a, b)
+    }
+
+    /// Whether `b` is strictly less loaded than `a`, and the branch that decided.
+    fn prefer_b(&self, req: &RequestInfo<'_>, a: &ReplicaView, b: &ReplicaView) -> (bool, Branch) {
+        let p = &self.params;
+        let local = || {
+            (
+                jsq::local_key(b) < jsq::local_key(a),
+                Branch::FallbackStaleMetrics,
+            )
+        };
+        match p.p2c_metric {
+            P2cMetric::LeastConnections => (jsq::local_key(b) < jsq::local_key(a), Branch::P2c),
+            P2cMetric::LeastTokens => (
+                least_tokens::token_load(b) < least_tokens::token_load(a),
+                Branch::P2c,
+            ),
+            P2cMetric::Jsq => match (
+                jsq::queue_key(a, p.max_age_ms),
+                jsq::queue_key(b, p.max_age_ms),
+            ) {
+                (Some(ka), Some(kb)) => (kb < ka, Branch::P2c),
+                _ => local(),
+            },
+            P2cMetric::KvAware => {
+                match (kv_aware::kv_key(a, req, p), kv_aware::kv_key(b, req, p)) {
+                    (Some(ka), Some(kb)) => (kb < ka, Branch::P2c),
+                    _ => (
+                        kv_aware::local_key(b) < kv_aware::local_key(a),
+                        Branch::FallbackStaleMetrics,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl Balancer for PowerOfTwo {
+    fn name(&self) -> &'static str {
+        "p2c"
+    }
+
+    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
+        match replicas.len() {
+            0 => None,
+            1 => Some(Pick {
+                index: 0,
+                branch: Branch::P2c,
+            }),
+            n => {
+                let (a, b) = self.sample(n);
+                let (take_b, branch) = self.prefer_b(req, &replicas[a], &replicas[b]);
+                Some(Pick {
+                    index: if take_b { b } else { a },
+                    branch,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancing::ScrapedLoad;
+
+    fn p2c(metric: P2cMetric, seed: u64) -> PowerOfTwo {
+        PowerOfTwo::new(BalancerParams {
+            p2c_metric: metric,
+            seed,
+            max_age_ms: 1_000,
+            ..BalancerParams::default()
+        })
+    }
+
+    fn views(tokens: &[u64]) -> Vec<ReplicaView> {
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| ReplicaView {
+                id: i as u64 + 1,
+                weight: 1,
+                in_flight: t / 100,
+                outstanding_tokens: t,
+                load: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn samples_are_distinct_and_in_range() {
+        let b = p2c(P2cMetric::LeastTokens, 42);
+        for n in 2..40 {
+            for _ in 0..50 {
+                let (x, y) = b.sample(n);
+                assert!(x < n && y < n && x != y, "n={n} x={x} y={y}");
+            }
+        }
+    }
+
+    #[test]
+    fn never_picks_the_most_loaded_of_many() {
+        let b = p2c(P2cMetric::LeastTokens, 7);
+        let v = views(&[100, 200, 300, 400, 10_000]);
+        for _ in 0..200 {
+            let p = b.pick(&RequestInfo::default(), &v).unwrap();
+            assert_ne!(p.index, 4);
+            assert_eq!(p.branch, Branch::P2c);
+        }
+    }
+
+    #[test]
+    fn same_seed_same_sequence() {
+        let v = views(&[0; 16]);
+        let run = |seed| {
+            let b = p2c(P2cMetric::LeastConnections, seed);
+            (0..32)
+                .map(|_| b.pick(&RequestInfo::default(), &v).unwrap().index)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(3), run(3));
+        assert_ne!(run(3), run(4));
+    }
+
+    #[test]
+    fn spreads_over_an_idle_pool() {
+        let b = p2c(P2cMetric::LeastTokens, 1);
+        let v = views(&[0; 8]);
+        let mut seen = [0u32; 8];
+        for _ in 0..800 {
+            seen[b.pick(&RequestInfo::default(), &v).unwrap().index] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 50), "{seen:?}");
+    }
+
+    #[test]
+    fn scraped_metric_without_data_falls_back() {
+        let b = p2c(P2cMetric::Jsq, 9);
+        let mut v = views(&[0, 0]);
+        v[0].load = Some(ScrapedLoad {
+            waiting: Some(0),
+            ..ScrapedLoad::default()
+        });
+        let p = b.pick(&RequestInfo::default(), &v).unwrap();
+        assert_eq!(p.branch, Branch::FallbackStaleMetrics);
+        v[1].load = v[0].load;
+        let p = b.pick(&RequestInfo::default(), &v).unwrap();
+        assert_eq!(p.branch, Branch::P2c);
+    }
+}

@@ -1,0 +1,115 @@
+//! What a balancer sees of a candidate: a copy of its numbers at pick time.
+//!
+//! Scraped values and the proxy's own counts are kept apart: a balancer that
+//! needs scraped data checks [`ScrapedLoad::is_fresh`] for every candidate it
+//! compares and, if any fails, compares them all by local counts instead.
+
+use super::replica::{Replica, ReplicaId};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplicaView {
+    pub id: ReplicaId,
+    pub weight: u32,
+    /// Requests this proxy has sent to the replica that have not finished.
+    pub in_flight: u64,
+    /// Estimated tokens still to process for those requests.
+    pub outstanding_tokens: u64,
+    /// The replica's last scrape, when there is one.
+    pub load: Option<ScrapedLoad>,
+}
+
+impl ReplicaView {
+    pub fn of(replica: &Replica) -> ReplicaView {
+        ReplicaView::at(replica, crate::telemetry::clock::now_millis())
+    }
+
+    pub fn at(replica: &Replica, now_ms: u64) -> ReplicaView {
+        ReplicaView {
+            id: replica.id,
+            weight: replica.weight,
+            in_flight: replica.in_flight(),
+            outstanding_tokens: replica.outstanding_tokens(),
+            load: replica.scraped_load(now_ms),
+        }
+    }
+
+    /// The scraped load when it is no older than `max_age_ms`.
+    pub fn fresh_load(&self, max_age_ms: u64) -> Option<&ScrapedLoad> {
+        self.load.as_ref().filter(|l| l.is_fresh(max_age_ms))
+    }
+}
+
+/// A scraped snapshot plus what this proxy has dispatched and completed on
+/// the replica since it was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ScrapedLoad {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub kv_usage: Option<f64>,
+    pub kv_capacity_tokens: Option<u64>,
+    pub age_ms: u64,
+    pub dispatched_since: u64,
+    pub completed_since: u64,
+    pub tokens_since: u64,
+}
+
+impl ScrapedLoad {
+    pub fn is_fresh(&self, max_age_ms: u64) -> bool {
+        self.age_ms <= max_age_ms
+    }
+
+    /// The waiting queue now, estimated: the scraped queue plus what was sent
+    /// since, minus what finished since (each finish frees a running slot that
+    /// a waiting request takes).
+    pub fn queue_now(&self) -> Option<u64> {
+        self.waiting
+            .map(|w| (w + self.dispatched_since).saturating_sub(self.completed_since))
+    }
+
+    /// Requests in the replica now, running or waiting, estimated likewise.
+    pub fn in_system_now(&self) -> Option<u64> {
+        let base = self.waiting.unwrap_or(0) + self.running.unwrap_or(0);
+        (self.waiting.is_some() || self.running.is_some())
+            .then(|| (base + self.dispatched_since).saturating_sub(self.completed_since))
+    }
+}
+
+/// Parameters shared by the load-aware balancers, from a pool's config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BalancerParams {
+    /// Scraped load older than this is not used.
+    pub max_age_ms: u64,
+    /// Output tokens assumed for a request without `max_tokens`.
+    pub default_max_tokens: u32,
+    pub kv_threshold: f64,
+    pub kv_capacity_tokens: u64,
+    pub p2c_metric: crate::config::P2cMetric,
+    pub seed: u64,
+}
+
+impl BalancerParams {
+    pub fn from_pool(pc: &crate::config::PoolConfig) -> BalancerParams {
+        BalancerParams {
+            max_age_ms: pc.scrape.staleness.as_millis() as u64,
+            default_max_tokens: pc.balancing.default_max_tokens,
+            kv_threshold: pc.balancing.kv_threshold,
+            kv_capacity_tokens: pc.balancing.kv_capacity_tokens,
+            p2c_metric: pc.balancing.p2c_metric,
+            seed: pc.balancing.seed,
+        }
+    }
+}
+
+impl Default for BalancerParams {
+    fn default() -> Self {
+        let b = crate::config::BalancingConfig::default();
+        BalancerParams {
+            max_age_ms: 2_000,
+            default_max_tokens: b.default_max_tokens,
+            kv_threshold: b.kv_threshold,
+            kv_capacity_tokens: b.kv_capacity_tokens,
+            p2c_metric: b.p2c_metric,
+            seed: b.seed,
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Which metric names carry a replica's load, per server kind.
+//!
+//! `vllm` reads both `vllm:kv_cache_usage_perc` and the name it had before
+//! vLLM 0.9.2, `vllm:gpu_cache_usage_perc`; `sglang` reads SGLang's names;
+//! `custom` takes the lists from the pool's config. Each list is tried in
+//! order and the first name present in a scrape wins.
+
+use crate::config::{MetricsPreset, ScrapeConfig};
+
+/// Metric names to read, in order of preference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricNames {
+    /// Requests in the replica's running batch (summed over engines).
+    pub running: Vec<String>,
+    /// Requests queued inside the replica (summed over engines).
+    pub waiting: Vec<String>,
+    /// KV-cache usage as a 0..1 fraction (averaged over engines).
+    pub kv_usage: Vec<String>,
+    /// An info gauge whose `num_gpu_blocks` and `block_size` labels give the
+    /// KV capacity in tokens.
+    pub cache_info: Option<String>,
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_string()).collect()
+}
+
+impl MetricNames {
+    pub fn vllm() -> MetricNames {
+        MetricNames {
+            running: names(&["vllm:num_requests_running"]),
+            waiting: names(&["vllm:num_requests_waiting"]),
+            kv_usage: names(&["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]),
+            cache_info: Some("vllm:cache_config_info".into()),
+        }
+    }
+
+    pub fn sglang() -> MetricNames {
+        MetricNames {
+            running: names(&["sglang:num_running_reqs"]),
+            waiting: names(&["sglang:num_queue_reqs"]),
+            kv_usage: names(&["sglang:token_usage"]),
+            cache_info: None,
+        }
+    }
+
+    pub fn from_config(scrape: &ScrapeConfig) -> MetricNames {
+        match scrape.preset {
+            MetricsPreset::Vllm => MetricNames::vllm(),
+            MetricsPreset::Sglang => MetricNames::sglang(),
+            MetricsPreset::Custom => MetricNames {
+                running: scrape.metrics.running.clone(),
+                waiting: scrape.metrics.waiting.clone(),
+                kv_usage: scrape.metrics.kv_usage.clone(),
+                cache_info: None,
+            },
+        }
+    }
+}

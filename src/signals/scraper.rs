@@ -1,0 +1,117 @@
+//! The scrape loop of one replica: `GET /metrics` every `scrape.interval`
+//! (deadlines computed ahead, `sleep_until`, so a slow scrape does not drift
+//! the cadence), each bounded by `scrape.timeout`, until told to stop.
+//!
+//! A good scrape replaces the replica's [`LoadSnapshot`] whole and restarts
+//! its since-scrape counts. A failed one (timeout, refused, non-2xx, no known
+//! metric in the page) is counted in `llmlb_scrape_errors_total` and leaves
+//! the old snapshot to age: once older than `scrape.staleness` the balancers
+//! stop using it. Logged once when a replica starts failing and once when it
+//! recovers, not on every tick.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use super::{LoadSnapshot, MetricNames};
+use crate::background::{Prober, stopped};
+use crate::balancing::Replica;
+use crate::config::ScrapeConfig;
+use crate::telemetry::Metrics;
+use crate::telemetry::clock::now_millis;
+
+/// What one scrape loop polls.
+#[derive(Debug, Clone)]
+pub struct ScrapeTarget {
+    pub pool: Arc<str>,
+    pub replica: Arc<Replica>,
+    pub config: ScrapeConfig,
+    pub names: MetricNames,
+}
+
+/// Runs until `stop` turns true (or its sender goes away).
+pub async fn run(
+    target: ScrapeTarget,
+    prober: Prober,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut next = Instant::now();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            _ = stopped(&mut stop) => return,
+        }
+        next += target.config.interval;
+        let now = Instant::now();
+        if next < now {
+            // Fell behind (a scrape took longer than the interval): skip ahead.
+            next = now + target.config.interval;
+        }
+        let result = tokio::select! {
+            r = scrape_once(&target, &prober) => r,
+            _ = stopped(&mut stop) => return,
+        };
+        record(&target, &metrics, result, &mut failing);
+    }
+}
+
+/// One scrape, parsed.
+pub async fn scrape_once(target: &ScrapeTarget, prober: &Prober) -> Result<LoadSnapshot, String> {
+    let body = prober
+        .get(
+            &target.replica.authority,
+            &target.config.path,
+            target.config.timeout,
+        )
+        .await
+        .map_err(|e| format!("{}: {e}", e.kind()))?;
+    let text = String::from_utf8_lossy(&body);
+    let snapshot = LoadSnapshot::from_text(&text, &target.names, now_millis());
+    if snapshot.is_empty() {
+        return Err("no_metrics: none of the configured metric names is present".into());
+    }
+    Ok(snapshot)
+}
+
+fn record(
+    target: &ScrapeTarget,
+    metrics: &Metrics,
+    result: Result<LoadSnapshot, String>,
+    failing: &mut bool,
+) {
+    let (pool, name) = (&*target.pool, target.replica.name.as_str());
+    match result {
+        Ok(snapshot) => {
+            if *failing {
+                tracing::info!(pool, replica = name, "metrics scrape recovered");
+                *failing = false;
+            }
+            let gauges = &metrics.signals.scraped;
+            for (signal, value) in [
+                ("running", snapshot.running.map(|v| v as f64)),
+                ("waiting", snapshot.waiting.map(|v| v as f64)),
+                ("kv_usage", snapshot.kv_usage),
+            ] {
+                if let Some(v) = value {
+                    gauges.with_label_values(&[pool, name, signal]).set(v);
+                }
+            }
+            target.replica.store_load(snapshot);
+        }
+        Err(reason) => {
+            let kind = reason.split(':').next().unwrap_or("error");
+            metrics
+                .signals
+                .scrape_errors
+                .with_label_values(&[pool, name, kind])
+                .inc();
+            if !*failing {
+                tracing::warn!(pool, replica = name, %reason, "metrics scrape failed; its load will go stale");
+                *failing = true;
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! A replica's load as last scraped: one immutable [`LoadSnapshot`] replaced
+//! whole (through an `ArcSwap` on the replica) after every successful scrape.
+//!
+//! A missing metric stays `None` rather than becoming zero, so a balancer can
+//! tell "idle" from "unknown". Negative or non-finite values count as missing.
+
+use super::parse;
+use super::preset::MetricNames;
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LoadSnapshot {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    /// 0..1, averaged over engines.
+    pub kv_usage: Option<f64>,
+    /// KV capacity in tokens, when the replica reports it.
+    pub kv_capacity_tokens: Option<u64>,
+    /// When it was taken, on the process clock (`telemetry::clock::now_millis`).
+    pub taken_at_ms: u64,
+}
+
+impl LoadSnapshot {
+    /// Reads one scrape in a single pass. `taken_at_ms` is when the scrape completed.
+    pub fn from_text(text: &str, names: &MetricNames, taken_at_ms: u64) -> LoadSnapshot {
+        let mut running = Acc::new(&names.running);
+        let mut waiting = Acc::new(&names.waiting);
+        let mut kv = Acc::new(&names.kv_usage);
+        let mut capacity: Option<u64> = None;
+        let cache_info = names.cache_info.as_deref();
+        for s in parse::samples(text) {
+            running.add(s.name, s.value);
+            waiting.add(s.name, s.value);
+            kv.add(s.name, s.value);
+            if Some(s.name) == cache_info {
+                let blocks = s
+                    .label("num_gpu_blocks")
+                    .and_then(|v| v.parse::<u64>().ok());
+                let size = s.label("block_size").and_then(|v| v.parse::<u64>().ok());
+                if let (Some(b), Some(z)) = (blocks, size) {
+                    capacity = Some(capacity.unwrap_or(0).saturating_add(b.saturating_mul(z)));
+                }
+            }
+        }
+        let count = |v: Option<f64>| {
+            v.filter(|v| *v >= 0.0)
+                .map(|v| v.round().min(u64::MAX as f64) as u64)
+        };
+        LoadSnapshot {
+            running: count(running.sum()),
+            waiting: count(waiting.sum()),
+            kv_usage: kv.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
+            kv_capacity_tokens: capacity.filter(|t| *t > 0),
+            taken_at_ms,
+        }
+    }
+
+    /// Whether no load metric at all was found (wrong preset, wrong path).
+    pub fn is_empty(&self) -> bool {
+        self.running.is_none() && self.waiting.is_none() && self.kv_usage.is_none()
+    }
+}
+
+/// Sums of the finite values per candidate name; the first name (in order of
+/// preference) that had any wins.
+struct Acc<'n> {
+    names: &'n [String],
+    sums: Vec<(f64, usize)>,
+}
+
+impl<'n> Acc<'n> {
+    fn new(names: &'n [String]) -> Acc<'n> {
+        Acc {
+            names,
+            sums: vec![(0.0, 0); names.len()],
+        }
+    }
+
+    fn add(&mut self, name: &str, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        if let Some(i) = self.names.iter().position(|n| n == name) {
+            self.sums[i].0 += value;
+            self.sums[i].1 += 1;
+        }
+    }
+
+    fn first(&self) -> Option<(f64, usize)> {
+        self.sums.iter().copied().find(|(_, n)| *n > 0)
+    }
+
+    fn sum(&self) -> Option<f64> {
+        self.first().map(|(s, _)| s)
+    }
+
+    fn mean(&self) -> Option<f64> {
+        self.first().map(|(s, n)| s / n as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_metrics_stay_unknown() {
+        let s = LoadSnapshot::from_text("other 1\n", &MetricNames::vllm(), 5);
+        assert!(s.is_empty());
+        assert_eq!(s.taken_at_ms, 5);
+    }
+
+    #[test]
+    fn older_kv_name_is_accepted() {
+        let s = LoadSnapshot::from_text(
+            "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.25\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(s.kv_usage, Some(0.25));
+    }
+
+    #[test]
+    fn negative_and_infinite_values_are_missing() {
+        let s = LoadSnapshot::from_text(
+            "vllm:num_requests_waiting -3\nvllm:num_requests_running +Inf\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(s.waiting, None);
+        assert_eq!(s.running, None);
+    }
+}

@@ -1,0 +1,82 @@
+//! Metrics about load signals and replica health: scrapes, staleness
+//! fallbacks, active checks and outlier ejections.
+
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+#[derive(Debug, Clone)]
+pub struct SignalMetrics {
+    /// Failed scrapes of a replica's `/metrics`, by kind.
+    pub scrape_errors: IntCounterVec,
+    /// The last scraped load per replica, by signal (`running`, `waiting`, `kv_usage`).
+    pub scraped: GaugeVec,
+    /// Picks that fell back to local counts because scraped load was missing or stale.
+    pub stale_fallbacks: IntCounterVec,
+    /// Failed active health checks, by kind.
+    pub health_check_failures: IntCounterVec,
+    /// 1 while active health checks hold a replica up, 0 while down.
+    pub health_up: IntGaugeVec,
+    /// Outlier ejections per replica.
+    pub ejections: IntCounterVec,
+}
+
+impl SignalMetrics {
+    pub fn register(registry: &Registry) -> SignalMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
+            c
+        };
+        let scrape_errors = counter(
+            "llmlb_scrape_errors_total",
+            "Failed scrapes of a replica's metrics endpoint, by kind.",
+            &["pool", "replica", "kind"],
+        );
+        let stale_fallbacks = counter(
+            "llmlb_stale_metrics_fallbacks_total",
+            "Balancer picks that compared local counts because scraped load was missing or stale.",
+            &["pool"],
+        );
+        let health_check_failures = counter(
+            "llmlb_health_check_failures_total",
+            "Failed active health checks, by kind.",
+            &["pool", "replica", "kind"],
+        );
+        let ejections = counter(
+            "llmlb_outlier_ejections_total",
+            "Replicas ejected after consecutive failures.",
+            &["pool", "replica"],
+        );
+        let scraped = GaugeVec::new(
+            Opts::new(
+                "llmlb_replica_scraped_load",
+                "The last load a replica reported, by signal.",
+            ),
+            &["pool", "replica", "signal"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(scraped.clone()))
+            .expect("unique metric name");
+        let health_up = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_replica_health_up",
+                "1 while active health checks hold a replica up, 0 while down.",
+            ),
+            &["pool", "replica"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(health_up.clone()))
+            .expect("unique metric name");
+        SignalMetrics {
+            scrape_errors,
+            scraped,
+            stale_fallbacks,
+            health_check_failures,
+            health_up,
+            ejections,
+        }
+    }
+}
