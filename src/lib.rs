@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod balancing;
+pub mod bench;
 pub mod config;
 pub mod forwarding;
 pub mod routing;

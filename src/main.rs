@@ -36,6 +36,9 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Load an OpenAI-compatible server with streaming requests and report
+    /// TTFT, TPOT, throughput and goodput.
+    Bench(Box<llmlb::bench::cli::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
+        Command::Bench(args) => bench(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -79,6 +83,12 @@ fn check(path: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn bench(args: llmlb::bench::cli::BenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::bench::cli::main(args))?;
+    Ok(())
 }
 
 fn serve(path: &Path) -> anyhow::Result<()> {
