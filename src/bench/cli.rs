@@ -264,3 +264,80 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<BenchSpec, String> {
+        let cmd = Cmd::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        spec(&cmd.args).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_build_the_spec() {
+        let s = parse(&[
+            "--model",
+            "m",
+            "--workload",
+            "shared-prefix",
+            "--groups",
+            "4",
+            "--rate",
+            "8",
+            "--burstiness",
+            "0.5",
+            "--duration",
+            "30s",
+            "--header",
+            "x-a: b",
+            "--slo",
+            "ttft=300",
+            "--output-len",
+            "32",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.arrivals,
+            Arrivals::Open {
+                rate: 8.0,
+                burstiness: 0.5
+            }
+        );
+        assert_eq!(s.limits.duration, Some(Duration::from_secs(30)));
+        assert_eq!(s.headers, vec![("x-a".to_string(), "b".to_string())]);
+        assert_eq!(s.slo.ttft_ms, Some(300.0));
+        match s.workload {
+            WorkloadSpec::SharedPrefix(o) => {
+                assert_eq!((o.groups, o.system_len, o.output_len), (4, 2048, 32))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn arrivals_default_by_workload() {
+        let trace = parse(&["--model", "m", "--workload", "trace"]).unwrap();
+        assert_eq!(trace.arrivals, Arrivals::Timestamps);
+        let closed = parse(&["--model", "m", "--concurrency", "8"]).unwrap();
+        assert_eq!(closed.arrivals, Arrivals::Closed { concurrency: 8 });
+        assert_eq!(
+            parse(&["--model", "m"]).unwrap().arrivals,
+            Arrivals::Closed { concurrency: 1 }
+        );
+        assert!(parse(&["--model", "m", "--rate", "1", "--concurrency", "2"]).is_err());
+        assert!(
+            parse(&["--workload", "random"]).is_err(),
+            "--model is required"
+        );
+        assert!(parse(&["--model", "m", "--header", "novalue"]).is_err());
+    }
+}
