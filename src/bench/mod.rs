@@ -9,6 +9,12 @@
 //! throughput and goodput ([`stats`]) as a table, JSON ([`report`]) and SVG
 //! CDFs ([`plot`]).
 //!
+//! Prompt lengths are exact in llmlb's own tokenizer ([`crate::tokenizer`],
+//! which the simulated replicas use). A real model's tokenizer splits the
+//! pseudo-words differently, so against vLLM the prompt token counts differ
+//! from the requested ones (the server's `usage` has the real figure); output
+//! lengths stay exact thanks to `ignore_eos` and `max_tokens`.
+//!
 //! Every run is bounded: a request count and a duration, each with a hard
 //! cap, and a per-request timeout. Targets must be on this machine unless
 //! [`BenchSpec::allow_remote`] is set.
