@@ -213,8 +213,10 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
                 BenchError::InvalidSpec(format!("cannot bind the instant backend: {e}"))
             })?;
         let tokens = args.output_len.map_or(16, |r| r.max);
-        let b = InstantBackend::start(listener, tokens)
-            .map_err(|e| BenchError::InvalidSpec(format!("instant backend: {e}")))?;
+        let b = InstantBackend::start(listener, tokens).map_err(|source| BenchError::Io {
+            what: "starting the instant backend".into(),
+            source,
+        })?;
         spec.target = b.url();
         spec.allow_remote = false;
         spec.workload = WorkloadSpec::Random(RandomOptions {

@@ -23,6 +23,12 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot read report {path}: {reason}")]
     ReadReport { path: String, reason: String },
 }
