@@ -30,7 +30,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub target: String,
     /// Model name sent in every request.
-    #[arg(long, required_unless_present = "self_test")]
+    #[arg(long, required_unless_present_any = ["self_test", "only_compare"])]
     pub model: Option<String>,
     #[arg(long, value_enum, default_value = "random")]
     pub workload: WorkloadKind,
@@ -80,6 +80,9 @@ pub struct BenchArgs {
     /// Earlier `--out` reports to show next to this run (repeatable).
     #[arg(long)]
     pub compare: Vec<PathBuf>,
+    /// Send nothing: only print the table (and --plot) of the --compare reports.
+    #[arg(long, requires = "compare", conflicts_with = "self_test")]
+    pub only_compare: bool,
     /// Allow a target that is not on this machine.
     #[arg(long)]
     pub allow_remote: bool,
@@ -205,6 +208,21 @@ pub fn spec(a: &BenchArgs) -> Result<BenchSpec, BenchError> {
 
 /// Runs `llmlb bench` and prints its table on stdout.
 pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
+    let mut runs = Vec::new();
+    for path in &args.compare {
+        let name = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        runs.push((name, RunReport::read_json(path)?));
+    }
+    if args.only_compare {
+        print!("{}", render_table(&runs));
+        if let Some(path) = &args.plot {
+            write_svg(path, &runs)?;
+        }
+        return Ok(());
+    }
     let mut spec = spec(&args)?;
     let backend = if args.self_test {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -240,14 +258,6 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
         b.stop().await;
     }
     let report = result?;
-    let mut runs = Vec::new();
-    for path in &args.compare {
-        let name = path.file_stem().map_or_else(
-            || path.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        runs.push((name, RunReport::read_json(path)?));
-    }
     runs.push((args.name.clone(), report));
     print!("{}", render_table(&runs));
     if args.self_test {
