@@ -107,7 +107,12 @@ pub async fn run(spec: &BenchSpec) -> Result<RunReport, BenchError> {
         .min(HARD_MAX_DURATION);
 
     let counters = Arc::new(Counters::default());
-    let shown_total = workload.size_hint().map_or(budget, |n| n.min(budget));
+    // The bar's denominator: 0 (unknown) when only a duration bounds an
+    // infinite or cycling workload.
+    let shown_total = match (limits.num_requests, limits.duration) {
+        (None, Some(_)) => 0,
+        _ => workload.size_hint().map_or(budget, |n| n.min(budget)),
+    };
     let bar = ProgressBar::start(
         spec.progress,
         counters.clone(),

@@ -75,8 +75,13 @@ pub fn render(c: &Counters, total: u64, deadline: Option<Duration>, elapsed: Dur
     const WIDTH: usize = 30;
     let filled = (frac * WIDTH as f64).round() as usize;
     let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+    let count = if total == 0 {
+        format!("{done}")
+    } else {
+        format!("{done}/{total}")
+    };
     format!(
-        "[{}{}] {done}/{total} done, {} in flight, {} failed, {rate:.1} req/s, {:.0}s",
+        "[{}{}] {count} done, {} in flight, {} failed, {rate:.1} req/s, {:.0}s",
         "#".repeat(filled),
         ".".repeat(WIDTH - filled),
         c.sent.load(Ordering::Relaxed).saturating_sub(done),
