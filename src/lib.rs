@@ -11,6 +11,7 @@ pub mod admin;
 pub mod admission;
 pub mod background;
 pub mod balancing;
+pub mod bench;
 pub mod config;
 pub mod forwarding;
 pub mod gateway;

@@ -42,6 +42,9 @@ enum Command {
         /// The key (prefer standard input: arguments end up in shell history).
         key: Option<String>,
     },
+    /// Load an OpenAI-compatible server with streaming requests and report
+    /// TTFT, TPOT, throughput and goodput.
+    Bench(Box<llmlb::bench::cli::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
         Command::HashKey { key } => hash_key(key),
+        Command::Bench(args) => bench(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,6 +105,12 @@ fn hash_key(key: Option<String>) -> anyhow::Result<()> {
     };
     anyhow::ensure!(!key.is_empty(), "the key is empty");
     println!("{}", llmlb::gateway::keys::hash_key(&key));
+    Ok(())
+}
+
+fn bench(args: llmlb::bench::cli::BenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::bench::cli::main(args))?;
     Ok(())
 }
 
