@@ -13,5 +13,6 @@ pub mod config;
 pub mod forwarding;
 pub mod routing;
 pub mod server;
+pub mod sim;
 pub mod telemetry;
 pub mod tokenizer;

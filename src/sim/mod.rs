@@ -1,0 +1,4 @@
+//! `llmlb sim`: simulated vLLM replicas.
+
+pub mod engine;
+pub mod text;
