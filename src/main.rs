@@ -36,6 +36,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
+    Sim(Box<llmlb::sim::cli::SimArgs>),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
+        Command::Sim(args) => sim(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -98,6 +101,12 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+fn sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::sim::cli::run(args, wait_for_signal()))?;
+    Ok(())
 }
 
 async fn wait_for_signal() {
