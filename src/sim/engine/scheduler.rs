@@ -174,7 +174,9 @@ impl Engine {
         }
         seq.num_computed = computed;
         seq.num_committed = seq.blocks.len().min(computed / bs);
-        if caching {
+        // As in vLLM, a request re-admitted after preemption is not counted
+        // again: the prefix-cache counters describe first admissions only.
+        if caching && seq.cached_tokens.is_none() {
             self.stats.prefix_queries += total as u64;
             self.stats.prefix_hits += computed as u64;
         }
