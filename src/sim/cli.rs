@@ -210,7 +210,7 @@ mod tests {
             "--num-blocks",
             "64",
             "--max-model-len",
-            "1024",
+            "1000",
             "--max-waiting",
             "5",
             "--step-overhead",

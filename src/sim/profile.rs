@@ -92,10 +92,8 @@ fn vllm_cpu_tiny() -> SimConfig {
         startup_delay: 0.0,
         engine: EngineParams {
             block_size: 128,
-            // KV_BYTES 8 MiB = 4,096 tokens = 32 blocks, of which vLLM keeps
-            // one as its null block: 31 hold requests (its usage gauge
-            // divides by 31).
-            num_blocks: 31,
+            // KV_BYTES 8 MiB = 4,096 tokens = 32 blocks (31 usable).
+            num_blocks: 32,
             max_num_seqs: 32,
             max_num_batched_tokens: 2048,
             max_model_len: 2048,

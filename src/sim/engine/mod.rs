@@ -46,7 +46,8 @@ use request::Seq;
 pub struct EngineParams {
     /// Tokens per KV block (16 on GPUs, 128 on vLLM's CPU backend).
     pub block_size: usize,
-    /// KV blocks in the cache.
+    /// KV blocks in the cache, as vLLM reports them (`num_gpu_blocks`). One
+    /// is vLLM's reserved null block, so `num_blocks - 1` hold tokens.
     pub num_blocks: usize,
     /// Most requests in the running batch.
     pub max_num_seqs: usize,
@@ -60,6 +61,11 @@ pub struct EngineParams {
 }
 
 impl EngineParams {
+    /// Blocks that can hold tokens: all but vLLM's null block.
+    pub fn usable_blocks(&self) -> usize {
+        self.num_blocks.saturating_sub(1)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
             ("block_size", self.block_size),
@@ -79,11 +85,16 @@ impl EngineParams {
                 self.num_blocks
             ));
         }
-        let capacity = self.num_blocks * self.block_size;
+        if self.num_blocks < 2 {
+            return Err("engine.num_blocks must be at least 2 (one is reserved)".into());
+        }
+        let capacity = self.usable_blocks() * self.block_size;
         if self.max_model_len > capacity {
             return Err(format!(
-                "engine.max_model_len ({}) exceeds the KV cache ({} blocks x {} tokens = {capacity}): a long request could never run",
-                self.max_model_len, self.num_blocks, self.block_size
+                "engine.max_model_len ({}) exceeds the KV cache ({} usable blocks x {} tokens = {capacity}): a long request could never run",
+                self.max_model_len,
+                self.usable_blocks(),
+                self.block_size
             ));
         }
         Ok(())
@@ -180,8 +191,8 @@ pub struct Engine {
 impl Engine {
     /// An idle engine. `params` must have passed [`EngineParams::validate`].
     pub fn new(params: EngineParams, cost: CostModel, seed: u64) -> Engine {
-        let pool = BlockPool::new(params.num_blocks);
-        let stats = EngineStats::new(params.num_blocks);
+        let pool = BlockPool::new(params.usable_blocks());
+        let stats = EngineStats::new(params.usable_blocks());
         Engine {
             params,
             cost,

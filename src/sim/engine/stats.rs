@@ -97,6 +97,7 @@ pub struct EngineStats {
     pub num_running: usize,
     pub num_waiting: usize,
     pub kv_usage: f64,
+    /// Blocks that can hold tokens (the null block excluded).
     pub num_blocks: usize,
     pub free_blocks: usize,
     pub prefix_queries: u64,

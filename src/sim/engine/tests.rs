@@ -7,7 +7,7 @@ use crate::tokenizer::{render_chat, tokenize};
 fn params() -> EngineParams {
     EngineParams {
         block_size: 16,
-        num_blocks: 64,
+        num_blocks: 65,
         max_num_seqs: 8,
         max_num_batched_tokens: 256,
         max_model_len: 1024,
@@ -128,9 +128,9 @@ fn distinct_prompts_never_hit() {
 
 #[test]
 fn lru_evicts_least_recently_freed_prefix_first() {
-    // 8 blocks of 16. Prompts of 40 tokens hold 3 blocks (2 full, cached).
+    // 8 usable blocks of 16. Prompts of 40 tokens hold 3 blocks (2 full, cached).
     let p = EngineParams {
-        num_blocks: 8,
+        num_blocks: 9,
         max_model_len: 128,
         ..params()
     };
@@ -168,10 +168,10 @@ fn lru_evicts_least_recently_freed_prefix_first() {
 
 #[test]
 fn preemption_when_blocks_run_out_and_everyone_finishes() {
-    // 10 blocks of 16 = 160 tokens; 3 requests of 40 prompt + 40 output = 80
+    // 10 usable blocks of 16 = 160 tokens; 3 requests of 40 prompt + 40 output = 80
     // tokens (5 blocks) each cannot all stay resident.
     let p = EngineParams {
-        num_blocks: 10,
+        num_blocks: 11,
         max_model_len: 160,
         ..params()
     };
@@ -325,7 +325,7 @@ fn params_validation_names_the_field() {
     p.max_num_seqs = 0;
     assert!(p.validate().unwrap_err().contains("max_num_seqs"));
     let p = EngineParams {
-        num_blocks: 2,
+        num_blocks: 3,
         ..params()
     };
     assert!(p.validate().unwrap_err().contains("max_model_len"));
@@ -375,7 +375,7 @@ mod properties {
                 prop_assert!(o.num_seqs <= max_num_seqs);
                 prop_assert!(o.num_tokens <= max_num_batched_tokens);
                 prop_assert!(e.num_running() <= max_num_seqs);
-                prop_assert!(e.pool().num_free() <= num_blocks);
+                prop_assert!(e.pool().num_free() < num_blocks);
                 prop_assert!(o.end >= o.start);
                 for f in &o.finished {
                     prop_assert_eq!(f.completion_tokens, expected[&f.id]);
@@ -384,7 +384,7 @@ mod properties {
                 now = o.end;
             }
             prop_assert_eq!(done, reqs.len());
-            prop_assert_eq!(e.pool().num_free(), num_blocks);
+            prop_assert_eq!(e.pool().num_free(), num_blocks - 1);
             prop_assert!(e.stats().prefix_hits <= e.stats().prefix_queries);
         }
     }
