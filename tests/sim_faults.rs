@@ -113,6 +113,15 @@ async fn max_waiting_refuses_with_503_when_queue_is_full() {
     .await;
     assert_eq!(status, 503, "{text}");
     assert!(text.contains("queue"));
+    let m = scrape(sim.addr).await;
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:admission_rejections_total",
+            &[("reason", "max_num_queued_reqs")]
+        ),
+        1.0
+    );
     post(sim.addr, "/sim/fault", json!({"max_waiting": null})).await;
     sim.shutdown().await;
     let _ = long.await;

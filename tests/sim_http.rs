@@ -200,6 +200,31 @@ async fn metrics_parse_and_move_with_traffic() {
         6.0
     );
     assert!(metric(&m, "vllm:time_to_first_token_seconds_sum", &[]) > 0.0);
+    assert_eq!(metric(&m, "vllm:request_prompt_tokens_sum", &[]), 6.0 * n);
+    assert_eq!(metric(&m, "vllm:request_generation_tokens_sum", &[]), 24.0);
+    assert_eq!(metric(&m, "vllm:request_params_max_tokens_sum", &[]), 24.0);
+    assert_eq!(
+        metric(&m, "vllm:request_time_per_output_token_seconds_count", &[]),
+        6.0
+    );
+    assert!(metric(&m, "vllm:iteration_tokens_total_count", &[]) >= 4.0);
+    let hits = metric(&m, "vllm:prefix_cache_hits_total", &[]);
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:prompt_tokens_by_source_total",
+            &[("source", "local_cache_hit")]
+        ),
+        hits
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:prompt_tokens_by_source_total",
+            &[("source", "local_compute")]
+        ),
+        6.0 * n - hits
+    );
     assert_eq!(metric(&m, "vllm:num_requests_running", &[]), 0.0);
     assert_eq!(metric(&m, "vllm:kv_cache_usage_perc", &[]), 0.0);
     // Buckets are cumulative.

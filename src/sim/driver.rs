@@ -130,7 +130,10 @@ impl Driver {
                 let id = req.id;
                 let waiting = self.engine.num_waiting();
                 let result = match self.faults.max_waiting() {
-                    Some(limit) if waiting >= limit => Err(Refused::QueueFull { waiting }),
+                    Some(limit) if waiting >= limit => {
+                        self.faults.record_refusal();
+                        Err(Refused::QueueFull { waiting })
+                    }
                     _ => self.engine.add_request(req, arrival).map_err(Refused::from),
                 };
                 if result.is_ok() {

@@ -22,6 +22,7 @@ pub struct Faults {
     slowdown: AtomicU64,
     max_waiting: AtomicU64,
     draws: AtomicU64,
+    refusals: AtomicU64,
 }
 
 /// A `POST /sim/fault` body: every field optional, `reset` applied first.
@@ -52,6 +53,7 @@ impl Faults {
             slowdown: AtomicU64::new(0),
             max_waiting: AtomicU64::new(NO_LIMIT),
             draws: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
         };
         f.store(&initial);
         f
@@ -114,6 +116,16 @@ impl Faults {
     pub fn max_waiting(&self) -> Option<usize> {
         let m = self.max_waiting.load(Ordering::Relaxed);
         (m != NO_LIMIT).then_some(m as usize)
+    }
+
+    /// Counts a request refused because the queue held `max_waiting`.
+    pub fn record_refusal(&self) {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused by the queue limit so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
     }
 
     /// Whether this request should fail (one deterministic draw).

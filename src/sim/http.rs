@@ -250,6 +250,9 @@ fn metrics(r: &Replica) -> Response<ResponseBody> {
     let text = super::metrics::render(
         &stats,
         &r.config.engine,
+        super::metrics::Refusals {
+            queue_full: r.faults.refusals(),
+        },
         &super::metrics::Labels {
             model: &r.config.model,
             engine: "0",

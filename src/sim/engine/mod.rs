@@ -192,7 +192,7 @@ impl Engine {
     /// An idle engine. `params` must have passed [`EngineParams::validate`].
     pub fn new(params: EngineParams, cost: CostModel, seed: u64) -> Engine {
         let pool = BlockPool::new(params.usable_blocks());
-        let stats = EngineStats::new(params.usable_blocks());
+        let stats = EngineStats::new(params.usable_blocks(), params.max_model_len);
         Engine {
             params,
             cost,
@@ -255,6 +255,7 @@ impl Engine {
             num_committed: 0,
             cached_tokens: None,
             first_scheduled: None,
+            num_preemptions: 0,
             first_token: None,
             last_token: now,
         };
@@ -336,6 +337,7 @@ impl Engine {
             self.advance(id, n, out.end, &mut out);
         }
         if out.num_seqs > 0 {
+            self.stats.iteration_tokens.observe(out.num_tokens as f64);
             self.stats.steps += 1;
             self.stats.busy_time += duration;
         }
@@ -364,6 +366,7 @@ impl Engine {
             None => {
                 seq.first_token = Some(end);
                 self.stats.prompt_tokens += seq.prompt.len() as u64;
+                self.stats.prompt_tokens_cached += seq.cached_tokens.unwrap_or(0) as u64;
                 self.stats.ttft.observe(end - seq.arrival);
             }
             Some(_) => self.stats.itl.observe(end - seq.last_token),
@@ -387,7 +390,7 @@ impl Engine {
             self.pool.free(b);
         }
         self.stats.finished[reason as usize] += 1;
-        self.stats.e2e.observe(end - seq.arrival);
+        self.observe_finished(&seq, end);
         out.finished.push(Finished {
             id,
             reason,
@@ -395,6 +398,32 @@ impl Engine {
             completion_tokens: seq.output.len(),
             cached_tokens: seq.cached_tokens.unwrap_or(0),
         });
+    }
+
+    /// The per-request histograms of a request that ran to its end.
+    fn observe_finished(&mut self, seq: &Seq, end: f64) {
+        let s = &mut self.stats;
+        let scheduled = seq.first_scheduled.unwrap_or(seq.arrival);
+        let first = seq.first_token.unwrap_or(end);
+        let out = seq.output.len();
+        s.e2e.observe(end - seq.arrival);
+        s.queue_time.observe(scheduled - seq.arrival);
+        s.inference_time.observe(end - scheduled);
+        s.prefill_time.observe(first - scheduled);
+        s.decode_time.observe(end - first);
+        if out > 1 {
+            s.time_per_output_token
+                .observe((end - first) / (out - 1) as f64);
+        }
+        s.request_prompt_tokens.observe(seq.prompt.len() as f64);
+        s.request_generation_tokens.observe(out as f64);
+        s.request_max_tokens.observe(seq.max_tokens as f64);
+        s.request_n.observe(1.0);
+        s.request_preemptions
+            .observe(f64::from(seq.num_preemptions));
+        let cached = seq.cached_tokens.unwrap_or(0);
+        s.request_prefill_computed
+            .observe(seq.prompt.len().saturating_sub(cached) as f64);
     }
 
     fn refresh_gauges(&mut self) {

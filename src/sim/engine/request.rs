@@ -23,6 +23,7 @@ pub(super) struct Seq {
     /// Prompt tokens found in the prefix cache when first scheduled.
     pub cached_tokens: Option<usize>,
     pub first_scheduled: Option<f64>,
+    pub num_preemptions: u32,
     pub first_token: Option<f64>,
     pub last_token: f64,
 }

@@ -118,6 +118,7 @@ impl Engine {
         seq.blocks.clear();
         seq.num_computed = 0;
         seq.num_committed = 0;
+        seq.num_preemptions += 1;
         self.stats.preemptions += 1;
         self.enqueue(id, true);
     }
@@ -183,7 +184,6 @@ impl Engine {
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(computed.min(seq.prompt.len()));
             seq.first_scheduled = Some(now);
-            self.stats.queue_time.observe(now - seq.arrival);
         }
         Some(n)
     }
