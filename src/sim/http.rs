@@ -24,6 +24,7 @@ use super::driver::{Command, Refused, SimClock};
 use super::engine::{EngineStats, NewRequest};
 use super::faults::{FaultPatch, Faults};
 use super::openai::{self, Api, ParseError};
+use super::responses::Meta;
 use super::stream::{AbortGuard, SseBody};
 use crate::forwarding::{ResponseBody, full_body};
 use crate::server::{error_response, request::read_body};
@@ -205,7 +206,7 @@ async fn infer(
         }
     }
     let created = unix_now() as u64;
-    let meta = openai::Meta::new(api, mix_id(id, r.config.seed), created, &r.config.model);
+    let meta = Meta::new(api, mix_id(id, r.config.seed), created, &r.config.model);
     if parsed.stream {
         let body = SseBody::new(rx, meta, parsed.include_usage, guard);
         let mut resp = Response::new(body.boxed_unsync());
@@ -222,7 +223,7 @@ async fn infer(
         text.push_str(t.text);
         if let Some(fin) = t.finished {
             guard.disarm();
-            return Ok(json_response(StatusCode::OK, &meta.response(&text, &fin)));
+            return Ok(json_text(StatusCode::OK, meta.response(&text, &fin)));
         }
     }
     guard.disarm();
@@ -296,7 +297,11 @@ fn faults_json(f: &Faults) -> serde_json::Value {
 }
 
 fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
-    let mut resp = Response::new(full_body(v.to_string()));
+    json_text(status, v.to_string())
+}
+
+fn json_text(status: StatusCode, body: String) -> Response<ResponseBody> {
+    let mut resp = Response::new(full_body(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -9,7 +9,7 @@
 //! - [`config`] and [`profile`]: what a replica is (named profiles, TOML overrides);
 //! - [`engine`]: the scheduler, KV cache and cost model, clock-injected;
 //! - `driver`: runs the engine in scaled real time on a tokio task;
-//! - `http`, `openai`, `stream`, `server`: the HTTP side;
+//! - `http`, `openai`, `responses`, `stream`, `server`: the HTTP side;
 //! - [`metrics`]: vLLM's Prometheus exposition; [`faults`]: failure injection;
 //! - [`cli`]: the `llmlb sim` command.
 //!
@@ -25,6 +25,7 @@ mod http;
 pub mod metrics;
 mod openai;
 pub mod profile;
+mod responses;
 mod server;
 mod stream;
 pub mod text;

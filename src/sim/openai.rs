@@ -1,6 +1,7 @@
-//! The OpenAI wire format as vLLM speaks it: reading `/v1/completions` and
-//! `/v1/chat/completions` requests into tokens, and writing responses and
-//! SSE chunks with the same objects, fields and order vLLM sends.
+//! Reading `/v1/completions` and `/v1/chat/completions` requests the way
+//! vLLM's OpenAI server reads them, into prompt tokens and options.
+//!
+//! Responses are written by [`super::responses`].
 //!
 //! Chat messages are rendered with [`crate::tokenizer::render_chat`] before
 //! tokenizing, so a shared system prompt is a shared token prefix. Sampling
@@ -8,9 +9,8 @@
 //! output is deterministic filler whose length is `max_tokens`.
 
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::engine::Finished;
 use crate::tokenizer::{render_chat, tokenize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,120 +147,9 @@ fn chat_prompt(messages: Option<&[Message]>) -> Result<Vec<u32>, ParseError> {
     )))
 }
 
-/// Identity of one response: shared by all its chunks.
-#[derive(Debug, Clone)]
-pub struct Meta {
-    pub api: Api,
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-}
-
-impl Meta {
-    pub fn new(api: Api, request_id: u64, created: u64, model: &str) -> Meta {
-        let prefix = match api {
-            Api::Completions => "cmpl",
-            Api::Chat => "chatcmpl",
-        };
-        Meta {
-            api,
-            id: format!("{prefix}-{request_id:016x}"),
-            created,
-            model: model.to_string(),
-        }
-    }
-
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.api, chunk) {
-            (Api::Completions, _) => "text_completion",
-            (Api::Chat, false) => "chat.completion",
-            (Api::Chat, true) => "chat.completion.chunk",
-        }
-    }
-
-    fn envelope(&self, chunk: bool, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        })
-    }
-
-    /// The whole answer of a non-streaming request.
-    pub fn response(&self, text: &str, fin: &Finished) -> Value {
-        let reason = fin.reason.as_str();
-        let choice = match self.api {
-            Api::Completions => json!({
-                "index": 0, "text": text, "logprobs": null,
-                "finish_reason": reason, "stop_reason": null,
-            }),
-            Api::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null, "finish_reason": reason, "stop_reason": null,
-            }),
-        };
-        let mut v = self.envelope(false, json!([choice]));
-        v["usage"] = usage(fin);
-        v
-    }
-
-    /// The first chunk of a chat stream: the assistant role, empty content.
-    pub fn role_chunk(&self) -> Option<Value> {
-        (self.api == Api::Chat).then(|| {
-            self.envelope(
-                true,
-                json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                        "logprobs": null, "finish_reason": null}]),
-            )
-        })
-    }
-
-    /// One token; the last one carries the finish reason.
-    pub fn token_chunk(&self, text: &str, fin: Option<&Finished>) -> Value {
-        let reason = fin.map(|f| f.reason.as_str());
-        let choice = match self.api {
-            Api::Completions => json!({
-                "index": 0, "text": text, "logprobs": null,
-                "finish_reason": reason, "stop_reason": null,
-            }),
-            Api::Chat => {
-                let mut c = json!({
-                    "index": 0, "delta": {"content": text},
-                    "logprobs": null, "finish_reason": reason,
-                });
-                if reason.is_some() {
-                    c["stop_reason"] = Value::Null;
-                }
-                c
-            }
-        };
-        self.envelope(true, json!([choice]))
-    }
-
-    /// The `include_usage` chunk: no choices, the usage.
-    pub fn usage_chunk(&self, fin: &Finished) -> Value {
-        let mut v = self.envelope(true, json!([]));
-        v["usage"] = usage(fin);
-        v
-    }
-}
-
-fn usage(fin: &Finished) -> Value {
-    json!({
-        "prompt_tokens": fin.prompt_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::engine::FinishReason;
 
     #[test]
     fn completions_accept_text_ids_and_single_lists() {
@@ -306,35 +195,5 @@ mod tests {
         assert!(parse(Api::Completions, br#"{"prompt":"a","n":2}"#, "m").is_err());
         assert!(parse(Api::Completions, br#"{"prompt":"a","max_tokens":0}"#, "m").is_err());
         assert!(parse(Api::Completions, b"not json", "m").is_err());
-    }
-
-    #[test]
-    fn response_shapes_follow_vllm() {
-        let fin = Finished {
-            id: 1,
-            reason: FinishReason::Length,
-            prompt_tokens: 8,
-            completion_tokens: 3,
-            cached_tokens: 0,
-        };
-        let m = Meta::new(Api::Chat, 1, 7, "m");
-        let r = m.response("a b c", &fin);
-        assert_eq!(r["object"], "chat.completion");
-        assert_eq!(r["choices"][0]["message"]["content"], "a b c");
-        assert_eq!(r["usage"]["total_tokens"], 11);
-        assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-        assert_eq!(
-            m.role_chunk().unwrap()["choices"][0]["delta"]["role"],
-            "assistant"
-        );
-        assert_eq!(
-            m.token_chunk(" x", Some(&fin))["choices"][0]["finish_reason"],
-            "length"
-        );
-        assert_eq!(m.usage_chunk(&fin)["choices"], json!([]));
-        let c = Meta::new(Api::Completions, 1, 7, "m");
-        assert!(c.role_chunk().is_none());
-        assert_eq!(c.token_chunk(" x", None)["choices"][0]["text"], " x");
-        assert!(c.id.starts_with("cmpl-"));
     }
 }

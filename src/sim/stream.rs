@@ -15,11 +15,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame};
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::driver::{Command, TokenOut};
-use super::openai::Meta;
+use super::responses::Meta;
 use crate::forwarding::BoxError;
 
 /// Aborts request `id` in the engine on drop, unless disarmed.
@@ -85,8 +84,8 @@ impl SseBody {
     }
 }
 
-fn event(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
+fn event(json: &str) -> Bytes {
+    Bytes::from(format!("data: {json}\n\n"))
 }
 
 impl Body for SseBody {
