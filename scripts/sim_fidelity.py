@@ -12,8 +12,9 @@ concurrency levels:
   distinct   nothing shared
 
 Per run: TTFT and inter-token latency (mean / p50 / p99, client-side, from
-SSE chunk arrival), output-token throughput, and the prefix-cache hit rate
-from the replica's own /metrics (hits / queries, as deltas over the run).
+SSE chunk arrival), output-token throughput, and from the replica's own
+/metrics (deltas over the run): the prefix-cache hit rate (hits / queries),
+preemptions, and the server-side mean TTFT and inter-token latency.
 
 Usage:
   scripts/sim_fidelity.py --url http://127.0.0.1:18000 --model tiny-llama --label vllm > vllm.jsonl
@@ -50,7 +51,9 @@ def metrics(url):
         series, value = line.rsplit(" ", 1)
         name = series.split("{", 1)[0]
         if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                    "vllm:num_preemptions_total", "vllm:generation_tokens_total"):
+                    "vllm:num_preemptions_total", "vllm:generation_tokens_total",
+                    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                    "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"):
             out[name] = out.get(name, 0.0) + float(value)
     return out
 
@@ -141,6 +144,11 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
     out_tokens = sum(len(r["stamps"]) for r in ok)
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     q = d.get("vllm:prefix_cache_queries_total", 0)
+
+    def server_mean(base):
+        n = d.get(base + "_count", 0)
+        return 1000 * d.get(base + "_sum", 0) / n if n else None
+
     return {
         "scenario": scenario, "concurrency": concurrency, "requests": n, "ok": len(ok),
         "errors": errors[:3], "prompt_len": length, "max_tokens": max_tokens,
@@ -149,6 +157,8 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
         "itl_mean_ms": 1000 * statistics.fmean(itl) if itl else None,
         "itl_p50_ms": 1000 * pct(itl, 0.5), "itl_p99_ms": 1000 * pct(itl, 0.99),
         "throughput_tok_s": out_tokens / wall, "wall_s": wall,
+        "server_ttft_mean_ms": server_mean("vllm:time_to_first_token_seconds"),
+        "server_itl_mean_ms": server_mean("vllm:inter_token_latency_seconds"),
         "prefix_hit_rate": (d.get("vllm:prefix_cache_hits_total", 0) / q) if q else None,
         "preemptions": d.get("vllm:num_preemptions_total", 0),
     }
@@ -164,27 +174,33 @@ def table(files):
             label = r.get("label", f)
             rows.setdefault((r["scenario"], r["concurrency"]), {})[label] = r
         labels.append(label)
-    cols = [("TTFT p50 ms", "ttft_p50_ms"), ("TTFT p99 ms", "ttft_p99_ms"),
-            ("ITL p50 ms", "itl_p50_ms"), ("ITL p99 ms", "itl_p99_ms"),
-            ("prefix hit %", "prefix_hit_rate"), ("out tok/s", "throughput_tok_s"),
-            ("preempt", "preemptions")]
-    head = "| scenario | conc | " + " | ".join(f"{c} ({l})" for c, _ in cols for l in labels) + " |"
-    print(head)
-    print("|" + "---|" * (2 + len(cols) * len(labels)))
-    for (sc, conc), by in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        cells = []
-        for _, key in cols:
-            for l in labels:
-                v = by.get(l, {}).get(key)
-                if v is None:
-                    cells.append("-")
-                elif key == "prefix_hit_rate":
-                    cells.append(f"{100 * v:.0f}")
-                elif key == "preemptions":
-                    cells.append(f"{v:.0f}")
-                else:
-                    cells.append(f"{v:.1f}")
-        print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
+    latency = [("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
+               ("server TTFT mean", "server_ttft_mean_ms"),
+               ("ITL p50", "itl_p50_ms"), ("ITL p99", "itl_p99_ms"),
+               ("server ITL mean", "server_itl_mean_ms")]
+    volume = [("prefix hit %", "prefix_hit_rate"), ("output tok/s", "throughput_tok_s"),
+              ("preemptions", "preemptions")]
+    for title, cols in (("Latency, milliseconds", latency), ("Cache and throughput", volume)):
+        print(f"{title} ({' / '.join(labels)} in each cell):\n")
+        print("| scenario | concurrency | " + " | ".join(c for c, _ in cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for (sc, conc), by in sorted(rows.items()):
+            cells = []
+            for _, key in cols:
+                vals = []
+                for l in labels:
+                    v = by.get(l, {}).get(key)
+                    if v is None:
+                        vals.append("-")
+                    elif key == "prefix_hit_rate":
+                        vals.append(f"{100 * v:.0f}")
+                    elif key in ("preemptions", "throughput_tok_s"):
+                        vals.append(f"{v:.0f}")
+                    else:
+                        vals.append(f"{v:.1f}")
+                cells.append(" / ".join(vals))
+            print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
+        print()
 
 
 def main():
@@ -208,22 +224,28 @@ def main():
         sys.exit("only 127.0.0.1 targets are allowed")
     salt = 1000
     if a.calibrate:
-        # Prefill slope: lone distinct prompts of growing length, 2 output tokens.
-        for length in (64, 512, 1536):
-            r = run(a.url, a.model, "distinct", 1, 6, length, 2, salt, a.seed)
+        # Prefill: lone distinct prompts of growing length, 2 output tokens.
+        for length in (16, 128, 256, 512, 1024, 1536):
+            r = run(a.url, a.model, "distinct", 1, 12, length, 2, salt, a.seed)
             salt += 50
             r.update(label=a.label, probe="prefill")
             print(json.dumps(r), flush=True)
-        # Decode slope: batches of growing size, short prompts, long outputs.
-        for conc in (1, 8, 32):
-            r = run(a.url, a.model, "distinct", conc, conc * 2, 16, 64, salt, a.seed)
+        # Decode: batches of growing size, short prompts, long outputs.
+        for conc in (1, 4, 16, 32):
+            r = run(a.url, a.model, "distinct", conc, conc * 3, 16, 96, salt, a.seed)
             salt += 100
             r.update(label=a.label, probe="decode")
+            print(json.dumps(r), flush=True)
+        # Decode over long contexts.
+        for conc in (1, 8):
+            r = run(a.url, a.model, "distinct", conc, conc * 3, 1024, 64, salt, a.seed)
+            salt += 100
+            r.update(label=a.label, probe="decode-long")
             print(json.dumps(r), flush=True)
         return
     for scenario in a.scenarios.split(","):
         for conc in (int(c) for c in a.concurrency.split(",")):
-            n = {1: 8}.get(conc, max(2 * conc, 32))
+            n = {1: 16}.get(conc, 4 * conc)
             r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt, a.seed + conc)
             salt += 137
             r["label"] = a.label

@@ -100,16 +100,17 @@ fn vllm_cpu_tiny() -> SimConfig {
             enable_prefix_caching: true,
             priority_scheduling: false,
         },
-        // Fitted to step-time probes against vllm-cpu 0.32.0 on one core of
-        // a 2-core machine (scripts/sim_fidelity.py --calibrate; p50 values):
-        // inter-token latency 1.18 ms at batch 1, 1.68 at 16, 2.38 at 32;
-        // time to first token 3.3 ms for 16 prompt tokens, 12.4 for 512,
-        // 35.6 for 1536.
+        // Fitted to probes against vllm-cpu 0.32.0 on one core of a shared
+        // 2-core machine (scripts/sim_fidelity.py --calibrate): vLLM's own
+        // time to first token (its /metrics) is 4.2 ms for 16 prompt tokens,
+        // 10.7 ms for 512, 32.5 ms for 1536 (linear fit: 2.46 ms + 18.8 us
+        // per token); client-side inter-token latency medians 1.18 ms at
+        // batch 1, 1.68 ms at 16, 2.38 ms at 32.
         cost: CostModel {
             step_overhead: 0.001_12,
-            prefill_overhead: 0.001_5,
-            prefill_per_token: 0.000_02,
-            decode_per_seq: 0.000_037,
+            prefill_overhead: 0.001_3,
+            prefill_per_token: 0.000_018_5,
+            decode_per_seq: 0.000_045,
             per_context_token: 0.000_000_05,
         },
         faults: FaultConfig::default(),
