@@ -9,6 +9,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use super::SimHandle;
 use super::config::{ConfigError, SimConfig};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -145,9 +146,12 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     Ok(c)
 }
 
-/// Runs the replicas until `stop` completes, then shuts them down.
-pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), CliError> {
-    let base = resolve(&args)?;
+/// Starts the replicas `args` describe on the current runtime. Replica `i`
+/// listens on `port + i` (every replica on a free port when `port` is 0) with
+/// seed `seed + i`. On a bind failure, the replicas already started are
+/// stopped again.
+pub async fn start(args: &SimArgs) -> Result<Vec<SimHandle>, CliError> {
+    let base = resolve(args)?;
     if args.replicas == 0 {
         return Err(CliError::NoReplicas);
     }
@@ -157,25 +161,39 @@ pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), Cl
             n: args.replicas,
         });
     }
-    let mut handles = Vec::with_capacity(args.replicas.into());
+    let mut handles: Vec<SimHandle> = Vec::with_capacity(args.replicas.into());
     for i in 0..args.replicas {
-        let addr = SocketAddr::new(args.host, args.port + i);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| CliError::Bind { addr, source })?;
+        let port = if args.port == 0 { 0 } else { args.port + i };
+        let addr = SocketAddr::new(args.host, port);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(source) => {
+                for h in handles {
+                    h.shutdown().await;
+                }
+                return Err(CliError::Bind { addr, source });
+            }
+        };
         let mut cfg = base.clone();
         cfg.seed = base.seed.wrapping_add(u64::from(i));
         handles.push(super::spawn(listener, cfg));
     }
+    Ok(handles)
+}
+
+/// Runs the replicas until `stop` completes, then shuts them down.
+pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), CliError> {
+    let handles = start(&args).await?;
     for h in &handles {
+        let c = h.config();
         println!(
             "llmlb sim: replica http://{} model {:?} (blocks {} x {}, max_num_seqs {}, time scale {})",
             h.addr,
-            base.model,
-            base.engine.num_blocks,
-            base.engine.block_size,
-            base.engine.max_num_seqs,
-            base.time_scale
+            c.model,
+            c.engine.num_blocks,
+            c.engine.block_size,
+            c.engine.max_num_seqs,
+            c.time_scale
         );
     }
     stop.await;
@@ -224,6 +242,35 @@ mod tests {
         assert_eq!(c.cost.step_overhead, 0.5);
         assert_eq!(c.faults.max_waiting, Some(5));
         assert_eq!(c.engine.block_size, 16);
+    }
+
+    #[tokio::test]
+    async fn start_runs_several_replicas_with_their_own_seeds() {
+        let handles = start(&args(&[
+            "--profile",
+            "fast",
+            "--port",
+            "0",
+            "--replicas",
+            "3",
+            "--seed",
+            "40",
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(handles.len(), 3);
+        let seeds: Vec<u64> = handles.iter().map(|h| h.config().seed).collect();
+        assert_eq!(seeds, vec![40, 41, 42]);
+        let mut ports: Vec<u16> = handles.iter().map(|h| h.addr.port()).collect();
+        ports.dedup();
+        assert_eq!(ports.len(), 3);
+        for h in handles {
+            h.shutdown().await;
+        }
+        assert!(matches!(
+            start(&args(&["--replicas", "0"])).await,
+            Err(CliError::NoReplicas)
+        ));
     }
 
     #[test]

@@ -200,6 +200,15 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sim/example.toml");
+        let c = SimConfig::from_toml_file(&path, "fast").unwrap();
+        assert_eq!(c.model, "my-org/my-model");
+        assert_eq!(c.engine.num_blocks, 12_000);
+        assert_eq!(c.cost.step_overhead, 0.012);
+    }
+
+    #[test]
     fn toml_overrides_only_what_it_names() {
         let c = SimConfig::from_toml_str(
             "profile = \"fast\"\nmodel = \"m\"\n[engine]\nnum_blocks = 77\nmax_model_len = 1024\n[faults]\nmax_waiting = 3\n",

@@ -16,6 +16,10 @@
 //! but never accumulates: throughput and mean inter-token latency follow the
 //! cost model exactly. A request arriving while a step is in flight is
 //! stamped no later than that step's end, the earliest it could be scheduled.
+//!
+//! The command channel is unbounded because aborts are sent from `Drop`,
+//! which cannot wait; what it carries is bounded by the open connections
+//! (one add and at most one abort each).
 
 use std::collections::HashMap;
 use std::sync::Arc;
