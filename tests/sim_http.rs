@@ -377,3 +377,62 @@ async fn models_errors_and_limits() {
     assert_eq!(status, 400);
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn non_streaming_client_that_leaves_is_aborted_too() {
+    let sim = start(fast()).await;
+    let mut conn = tokio::net::TcpStream::connect(sim.addr).await.unwrap();
+    let body = json!({"prompt": "Take your time. ".repeat(10), "max_tokens": 3000}).to_string();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    eventually("the request runs", || sim.stats().generation_tokens >= 3).await;
+    drop(conn);
+    eventually("the request is aborted", || {
+        let s = sim.stats();
+        s.num_running == 0 && s.finished[2] == 1
+    })
+    .await;
+    assert_eq!(sim.stats().free_blocks, 1023);
+    assert!(sim.stats().generation_tokens < 3000);
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn priority_field_orders_the_queue_when_enabled() {
+    let mut cfg = fast();
+    cfg.engine.priority_scheduling = true;
+    cfg.engine.max_num_seqs = 1;
+    cfg.time_scale = 0.2; // the first request holds the only slot for a while
+    let sim = start(cfg).await;
+    let addr = sim.addr;
+    let send = move |prompt: &'static str, priority: i64, max_tokens: u32| {
+        tokio::spawn(async move {
+            post_json(
+                addr,
+                "/v1/completions",
+                json!({"prompt": prompt, "max_tokens": max_tokens, "priority": priority}),
+            )
+            .await;
+            tokio::time::Instant::now()
+        })
+    };
+    let first = send("occupy the engine", 0, 40);
+    eventually("the first request runs", || sim.stats().num_running == 1).await;
+    let low = send("low priority", 5, 20);
+    eventually("one waits", || sim.stats().num_waiting == 1).await;
+    let high = send("high priority", -1, 2);
+    eventually("two wait", || sim.stats().num_waiting == 2).await;
+    let (_, low_done, high_done) = (
+        first.await.unwrap(),
+        low.await.unwrap(),
+        high.await.unwrap(),
+    );
+    assert!(
+        high_done < low_done,
+        "priority -1 is served before priority 5"
+    );
+    sim.shutdown().await;
+}
