@@ -10,7 +10,8 @@
 //! - [`engine`]: the scheduler, KV cache and cost model, clock-injected;
 //! - `driver`: runs the engine in scaled real time on a tokio task;
 //! - `http`, `openai`, `responses`, `stream`, `server`: the HTTP side;
-//! - [`metrics`]: vLLM's Prometheus exposition; [`faults`]: failure injection;
+//! - [`metrics`] and [`exposition`]: vLLM's Prometheus metrics and their
+//!   text format; [`faults`]: failure injection;
 //! - [`cli`]: the `llmlb sim` command.
 //!
 //! `docs/SIMULATOR.md` says what is modelled, what is not, and how the
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod config;
 mod driver;
 pub mod engine;
+pub mod exposition;
 pub mod faults;
 mod http;
 pub mod metrics;
