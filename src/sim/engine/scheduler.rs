@@ -26,7 +26,7 @@ impl Engine {
 
         // 1. Running requests keep their place; preempt to make room.
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        'running: while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let seq = &self.seqs[&id];
             let n = (seq.num_tokens() - seq.num_computed).min(budget);
@@ -49,7 +49,9 @@ impl Engine {
                 self.preempt(victim_pos);
                 plan.preempted.push(victim);
                 if victim == id {
-                    break;
+                    // Nothing left to preempt for it: as in vLLM, the
+                    // running requests after it wait for the next step too.
+                    break 'running;
                 }
                 if victim_pos < i {
                     i -= 1;
