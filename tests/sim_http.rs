@@ -436,3 +436,41 @@ async fn priority_field_orders_the_queue_when_enabled() {
     );
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_follow_up_turn_hits_on_the_previous_answer() {
+    let sim = start(fast()).await;
+    let system = "You help operators size LLM fleets.";
+    let question = "How many replicas do I need for 50 requests per second?";
+    let first = post_json(
+        sim.addr,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+               "max_tokens": 40}),
+    )
+    .await;
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second = post_json(
+        sim.addr,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question},
+                            {"role": "assistant", "content": answer}, {"role": "user", "content": "And for 100?"}],
+               "max_tokens": 4}),
+    )
+    .await;
+    // The first turn's prompt and all but its last generated token are in
+    // the cache: every full block of them is a hit.
+    let computed = first["usage"]["prompt_tokens"].as_u64().unwrap() + 40 - 1;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        cached,
+        computed / 16 * 16,
+        "first turn {first}, second {second}"
+    );
+    sim.shutdown().await;
+}
