@@ -168,9 +168,11 @@ pub struct StepOutcome {
 }
 
 impl StepOutcome {
-    /// Nothing ran: the engine had no work it could schedule.
+    /// Nothing happened: no request ran and none was preempted. (A step can
+    /// run nothing yet preempt, under priority scheduling; the next step
+    /// then makes progress.)
     pub fn is_idle(&self) -> bool {
-        self.num_seqs == 0
+        self.num_seqs == 0 && self.preempted.is_empty()
     }
 }
 

@@ -221,6 +221,61 @@ fn priority_scheduling_serves_lower_priority_value_first() {
 }
 
 #[test]
+fn a_low_priority_request_preempting_itself_does_not_stall_the_engine() {
+    // 4 usable blocks of 16. A (priority 5) and B (priority 0) each hold 2
+    // blocks after prefill; when A needs a third block it is the lowest
+    // priority, so it preempts itself and the step runs nothing.
+    let p = EngineParams {
+        num_blocks: 5,
+        max_model_len: 64,
+        priority_scheduling: true,
+        ..params()
+    };
+    let mut e = Engine::new(p, cost(), 1);
+    for (id, prio) in [(1, 5), (2, 0)] {
+        let mut r = req(id, toks(100 * id as u32, 31), 20);
+        r.priority = prio;
+        e.add_request(r, 0.0).unwrap();
+    }
+    let mut now = 0.0;
+    let mut saw_empty_preempting_step = false;
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        if !e.has_work() {
+            break;
+        }
+        let o = e.step(now);
+        assert!(!o.is_idle(), "work pending but the step did nothing");
+        saw_empty_preempting_step |= o.num_seqs == 0 && !o.preempted.is_empty();
+        done.extend(o.finished.iter().map(|f| f.id));
+        now = o.end;
+    }
+    assert_eq!(done.len(), 2);
+    assert!(e.stats().preemptions >= 1);
+    assert!(
+        saw_empty_preempting_step,
+        "the scenario under test happened"
+    );
+}
+
+#[test]
+fn prefix_caching_off_means_no_hits_and_no_queries() {
+    let p = EngineParams {
+        enable_prefix_caching: false,
+        ..params()
+    };
+    let mut e = Engine::new(p, cost(), 1);
+    let prompt = toks(1, 100);
+    e.add_request(req(1, prompt.clone(), 2), 0.0).unwrap();
+    let (t, _) = run(&mut e, 0.0);
+    e.add_request(req(2, prompt, 2), t).unwrap();
+    let (_, outs) = run(&mut e, t);
+    assert_eq!(finished(&outs)[0].cached_tokens, 0);
+    assert_eq!(e.stats().prefix_queries, 0);
+    assert_eq!(e.stats().prefix_hits, 0);
+}
+
+#[test]
 fn chunked_prefill_spreads_a_long_prompt_over_steps() {
     let p = EngineParams {
         max_num_batched_tokens: 64,
