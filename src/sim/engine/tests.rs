@@ -232,12 +232,15 @@ fn a_low_priority_request_preempting_itself_does_not_stall_the_engine() {
         ..params()
     };
     let mut e = Engine::new(p, cost(), 1);
-    for (id, prio) in [(1, 5), (2, 0)] {
-        let mut r = req(id, toks(100 * id as u32, 31), 20);
-        r.priority = prio;
-        e.add_request(r, 0.0).unwrap();
-    }
-    let mut now = 0.0;
+    // A is admitted first, so it runs ahead of B in the batch.
+    let mut a = req(1, toks(100, 31), 20);
+    a.priority = 5;
+    e.add_request(a, 0.0).unwrap();
+    let o = e.step(0.0);
+    let mut b = req(2, toks(200, 31), 20);
+    b.priority = 0;
+    e.add_request(b, o.end).unwrap();
+    let mut now = o.end;
     let mut saw_empty_preempting_step = false;
     let mut done = Vec::new();
     for _ in 0..1000 {
