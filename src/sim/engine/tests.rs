@@ -430,6 +430,7 @@ mod properties {
             for _ in 0..20_000 {
                 if !e.has_work() { break; }
                 let o = e.step(now);
+                prop_assert!(!o.is_idle(), "work pending but the step did nothing");
                 prop_assert!(o.num_seqs <= max_num_seqs);
                 prop_assert!(o.num_tokens <= max_num_batched_tokens);
                 prop_assert!(e.num_running() <= max_num_seqs);
