@@ -8,7 +8,7 @@ use std::time::Duration;
 use llmlb::tokenizer::{count_tokens, render_chat, tokenize};
 use serde_json::json;
 use sim_support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 #[tokio::test]
 async fn chat_stream_is_openai_sse_with_usage() {
@@ -289,15 +289,12 @@ async fn preemption_under_kv_pressure_is_counted_and_everyone_finishes() {
 #[tokio::test]
 async fn client_disconnect_aborts_and_frees_blocks() {
     let sim = start(fast()).await;
-    let mut conn = tokio::net::TcpStream::connect(sim.addr).await.unwrap();
-    let body =
-        json!({"prompt": "A long answer please. ".repeat(20), "max_tokens": 3000, "stream": true})
-            .to_string();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut conn = raw_post(
+        sim.addr,
+        "/v1/completions",
+        &json!({"prompt": "A long answer please. ".repeat(20), "max_tokens": 3000, "stream": true}),
+    )
+    .await;
     // Read until the first token event has arrived.
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
@@ -381,13 +378,12 @@ async fn models_errors_and_limits() {
 #[tokio::test]
 async fn non_streaming_client_that_leaves_is_aborted_too() {
     let sim = start(fast()).await;
-    let mut conn = tokio::net::TcpStream::connect(sim.addr).await.unwrap();
-    let body = json!({"prompt": "Take your time. ".repeat(10), "max_tokens": 3000}).to_string();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(req.as_bytes()).await.unwrap();
+    let conn = raw_post(
+        sim.addr,
+        "/v1/completions",
+        &json!({"prompt": "Take your time. ".repeat(10), "max_tokens": 3000}),
+    )
+    .await;
     eventually("the request runs", || sim.stats().generation_tokens >= 3).await;
     drop(conn);
     eventually("the request is aborted", || {

@@ -65,6 +65,20 @@ pub async fn post_json(addr: SocketAddr, path: &str, body: Value) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Sends a POST over a bare TCP connection and returns the connection
+/// unread, so a test can drop it mid-request like a client that goes away.
+pub async fn raw_post(addr: SocketAddr, path: &str, body: &Value) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    conn
+}
+
 /// The JSON payloads of an SSE stream, strictly checked: every event is a
 /// `data: ` line followed by a blank line, and the last one is `[DONE]`.
 pub fn sse_events(text: &str) -> Vec<Value> {
