@@ -19,5 +19,6 @@ pub mod health;
 pub mod routing;
 pub mod server;
 pub mod signals;
+pub mod sim;
 pub mod telemetry;
 pub mod tokenizer;

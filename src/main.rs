@@ -45,6 +45,8 @@ enum Command {
     /// Load an OpenAI-compatible server with streaming requests and report
     /// TTFT, TPOT, throughput and goodput.
     Bench(Box<llmlb::bench::cli::BenchArgs>),
+    /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
+    Sim(Box<llmlb::sim::cli::SimArgs>),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Check { config } => return check(&config),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
+        Command::Sim(args) => sim(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +148,23 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+fn sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::sim::cli::run(args, wait_for_signal()))?;
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
 }
 
 /// Waits for SIGTERM or SIGINT; reloads the config on each SIGHUP meanwhile.
