@@ -13,6 +13,7 @@ pub mod background;
 pub mod balancing;
 pub mod bench;
 pub mod config;
+pub mod demo;
 pub mod forwarding;
 pub mod gateway;
 pub mod health;

@@ -47,6 +47,9 @@ enum Command {
     Bench(Box<llmlb::bench::cli::BenchArgs>),
     /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
     Sim(Box<llmlb::sim::cli::SimArgs>),
+    /// Start a simulated fleet and the proxy, run the same short workload
+    /// through each balancer, and print a comparison table.
+    Demo(Box<llmlb::demo::DemoArgs>),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
         Command::Sim(args) => sim(*args),
+        Command::Demo(args) => demo(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -148,6 +152,12 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::demo::run(args))?;
+    Ok(())
 }
 
 fn sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {

@@ -34,6 +34,10 @@ impl Fleet {
         let mut base = SimConfig::profile(&args.profile)
             .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
         base.engine.num_blocks = args.kv_blocks;
+        // The longest request must fit in the (deliberately small) cache.
+        let usable = args.kv_blocks.saturating_sub(1) * base.engine.block_size;
+        base.engine.max_model_len = base.engine.max_model_len.min(usable);
+        base.validate().map_err(DemoError::Sim)?;
         let model = base.model.clone();
         let mut replicas = Vec::with_capacity(args.replicas);
         for i in 0..args.replicas {
@@ -45,10 +49,13 @@ impl Fleet {
         let mut text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n\
              [[pools]]\nname = \"demo\"\nmodels = [{model:?}]\nbalancer = {balancer:?}\n\
-             [pools.scrape]\ninterval = \"100ms\"\nstaleness = \"1s\"\n"
+             [pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1s\"\n"
         );
         for r in &replicas {
-            text.push_str(&format!("[[pools.replicas]]\nurl = \"http://{}\"\n", r.addr));
+            text.push_str(&format!(
+                "[[pools.replicas]]\nurl = \"http://{}\"\n",
+                r.addr
+            ));
         }
         let config = crate::config::parse(&text).map_err(|issues| {
             DemoError::Config(
@@ -62,6 +69,7 @@ impl Fleet {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let admin = TcpListener::bind("127.0.0.1:0").await?;
         let proxy = crate::server::start(config, listener, admin)?;
+        wait_for_first_scrape(&proxy).await;
         Ok(Fleet {
             replicas,
             proxy,
@@ -84,9 +92,10 @@ impl Fleet {
         for r in &self.replicas {
             if let Some(text) = scrape(r.addr).await {
                 total.queries +=
-                    crate::signals::parse::sum(&text, "vllm:prefix_cache_queries_total").unwrap_or(0.0);
-                total.hits +=
-                    crate::signals::parse::sum(&text, "vllm:prefix_cache_hits_total").unwrap_or(0.0);
+                    crate::signals::parse::sum(&text, "vllm:prefix_cache_queries_total")
+                        .unwrap_or(0.0);
+                total.hits += crate::signals::parse::sum(&text, "vllm:prefix_cache_hits_total")
+                    .unwrap_or(0.0);
             }
         }
         total
@@ -97,6 +106,24 @@ impl Fleet {
         for r in self.replicas {
             r.shutdown().await;
         }
+    }
+}
+
+/// Balancers that read scraped load start with data: wait (a few scrape
+/// intervals at most) until every replica has been scraped once.
+async fn wait_for_first_scrape(proxy: &Running) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        let topology = proxy.state.topology.load();
+        let scraped = topology
+            .pools
+            .iter()
+            .flat_map(|p| p.replicas.iter())
+            .all(|r| r.load_snapshot().is_some());
+        if scraped {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

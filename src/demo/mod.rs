@@ -96,7 +96,7 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
     if args.quick {
         args.profile = "fast".into();
         args.requests = args.requests.min(32);
-        args.kv_blocks = args.kv_blocks.min(64);
+        args.kv_blocks = args.kv_blocks.min(160);
         args.rate = args.rate.max(50.0);
     }
     let options = workload(&args);
@@ -142,7 +142,6 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
         runs.push((balancer.clone(), report));
     }
     println!("{}", render(&rows));
-    println!("{}", bench::render_table(&runs));
     bench::write_svg(&args.plot, &runs)?;
     println!("latency CDFs written to {}", args.plot.display());
     Ok(rows)

@@ -113,7 +113,9 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[2].starts_with("jsq"));
-        assert!(lines[2].contains("12.3") && lines[2].contains("50.0%") && lines[2].contains("10/0"));
+        assert!(
+            lines[2].contains("12.3") && lines[2].contains("50.0%") && lines[2].contains("10/0")
+        );
         assert_eq!(lines[0].len(), lines[2].len());
     }
 }
