@@ -35,6 +35,7 @@ pub struct AppState {
     pub gateway: ArcSwap<Gateway>,
     pub draining: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
+    pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -44,7 +45,14 @@ impl AppState {
         let metrics = Arc::new(Metrics::new());
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
         let topology = Topology::build(&config, &metrics, &admission_metrics, None);
-        let gateway = Gateway::build(&config, None, std::time::Instant::now());
+        let shared_limit_metrics =
+            crate::gateway::shared_limits::SharedLimitMetrics::new(metrics.registry());
+        let gateway = Gateway::build(
+            &config,
+            None,
+            std::time::Instant::now(),
+            &shared_limit_metrics,
+        );
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
@@ -54,6 +62,7 @@ impl AppState {
             gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
             reload_metrics,
+            shared_limit_metrics,
             config_path: std::sync::OnceLock::new(),
         })
     }
