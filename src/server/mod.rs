@@ -35,6 +35,7 @@ pub struct AppState {
     pub gateway: ArcSwap<Gateway>,
     pub draining: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
+    pub routing_metrics: crate::routing::RoutingMetrics,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -46,6 +47,7 @@ impl AppState {
         let topology = Topology::build(&config, &metrics, &admission_metrics, None);
         let gateway = Gateway::build(&config, None, std::time::Instant::now());
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
+        let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
@@ -54,6 +56,7 @@ impl AppState {
             gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
             reload_metrics,
+            routing_metrics,
             config_path: std::sync::OnceLock::new(),
         })
     }

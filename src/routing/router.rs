@@ -1,0 +1,397 @@
+//! The routing stage of one pool: between the pool lookup and the balancer,
+//! it narrows the candidate replicas and says why.
+//!
+//! In order, each step working on what the previous one left:
+//! 1. **canary**: the request's version (forced by header, sticky by key, or
+//!    random by weight) keeps only that version's replicas;
+//! 2. **tiers**: the caller's tier keeps only its reserved replicas (or
+//!    overflows into lower tiers' when saturated and allowed);
+//! 3. **session affinity** (a session header, when enabled) or **prefix
+//!    affinity** (`hash` or `cache` mode) names a preferred replica.
+//!
+//! Steps 1–2 are hard limits ([`Decision::allowed`]): retries stay inside
+//! them. Step 3 is a preference ([`Decision::preferred`]): the forwarder
+//! tries it first and falls back to the allowed set on retry. The balancer
+//! picks among what is left (a single preferred replica leaves it nothing
+//! to choose).
+//!
+//! Pure apart from the prefix indexes (which learn what was sent where) and
+//! the one random draw for requests without a sticky key, which the caller
+//! passes in. Cost: O(replicas) plus, in `cache` mode, tokenizing the
+//! prompt once and one index lookup per candidate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName};
+
+use super::RouteBranch;
+use super::canary::{Canary, Choice, StickyKeys};
+use super::metrics::RoutingMetrics;
+use super::prefix::blocks::{Prompt, prompt_blocks};
+use super::prefix::cache_index::BlockIndex;
+use super::prefix::rendezvous::{self, Node, hash64};
+use super::prefix::score::{self, Candidate, CostModel};
+use super::saturation::is_saturated;
+use super::tiers::PoolTiers;
+use crate::balancing::{Replica, ReplicaId, ReplicaView};
+use crate::config::{Config, HashKey, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
+use crate::tokenizer::tokenize;
+
+type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
+
+#[derive(Debug)]
+pub struct Router {
+    pool: String,
+    prefix: PrefixConfig,
+    cost: CostModel,
+    saturation: SaturationConfig,
+    max_age_ms: u64,
+    session_header: HeaderName,
+    session_affinity: bool,
+    canary: Option<Canary>,
+    versions: HashMap<ReplicaId, Arc<str>>,
+    nodes: HashMap<ReplicaId, Node>,
+    indexes: Indexes,
+    tiers: PoolTiers,
+}
+
+/// What the routing stage knows about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    pub model: &'a str,
+    pub user: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    pub tier: Option<&'a str>,
+    pub prompt: Prompt<'a>,
+}
+
+/// The routing stage's answer for one request.
+#[derive(Debug, Default)]
+pub struct Decision {
+    /// Only these replicas may serve the request (`None`: any).
+    pub allowed: Option<Vec<ReplicaId>>,
+    /// Try these first (`None`: no preference).
+    pub preferred: Option<Vec<ReplicaId>>,
+    /// Every step that acted, in order.
+    pub branches: Vec<RouteBranch>,
+    /// The canary version chosen, when the pool splits by version.
+    pub version: Option<Arc<str>>,
+    /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
+    record: Option<(Indexes, Vec<u64>)>,
+}
+
+impl Decision {
+    /// The candidates the balancer may see: `eligible` limited to the
+    /// allowed set, then to the preferred ones when any of them is left.
+    pub fn narrow(&self, eligible: Vec<Arc<Replica>>) -> Vec<Arc<Replica>> {
+        let allowed: Vec<Arc<Replica>> = match &self.allowed {
+            Some(ids) => eligible
+                .into_iter()
+                .filter(|r| ids.contains(&r.id))
+                .collect(),
+            None => eligible,
+        };
+        if let Some(pref) = &self.preferred
+            && allowed.iter().any(|r| pref.contains(&r.id))
+        {
+            return allowed
+                .into_iter()
+                .filter(|r| pref.contains(&r.id))
+                .collect();
+        }
+        allowed
+    }
+
+    /// The request is being sent to `replica`: remember its prompt blocks there.
+    pub fn dispatched(&self, replica: &Replica) {
+        if let Some((indexes, blocks)) = &self.record
+            && let Some(index) = indexes.get(&replica.id)
+        {
+            index.record(blocks);
+        }
+    }
+
+    /// The branches as one tracing field.
+    pub fn route_label(&self) -> String {
+        super::branch::join(&self.branches)
+    }
+}
+
+impl Router {
+    /// Builds a pool's router; the prefix index of every replica that was in
+    /// `previous` is carried over, those of removed replicas are dropped.
+    pub fn build(
+        config: &Config,
+        pc: &PoolConfig,
+        replicas: &[Arc<Replica>],
+        previous: Option<&Router>,
+    ) -> Router {
+        let capacity = pc.prefix.max_blocks_per_replica;
+        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> = if pc.prefix.mode == PrefixMode::Cache {
+            replicas
+                .iter()
+                .map(|r| {
+                    let kept = previous
+                        .filter(|p| p.prefix.max_blocks_per_replica == capacity)
+                        .and_then(|p| p.indexes.get(&r.id).cloned());
+                    (
+                        r.id,
+                        kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
+                    )
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let versions = replicas
+            .iter()
+            .zip(&pc.replicas)
+            .filter_map(|(r, rc)| rc.version.as_deref().map(|v| (r.id, Arc::from(v))))
+            .collect();
+        Router {
+            pool: pc.name.clone(),
+            prefix: pc.prefix.clone(),
+            cost: CostModel {
+                prefill_tokens_per_second: pc.prefix.prefill_tokens_per_second,
+                seconds_per_request_ahead: pc.prefix.seconds_per_request_ahead,
+            },
+            saturation: pc.saturation.clone(),
+            max_age_ms: pc.scrape.staleness.as_millis() as u64,
+            session_header: HeaderName::from_bytes(pc.session.header.as_bytes())
+                .expect("header name checked by config validation"),
+            session_affinity: pc.session.affinity,
+            canary: pc.canary.as_ref().map(|c| Canary::new(c, &pc.name)),
+            versions,
+            nodes: replicas
+                .iter()
+                .map(|r| {
+                    let node = Node {
+                        name_hash: hash64(r.name.as_bytes()),
+                        weight: r.weight,
+                    };
+                    (r.id, node)
+                })
+                .collect(),
+            indexes: Arc::new(indexes),
+            tiers: PoolTiers::build(config, replicas),
+        }
+    }
+
+    /// Whether no eligible replica among `replicas` has room.
+    pub fn all_saturated(&self, replicas: &[Arc<Replica>], now_ms: u64) -> bool {
+        !replicas.iter().any(|r| {
+            r.is_eligible_at(now_ms)
+                && !is_saturated(
+                    r,
+                    &ReplicaView::at(r, now_ms),
+                    &self.saturation,
+                    self.max_age_ms,
+                )
+        })
+    }
+
+    /// The prefix index of a replica (`cache` mode only).
+    pub fn index(&self, id: ReplicaId) -> Option<&Arc<BlockIndex>> {
+        self.indexes.get(&id)
+    }
+
+    /// Routes one request among the pool's `replicas`. `random` decides the
+    /// version of a request without a sticky key. Err: a bad request (an
+    /// unknown forced version).
+    pub fn route(
+        &self,
+        replicas: &[Arc<Replica>],
+        input: &RouteInput<'_>,
+        random: u64,
+        now_ms: u64,
+        metrics: &RoutingMetrics,
+    ) -> Result<Decision, String> {
+        let mut d = Decision::default();
+        let mut cands: Vec<Arc<Replica>> = replicas
+            .iter()
+            .filter(|r| r.is_eligible_at(now_ms))
+            .cloned()
+            .collect();
+        let session = header(input.headers, &self.session_header);
+        if let Some(canary) = &self.canary {
+            let keys = StickyKeys {
+                user: input.user,
+                session,
+                api_key: crate::gateway::keys::presented_key(input.headers),
+            };
+            let choice = canary.choose(header(input.headers, &canary.header), &keys, random)?;
+            let version = Arc::clone(choice.version());
+            let ids: Vec<ReplicaId> = replicas
+                .iter()
+                .filter(|r| self.versions.get(&r.id) == Some(&version))
+                .map(|r| r.id)
+                .collect();
+            let forced = matches!(choice, Choice::Forced(_));
+            if forced || cands.iter().any(|r| ids.contains(&r.id)) {
+                cands.retain(|r| ids.contains(&r.id));
+                d.allowed = Some(ids);
+                d.version = Some(version);
+                d.branches.push(match choice {
+                    Choice::Forced(_) => RouteBranch::VersionForced,
+                    Choice::Sticky(..) => RouteBranch::Canary,
+                    Choice::Random(_) => RouteBranch::CanaryRandom,
+                });
+            } else {
+                d.branches.push(RouteBranch::CanaryFallback);
+            }
+        }
+        let views: HashMap<ReplicaId, ReplicaView> = cands
+            .iter()
+            .map(|r| (r.id, ReplicaView::at(r, now_ms)))
+            .collect();
+        let saturated = |r: &Replica| {
+            views
+                .get(&r.id)
+                .is_some_and(|v| is_saturated(r, v, &self.saturation, self.max_age_ms))
+        };
+        let (tier_ids, tier_branch) = self.tiers.select(input.tier, &cands, saturated);
+        if let Some(ids) = tier_ids {
+            cands.retain(|r| ids.contains(&r.id));
+            d.allowed = Some(match d.allowed.take() {
+                Some(prev) => prev.into_iter().filter(|id| ids.contains(id)).collect(),
+                None => ids,
+            });
+        }
+        d.branches.extend(tier_branch);
+        if cands.is_empty() {
+            return Ok(d);
+        }
+        if self.session_affinity
+            && let Some(s) = session.filter(|s| !s.is_empty())
+        {
+            let key = hash64(s.as_bytes());
+            self.prefer_by_rendezvous(&mut d, &cands, key, &saturated, RouteBranch::Session);
+            return Ok(d);
+        }
+        match self.prefix.mode {
+            PrefixMode::Off => {}
+            PrefixMode::Hash => match self.hash_key(input) {
+                Some(key) => self.prefer_by_rendezvous(
+                    &mut d,
+                    &cands,
+                    key,
+                    &saturated,
+                    RouteBranch::PrefixHit,
+                ),
+                None => d.branches.push(RouteBranch::PrefixNone),
+            },
+            PrefixMode::Cache => self.prefer_by_cache(&mut d, &cands, &views, input, metrics),
+        }
+        Ok(d)
+    }
+
+    /// `hash` mode's key: the system prompt, else the first tokens.
+    fn hash_key(&self, input: &RouteInput<'_>) -> Option<u64> {
+        let mut bytes = input.model.as_bytes().to_vec();
+        bytes.push(0);
+        match (self.prefix.key, input.prompt.system()) {
+            (HashKey::System, Some(system)) => bytes.extend_from_slice(system.as_bytes()),
+            _ => {
+                let tokens = tokenize(&input.prompt.render());
+                if tokens.is_empty() {
+                    return None;
+                }
+                for t in tokens.iter().take(self.prefix.tokens) {
+                    bytes.extend_from_slice(&t.to_le_bytes());
+                }
+            }
+        }
+        Some(hash64(&bytes))
+    }
+
+    /// Prefers the key's first unsaturated replica in rendezvous order.
+    fn prefer_by_rendezvous(
+        &self,
+        d: &mut Decision,
+        cands: &[Arc<Replica>],
+        key: u64,
+        saturated: &dyn Fn(&Replica) -> bool,
+        hit: RouteBranch,
+    ) {
+        let nodes: Vec<Node> = cands.iter().map(|r| self.nodes[&r.id]).collect();
+        match rendezvous::first_acceptable(key, &nodes, |i| !saturated(&cands[i])) {
+            Some((i, rank)) => {
+                d.preferred = Some(vec![cands[i].id]);
+                d.branches.push(match (hit, rank) {
+                    (RouteBranch::Session, 0) => RouteBranch::Session,
+                    (RouteBranch::Session, _) => RouteBranch::SessionOverflow,
+                    (_, 0) => RouteBranch::PrefixHit,
+                    _ => RouteBranch::PrefixOverflow,
+                });
+            }
+            None => d.branches.push(RouteBranch::Saturated),
+        }
+    }
+
+    /// `cache` mode: the candidate with the lowest expected time to first token.
+    fn prefer_by_cache(
+        &self,
+        d: &mut Decision,
+        cands: &[Arc<Replica>],
+        views: &HashMap<ReplicaId, ReplicaView>,
+        input: &RouteInput<'_>,
+        metrics: &RoutingMetrics,
+    ) {
+        let block = self.prefix.block_size;
+        let (blocks, prompt_tokens) = prompt_blocks(input.model, input.prompt, block);
+        if blocks.is_empty() {
+            d.branches.push(RouteBranch::PrefixNone);
+            return;
+        }
+        let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
+        let (ahead, _) = score::requests_ahead(&ordered, self.max_age_ms);
+        let nodes: Vec<Node> = cands.iter().map(|r| self.nodes[&r.id]).collect();
+        let order = rendezvous::order(blocks[0], &nodes);
+        let mut rank = vec![0; cands.len()];
+        for (pos, &i) in order.iter().enumerate() {
+            rank[i] = pos;
+        }
+        let matched: Vec<usize> = cands
+            .iter()
+            .map(|r| match self.indexes.get(&r.id) {
+                Some(index) => {
+                    let counter = r.load_snapshot().and_then(|s| s.prefix_cache_queries);
+                    if index.observe_counter(counter) {
+                        metrics
+                            .index_resets
+                            .with_label_values(&[&self.pool, &r.name])
+                            .inc();
+                        tracing::info!(pool = %self.pool, replica = %r.name, "replica restarted: its prefix index was cleared");
+                    }
+                    index.matched(&blocks)
+                }
+                None => 0,
+            })
+            .collect();
+        let scored: Vec<Candidate> = (0..cands.len())
+            .map(|i| Candidate {
+                ahead: ahead[i],
+                cached_tokens: (matched[i] * block) as u64,
+                rank: rank[i],
+            })
+            .collect();
+        let Some((i, _)) = score::best(&self.cost, prompt_tokens as u64, &scored) else {
+            return;
+        };
+        let most = matched.iter().copied().max().unwrap_or(0);
+        d.branches.push(if most == 0 {
+            RouteBranch::PrefixMiss
+        } else if matched[i] == most {
+            RouteBranch::PrefixHit
+        } else {
+            RouteBranch::PrefixOverflow
+        });
+        d.preferred = Some(vec![cands[i].id]);
+        d.record = Some((Arc::clone(&self.indexes), blocks));
+    }
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
