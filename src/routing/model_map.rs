@@ -53,6 +53,17 @@ impl ModelMap {
         self.by_model.get(model).copied()
     }
 
+    /// Aliases and the pool each leads to, in name order.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, usize)> {
+        let mut list: Vec<(&str, usize)> = self
+            .aliases
+            .iter()
+            .filter_map(|(a, t)| self.by_model.get(t).map(|p| (a.as_str(), *p)))
+            .collect();
+        list.sort();
+        list.into_iter()
+    }
+
     pub fn resolve(&self, model: &str) -> Option<Resolved<'_>> {
         if let Some(&pool) = self.by_model.get(model) {
             return Some(Resolved {

@@ -69,9 +69,9 @@ pub struct RouteInput<'a> {
 /// The routing stage's answer for one request.
 #[derive(Debug, Default)]
 pub struct Decision {
-    /// Only these replicas may serve the request (`None`: any).
+    /// Only these replicas may serve the request (`None`: any). Sorted.
     pub allowed: Option<Vec<ReplicaId>>,
-    /// Try these first (`None`: no preference).
+    /// Try these first (`None`: no preference). Sorted.
     pub preferred: Option<Vec<ReplicaId>>,
     /// Every step that acted, in order.
     pub branches: Vec<RouteBranch>,
@@ -88,16 +88,16 @@ impl Decision {
         let allowed: Vec<Arc<Replica>> = match &self.allowed {
             Some(ids) => eligible
                 .into_iter()
-                .filter(|r| ids.contains(&r.id))
+                .filter(|r| contains(ids, r.id))
                 .collect(),
             None => eligible,
         };
         if let Some(pref) = &self.preferred
-            && allowed.iter().any(|r| pref.contains(&r.id))
+            && allowed.iter().any(|r| contains(pref, r.id))
         {
             return allowed
                 .into_iter()
-                .filter(|r| pref.contains(&r.id))
+                .filter(|r| contains(pref, r.id))
                 .collect();
         }
         allowed
@@ -222,14 +222,15 @@ impl Router {
             };
             let choice = canary.choose(header(input.headers, &canary.header), &keys, random)?;
             let version = Arc::clone(choice.version());
-            let ids: Vec<ReplicaId> = replicas
+            let mut ids: Vec<ReplicaId> = replicas
                 .iter()
                 .filter(|r| self.versions.get(&r.id) == Some(&version))
                 .map(|r| r.id)
                 .collect();
+            ids.sort_unstable();
             let forced = matches!(choice, Choice::Forced(_));
-            if forced || cands.iter().any(|r| ids.contains(&r.id)) {
-                cands.retain(|r| ids.contains(&r.id));
+            if forced || cands.iter().any(|r| contains(&ids, r.id)) {
+                cands.retain(|r| contains(&ids, r.id));
                 d.allowed = Some(ids);
                 d.version = Some(version);
                 d.branches.push(match choice {
@@ -251,10 +252,11 @@ impl Router {
                 .is_some_and(|v| is_saturated(r, v, &self.saturation, self.max_age_ms))
         };
         let (tier_ids, tier_branch) = self.tiers.select(input.tier, &cands, saturated);
-        if let Some(ids) = tier_ids {
-            cands.retain(|r| ids.contains(&r.id));
+        if let Some(mut ids) = tier_ids {
+            ids.sort_unstable();
+            cands.retain(|r| contains(&ids, r.id));
             d.allowed = Some(match d.allowed.take() {
-                Some(prev) => prev.into_iter().filter(|id| ids.contains(id)).collect(),
+                Some(prev) => prev.into_iter().filter(|id| contains(&ids, *id)).collect(),
                 None => ids,
             });
         }
@@ -392,6 +394,218 @@ impl Router {
     }
 }
 
+/// Membership in a sorted id list.
+fn contains(sorted: &[ReplicaId], id: ReplicaId) -> bool {
+    sorted.binary_search(&id).is_ok()
+}
+
 fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::AdmissionMetrics;
+    use crate::routing::Topology;
+    use crate::telemetry::Metrics;
+
+    fn topology(text: &str) -> (Topology, RoutingMetrics) {
+        let config = crate::config::parse(text).unwrap();
+        let metrics = Metrics::new();
+        let admission = AdmissionMetrics::new(metrics.registry());
+        let routing = RoutingMetrics::new(metrics.registry());
+        (
+            Topology::build(&config, &metrics, &admission, None),
+            routing,
+        )
+    }
+
+    fn replicas(n: usize, extra: impl Fn(usize) -> String) -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[pools.replicas]]\nurl = \"http://127.0.0.1:{}\"\nname = \"r{i}\"\n{}\n",
+                    i + 1,
+                    extra(i)
+                )
+            })
+            .collect()
+    }
+
+    fn input<'a>(
+        headers: &'a HeaderMap,
+        user: Option<&'a str>,
+        prompt: Prompt<'a>,
+    ) -> RouteInput<'a> {
+        RouteInput {
+            model: "m",
+            user,
+            headers,
+            tier: None,
+            prompt,
+        }
+    }
+
+    #[test]
+    fn canary_falls_back_when_the_version_is_down_but_forced_does_not() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.canary]\nweights = {{ v1 = 0, v2 = 100 }}\n{}",
+            replicas(2, |i| format!("version = \"v{}\"", i + 1))
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&headers, Some("u"), Prompt::Text("x")),
+                0,
+                1,
+                &metrics,
+            )
+            .unwrap();
+        assert_eq!(d.branches, vec![RouteBranch::Canary]);
+        assert_eq!(d.allowed, Some(vec![pool.replicas[1].id]));
+        for _ in 0..3 {
+            pool.replicas[1].health.record(false, 3, 2);
+        }
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&headers, Some("u"), Prompt::Text("x")),
+                0,
+                1,
+                &metrics,
+            )
+            .unwrap();
+        assert_eq!(d.branches, vec![RouteBranch::CanaryFallback]);
+        assert_eq!(d.allowed, None);
+        let mut forced = HeaderMap::new();
+        forced.insert("x-llmlb-version", "v2".parse().unwrap());
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&forced, Some("u"), Prompt::Text("x")),
+                0,
+                1,
+                &metrics,
+            )
+            .unwrap();
+        assert_eq!(d.branches, vec![RouteBranch::VersionForced]);
+        assert!(d.narrow(pool.eligible()).is_empty());
+    }
+
+    #[test]
+    fn cache_mode_prefers_warm_until_its_queue_costs_more_than_the_prefill() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n{}",
+            replicas(2, |_| String::new())
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let long = "All answers must be in formal English and cite the policy section. ".repeat(60);
+        let chat = vec![
+            ("system".to_string(), long),
+            ("user".to_string(), "hello".to_string()),
+        ];
+        let route = || {
+            pool.router
+                .route(
+                    &pool.replicas,
+                    &input(&headers, None, Prompt::Chat(&chat)),
+                    0,
+                    1,
+                    &metrics,
+                )
+                .unwrap()
+        };
+        let first = route();
+        assert_eq!(first.branches, vec![RouteBranch::PrefixMiss]);
+        let home = first.preferred.clone().unwrap()[0];
+        let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        first.dispatched(home_replica);
+        let d = route();
+        assert_eq!(
+            (d.branches.clone(), d.preferred.clone()),
+            (vec![RouteBranch::PrefixHit], Some(vec![home]))
+        );
+        // Load the warm replica until a cold one is faster.
+        let mut guards = Vec::new();
+        let overflowed = loop {
+            guards.push(home_replica.acquire());
+            let d = route();
+            if d.preferred != Some(vec![home]) {
+                break d;
+            }
+            assert!(guards.len() < 200, "never overflowed");
+        };
+        assert_eq!(overflowed.branches, vec![RouteBranch::PrefixOverflow]);
+        // The cached blocks save `cached / 10,000` s of prefill; each request
+        // ahead costs 0.02 s: the warm replica loses at the first count whose
+        // queue costs at least that much (ties go by rendezvous rank).
+        let (blocks, _) = prompt_blocks("m", Prompt::Chat(&chat), 16);
+        let saving = (blocks.len() * 16) as f64 / 10_000.0;
+        let n = guards.len() as f64;
+        assert!(
+            (n - 1.0) * 0.02 <= saving + 1e-9 && n * 0.02 >= saving - 1e-9,
+            "{n} vs {saving}"
+        );
+    }
+
+    #[test]
+    fn narrow_prefers_then_falls_back_to_allowed() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
+            replicas(3, |_| String::new())
+        );
+        let (t, _) = topology(&text);
+        let ids: Vec<ReplicaId> = t.pools[0].replicas.iter().map(|r| r.id).collect();
+        let d = Decision {
+            allowed: Some(vec![ids[0], ids[1]]),
+            preferred: Some(vec![ids[1]]),
+            ..Decision::default()
+        };
+        let pick = |eligible: Vec<Arc<Replica>>| -> Vec<ReplicaId> {
+            d.narrow(eligible).iter().map(|r| r.id).collect()
+        };
+        assert_eq!(pick(t.pools[0].eligible()), vec![ids[1]]);
+        // The preferred replica was tried: the rest of the allowed set.
+        let untried: Vec<Arc<Replica>> = t.pools[0]
+            .eligible()
+            .into_iter()
+            .filter(|r| r.id != ids[1])
+            .collect();
+        assert_eq!(pick(untried), vec![ids[0]]);
+    }
+
+    #[test]
+    fn tier_pool_overflows_to_the_model_pool_only_when_saturated() {
+        let text = format!(
+            "[[tiers]]\nname = \"paid\"\npriority = \"high\"\npool = \"reserved\"\noverflow = true\n\
+             [[tiers]]\nname = \"free\"\npriority = \"low\"\n\
+             [[pools]]\nname = \"shared\"\nmodels = [\"m\"]\n{}\
+             [[pools]]\nname = \"reserved\"\nmodels = [\"m-reserved\"]\n[pools.saturation]\nmax_in_flight = 1\n\
+             [[pools.replicas]]\nurl = \"http://127.0.0.1:9\"\nname = \"gold\"\n",
+            replicas(1, |_| String::new())
+        );
+        let (t, _) = topology(&text);
+        let r = t.resolve("m", Some("paid")).unwrap();
+        assert_eq!(
+            (r.pool.name.as_str(), r.branches.clone()),
+            ("reserved", vec![RouteBranch::Tier])
+        );
+        assert_eq!(t.resolve("m", Some("free")).unwrap().pool.name, "shared");
+        assert!(t.resolve("unknown", Some("paid")).is_none());
+        let _busy = t.pools[1].replicas[0].acquire();
+        let r = t.resolve("m", Some("paid")).unwrap();
+        assert_eq!(
+            (r.pool.name.as_str(), r.branches),
+            ("shared", vec![RouteBranch::TierOverflow])
+        );
+    }
 }

@@ -130,13 +130,14 @@ impl Topology {
     /// Where a request for `model` from a caller of `tier` goes: the tier's
     /// pool when it has one (or, when that is saturated and the tier may
     /// overflow, the model's own pool), else the model's pool by name, alias
-    /// or default pool. `None`: nothing serves the model.
+    /// or default pool. `None`: nothing serves the model (a tier's pool
+    /// takes only models that some pool serves).
     pub fn resolve(&self, model: &str, tier: Option<&str>) -> Option<Resolution<'_>> {
-        let by_model = self.models.resolve(model);
-        let mut branches: Vec<RouteBranch> = by_model.iter().filter_map(|r| r.branch).collect();
-        let rewrite = by_model.as_ref().and_then(|r| r.rewrite);
+        let by_model = self.models.resolve(model)?;
+        let mut branches: Vec<RouteBranch> = by_model.branch.into_iter().collect();
+        let rewrite = by_model.rewrite;
         if let Some(&(tier_pool, overflow)) = self.tier(tier).and_then(|t| self.tier_pools.get(t)) {
-            let model_pool = by_model.as_ref().map(|r| r.pool);
+            let model_pool = Some(by_model.pool);
             let pool = &self.pools[tier_pool];
             let spill = model_pool.filter(|m| *m != tier_pool && overflow && pool.is_saturated());
             let (index, branch) = match spill {
@@ -150,12 +151,18 @@ impl Topology {
                 branches,
             });
         }
-        let r = by_model?;
         Some(Resolution {
-            pool: &self.pools[r.pool],
+            pool: &self.pools[by_model.pool],
             rewrite,
             branches,
         })
+    }
+
+    /// Aliases with their pools, in name order.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, &Pool)> {
+        self.models
+            .aliases()
+            .map(|(alias, pool)| (alias, self.pools[pool].as_ref()))
     }
 
     /// Every model name served, with its pool, in config order.

@@ -271,6 +271,7 @@ fn models(state: &AppState) -> Response<ResponseBody> {
     let topology = state.topology.load();
     let data: Vec<serde_json::Value> = topology
         .models()
+        .chain(topology.aliases())
         .map(|(model, pool)| {
             serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": pool.name})
         })
