@@ -49,7 +49,8 @@ pub struct PrefixConfig {
     /// `hash`: what is hashed.
     pub key: HashKey,
     /// `hash`: leading tokens hashed with `key = "tokens"` (or when there is
-    /// no system prompt).
+    /// no system prompt). `cache`: leading tokens whose hash orders replicas
+    /// when scores tie (a cold start).
     pub tokens: usize,
     /// `cache`: tokens per block (vLLM's default is 16).
     pub block_size: usize,

@@ -220,7 +220,8 @@ impl Router {
                 session,
                 api_key: crate::gateway::keys::presented_key(input.headers),
             };
-            let choice = canary.choose(header(input.headers, &canary.header), &keys, random)?;
+            let forced = header(input.headers, &canary.header).filter(|v| !v.is_empty());
+            let choice = canary.choose(forced, &keys, random)?;
             let version = Arc::clone(choice.version());
             let mut ids: Vec<ReplicaId> = replicas
                 .iter()
@@ -349,7 +350,11 @@ impl Router {
         let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
         let (ahead, _) = score::requests_ahead(&ordered, self.max_age_ms);
         let nodes: Vec<Node> = cands.iter().map(|r| self.nodes[&r.id]).collect();
-        let order = rendezvous::order(blocks[0], &nodes);
+        // Tie-break order: rendezvous on the chained hash of the prompt's
+        // first `prefix.tokens` tokens, so cold instances agree per prefix
+        // and prefixes that share only the chat template still spread.
+        let lead = (self.prefix.tokens / block).clamp(1, blocks.len());
+        let order = rendezvous::order(blocks[lead - 1], &nodes);
         let mut rank = vec![0; cands.len()];
         for (pos, &i) in order.iter().enumerate() {
             rank[i] = pos;
