@@ -562,6 +562,60 @@ mod tests {
         );
     }
 
+    /// The whole routing stage (real indexes, real in-flight guards) under
+    /// one dominant system prompt: 8 replicas, each request held for the
+    /// time of 80 arrivals. Once warm, no replica holds more than 1.5× the
+    /// mean in-flight load, and the prompt lives on every replica.
+    #[test]
+    fn dominant_system_prompt_is_no_hot_spot() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n{}",
+            replicas(8, |_| String::new())
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let system =
+            "You are the assistant of a large online shop; follow the policy. ".repeat(120);
+        let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
+            std::collections::VecDeque::new();
+        let mut worst: f64 = 0.0;
+        for i in 0..1_200 {
+            if held.len() == 80 {
+                held.pop_front();
+            }
+            let chat = vec![
+                ("system".to_string(), system.clone()),
+                ("user".to_string(), format!("Question number {i}?")),
+            ];
+            let d = pool
+                .router
+                .route(
+                    &pool.replicas,
+                    &input(&headers, None, Prompt::Chat(&chat)),
+                    0,
+                    1,
+                    &metrics,
+                )
+                .unwrap();
+            let id = d.preferred.as_ref().unwrap()[0];
+            let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
+            d.dispatched(r);
+            held.push_back(r.acquire());
+            if i >= 400 {
+                let loads: Vec<u64> = pool.replicas.iter().map(|r| r.in_flight()).collect();
+                let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
+                worst = worst.max(*loads.iter().max().unwrap() as f64 / mean);
+            }
+        }
+        assert!(worst <= 1.5, "max/mean in flight {worst}");
+        assert!(
+            pool.replicas
+                .iter()
+                .all(|r| !pool.router.index(r.id).unwrap().is_empty())
+        );
+    }
+
     #[test]
     fn narrow_prefers_then_falls_back_to_allowed() {
         let text = format!(
