@@ -617,6 +617,57 @@ mod tests {
     }
 
     #[test]
+    fn session_sticks_and_overflows_when_its_replica_is_saturated() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.session]\naffinity = true\n\
+             [pools.saturation]\nmax_in_flight = 1\n[pools.prefix]\nmode = \"hash\"\n{}",
+            replicas(4, |_| String::new())
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let mut headers = HeaderMap::new();
+        headers.insert("x-session-id", "conversation-9".parse().unwrap());
+        let route = || {
+            pool.router
+                .route(
+                    &pool.replicas,
+                    &input(&headers, None, Prompt::Text("hi")),
+                    0,
+                    1,
+                    &metrics,
+                )
+                .unwrap()
+        };
+        let d = route();
+        assert_eq!(d.branches, vec![RouteBranch::Session]);
+        let home = d.preferred.clone().unwrap()[0];
+        assert_eq!(route().preferred, Some(vec![home]));
+        let busy = pool
+            .replicas
+            .iter()
+            .find(|r| r.id == home)
+            .unwrap()
+            .acquire();
+        let d = route();
+        assert_eq!(d.branches, vec![RouteBranch::SessionOverflow]);
+        assert_ne!(d.preferred, Some(vec![home]));
+        drop(busy);
+        // No session header: prefix affinity (hash of the first tokens) applies.
+        let plain = HeaderMap::new();
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&plain, None, Prompt::Text("hi")),
+                0,
+                1,
+                &metrics,
+            )
+            .unwrap();
+        assert_eq!(d.branches, vec![RouteBranch::PrefixHit]);
+    }
+
+    #[test]
     fn narrow_prefers_then_falls_back_to_allowed() {
         let text = format!(
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",

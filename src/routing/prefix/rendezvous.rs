@@ -152,6 +152,40 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// For any replica set and any replica removed, a key moves only
+        /// when it lived on the removed replica, and then to its second choice.
+        #[test]
+        fn removal_moves_only_the_removed_replicas_keys(
+            names in proptest::collection::hash_set("[a-z0-9.:]{3,20}", 2..24),
+            weights in proptest::collection::vec(1u32..5, 24),
+            removed_pick in 0usize..1000,
+            key in proptest::prelude::any::<u64>(),
+        ) {
+            let all: Vec<Node> = names
+                .iter()
+                .zip(&weights)
+                .map(|(n, w)| Node { name_hash: hash64(n.as_bytes()), weight: *w })
+                .collect();
+            let removed = removed_pick % all.len();
+            let rest: Vec<Node> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != removed)
+                .map(|(_, n)| *n)
+                .collect();
+            let before = all[first(key, &all).unwrap()];
+            let after = rest[first(key, &rest).unwrap()];
+            if before == all[removed] {
+                proptest::prop_assert_eq!(after, all[order(key, &all)[1]]);
+            } else {
+                proptest::prop_assert_eq!(before, after);
+            }
+        }
+    }
+
     #[test]
     fn first_acceptable_follows_the_order() {
         let ns = nodes(5);
