@@ -90,6 +90,7 @@ async fn route(
         .resolve(&meta.model, topology.tier(tier))
         .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
         .pool;
+    let admitted_pool = pool.name.clone();
 
     let estimated = u64::from(meta.estimated_prompt_tokens())
         + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
@@ -125,10 +126,18 @@ async fn route(
         topology
     };
     let tier = topology.tier(tier);
-    let Some(resolved) = topology.resolve(&meta.model, tier) else {
+    let Some(mut resolved) = topology.resolve(&meta.model, tier) else {
         caller.refund(estimated, Instant::now());
         return Err(ApiError::ModelNotFound(meta.model.clone()));
     };
+    // A tier's overflow may have changed its mind while the request waited:
+    // stay with the pool whose queue admitted it.
+    if permit.is_some()
+        && resolved.pool.name != admitted_pool
+        && let Some(admitted) = topology.pools.iter().find(|x| x.name == admitted_pool)
+    {
+        resolved.pool = admitted;
+    }
     let pool = resolved.pool;
     let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
     let (decision, body) = match routed {
