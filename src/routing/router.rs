@@ -347,6 +347,30 @@ impl Router {
             d.branches.push(RouteBranch::PrefixNone);
             return;
         }
+        // A replica at its concurrency limit cannot take the request now,
+        // however warm: score only those with a free slot, if any has one.
+        let with_slot: Vec<Arc<Replica>> = cands
+            .iter()
+            .filter(|r| r.has_free_slot())
+            .cloned()
+            .collect();
+        // What the full replicas hold, to tell an overflow from a miss.
+        let held_by_full = if with_slot.is_empty() {
+            0
+        } else {
+            cands
+                .iter()
+                .filter(|r| !r.has_free_slot())
+                .filter_map(|r| self.indexes.get(&r.id))
+                .map(|index| index.matched(&blocks))
+                .max()
+                .unwrap_or(0)
+        };
+        let cands: &[Arc<Replica>] = if with_slot.is_empty() {
+            cands
+        } else {
+            &with_slot
+        };
         let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
         let (ahead, _) = score::requests_ahead(&ordered, self.max_age_ms);
         let nodes: Vec<Node> = cands.iter().map(|r| self.nodes[&r.id]).collect();
@@ -386,7 +410,7 @@ impl Router {
         let Some((i, _)) = score::best(&self.cost, prompt_tokens as u64, &scored) else {
             return;
         };
-        let most = matched.iter().copied().max().unwrap_or(0);
+        let most = matched.iter().copied().max().unwrap_or(0).max(held_by_full);
         d.branches.push(if most == 0 {
             RouteBranch::PrefixMiss
         } else if matched[i] == most {
@@ -665,6 +689,37 @@ mod tests {
             )
             .unwrap();
         assert_eq!(d.branches, vec![RouteBranch::PrefixHit]);
+    }
+
+    #[test]
+    fn cache_mode_skips_a_warm_replica_at_its_concurrency_limit() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nmax_inflight = 1\n[pools.prefix]\nmode = \"cache\"\n{}",
+            replicas(2, |_| String::new())
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let prompt = "Summarise the attached contract clause by clause. ".repeat(30);
+        let route = || {
+            pool.router
+                .route(
+                    &pool.replicas,
+                    &input(&headers, None, Prompt::Text(&prompt)),
+                    0,
+                    1,
+                    &metrics,
+                )
+                .unwrap()
+        };
+        let first = route();
+        let home = first.preferred.clone().unwrap()[0];
+        let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        first.dispatched(home_replica);
+        let _full = home_replica.acquire();
+        let d = route();
+        assert_ne!(d.preferred, Some(vec![home]));
+        assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
     }
 
     #[test]
