@@ -70,6 +70,16 @@ pub struct TierConfig {
     pub name: String,
     /// Name of a `[[priorities]]` level.
     pub priority: String,
+    /// Pool that serves this tier's requests, whatever their model's pool.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Names of the replicas (in any pool) reserved for this tier.
+    #[serde(default)]
+    pub replicas: Vec<String>,
+    /// When every replica of this tier is saturated, use the replicas of
+    /// lower tiers (or, with `pool`, the model's own pool).
+    #[serde(default)]
+    pub overflow: bool,
 }
 
 /// `[[keys]]`: one API key, stored only as the SHA-256 of the key (hex).

@@ -5,13 +5,16 @@
 
 mod duration;
 mod gateway;
+mod routing;
 mod schema;
 mod validate;
 mod validate_gateway;
 mod validate_load;
+mod validate_routing;
 
 pub use duration::format as format_duration;
 pub use gateway::*;
+pub use routing::*;
 pub use schema::*;
 
 use std::fmt;

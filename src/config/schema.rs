@@ -9,6 +9,7 @@ use super::gateway::{
     GatewayConfig, KeyConfig, LimitsConfig, PriorityConfig, QueueConfig, TierConfig,
     default_priorities,
 };
+use super::routing::{CanaryConfig, PrefixConfig, SaturationConfig, SessionConfig};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +30,12 @@ pub struct Config {
     /// Queue priority levels, highest first.
     #[serde(default = "default_priorities")]
     pub priorities: Vec<PriorityConfig>,
+    /// Pool for requests whose model no pool lists (unset: 404).
+    #[serde(default)]
+    pub default_pool: Option<String>,
+    /// Other names for served models: alias → model (the body is rewritten).
+    #[serde(default)]
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -137,17 +144,30 @@ pub struct PoolConfig {
     pub max_inflight: Option<u32>,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// Prefix-affinity routing.
+    #[serde(default)]
+    pub prefix: PrefixConfig,
+    /// When a replica is too busy for affinity.
+    #[serde(default)]
+    pub saturation: SaturationConfig,
+    /// Traffic split between replica versions.
+    #[serde(default)]
+    pub canary: Option<CanaryConfig>,
+    /// Session header and session affinity.
+    #[serde(default)]
+    pub session: SessionConfig,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
 }
 
 impl PoolConfig {
     /// Whether the scraper runs for this pool: as configured, else when the
-    /// balancer needs scraped load.
+    /// balancer or prefix affinity needs scraped load.
     pub fn scrape_enabled(&self) -> bool {
-        self.scrape
-            .enabled
-            .unwrap_or_else(|| self.balancer.uses_scraped_load(&self.balancing))
+        self.scrape.enabled.unwrap_or_else(|| {
+            self.balancer.uses_scraped_load(&self.balancing)
+                || self.prefix.mode != super::routing::PrefixMode::Off
+        })
     }
 }
 
@@ -346,6 +366,9 @@ pub struct ReplicaConfig {
     /// Overrides the pool's `max_inflight` for this replica.
     #[serde(default)]
     pub max_inflight: Option<u32>,
+    /// Model version the replica runs, for canary splits.
+    #[serde(default)]
+    pub version: Option<String>,
 }
 
 fn default_weight() -> u32 {

@@ -58,6 +58,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         validate_pool(&mut out, &key, pool);
     }
     super::validate_gateway::validate(config, &mut out);
+    super::validate_routing::validate(config, &mut out);
     out
 }
 

@@ -55,8 +55,20 @@ impl FleetSpec {
             replicas: args.replicas,
             seed: args.seed,
             top: String::new(),
-            pool: format!("balancer = {balancer:?}\n"),
+            pool: pool_keys(balancer),
         })
+    }
+}
+
+/// The pool keys of one demo run: a balancer name, or `hash` / `cache` for
+/// prefix-affinity routing (`[pools.prefix] mode`) in front of
+/// `least_connections`.
+fn pool_keys(name: &str) -> String {
+    match name {
+        "hash" | "cache" => {
+            format!("balancer = \"least_connections\"\n[pools.prefix]\nmode = {name:?}\n")
+        }
+        balancer => format!("balancer = {balancer:?}\n"),
     }
 }
 

@@ -51,7 +51,8 @@ pub struct DemoArgs {
     /// Arrival rate (requests per second, Poisson).
     #[arg(long, default_value_t = 12.0)]
     pub rate: f64,
-    /// Balancers to compare, in order (comma-separated).
+    /// Balancers to compare, in order (comma-separated); `hash` and `cache`
+    /// run prefix-affinity routing (see docs/ROUTING.md).
     #[arg(
         long,
         value_delimiter = ',',

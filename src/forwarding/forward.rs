@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
-use crate::routing::{Failure, Pool};
+use crate::routing::{Decision, Failure, Pool};
 use crate::server::ApiError;
 use crate::telemetry::Metrics;
 
@@ -28,6 +28,8 @@ pub struct ForwardRequest<'a> {
     /// The original request body, unchanged.
     pub body: Bytes,
     pub info: RequestInfo<'a>,
+    /// The routing stage's limits and preference among the pool's replicas.
+    pub route: &'a Decision,
     pub request_id: &'a HeaderValue,
     pub client_ip: Option<IpAddr>,
     pub start: Instant,
@@ -43,11 +45,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     let mut tried: Vec<ReplicaId> = Vec::new();
     let max_attempts = pool.retries + 1;
     loop {
-        let candidates: Vec<Arc<Replica>> = pool
+        let untried: Vec<Arc<Replica>> = pool
             .eligible()
             .into_iter()
             .filter(|r| !tried.contains(&r.id))
             .collect();
+        let candidates = req.route.narrow(untried);
         // Under a concurrency limit, prefer replicas with a free slot.
         let free: Vec<Arc<Replica>> = candidates
             .iter()
@@ -75,9 +78,11 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         pool.record_branch(pick.branch, req.metrics);
         let replica = &candidates[pick.index];
         tried.push(replica.id);
+        req.route.dispatched(replica);
         tracing::debug!(
             pool = %pool.name,
             replica = %replica.name,
+            route = %req.route.route_label(),
             branch = pick.branch.as_str(),
             attempt = tried.len(),
             "dispatch"

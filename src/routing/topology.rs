@@ -1,9 +1,12 @@
-//! The live topology: pools, their replicas and the model → pool index.
+//! The live topology: pools, their replicas and routers, and how a model
+//! name (and the caller's tier) leads to a pool.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use super::model_map::ModelMap;
+use super::{RouteBranch, Router};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
 use crate::balancing::{self, Balancer, BalancerParams, Replica};
 use crate::config::{
@@ -11,6 +14,7 @@ use crate::config::{
 };
 use crate::forwarding::UpstreamClient;
 use crate::telemetry::Metrics;
+use crate::telemetry::clock::now_millis;
 
 /// A set of interchangeable replicas serving the same models.
 #[derive(Debug)]
@@ -31,6 +35,8 @@ pub struct Pool {
     pub client: UpstreamClient,
     /// The pool's central queue, when replicas have concurrency limits.
     pub admission: Option<Admission>,
+    /// Canary, tier and affinity routing among the replicas.
+    pub router: Router,
 }
 
 impl Pool {
@@ -47,12 +53,30 @@ impl Pool {
     pub fn is_ready(&self) -> bool {
         self.replicas.iter().any(|r| r.is_eligible())
     }
+
+    /// Whether no eligible replica has room (or none is eligible).
+    pub fn is_saturated(&self) -> bool {
+        self.router.all_saturated(&self.replicas, now_millis())
+    }
+}
+
+/// Where a request goes: its pool, the model name to write into the body
+/// (aliases), and the routing steps taken so far.
+#[derive(Debug)]
+pub struct Resolution<'a> {
+    pub pool: &'a Arc<Pool>,
+    pub rewrite: Option<&'a str>,
+    pub branches: Vec<RouteBranch>,
 }
 
 #[derive(Debug)]
 pub struct Topology {
     pub pools: Vec<Arc<Pool>>,
-    by_model: HashMap<String, usize>,
+    models: ModelMap,
+    /// Tier → (pool index, may overflow to the model's pool).
+    tier_pools: HashMap<String, (usize, bool)>,
+    /// The tier of requests that name none.
+    default_tier: Option<String>,
 }
 
 impl Topology {
@@ -66,8 +90,7 @@ impl Topology {
         previous: Option<&Topology>,
     ) -> Topology {
         let mut pools = Vec::with_capacity(config.pools.len());
-        let mut by_model = HashMap::new();
-        for (i, pc) in config.pools.iter().enumerate() {
+        for pc in &config.pools {
             let old = previous.and_then(|t| t.pools.iter().find(|p| p.name == pc.name));
             pools.push(Arc::new(build_pool(
                 config,
@@ -76,16 +99,70 @@ impl Topology {
                 admission_metrics,
                 old.map(|p| p.as_ref()),
             )));
-            for m in &pc.models {
-                by_model.insert(m.clone(), i);
-            }
         }
-        Topology { pools, by_model }
+        let tier_pools = config
+            .tiers
+            .iter()
+            .filter_map(|t| {
+                let pool = t.pool.as_ref()?;
+                let i = config.pools.iter().position(|p| &p.name == pool)?;
+                Some((t.name.clone(), (i, t.overflow)))
+            })
+            .collect();
+        Topology {
+            pools,
+            models: ModelMap::build(config),
+            tier_pools,
+            default_tier: config.gateway.default_tier.clone(),
+        }
     }
 
-    /// The pool that serves `model`.
+    /// The pool that lists `model` (no aliases, no default pool).
     pub fn pool_for(&self, model: &str) -> Option<&Arc<Pool>> {
-        self.by_model.get(model).map(|&i| &self.pools[i])
+        self.models.served(model).map(|i| &self.pools[i])
+    }
+
+    /// The caller's tier, or the configured default tier.
+    pub fn tier<'a>(&'a self, caller_tier: Option<&'a str>) -> Option<&'a str> {
+        caller_tier.or(self.default_tier.as_deref())
+    }
+
+    /// Where a request for `model` from a caller of `tier` goes: the tier's
+    /// pool when it has one (or, when that is saturated and the tier may
+    /// overflow, the model's own pool), else the model's pool by name, alias
+    /// or default pool. `None`: nothing serves the model (a tier's pool
+    /// takes only models that some pool serves).
+    pub fn resolve(&self, model: &str, tier: Option<&str>) -> Option<Resolution<'_>> {
+        let by_model = self.models.resolve(model)?;
+        let mut branches: Vec<RouteBranch> = by_model.branch.into_iter().collect();
+        let rewrite = by_model.rewrite;
+        if let Some(&(tier_pool, overflow)) = self.tier(tier).and_then(|t| self.tier_pools.get(t)) {
+            let model_pool = Some(by_model.pool);
+            let pool = &self.pools[tier_pool];
+            let spill = model_pool.filter(|m| *m != tier_pool && overflow && pool.is_saturated());
+            let (index, branch) = match spill {
+                Some(m) => (m, RouteBranch::TierOverflow),
+                None => (tier_pool, RouteBranch::Tier),
+            };
+            branches.push(branch);
+            return Some(Resolution {
+                pool: &self.pools[index],
+                rewrite,
+                branches,
+            });
+        }
+        Some(Resolution {
+            pool: &self.pools[by_model.pool],
+            rewrite,
+            branches,
+        })
+    }
+
+    /// Aliases with their pools, in name order.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, &Pool)> {
+        self.models
+            .aliases()
+            .map(|(alias, pool)| (alias, self.pools[pool].as_ref()))
     }
 
     /// Every model name served, with its pool, in config order.
@@ -136,6 +213,7 @@ fn build_pool(
         .collect();
     let old_queue = old.and_then(|p| p.admission.as_ref());
     let admission = queue_for(config, pc, &replicas, admission_metrics, old_queue);
+    let router = Router::build(config, pc, &replicas, old.map(|p| &p.router));
     Pool {
         name: pc.name.clone(),
         models: pc.models.clone(),
@@ -150,6 +228,7 @@ fn build_pool(
         stale_fallback: AtomicBool::new(false),
         client: crate::forwarding::client(&pc.timeouts),
         admission,
+        router,
     }
 }
 

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
-use super::request::{extract, read_body};
+use super::request::{RequestMeta, extract, read_body};
 use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
@@ -19,6 +19,9 @@ use crate::forwarding::{
     ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
 };
 use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
+use crate::routing::model_map::rewrite_model;
+use crate::routing::{Decision, Prompt, Resolution, RouteInput, VersionRecord};
+use crate::telemetry::clock::now_millis;
 
 /// Inference endpoints llmlb routes by `model`.
 const INFERENCE_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -82,9 +85,12 @@ async fn route(
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
     let meta = extract(&bytes)?;
     let topology = state.topology.load();
+    let tier = caller.tier.as_deref();
     let pool = topology
-        .pool_for(&meta.model)
-        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+        .resolve(&meta.model, topology.tier(tier))
+        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
+        .pool;
+    let admitted_pool = pool.name.clone();
 
     let estimated = u64::from(meta.estimated_prompt_tokens())
         + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
@@ -119,9 +125,27 @@ async fn route(
     } else {
         topology
     };
-    let Some(pool) = topology.pool_for(&meta.model) else {
+    let tier = topology.tier(tier);
+    let Some(mut resolved) = topology.resolve(&meta.model, tier) else {
         caller.refund(estimated, Instant::now());
         return Err(ApiError::ModelNotFound(meta.model.clone()));
+    };
+    // A tier's overflow may have changed its mind while the request waited:
+    // stay with the pool whose queue admitted it.
+    if permit.is_some()
+        && resolved.pool.name != admitted_pool
+        && let Some(admitted) = topology.pools.iter().find(|x| x.name == admitted_pool)
+    {
+        resolved.pool = admitted;
+    }
+    let pool = resolved.pool;
+    let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
+    let (decision, body) = match routed {
+        Ok(r) => r,
+        Err(err) => {
+            caller.refund(estimated, Instant::now());
+            return Err(err);
+        }
     };
 
     let mut headers = parts.headers;
@@ -136,13 +160,14 @@ async fn route(
         method: parts.method.clone(),
         path_and_query,
         headers,
-        body: bytes.clone(),
+        body,
         info: RequestInfo {
-            model: &meta.model,
+            model: resolved.rewrite.unwrap_or(&meta.model),
             prompt_tokens: meta.estimated_prompt_tokens(),
             max_tokens: meta.max_tokens,
             user: meta.user.as_deref(),
         },
+        route: &decision,
         request_id,
         client_ip: Some(peer.ip()),
         start,
@@ -153,9 +178,18 @@ async fn route(
     let resp = match forwarded {
         Ok(resp) => resp,
         Err(err) => {
+            if let Some(v) = &decision.version {
+                state
+                    .routing_metrics
+                    .record_version(&pool.name, v, err.status().as_u16(), start);
+            }
             caller.refund(estimated, Instant::now());
             return Err(err);
         }
+    };
+    let resp = match &decision.version {
+        Some(v) => with_version(resp, state, &pool.name, v, start),
+        None => resp,
     };
     if permit.is_none() && caller.key.is_none() {
         return Ok(resp);
@@ -168,11 +202,86 @@ async fn route(
     Ok(resp.map(|body| AdmittedBody::new(body, permit, Some(settlement)).boxed_unsync()))
 }
 
+/// The routing stage within the chosen pool: the request's decision, and
+/// the body to send (with the served model name when an alias was used).
+fn route_within(
+    state: &AppState,
+    resolved: &Resolution<'_>,
+    meta: &RequestMeta,
+    headers: &http::HeaderMap,
+    tier: Option<&str>,
+    bytes: &bytes::Bytes,
+) -> Result<(Decision, bytes::Bytes), ApiError> {
+    let pool = resolved.pool;
+    let body = match resolved.rewrite {
+        Some(model) => rewrite_model(bytes, model).map_err(ApiError::BadRequest)?,
+        None => bytes.clone(),
+    };
+    let prompt = match &meta.messages {
+        Some(m) => Prompt::Chat(m),
+        None => Prompt::Text(&meta.prompt_text),
+    };
+    let input = RouteInput {
+        model: resolved.rewrite.unwrap_or(&meta.model),
+        user: meta.user.as_deref(),
+        headers,
+        tier,
+        prompt,
+    };
+    let decision = pool
+        .router
+        .route(
+            &pool.replicas,
+            &input,
+            rand::random(),
+            now_millis(),
+            &state.routing_metrics,
+        )
+        .map_err(ApiError::BadRequest)?;
+    state
+        .routing_metrics
+        .record_branches(&pool.name, &resolved.branches);
+    state
+        .routing_metrics
+        .record_branches(&pool.name, &decision.branches);
+    Ok((decision, body))
+}
+
+/// Tags the response with its canary version and records the version's
+/// outcome when the body ends or is dropped.
+fn with_version(
+    resp: Response<ResponseBody>,
+    state: &AppState,
+    pool: &str,
+    version: &Arc<str>,
+    start: Instant,
+) -> Response<ResponseBody> {
+    let record = VersionRecord {
+        metrics: state.routing_metrics.clone(),
+        pool: pool.to_string(),
+        version: Arc::clone(version),
+        status: resp.status().as_u16(),
+        start,
+    };
+    let (mut parts, body) = resp.into_parts();
+    if let Ok(v) = HeaderValue::from_str(version) {
+        parts.headers.insert("x-llmlb-version", v);
+    }
+    let body = body
+        .map_frame(move |frame| {
+            let _record = &record;
+            frame
+        })
+        .boxed_unsync();
+    Response::from_parts(parts, body)
+}
+
 /// `GET /v1/models`, answered from the config.
 fn models(state: &AppState) -> Response<ResponseBody> {
     let topology = state.topology.load();
     let data: Vec<serde_json::Value> = topology
         .models()
+        .chain(topology.aliases())
         .map(|(model, pool)| {
             serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": pool.name})
         })

@@ -36,6 +36,7 @@ pub struct AppState {
     pub draining: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
     pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
+    pub routing_metrics: crate::routing::RoutingMetrics,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -54,6 +55,7 @@ impl AppState {
             &shared_limit_metrics,
         );
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
+        let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
@@ -63,6 +65,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             reload_metrics,
             shared_limit_metrics,
+            routing_metrics,
             config_path: std::sync::OnceLock::new(),
         })
     }

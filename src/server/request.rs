@@ -20,6 +20,9 @@ pub struct RequestMeta {
     /// The prompt as plain text: chat messages rendered in order, or the
     /// completion prompt, or the embedding input.
     pub prompt_text: String,
+    /// Chat messages as `(role, text)`, for prefix routing (`None` for
+    /// completions and embeddings).
+    pub messages: Option<Vec<(String, String)>>,
 }
 
 impl RequestMeta {
@@ -98,15 +101,21 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         }
     };
     let mut prompt_text = String::new();
+    let mut chat = None;
     if let Some(messages) = &wire.messages {
+        let mut list = Vec::with_capacity(messages.len());
         for m in messages {
+            let mut text = String::new();
+            if let Some(content) = &m.content {
+                push_text(&mut text, content);
+            }
             prompt_text.push_str(&m.role);
             prompt_text.push_str(": ");
-            if let Some(content) = &m.content {
-                push_text(&mut prompt_text, content);
-            }
+            prompt_text.push_str(&text);
             prompt_text.push('\n');
+            list.push((m.role.clone(), text));
         }
+        chat = Some(list);
     } else if let Some(p) = wire.prompt.as_ref().or(wire.input.as_ref()) {
         push_text(&mut prompt_text, p);
     }
@@ -117,6 +126,7 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).map(clamp),
         user: wire.user,
         prompt_text,
+        messages: chat,
     })
 }
 
@@ -158,6 +168,9 @@ mod tests {
         assert_eq!(m.max_tokens, Some(7));
         assert_eq!(m.user.as_deref(), Some("u1"));
         assert_eq!(m.prompt_text, "system: Be brief.\nuser: Hi\n");
+        let messages = m.messages.unwrap();
+        assert_eq!(messages[0], ("system".to_string(), "Be brief.".to_string()));
+        assert_eq!(messages[1], ("user".to_string(), "Hi".to_string()));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct MetricNames {
     /// An info gauge whose `num_gpu_blocks` and `block_size` labels give the
     /// KV capacity in tokens.
     pub cache_info: Option<String>,
+    /// The cumulative prefix-cache lookup counter (restart detection).
+    pub prefix_cache_queries: Vec<String>,
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -32,6 +34,11 @@ impl MetricNames {
             waiting: names(&["vllm:num_requests_waiting"]),
             kv_usage: names(&["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]),
             cache_info: Some("vllm:cache_config_info".into()),
+            prefix_cache_queries: names(&[
+                "vllm:prefix_cache_queries_total",
+                "vllm:gpu_prefix_cache_queries_total",
+                "vllm:prefix_cache_queries",
+            ]),
         }
     }
 
@@ -41,6 +48,7 @@ impl MetricNames {
             waiting: names(&["sglang:num_queue_reqs"]),
             kv_usage: names(&["sglang:token_usage"]),
             cache_info: None,
+            prefix_cache_queries: Vec::new(),
         }
     }
 
@@ -53,6 +61,7 @@ impl MetricNames {
                 waiting: scrape.metrics.waiting.clone(),
                 kv_usage: scrape.metrics.kv_usage.clone(),
                 cache_info: None,
+                prefix_cache_queries: Vec::new(),
             },
         }
     }

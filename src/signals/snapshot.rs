@@ -15,6 +15,9 @@ pub struct LoadSnapshot {
     pub kv_usage: Option<f64>,
     /// KV capacity in tokens, when the replica reports it.
     pub kv_capacity_tokens: Option<u64>,
+    /// The cumulative prefix-cache lookup counter (tokens), summed over
+    /// engines: a drop means the replica restarted and lost its cache.
+    pub prefix_cache_queries: Option<f64>,
     /// When it was taken, on the process clock (`telemetry::clock::now_millis`).
     pub taken_at_ms: u64,
 }
@@ -25,12 +28,14 @@ impl LoadSnapshot {
         let mut running = Acc::new(&names.running);
         let mut waiting = Acc::new(&names.waiting);
         let mut kv = Acc::new(&names.kv_usage);
+        let mut queries = Acc::new(&names.prefix_cache_queries);
         let mut capacity: Option<u64> = None;
         let cache_info = names.cache_info.as_deref();
         for s in parse::samples(text) {
             running.add(s.name, s.value);
             waiting.add(s.name, s.value);
             kv.add(s.name, s.value);
+            queries.add(s.name, s.value);
             if Some(s.name) == cache_info {
                 let blocks = s
                     .label("num_gpu_blocks")
@@ -50,6 +55,7 @@ impl LoadSnapshot {
             waiting: count(waiting.sum()),
             kv_usage: kv.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
             kv_capacity_tokens: capacity.filter(|t| *t > 0),
+            prefix_cache_queries: queries.sum().filter(|v| *v >= 0.0),
             taken_at_ms,
         }
     }
@@ -107,6 +113,16 @@ mod tests {
         let s = LoadSnapshot::from_text("other 1\n", &MetricNames::vllm(), 5);
         assert!(s.is_empty());
         assert_eq!(s.taken_at_ms, 5);
+    }
+
+    #[test]
+    fn prefix_cache_queries_summed_over_engines() {
+        let s = LoadSnapshot::from_text(
+            "vllm:prefix_cache_queries_total{engine=\"0\"} 100\nvllm:prefix_cache_queries_total{engine=\"1\"} 28\nvllm:prefix_cache_queries_created 1.7e9\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(s.prefix_cache_queries, Some(128.0));
     }
 
     #[test]

@@ -1,0 +1,166 @@
+//! Config of the routing stage: model aliases and the default pool, canary
+//! versions, session affinity, prefix affinity and the saturation thresholds
+//! that decide when affinity gives way.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// `[pools.prefix] mode`: how prompts with a shared beginning are kept together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixMode {
+    /// No prefix affinity: the balancer alone decides.
+    #[default]
+    Off,
+    /// Rendezvous hashing of the system prompt (or the first tokens).
+    Hash,
+    /// Approximate per-replica index of recently sent prompt blocks, scored
+    /// by expected time to first token.
+    Cache,
+}
+
+impl PrefixMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixMode::Off => "off",
+            PrefixMode::Hash => "hash",
+            PrefixMode::Cache => "cache",
+        }
+    }
+}
+
+/// `[pools.prefix] key`: what `hash` mode hashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HashKey {
+    /// The system prompt; requests without one use the first `tokens` tokens.
+    #[default]
+    System,
+    /// The first `tokens` tokens of the rendered prompt.
+    Tokens,
+}
+
+/// `[pools.prefix]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixConfig {
+    pub mode: PrefixMode,
+    /// `hash`: what is hashed.
+    pub key: HashKey,
+    /// `hash`: leading tokens hashed with `key = "tokens"` (or when there is
+    /// no system prompt). `cache`: leading tokens whose hash orders replicas
+    /// when scores tie (a cold start).
+    pub tokens: usize,
+    /// `cache`: tokens per block (vLLM's default is 16).
+    pub block_size: usize,
+    /// `cache`: blocks remembered per replica (about 48 bytes each).
+    pub max_blocks_per_replica: usize,
+    /// `cache`: a replica's prefill throughput, in tokens per second.
+    pub prefill_tokens_per_second: f64,
+    /// `cache`: time to first token each request already on a replica
+    /// (running or waiting) adds, in seconds.
+    pub seconds_per_request_ahead: f64,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            mode: PrefixMode::Off,
+            key: HashKey::System,
+            tokens: 256,
+            block_size: 16,
+            max_blocks_per_replica: 65_536,
+            prefill_tokens_per_second: 10_000.0,
+            seconds_per_request_ahead: 0.02,
+        }
+    }
+}
+
+/// `[pools.saturation]`: when a replica counts as too busy for affinity
+/// (prefix and session affinity overflow, tier overflow).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SaturationConfig {
+    /// Waiting requests inside the replica (scraped, corrected by what llmlb
+    /// sent and saw finish since) above which it is saturated.
+    pub max_queue: u64,
+    /// Requests in flight from llmlb at or above which it is saturated
+    /// (unset: no local bound). A replica at its `max_inflight` always is.
+    pub max_in_flight: Option<u64>,
+}
+
+impl Default for SaturationConfig {
+    fn default() -> Self {
+        SaturationConfig {
+            max_queue: 8,
+            max_in_flight: None,
+        }
+    }
+}
+
+/// Where a canary's sticky key comes from, in order of preference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StickySource {
+    /// The request body's `user` field.
+    User,
+    /// The pool's session header (`[pools.session] header`).
+    Session,
+    /// The presented API key (hashed; never stored).
+    ApiKey,
+}
+
+impl StickySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StickySource::User => "user",
+            StickySource::Session => "session",
+            StickySource::ApiKey => "api_key",
+        }
+    }
+}
+
+/// `[pools.canary]`: traffic split between replica versions.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryConfig {
+    /// Version → relative weight, e.g. `{ v1 = 95, v2 = 5 }`.
+    pub weights: BTreeMap<String, u32>,
+    /// Sticky key sources, first present wins.
+    #[serde(default = "default_sticky")]
+    pub sticky: Vec<StickySource>,
+    /// Header that forces a version.
+    #[serde(default = "default_version_header")]
+    pub header: String,
+}
+
+fn default_sticky() -> Vec<StickySource> {
+    vec![
+        StickySource::User,
+        StickySource::Session,
+        StickySource::ApiKey,
+    ]
+}
+
+fn default_version_header() -> String {
+    "x-llmlb-version".into()
+}
+
+/// `[pools.session]`: the session header, for canary stickiness and, with
+/// `affinity = true`, to keep a session on one replica.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    pub header: String,
+    pub affinity: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            header: "x-session-id".into(),
+            affinity: false,
+        }
+    }
+}

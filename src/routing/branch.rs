@@ -1,0 +1,74 @@
+//! Why the routing stage narrowed the candidates the way it did. Each step
+//! that acted adds its branch; every branch becomes a metric label and the
+//! request's `route` tracing field.
+
+/// One routing step's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteBranch {
+    /// The model was named by an alias.
+    Alias,
+    /// No pool lists the model: the default pool took it.
+    DefaultPool,
+    /// The canary split chose the version, sticky by a request key.
+    Canary,
+    /// The canary split chose at random (the request had no sticky key).
+    CanaryRandom,
+    /// The chosen version had no eligible replica: any version serves.
+    CanaryFallback,
+    /// The version header forced the version.
+    VersionForced,
+    /// The request's tier kept it on its own replicas or pool.
+    Tier,
+    /// The tier's own replicas (or pool) were saturated: lower tiers' took it.
+    TierOverflow,
+    /// Session affinity: the session's replica.
+    Session,
+    /// The session's replica was saturated: the next in its order.
+    SessionOverflow,
+    /// Prefix affinity found the replica holding the prefix (or its first
+    /// choice in hash mode).
+    PrefixHit,
+    /// The prefix's replica was saturated: the next in its order (hash), or
+    /// a colder replica was faster (cache).
+    PrefixOverflow,
+    /// No replica seemed to hold the prefix: the fastest cold one.
+    PrefixMiss,
+    /// The prompt was too short to have a prefix: the balancer decides.
+    PrefixNone,
+    /// Every candidate was saturated: affinity gave way to the balancer.
+    Saturated,
+}
+
+impl RouteBranch {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteBranch::Alias => "alias",
+            RouteBranch::DefaultPool => "default_pool",
+            RouteBranch::Canary => "canary",
+            RouteBranch::CanaryRandom => "canary_random",
+            RouteBranch::CanaryFallback => "canary_fallback",
+            RouteBranch::VersionForced => "version_forced",
+            RouteBranch::Tier => "tier",
+            RouteBranch::TierOverflow => "tier_overflow",
+            RouteBranch::Session => "session",
+            RouteBranch::SessionOverflow => "session_overflow",
+            RouteBranch::PrefixHit => "prefix_hit",
+            RouteBranch::PrefixOverflow => "prefix_overflow",
+            RouteBranch::PrefixMiss => "prefix_miss",
+            RouteBranch::PrefixNone => "prefix_none",
+            RouteBranch::Saturated => "saturated",
+        }
+    }
+}
+
+/// The branches of one request as one tracing field: `canary,prefix_hit`.
+pub fn join(branches: &[RouteBranch]) -> String {
+    let mut out = String::new();
+    for (i, b) in branches.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(b.as_str());
+    }
+    out
+}

@@ -1,0 +1,129 @@
+//! Routing metrics: decisions by branch, and per-version request counts,
+//! errors and latency so an operator can compare a canary with the rest.
+
+use std::time::Instant;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use super::RouteBranch;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+#[derive(Debug, Clone)]
+pub struct RoutingMetrics {
+    /// Routing steps that acted, by pool and branch.
+    pub decisions: IntCounterVec,
+    /// Requests by pool, version and final status.
+    pub version_requests: IntCounterVec,
+    /// Requests that ended in an error (5xx, llmlb's own 502/503/504, or a
+    /// stream cut short by the replica), by pool and version.
+    pub version_errors: IntCounterVec,
+    /// Arrival to end of response, by pool and version.
+    pub version_duration: HistogramVec,
+    /// Prefix indexes cleared because a replica restarted.
+    pub index_resets: IntCounterVec,
+}
+
+impl RoutingMetrics {
+    pub fn new(registry: &Registry) -> RoutingMetrics {
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "llmlb_routing_decisions_total",
+                "Routing steps that acted, by pool and branch.",
+            ),
+            &["pool", "branch"],
+        )
+        .expect("metric");
+        let version_requests = IntCounterVec::new(
+            Opts::new(
+                "llmlb_version_requests_total",
+                "Requests by pool, replica version and status.",
+            ),
+            &["pool", "version", "status"],
+        )
+        .expect("metric");
+        let version_errors = IntCounterVec::new(
+            Opts::new(
+                "llmlb_version_errors_total",
+                "Requests that failed (5xx from a replica or from llmlb), by pool and version.",
+            ),
+            &["pool", "version"],
+        )
+        .expect("metric");
+        let version_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "llmlb_version_request_duration_seconds",
+                "Request latency to the end of the response, by pool and version.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["pool", "version"],
+        )
+        .expect("metric");
+        let index_resets = IntCounterVec::new(
+            Opts::new(
+                "llmlb_prefix_index_resets_total",
+                "Prefix-cache indexes cleared because the replica's counters went down (a restart).",
+            ),
+            &["pool", "replica"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(version_requests.clone()),
+            Box::new(version_errors.clone()),
+            Box::new(version_duration.clone()),
+            Box::new(index_resets.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        RoutingMetrics {
+            decisions,
+            version_requests,
+            version_errors,
+            version_duration,
+            index_resets,
+        }
+    }
+
+    pub fn record_branches(&self, pool: &str, branches: &[RouteBranch]) {
+        for b in branches {
+            self.decisions.with_label_values(&[pool, b.as_str()]).inc();
+        }
+    }
+
+    /// Records one finished request of `version`.
+    pub fn record_version(&self, pool: &str, version: &str, status: u16, start: Instant) {
+        self.version_requests
+            .with_label_values(&[pool, version, &status.to_string()])
+            .inc();
+        if status >= 500 {
+            self.version_errors
+                .with_label_values(&[pool, version])
+                .inc();
+        }
+        self.version_duration
+            .with_label_values(&[pool, version])
+            .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// Records a request's version outcome once, when dropped: carried inside the
+/// response body, so the latency runs to the end of the stream (or to the
+/// moment the client went away).
+#[derive(Debug)]
+pub struct VersionRecord {
+    pub metrics: RoutingMetrics,
+    pub pool: String,
+    pub version: std::sync::Arc<str>,
+    pub status: u16,
+    pub start: Instant,
+}
+
+impl Drop for VersionRecord {
+    fn drop(&mut self) {
+        self.metrics
+            .record_version(&self.pool, &self.version, self.status, self.start);
+    }
+}

@@ -1,0 +1,175 @@
+//! An approximate record of what each replica holds in its prefix cache:
+//! the block hashes llmlb recently sent it, in a bounded LRU.
+//!
+//! It is approximate in both directions: the replica may have evicted a
+//! block llmlb still lists (its cache is smaller, or other clients used it),
+//! and it may hold blocks sent by someone else. Bounding the index to about
+//! the replica's KV capacity keeps the first error small; the scoring treats
+//! a match as "probably cached", never as a promise.
+//!
+//! A replica that restarts loses its cache: the scraper sees its cumulative
+//! `prefix_cache_queries` counter go down, and the index is cleared. A
+//! replica removed from the config takes its index with it; one that stays
+//! across a reload keeps it (the topology carries the `Arc` over).
+//!
+//! Memory: at most `capacity` entries (a hash map entry and a queue slot,
+//! about 48 bytes each). Concurrency: one mutex per replica, held only for
+//! the hash lookups of one request, never across an `.await`; requests to
+//! different replicas never contend. (A lock-free structure would buy little:
+//! lookups are a few hundred nanoseconds per request.)
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+#[derive(Debug)]
+pub struct BlockIndex {
+    inner: Mutex<Lru>,
+}
+
+#[derive(Debug)]
+struct Lru {
+    /// Block hash → stamp of its last use.
+    stamps: HashMap<u64, u64>,
+    /// Uses in order; entries whose stamp is outdated are skipped.
+    order: VecDeque<(u64, u64)>,
+    next: u64,
+    capacity: usize,
+    /// The replica's `prefix_cache_queries` counter at the last check.
+    last_counter: Option<f64>,
+}
+
+impl BlockIndex {
+    pub fn new(capacity: usize) -> BlockIndex {
+        BlockIndex {
+            inner: Mutex::new(Lru {
+                stamps: HashMap::new(),
+                order: VecDeque::new(),
+                next: 0,
+                capacity: capacity.max(1),
+                last_counter: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // A panic while holding the lock cannot leave the LRU inconsistent
+        // in a way that matters (worst case: a stale entry), so carry on.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many leading blocks of `blocks` the replica probably holds.
+    pub fn matched(&self, blocks: &[u64]) -> usize {
+        let lru = self.lock();
+        blocks
+            .iter()
+            .take_while(|h| lru.stamps.contains_key(h))
+            .count()
+    }
+
+    /// Records that `blocks` were sent to the replica (most recent use).
+    pub fn record(&self, blocks: &[u64]) {
+        let mut lru = self.lock();
+        for &h in blocks {
+            lru.touch(h);
+        }
+    }
+
+    /// Blocks currently listed.
+    pub fn len(&self) -> usize {
+        self.lock().stamps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Feeds the replica's latest `prefix_cache_queries` counter; a value
+    /// lower than the last one means the replica restarted, and the index is
+    /// cleared. Returns whether it was.
+    pub fn observe_counter(&self, value: Option<f64>) -> bool {
+        let Some(v) = value else {
+            return false;
+        };
+        let mut lru = self.lock();
+        let reset = lru.last_counter.is_some_and(|last| v < last);
+        lru.last_counter = Some(v);
+        if reset {
+            lru.stamps.clear();
+            lru.order.clear();
+        }
+        reset
+    }
+}
+
+impl Lru {
+    fn touch(&mut self, h: u64) {
+        let stamp = self.next;
+        self.next += 1;
+        self.stamps.insert(h, stamp);
+        self.order.push_back((h, stamp));
+        while self.stamps.len() > self.capacity {
+            let Some((old, s)) = self.order.pop_front() else {
+                break;
+            };
+            if self.stamps.get(&old) == Some(&s) {
+                self.stamps.remove(&old);
+            }
+        }
+        // Re-used blocks leave outdated queue entries behind: compact when
+        // they dominate, so the queue stays within a small multiple of capacity.
+        if self.order.len() > 2 * self.capacity + 64 {
+            let stamps = &self.stamps;
+            self.order.retain(|(h, s)| stamps.get(h) == Some(s));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_leading_blocks_only() {
+        let idx = BlockIndex::new(100);
+        idx.record(&[1, 2, 3]);
+        assert_eq!(idx.matched(&[1, 2, 3, 4]), 3);
+        assert_eq!(idx.matched(&[1, 9, 3]), 1);
+        assert_eq!(idx.matched(&[9, 1]), 0);
+    }
+
+    #[test]
+    fn bounded_and_least_recently_used_go_first() {
+        let idx = BlockIndex::new(4);
+        idx.record(&[1, 2, 3, 4]);
+        idx.record(&[1]); // 1 is now the most recent
+        idx.record(&[5, 6]); // evicts 2 and 3
+        assert_eq!(idx.len(), 4);
+        assert_eq!(idx.matched(&[1]), 1);
+        assert_eq!(idx.matched(&[2]), 0);
+        assert_eq!(idx.matched(&[3]), 0);
+        assert_eq!(idx.matched(&[4, 5, 6]), 3);
+    }
+
+    #[test]
+    fn queue_stays_bounded_under_reuse() {
+        let idx = BlockIndex::new(8);
+        for _ in 0..10_000 {
+            idx.record(&[1, 2, 3]);
+        }
+        let lru = idx.lock();
+        assert!(lru.order.len() <= 2 * 8 + 64 + 3);
+        assert_eq!(lru.stamps.len(), 3);
+    }
+
+    #[test]
+    fn counter_going_down_clears_the_index() {
+        let idx = BlockIndex::new(16);
+        idx.record(&[1, 2]);
+        assert!(!idx.observe_counter(Some(100.0)));
+        assert!(!idx.observe_counter(None));
+        assert!(!idx.observe_counter(Some(250.0)));
+        assert_eq!(idx.len(), 2);
+        assert!(idx.observe_counter(Some(3.0)));
+        assert!(idx.is_empty());
+    }
+}

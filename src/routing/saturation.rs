@@ -1,0 +1,69 @@
+//! When a replica is too busy for affinity: prefix and session affinity move
+//! on to the next replica in the key's order, and a tier may overflow into
+//! lower tiers' replicas.
+//!
+//! Saturated means any of: at its `max_inflight` limit; at or above
+//! `saturation.max_in_flight` requests from llmlb; or a fresh scrape says
+//! its waiting queue (corrected by what llmlb sent and saw finish since) is
+//! above `saturation.max_queue`. A stale or missing scrape says nothing, so
+//! without scraping only the local bounds apply.
+
+use crate::balancing::{Replica, ReplicaView};
+use crate::config::SaturationConfig;
+
+pub fn is_saturated(
+    replica: &Replica,
+    view: &ReplicaView,
+    config: &SaturationConfig,
+    max_age_ms: u64,
+) -> bool {
+    !replica.has_free_slot()
+        || config.max_in_flight.is_some_and(|m| view.in_flight >= m)
+        || view
+            .fresh_load(max_age_ms)
+            .and_then(|l| l.queue_now())
+            .is_some_and(|q| q > config.max_queue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancing::ScrapedLoad;
+
+    fn replica(limit: Option<u32>) -> std::sync::Arc<Replica> {
+        let gauge = prometheus::IntGauge::new("g", "g").unwrap();
+        std::sync::Arc::new(
+            Replica::new("r".into(), "127.0.0.1:1".parse().unwrap(), 1, gauge).with_limit(limit),
+        )
+    }
+
+    #[test]
+    fn each_bound_saturates() {
+        let cfg = SaturationConfig {
+            max_queue: 4,
+            max_in_flight: Some(3),
+        };
+        let r = replica(None);
+        let mut v = ReplicaView::of(&r);
+        assert!(!is_saturated(&r, &v, &cfg, 1_000));
+        v.in_flight = 3;
+        assert!(is_saturated(&r, &v, &cfg, 1_000));
+        v.in_flight = 0;
+        v.load = Some(ScrapedLoad {
+            waiting: Some(5),
+            age_ms: 10,
+            ..ScrapedLoad::default()
+        });
+        assert!(is_saturated(&r, &v, &cfg, 1_000));
+        // Stale: says nothing.
+        assert!(!is_saturated(&r, &v, &cfg, 5));
+        let limited = replica(Some(1));
+        let _g = limited.acquire();
+        assert!(is_saturated(
+            &limited,
+            &ReplicaView::of(&limited),
+            &SaturationConfig::default(),
+            1_000
+        ));
+    }
+}

@@ -1,0 +1,266 @@
+//! Prefix and session affinity through a real llmlb on loopback: `hash` and
+//! `cache` modes keep a prefix on one replica, independent instances agree,
+//! removing a replica moves only its prefixes, a saturated replica hands its
+//! prefix to the next in order, and session headers stick.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
+use http_body_util::BodyExt;
+
+async fn upstreams(n: usize) -> Vec<Upstream> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(Upstream::start(&format!("r{i}"), Mode::Json).await);
+    }
+    out
+}
+
+fn config(ups: &[&Upstream], prefix: &str) -> String {
+    let mut s = format!(
+        "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nbalancer = \"round_robin\"\n{prefix}\n"
+    );
+    for u in ups {
+        s.push_str(&format!("[[pools.replicas]]\nurl = \"{}\"\n", u.url()));
+    }
+    s
+}
+
+/// A chat body whose system prompt is long enough for several cache blocks.
+fn chat(system_id: usize, question: &str) -> String {
+    let system = format!(
+        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
+         order number, and never promise a delivery date you cannot check. "
+    )
+    .repeat(3);
+    serde_json::json!({
+        "model": "llama-3-8b",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]
+    })
+    .to_string()
+}
+
+async fn replica_for(addr: SocketAddr, body: &str, headers: &[(&'static str, &str)]) -> String {
+    let mut req = chat_request("/v1/chat/completions", body);
+    for (k, v) in headers {
+        req.headers_mut().insert(*k, v.parse().unwrap());
+    }
+    let (status, _, bytes) = call(addr, req).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    v["replica"].as_str().unwrap().to_string()
+}
+
+const HASH: &str = "[pools.prefix]\nmode = \"hash\"";
+const CACHE: &str = "[pools.prefix]\nmode = \"cache\"";
+
+#[tokio::test]
+async fn hash_mode_keeps_each_system_prompt_on_one_replica_and_instances_agree() {
+    let ups = upstreams(4).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let one = start_llmlb(&config(&refs, HASH)).await;
+    let two = start_llmlb(&config(&refs, HASH)).await;
+    let mut used = std::collections::HashSet::new();
+    for p in 0..24 {
+        let first = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
+        assert_eq!(
+            replica_for(one.addr, &chat(p, "Cancel it."), &[]).await,
+            first
+        );
+        assert_eq!(
+            replica_for(two.addr, &chat(p, "Refund me."), &[]).await,
+            first
+        );
+        used.insert(first);
+    }
+    assert!(used.len() >= 3, "24 prompts used only {used:?}");
+    let m = metrics_text(one.admin_addr).await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "llmlb_routing_decisions_total",
+            &[("branch", "prefix_hit")]
+        ),
+        48.0
+    );
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn cache_mode_instances_agree_when_load_is_even() {
+    let ups = upstreams(4).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let one = start_llmlb(&config(&refs, CACHE)).await;
+    let two = start_llmlb(&config(&refs, CACHE)).await;
+    let mut used = std::collections::HashSet::new();
+    for p in 0..16 {
+        let a = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
+        let b = replica_for(two.addr, &chat(p, "Where is my parcel?"), &[]).await;
+        assert_eq!(a, b, "instances disagree on prompt {p}");
+        // A follow-up sharing the system prompt finds it cached there.
+        assert_eq!(
+            replica_for(one.addr, &chat(p, "And the invoice?"), &[]).await,
+            a
+        );
+        used.insert(a);
+    }
+    assert!(used.len() >= 3, "16 prompts used only {used:?}");
+    let m = metrics_text(one.admin_addr).await;
+    let hit = metric_value(
+        &m,
+        "llmlb_routing_decisions_total",
+        &[("branch", "prefix_hit")],
+    );
+    let miss = metric_value(
+        &m,
+        "llmlb_routing_decisions_total",
+        &[("branch", "prefix_miss")],
+    );
+    assert_eq!((hit, miss), (16.0, 16.0));
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn removing_a_replica_moves_only_its_prefixes() {
+    let ups = upstreams(4).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let lb = start_llmlb(&config(&refs, HASH)).await;
+    let mut before = Vec::new();
+    for p in 0..40 {
+        before.push(replica_for(lb.addr, &chat(p, "q"), &[]).await);
+    }
+    let kept: Vec<&Upstream> = ups.iter().take(3).collect();
+    let new = llmlb::config::parse(&config(&kept, HASH)).unwrap();
+    llmlb::server::reload::apply(&lb.state, new);
+    let mut moved = 0;
+    for (p, old) in before.iter().enumerate() {
+        let now = replica_for(lb.addr, &chat(p, "q"), &[]).await;
+        if old == "r3" {
+            assert_ne!(now, "r3");
+            moved += 1;
+        } else {
+            assert_eq!(&now, old, "prompt {p} moved though its replica stayed");
+        }
+    }
+    assert!(moved > 0, "no prompt lived on the removed replica");
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn cache_index_survives_reload_for_replicas_that_stay() {
+    let ups = upstreams(3).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let lb = start_llmlb(&config(&refs, CACHE)).await;
+    for p in 0..6 {
+        replica_for(lb.addr, &chat(p, "q"), &[]).await;
+    }
+    let old = lb.state.topology.load_full();
+    let ids: Vec<u64> = old.pools[0].replicas.iter().map(|r| r.id).collect();
+    let blocks: usize = ids
+        .iter()
+        .map(|id| old.pools[0].router.index(*id).unwrap().len())
+        .sum();
+    assert!(blocks > 0);
+    let kept: Vec<&Upstream> = ups.iter().take(2).collect();
+    llmlb::server::reload::apply(
+        &lb.state,
+        llmlb::config::parse(&config(&kept, CACHE)).unwrap(),
+    );
+    let new = lb.state.topology.load_full();
+    for id in &ids[..2] {
+        let (a, b) = (
+            old.pools[0].router.index(*id).unwrap(),
+            new.pools[0].router.index(*id).unwrap(),
+        );
+        assert!(Arc::ptr_eq(a, b), "kept replica lost its index");
+    }
+    assert!(new.pools[0].router.index(ids[2]).is_none());
+    // Prompts that lived on the kept replicas are still hits.
+    for p in 0..6 {
+        replica_for(lb.addr, &chat(p, "again"), &[]).await;
+    }
+    let m = metrics_text(lb.admin_addr).await;
+    assert!(
+        metric_value(
+            &m,
+            "llmlb_routing_decisions_total",
+            &[("branch", "prefix_hit")]
+        ) >= 2.0
+    );
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn saturated_replica_hands_its_prefix_to_the_next_in_order() {
+    let ups = upstreams(3).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let prefix = format!("{HASH}\n[pools.saturation]\nmax_in_flight = 1");
+    let lb = start_llmlb(&config(&refs, &prefix)).await;
+    let body = chat(7, "q");
+    let home = replica_for(lb.addr, &body, &[]).await;
+    let up = ups.iter().find(|u| u.name == home).unwrap();
+    up.set_mode(Mode::StreamHeld);
+    let stream_body = body.replace("\"max_tokens\":8", "\"max_tokens\":8,\"stream\":true");
+    let mut conn = Conn::open(lb.addr).await;
+    let resp = conn
+        .send(chat_request("/v1/chat/completions", &stream_body))
+        .await;
+    let mut held = resp.into_body();
+    tokio::time::timeout(Duration::from_secs(5), held.frame())
+        .await
+        .expect("first chunk")
+        .unwrap()
+        .unwrap();
+    // Home is busy: the prefix goes to its second choice, always the same one.
+    let next = replica_for(lb.addr, &body, &[]).await;
+    assert_ne!(next, home);
+    assert_eq!(replica_for(lb.addr, &body, &[]).await, next);
+    let m = metrics_text(lb.admin_addr).await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "llmlb_routing_decisions_total",
+            &[("branch", "prefix_overflow")]
+        ),
+        2.0
+    );
+    up.release_one();
+    drop(held);
+    conn.close();
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn session_header_sticks_to_one_replica() {
+    let ups = upstreams(4).await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let lb = start_llmlb(&config(&refs, "[pools.session]\naffinity = true")).await;
+    let mut used = std::collections::HashSet::new();
+    for s in 0..20 {
+        let session = format!("chat-{s}");
+        let first = replica_for(lb.addr, common::CHAT, &[("x-session-id", &session)]).await;
+        for _ in 0..3 {
+            let r = replica_for(lb.addr, common::CHAT, &[("x-session-id", &session)]).await;
+            assert_eq!(r, first);
+        }
+        used.insert(first);
+    }
+    assert!(used.len() >= 3, "{used:?}");
+    // Without the header, the balancer (round robin) spreads.
+    let mut rr = std::collections::HashSet::new();
+    for _ in 0..4 {
+        rr.insert(replica_for(lb.addr, common::CHAT, &[]).await);
+    }
+    assert_eq!(rr.len(), 4);
+    lb.shutdown().await;
+}
