@@ -14,6 +14,7 @@ pub mod balancing;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod discovery;
 pub mod forwarding;
 pub mod gateway;
 pub mod health;

@@ -158,6 +158,9 @@ pub struct PoolConfig {
     pub session: SessionConfig,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
+    /// Replicas from DNS instead of `replicas`.
+    #[serde(default)]
+    pub discovery: Option<super::DiscoveryConfig>,
 }
 
 impl PoolConfig {

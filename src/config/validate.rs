@@ -63,9 +63,40 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
 }
 
 fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
-    if pool.replicas.is_empty() {
-        push(out, &format!("{key}.replicas"), "list at least one replica");
+    if pool.replicas.is_empty() && pool.discovery.is_none() {
+        push(
+            out,
+            &format!("{key}.replicas"),
+            "list at least one replica, or set `discovery`",
+        );
     }
+    if let Some(d) = &pool.discovery {
+        if !pool.replicas.is_empty() {
+            push(
+                out,
+                &format!("{key}.discovery"),
+                "set either `discovery` or `replicas`, not both",
+            );
+        }
+        if d.dns.trim().is_empty() {
+            push(out, &format!("{key}.discovery.dns"), "must not be empty");
+        }
+        if d.port == 0 {
+            push(
+                out,
+                &format!("{key}.discovery.port"),
+                "must be a port number (1-65535)",
+            );
+        }
+        if d.interval.is_zero() {
+            push(
+                out,
+                &format!("{key}.discovery.interval"),
+                "must be greater than 0",
+            );
+        }
+    }
+
     if pool.timeouts.connect.is_zero() {
         push(
             out,

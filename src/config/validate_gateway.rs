@@ -196,7 +196,8 @@ mod tests {
 
     #[test]
     fn redis_limits_need_a_valid_url() {
-        let ok = format!("limits = {{ backend = \"redis\", url = \"redis://127.0.0.1:6379\" }}\n{POOL}");
+        let ok =
+            format!("limits = {{ backend = \"redis\", url = \"redis://127.0.0.1:6379\" }}\n{POOL}");
         assert!(parse(&ok).is_ok());
         let missing = format!("limits = {{ backend = \"redis\" }}\n{POOL}");
         assert_eq!(parse(&missing).unwrap_err()[0].key, "limits.url");

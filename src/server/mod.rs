@@ -37,6 +37,9 @@ pub struct AppState {
     pub reload_metrics: reload::ReloadMetrics,
     pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     pub routing_metrics: crate::routing::RoutingMetrics,
+    /// Replicas found by DNS discovery, per pool.
+    pub discovered: crate::discovery::Discovered,
+    pub discovery_metrics: crate::discovery::DiscoveryMetrics,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -45,7 +48,14 @@ impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::new());
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
-        let topology = Topology::build(&config, &metrics, &admission_metrics, None);
+        let discovered = crate::discovery::Discovered::default();
+        let discovery_metrics = crate::discovery::DiscoveryMetrics::new(metrics.registry());
+        let topology = Topology::build(
+            &discovered.effective(&config),
+            &metrics,
+            &admission_metrics,
+            None,
+        );
         let shared_limit_metrics =
             crate::gateway::shared_limits::SharedLimitMetrics::new(metrics.registry());
         let gateway = Gateway::build(
@@ -67,6 +77,8 @@ impl AppState {
             shared_limit_metrics,
             routing_metrics,
             config_path: std::sync::OnceLock::new(),
+            discovered,
+            discovery_metrics,
         })
     }
 
@@ -137,10 +149,13 @@ pub fn start(
         drain,
     ));
     let (background_shutdown, background_rx) = watch::channel(false);
-    let background_task = tokio::spawn(crate::background::supervise(
-        Arc::clone(&state),
-        background_rx,
-    ));
+    let background_task = tokio::spawn({
+        let supervise = crate::background::supervise(Arc::clone(&state), background_rx.clone());
+        let discovery = crate::discovery::run(Arc::clone(&state), background_rx);
+        async move {
+            tokio::join!(supervise, discovery);
+        }
+    });
     tracing::info!(%addr, %admin_addr, "llmlb listening");
     Ok(Running {
         addr,

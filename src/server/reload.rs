@@ -91,12 +91,26 @@ pub fn reload(state: &AppState, path: Option<&Path>) -> Result<ReloadSummary, Co
     }
 }
 
+/// Rebuilds the topology from the running config after discovery changed a
+/// pool's replicas: the same carry-over as a reload, without counting one.
+pub fn rebuild(state: &AppState) {
+    let config = state.config.load_full();
+    let old = state.topology.load_full();
+    let topology = Topology::build(
+        &state.discovered.effective(&config),
+        &state.metrics,
+        &state.admission_metrics,
+        Some(&old),
+    );
+    state.topology.store(std::sync::Arc::new(topology));
+}
+
 /// Swaps in a validated config.
 pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
     let old_config = state.config.load_full();
     let old_topology = state.topology.load_full();
     let topology = Topology::build(
-        &new,
+        &state.discovered.effective(&new),
         &state.metrics,
         &state.admission_metrics,
         Some(&old_topology),

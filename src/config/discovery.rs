@@ -1,0 +1,31 @@
+//! `discovery = { dns = "...", port = 8000, interval = "5s" }`: a pool whose
+//! replicas are the addresses a DNS name resolves to (a Kubernetes headless
+//! Service), instead of a static list.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Name whose A/AAAA records are the replicas.
+    pub dns: String,
+    /// Port every discovered replica listens on.
+    pub port: u16,
+    /// How often the name is resolved again.
+    #[serde(default = "default_interval", with = "duration_serde")]
+    pub interval: Duration,
+    /// Resolve from this hosts-format file (`IP NAME...` lines) instead of
+    /// the system resolver: for static set-ups and tests.
+    #[serde(default)]
+    pub hosts_file: Option<String>,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+mod duration_serde {
+    pub use crate::config::duration::deserialize;
+}

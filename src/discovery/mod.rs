@@ -1,0 +1,182 @@
+//! Replica discovery by DNS: a pool with `discovery = { dns, port, interval }`
+//! gets its replicas from the name's A/AAAA records (one per ready pod of a
+//! Kubernetes headless Service), re-resolved every `interval`.
+//!
+//! A change goes through the same path as a config reload: the topology is
+//! rebuilt with the new replica list, replicas that stay keep their state
+//! (in-flight counts, health, load, prefix index), removed ones receive no new
+//! work and finish their streams. A failed resolution keeps the last known
+//! replicas (DNS trouble never empties a pool) and is counted.
+
+pub mod resolve;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::{Config, ReplicaConfig};
+use crate::server::AppState;
+
+/// How often the loop looks for pools due for resolution.
+const TICK: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone)]
+pub struct DiscoveryMetrics {
+    /// Replicas currently discovered per pool.
+    pub replicas: IntGaugeVec,
+    /// Failed resolutions per pool (the last known replicas stay).
+    pub errors: IntCounterVec,
+    /// Changes of a pool's replica set applied.
+    pub updates: IntCounterVec,
+}
+
+impl DiscoveryMetrics {
+    pub fn new(registry: &Registry) -> DiscoveryMetrics {
+        let replicas = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_discovery_replicas",
+                "Replicas discovered by DNS per pool.",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "llmlb_discovery_errors_total",
+                "Failed DNS resolutions per pool (the last known replicas stay).",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        let updates = IntCounterVec::new(
+            Opts::new(
+                "llmlb_discovery_updates_total",
+                "Changes of a pool's discovered replica set.",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(replicas.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(errors.clone()),
+            Box::new(updates.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        DiscoveryMetrics {
+            replicas,
+            errors,
+            updates,
+        }
+    }
+}
+
+/// The last resolved addresses per pool. Touched by the discovery loop and
+/// by reloads, never on the request path.
+#[derive(Debug, Default)]
+pub struct Discovered(Mutex<HashMap<String, Vec<SocketAddr>>>);
+
+impl Discovered {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<SocketAddr>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `addrs` for `pool`; true when they differ from what was known.
+    pub fn set(&self, pool: &str, addrs: Vec<SocketAddr>) -> bool {
+        let mut map = self.lock();
+        if map.get(pool) == Some(&addrs) {
+            return false;
+        }
+        map.insert(pool.to_string(), addrs);
+        true
+    }
+
+    /// `config` with each discovery pool's replicas filled in from the last
+    /// resolution (none yet: an empty pool, which answers 503).
+    pub fn effective(&self, config: &Config) -> Config {
+        let map = self.lock();
+        let mut out = config.clone();
+        for pool in out.pools.iter_mut().filter(|p| p.discovery.is_some()) {
+            pool.replicas = map
+                .get(&pool.name)
+                .map(|addrs| {
+                    addrs
+                        .iter()
+                        .map(|a| ReplicaConfig {
+                            url: format!("http://{a}"),
+                            weight: 1,
+                            name: None,
+                            max_inflight: None,
+                            version: None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        }
+        out
+    }
+}
+
+/// Resolves every discovery pool when due, until `shutdown` turns true.
+pub async fn run(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+    let mut due: HashMap<String, Instant> = HashMap::new();
+    let mut next = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    return;
+                }
+            }
+        }
+        next += TICK;
+        let config = state.config.load_full();
+        let now = Instant::now();
+        let mut changed = false;
+        for pool in &config.pools {
+            let Some(d) = &pool.discovery else { continue };
+            if due.get(&pool.name).is_some_and(|t| *t > now) {
+                continue;
+            }
+            due.insert(pool.name.clone(), now + d.interval);
+            let timeout = d.interval.min(Duration::from_secs(5));
+            match resolve::resolve(d, timeout).await {
+                Ok(addrs) => {
+                    state
+                        .discovery_metrics
+                        .replicas
+                        .with_label_values(&[&pool.name])
+                        .set(addrs.len() as i64);
+                    if state.discovered.set(&pool.name, addrs.clone()) {
+                        tracing::info!(pool = %pool.name, dns = %d.dns, replicas = ?addrs, "discovered replicas changed");
+                        state
+                            .discovery_metrics
+                            .updates
+                            .with_label_values(&[&pool.name])
+                            .inc();
+                        changed = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %pool.name, error = %e, "discovery failed; keeping the last known replicas");
+                    state
+                        .discovery_metrics
+                        .errors
+                        .with_label_values(&[&pool.name])
+                        .inc();
+                }
+            }
+        }
+        // Forget pools that left the config.
+        due.retain(|name, _| config.pools.iter().any(|p| &p.name == name));
+        if changed {
+            crate::server::reload::rebuild(&state);
+        }
+    }
+}
