@@ -8,7 +8,9 @@
 #   3. the Prometheus scrape config and alert rules with promtool
 #      (`check config`, `check rules`, and the rule unit tests);
 #   4. the Grafana dashboard: valid JSON, and every metric name in its PromQL
-#      and in the alert rules exported by llmlb or vLLM.
+#      and in the alert rules exported by llmlb or vLLM;
+#   5. the systemd unit, with systemd-analyze verify where systemd exists.
+# The container image (deploy/Dockerfile) is not built here.
 # It installs what it needs into target/deploy-tools (a Python venv from PyPI,
 # promtool unpacked from Debian's prometheus package without installing the
 # server) and reuses it on the next run.
@@ -51,7 +53,7 @@ fi
 
 echo "== cargo build --bin llmlb"
 cargo build --quiet --bin llmlb
-LLMLB=${CARGO_TARGET_DIR:-target}/debug/llmlb
+LLMLB=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/debug/llmlb
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -113,5 +115,19 @@ for d in deploy/grafana/*.json; do
     "$PY" scripts/deploy_checks.py metric-names src "$d" deploy/prometheus/llmlb-alerts.yml || fail=1
 done
 [ "$fail" = 0 ] || { echo "FAILED: dashboard"; exit 1; }
+
+# --- 5. systemd unit ----------------------------------------------------
+if command -v systemd-analyze >/dev/null; then
+    echo "== systemd-analyze verify deploy/systemd/llmlb.service"
+    # Point the unit at the binary just built; any warning is a failure.
+    sed "s#/usr/local/bin/llmlb#$LLMLB#g" deploy/systemd/llmlb.service >"$WORK/llmlb.service"
+    if ! systemd-analyze verify "$WORK/llmlb.service" >"$WORK/unit.out" 2>&1 || [ -s "$WORK/unit.out" ]; then
+        cat "$WORK/unit.out"
+        echo "FAILED: systemd unit"
+        exit 1
+    fi
+else
+    echo "== systemd-analyze not found: systemd unit not checked"
+fi
 
 echo "deploy/ is valid"
