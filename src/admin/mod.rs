@@ -3,6 +3,7 @@
 //! not known to be down) and `/admin/replicas` (each replica's load and health, JSON).
 
 mod replicas;
+mod status;
 
 use std::sync::Arc;
 
@@ -32,6 +33,12 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
             state.metrics.render(),
         ),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/" => text(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            status::PAGE.into(),
+        ),
+        "/admin/status" => json(StatusCode::OK, &status::render(&state)),
         "/admin/replicas" => text(
             StatusCode::OK,
             "application/json",
