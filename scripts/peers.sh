@@ -14,6 +14,7 @@
 #
 # Usage: scripts/peers.sh            (about 6 minutes on 2 cores)
 # Env:   PEERS_SECONDS   seconds per overhead measurement (default 10)
+#        PEERS_ROUNDS    overhead rounds, the order reversed every other round (default 2)
 #        PEERS_CACHE     where the Python venv lives (default ~/.cache/llmlb-peers)
 #        PEERS_OUT       where reports and logs go (default target/peers)
 #        PEERS_TRACE     trace file (default ../shared/traces/conversation_trace.jsonl)
@@ -28,6 +29,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECS="${PEERS_SECONDS:-10}"
+ROUNDS="${PEERS_ROUNDS:-2}"
 CACHE="${PEERS_CACHE:-$HOME/.cache/llmlb-peers}"
 OUT="${PEERS_OUT:-$ROOT/target/peers}"
 TRACE="${PEERS_TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}"
@@ -39,7 +41,7 @@ SCRIPT_START=$SECONDS
 MAX_RUNTIME=900
 
 mkdir -p "$OUT"
-rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/*.toml "$OUT"/*.conf "$OUT"/notes.txt
+rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/*.toml "$OUT"/*.conf "$OUT"/*.cpu "$OUT"/*.prom "$OUT"/*.txt
 NOTES="$OUT/notes.txt"
 note() { echo "$*" | tee -a "$NOTES" >&2; }
 
@@ -274,29 +276,55 @@ for p in llmlb nginx sglang vllm-router; do
     if [ -n "$ok" ]; then PROXIES+=("$p"); else note "$p: no successful request within 30 s (see $OUT/*$p*.log); skipped"; fi
 done
 
-# overhead RUN CONCURRENCY: one closed-loop run; writes $OUT/overhead-RUN-cC.json
-# and the proxy's CPU ticks to $OUT/overhead-RUN-cC.cpu.
+# overhead RUN CONCURRENCY ROUND: one closed-loop run; writes
+# $OUT/overhead-RUN-cC-rR.json and the proxy's CPU ticks to ...cpu.
 overhead() {
-    local run="$1" c="$2" before after
+    local run="$1" c="$2" r="$3" before after name
+    name="overhead-$run-c$c-r$r"
     check_budget
     before=0
     [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
     "$LLMLB" bench --target "${URL[$run]}" --model instant --workload random \
         --input-len 16 --output-len 16 --concurrency "$c" --duration "${SECS}s" \
         --num-requests 1000000 --timeout 10s --no-progress --name "$run" \
-        --out "$OUT/overhead-$run-c$c.json" >"$OUT/overhead-$run-c$c.log" 2>&1 ||
-        note "$run c=$c: bench failed (see $OUT/overhead-$run-c$c.log)"
+        --out "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
+        note "$run c=$c round $r: bench failed (see $OUT/$name.log)"
     after=0
     [ "$run" != direct ] && after=$(cpu_ticks "${PG[$run]}")
-    echo "$(( after - before ))" >"$OUT/overhead-$run-c$c.cpu"
+    echo "$(( after - before ))" >"$OUT/$name.cpu"
 }
 
-for c in 1 32; do
-    for run in direct "${PROXIES[@]}"; do
-        echo "   $run, concurrency $c" >&2
-        overhead "$run" "$c"
+ORDER=(direct "${PROXIES[@]}")
+for r in $(seq "$ROUNDS"); do
+    for c in 1 32; do
+        for run in "${ORDER[@]}"; do
+            echo "   round $r, $run, concurrency $c" >&2
+            overhead "$run" "$c" "$r"
+        done
     done
+    mapfile -t ORDER < <(printf '%s\n' "${ORDER[@]}" | tac)
 done
+
+# Keep-alive probe: the first request on a new connection, then the median
+# of 20 more on the same connection (a client that keeps its connection).
+for run in direct "${PROXIES[@]}"; do
+    python3 - "$run" "${URL[$run]}" <<'PY' >>"$OUT/keepalive.txt" 2>&1
+import http.client, json, socket, statistics, sys, time, urllib.parse
+name, url = sys.argv[1], urllib.parse.urlsplit(sys.argv[2])
+body = json.dumps({"model": "instant", "prompt": "hi", "max_tokens": 16, "stream": True})
+conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+conn.connect()
+conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+times = []
+for _ in range(21):
+    t = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+    conn.getresponse().read()
+    times.append((time.perf_counter() - t) * 1e3)
+print(f"{name}: first request {times[0]:.2f} ms, next 20 on the same connection median {statistics.median(times[1:]):.2f} ms")
+PY
+done
+
 echo "loadavg after part 1: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 for p in "${PROXIES[@]}"; do stop "${PG[$p]}"; done
 stop "$BACKEND_PG"
@@ -307,11 +335,12 @@ SIM_BLOCKS=2048
 
 # fleet: starts 4 fresh replicas; sets FLEET_PG, FLEET_URLS (array), MODEL.
 fleet() {
-    local name="$1" i
+    local name="$1" i n
     start "sim-$name" "$LLMLB" sim --replicas 4 --port 0 --profile h100-8b --num-blocks "$SIM_BLOCKS" --max-model-len $(( (SIM_BLOCKS - 1) * 16 ))
     FLEET_PG=$PGID
     for i in $(seq 100); do
-        [ "$(grep -c 'replica http://' "$OUT/sim-$name.log")" -ge 4 ] && break
+        n=$(grep -c 'replica http://' "$OUT/sim-$name.log" 2>/dev/null)
+        [ "${n:-0}" -ge 4 ] && break
         sleep 0.1
     done
     mapfile -t FLEET_URLS < <(grep -o 'replica http://[0-9.:]*' "$OUT/sim-$name.log" | cut -d' ' -f2)
@@ -319,17 +348,16 @@ fleet() {
     [ "${#FLEET_URLS[@]}" -eq 4 ] || { note "sim fleet for $name did not start (see $OUT/sim-$name.log)"; return 1; }
 }
 
-# prefix_hits: "hits queries" summed over the fleet's replicas.
-prefix_hits() {
-    local u
-    for u in "${FLEET_URLS[@]}"; do curl -s -m 2 "$u/metrics"; done |
-        awk '/^vllm:prefix_cache_hits_total/{h+=$NF} /^vllm:prefix_cache_queries_total/{q+=$NF} END{printf "%d %d\n", h, q}'
+# dump_metrics FILE_PREFIX: saves every replica's /metrics page.
+dump_metrics() {
+    local i
+    for i in "${!FLEET_URLS[@]}"; do curl -s -m 2 "${FLEET_URLS[$i]}/metrics" >"$1.r$i.prom"; done
 }
 
 workload_args() {
     case "$1" in
-        shared-prefix) echo "--workload shared-prefix --groups 32 --prompts-per-group 8 --system-len 1536 --question-len 64 --output-len 64 --rate 12 --duration 60s" ;;
-        trace) echo "--workload trace --trace $TRACE --time-scale 0.2 --length-scale 0.1 --max-requests 300 --duration 60s" ;;
+        shared-prefix) echo "--workload shared-prefix --groups 32 --prompts-per-group 8 --system-len 1536 --question-len 64 --output-len 64 --rate 12 --num-requests 256 --duration 60s" ;;
+        trace) echo "--workload trace --trace $TRACE --time-scale 0.1 --length-scale 0.05 --max-requests 600 --duration 60s" ;;
     esac
 }
 
@@ -376,14 +404,13 @@ route() {
     else
         # Let llmlb's scraper see the fleet once (3 intervals).
         sleep 0.3
-        local base
-        base=$(prefix_hits)
+        dump_metrics "$OUT/route-$wl-$router.before"
         echo "   $router, $wl" >&2
         # shellcheck disable=SC2046
         "$LLMLB" bench --target "$url" --model "$MODEL" $(workload_args "$wl") --seed 1 \
             --timeout 60s --no-progress --name "$router" --out "$OUT/route-$wl-$router.json" \
             >"$OUT/route-$wl-$router.log" 2>&1 || note "$router $wl: bench failed (see $OUT/route-$wl-$router.log)"
-        echo "$base $(prefix_hits)" >"$OUT/route-$wl-$router.hits"
+        dump_metrics "$OUT/route-$wl-$router.after"
     fi
     stop "$router_pg"
     stop "$FLEET_PG"
@@ -400,9 +427,9 @@ done
 echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
 # ---------------------------------------------------------------- report
-python3 - "$OUT" "$HZ" "$PREFIX_BALANCER" <<'EOF'
-import json, os, sys
-out, hz, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+python3 - "$OUT" "$HZ" "$ROUNDS" "$PREFIX_BALANCER" <<'EOF' | tee "$OUT/summary.md"
+import glob, json, os, re, sys
+out, hz, rounds, prefix = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
 def load(path):
     try:
@@ -411,50 +438,77 @@ def load(path):
     except (OSError, ValueError):
         return None
 
+def prom(path):
+    """Sum of the samples of every metric name in one Prometheus text page."""
+    sums = {}
+    try:
+        for line in open(path):
+            if line.startswith("#") or not line.strip():
+                continue
+            m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+            if m:
+                sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+    except OSError:
+        pass
+    return sums
+
 print(open(os.path.join(out, "machine.txt")).read())
 print("Proxy overhead: llmlb bench closed loop, /v1/completions, 16-token SSE answer from an nginx instant backend")
-for c in (1, 32):
-    d = load(f"{out}/overhead-direct-c{c}.json")
-    print(f"\nconcurrency {c}")
-    print("| path | requests/s | e2e p50 (ms) | e2e p99 (ms) | added p50 (ms) | added p99 (ms) | proxy CPU per request (µs) | errors |")
-    print("|---|---|---|---|---|---|---|---|")
-    for run in ("direct", "llmlb", "nginx", "sglang", "vllm-router"):
-        r = load(f"{out}/overhead-{run}-c{c}.json")
-        if r is None:
-            print(f"| {run} | did not run | | | | | | |")
-            continue
-        e = r["e2e_ms"]
-        add50 = add99 = cpu = "-"
-        if run != "direct" and d is not None:
-            add50 = f"{e['p50'] - d['e2e_ms']['p50']:+.3f}"
-            add99 = f"{e['p99'] - d['e2e_ms']['p99']:+.3f}"
-            ticks = int(open(f"{out}/overhead-{run}-c{c}.cpu").read())
-            if r["completed"]:
-                cpu = f"{ticks / hz / r['completed'] * 1e6:.0f}"
-        print(f"| {run} | {r['request_throughput']:,.0f} | {e['p50']:.3f} | {e['p99']:.3f} | {add50} | {add99} | {cpu} | {r['failed']} |")
+for r in range(1, rounds + 1):
+    for c in (1, 32):
+        d = load(f"{out}/overhead-direct-c{c}-r{r}.json")
+        print(f"\nround {r}, concurrency {c}")
+        print("| path | requests/s | e2e p50 (ms) | e2e p99 (ms) | added p50 (ms) | added p99 (ms) | proxy CPU per request (µs) | errors |")
+        print("|---|---|---|---|---|---|---|---|")
+        for run in ("direct", "llmlb", "nginx", "sglang", "vllm-router"):
+            x = load(f"{out}/overhead-{run}-c{c}-r{r}.json")
+            if x is None:
+                print(f"| {run} | did not run | | | | | | |")
+                continue
+            e = x["e2e_ms"]
+            add50 = add99 = cpu = "-"
+            if run != "direct" and d is not None:
+                add50 = f"{e['p50'] - d['e2e_ms']['p50']:+.3f}"
+                add99 = f"{e['p99'] - d['e2e_ms']['p99']:+.3f}"
+                ticks = int(open(f"{out}/overhead-{run}-c{c}-r{r}.cpu").read())
+                if x["completed"]:
+                    cpu = f"{ticks / hz / x['completed'] * 1e6:.0f}"
+            print(f"| {run} | {x['request_throughput']:,.0f} | {e['p50']:.3f} | {e['p99']:.3f} | {add50} | {add99} | {cpu} | {x['failed']} |")
+try:
+    print("\nKeep-alive probe (Python http.client with TCP_NODELAY, one streaming request at a time):")
+    print(open(f"{out}/keepalive.txt").read())
+except OSError:
+    pass
 
-print("\nRouting quality: fresh 4-replica llmlb sim fleet (h100-8b, 2048 KV blocks each) per run")
+print("Routing quality: a fresh 4-replica llmlb sim fleet (h100-8b, 2048 KV blocks each) per run;")
+print("prefix-cache hits, requests per replica and preemptions from the replicas' own /metrics")
 for wl in ("shared-prefix", "trace"):
     print(f"\n{wl}")
-    print("| router | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) | requests/s | output tokens/s | prefix-cache hit rate | busiest/mean replica |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| router | completed | failed | TTFT p50 (ms) | TTFT p99 (ms) | requests/s | output tokens/s | prefix-cache hit rate | busiest/mean replica | preemptions |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     routers = ["llmlb-jsq", "llmlb-least_tokens"]
-    routers.append(f"llmlb-{prefix}" if prefix else "llmlb-<prefix-aware> (not measured: set LLMLB_PREFIX_BALANCER)")
+    routers.append(f"llmlb-{prefix}" if prefix else "llmlb-(prefix-aware)")
     routers.append("sglang-cache_aware")
     for router in routers:
-        r = load(f"{out}/route-{wl}-{router}.json")
-        if r is None:
-            print(f"| {router} | did not run | | | | | | | |")
+        x = load(f"{out}/route-{wl}-{router}.json")
+        if x is None:
+            why = "not measured (set LLMLB_PREFIX_BALANCER)" if router == "llmlb-(prefix-aware)" else "did not run"
+            print(f"| {router} | {why} | | | | | | | | |")
             continue
-        try:
-            h0, q0, h1, q1 = map(int, open(f"{out}/route-{wl}-{router}.hits").read().split())
-            rate = f"{(h1 - h0) / (q1 - q0):.1%}" if q1 > q0 else "-"
-        except (OSError, ValueError):
-            rate = "-"
-        spread = r.get("replica_max_over_mean")
-        spread = f"{spread:.2f}" if spread else "-"
-        t = r["ttft_ms"]
-        print(f"| {router} | {r['completed']} | {r['failed']} | {t['p50']:.0f} | {t['p99']:.0f} | {r['request_throughput']:.2f} | {r['output_throughput']:.0f} | {rate} | {spread} |")
+        hits = queries = preempt = 0.0
+        per_replica = []
+        for after in sorted(glob.glob(f"{out}/route-{wl}-{router}.after.r*.prom")):
+            a, b = prom(after), prom(after.replace(".after.", ".before."))
+            delta = lambda k: a.get(k, 0.0) - b.get(k, 0.0)
+            hits += delta("vllm:prefix_cache_hits_total")
+            queries += delta("vllm:prefix_cache_queries_total")
+            preempt += delta("vllm:num_preemptions_total")
+            per_replica.append(delta("vllm:request_success_total"))
+        rate = f"{hits / queries:.1%}" if queries else "-"
+        mean = sum(per_replica) / len(per_replica) if per_replica else 0
+        spread = f"{max(per_replica) / mean:.2f}" if mean else "-"
+        t = x["ttft_ms"]
+        print(f"| {router} | {x['completed']} | {x['failed']} | {t['p50']:.0f} | {t['p99']:.0f} | {x['request_throughput']:.2f} | {x['output_throughput']:.0f} | {rate} | {spread} | {preempt:.0f} |")
 EOF
 if [ -s "$NOTES" ]; then
     echo
