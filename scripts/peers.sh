@@ -37,7 +37,8 @@ PREFIX_BALANCER="${LLMLB_PREFIX_BALANCER:-}"
 LLMLB="$ROOT/target/release/llmlb"
 HZ="$(getconf CLK_TCK)"
 SCRIPT_START=$SECONDS
-# Hard bound on the whole run: everything is stopped after 15 minutes.
+# Bound on the whole run: no measurement starts after 15 minutes (each one
+# is itself bounded by its --duration and --timeout).
 MAX_RUNTIME=900
 
 mkdir -p "$OUT"
@@ -113,13 +114,23 @@ cpu_ticks() {
 
 # ---------------------------------------------------------------- set-up
 echo "== set-up" >&2
-command -v nginx >/dev/null || { apt-get install -y nginx >"$OUT/apt.log" 2>&1 || note "nginx: apt-get install failed (see $OUT/apt.log)"; }
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    { apt-get update -qq && apt-get install -y nginx; } >"$OUT/apt.log" 2>&1 ||
+        note "nginx: apt-get install failed (see $OUT/apt.log)"
+fi
 NGINX="$(command -v nginx || true)"
 [ -z "$NGINX" ] && [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx
 [ -z "$NGINX" ] && { note "nginx is required for the instant backend; aborting"; exit 1; }
 
 mkdir -p "$CACHE"
-[ -x "$CACHE/venv/bin/python" ] || python3 -m venv "$CACHE/venv"
+if [ ! -x "$CACHE/venv/bin/python" ]; then
+    # Debian's python3 needs its venv package first.
+    python3 -m venv "$CACHE/venv" >"$OUT/venv.log" 2>&1 || {
+        rm -rf "$CACHE/venv"
+        { apt-get update -qq && apt-get install -y python3-venv; } >>"$OUT/venv.log" 2>&1
+        python3 -m venv "$CACHE/venv" >>"$OUT/venv.log" 2>&1 || note "python venv: could not be created (see $OUT/venv.log)"
+    }
+fi
 PY="$CACHE/venv/bin/python"
 for pkg in sglang-router vllm-router; do
     "$CACHE/venv/bin/pip" show -q "$pkg" >/dev/null 2>&1 ||
@@ -272,7 +283,8 @@ PROXIES=()
 for p in llmlb nginx sglang vllm-router; do
     [ -n "${URL[$p]:-}" ] || continue
     ok=""
-    for i in $(seq 300); do ready "${URL[$p]}" && { ok=1; break; }; sleep 0.1; done
+    deadline=$((SECONDS + 30))
+    while (( SECONDS < deadline )); do ready "${URL[$p]}" && { ok=1; break; }; sleep 0.1; done
     if [ -n "$ok" ]; then PROXIES+=("$p"); else note "$p: no successful request within 30 s (see $OUT/*$p*.log); skipped"; fi
 done
 
@@ -393,8 +405,8 @@ route() {
             start "router-$router-$wl" "$LLMLB" serve --config "$OUT/$router-$wl.toml"
             ;;
     esac
-    local router_pg=$PGID ok=""
-    for i in $(seq 300); do
+    local router_pg=$PGID ok="" deadline=$((SECONDS + 30))
+    while (( SECONDS < deadline )); do
         curl -sf -m 5 -o /dev/null -H 'content-type: application/json' \
             -d "{\"model\":\"$MODEL\",\"prompt\":\"hi\",\"max_tokens\":1}" "$url/v1/completions" && { ok=1; break; }
         sleep 0.1
