@@ -395,7 +395,12 @@ route() {
                 echo "[[pools]]"
                 echo "name = \"sim\""
                 echo "models = [\"$MODEL\"]"
-                echo "balancer = \"${router#llmlb-}\""
+                case "${router#llmlb-}" in
+                    hash|cache)   # prefix affinity in front of least_connections
+                        echo "balancer = \"least_connections\""
+                        printf '[pools.prefix]\nmode = "%s"\n' "${router#llmlb-}" ;;
+                    *) echo "balancer = \"${router#llmlb-}\"" ;;
+                esac
                 echo "[pools.scrape]"
                 echo "interval = \"100ms\""
                 echo "timeout = \"100ms\""
@@ -429,8 +434,8 @@ route() {
 }
 
 ROUTERS=(llmlb-jsq llmlb-least_tokens)
-# Slot for llmlb's prefix-aware routing: set LLMLB_PREFIX_BALANCER to its
-# balancer name to add it to the comparison.
+# llmlb's prefix-aware routing: set LLMLB_PREFIX_BALANCER to `cache` or `hash`
+# (prefix affinity in front of least_connections) to add it to the comparison.
 [ -n "$PREFIX_BALANCER" ] && ROUTERS+=("llmlb-$PREFIX_BALANCER")
 [ -n "$SGLANG_VERSION" ] && ROUTERS+=(sglang-cache_aware)
 for wl in shared-prefix trace; do
