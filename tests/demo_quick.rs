@@ -28,9 +28,9 @@ fn quick_demo_prints_a_row_per_balancer() {
     for (row, balancer) in rows.iter().zip([
         "round_robin",
         "least_connections",
-        "least_tokens",
         "jsq",
-        "kv_aware",
+        "hash",
+        "cache",
     ]) {
         assert!(row.starts_with(balancer), "{row}");
         // Every request completed, and the replicas reported prefix hits.

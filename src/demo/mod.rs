@@ -43,20 +43,20 @@ pub struct DemoArgs {
     pub profile: String,
     /// KV-cache blocks per replica (16 tokens each): small enough that not
     /// every replica can hold every system prompt, so placement matters.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 1024)]
     pub kv_blocks: usize,
     /// Requests per balancer run.
     #[arg(long, default_value_t = 240)]
     pub requests: u64,
     /// Arrival rate (requests per second, Poisson).
-    #[arg(long, default_value_t = 12.0)]
+    #[arg(long, default_value_t = 14.0)]
     pub rate: f64,
     /// Balancers to compare, in order (comma-separated); `hash` and `cache`
     /// run prefix-affinity routing (see docs/ROUTING.md).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,least_connections,least_tokens,jsq,kv_aware"
+        default_value = "round_robin,least_connections,jsq,hash,cache"
     )]
     pub balancers: Vec<String>,
     /// A few seconds instead of a minute or two: fast replicas, few requests.
