@@ -1,8 +1,11 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
+mod connection;
 mod error;
+mod guarded;
 mod handler;
 mod listener;
+pub mod pending;
 pub mod reload;
 pub mod request;
 
@@ -33,8 +36,14 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub admission_metrics: AdmissionMetrics,
     pub gateway: ArcSwap<Gateway>,
+    /// `/readyz` answers 503 (SIGTERM received; the listener may still accept).
     pub draining: AtomicBool,
+    /// The client listener has stopped accepting: new requests that still
+    /// arrive on open connections get 503 `shutting_down`.
+    pub closing: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
+    /// Per-pool circuit breakers (`max_pending`).
+    pub pending: pending::Gates,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -46,6 +55,7 @@ impl AppState {
         let topology = Topology::build(&config, &metrics, &admission_metrics, None);
         let gateway = Gateway::build(&config, None, std::time::Instant::now());
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
+        let pending = pending::Gates::build(&config);
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
@@ -53,7 +63,9 @@ impl AppState {
             admission_metrics,
             gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             reload_metrics,
+            pending,
             config_path: std::sync::OnceLock::new(),
         })
     }
@@ -79,12 +91,24 @@ pub struct Running {
 }
 
 impl Running {
+    /// The SIGTERM path: `/readyz` turns 503 at once, the client listener
+    /// keeps accepting for `server.drain_delay` (so endpoint updates in front
+    /// of llmlb can land), then [`Running::shutdown`].
+    pub async fn drain(self) {
+        self.state.draining.store(true, Ordering::Relaxed);
+        let delay = self.state.config.load().server.drain_delay;
+        tracing::info!(delay = %humantime::format_duration(delay), "draining: not ready; still accepting");
+        tokio::time::sleep(delay).await;
+        self.shutdown().await;
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the drain
     /// timeout) and returns when both listeners are closed.
     /// The admin listener keeps answering (`/readyz` says 503) until the
     /// client listener has drained.
     pub async fn shutdown(self) {
         self.state.draining.store(true, Ordering::Relaxed);
+        self.state.closing.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         let _ = self.client_task.await;
         let _ = self.admin_shutdown.send(true);
@@ -105,24 +129,25 @@ pub fn start(
     let state = AppState::new(config);
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
-    let server = state.config.load();
-    let (http2, drain) = (server.server.http2, server.server.drain_timeout);
+    let limits = listener::Limits::from_config(&state.config.load().server);
+    let admin_limits = listener::Limits {
+        http2: false,
+        ..limits.clone()
+    };
 
     let s = Arc::clone(&state);
     let client = tokio::spawn(listener::run(
         listener,
         move |peer, req| handler::handle(Arc::clone(&s), peer, req),
         rx,
-        http2,
-        drain,
+        limits,
     ));
     let s = Arc::clone(&state);
     let admin_task = tokio::spawn(listener::run(
         admin,
         move |_peer, req| crate::admin::handle(Arc::clone(&s), req),
         admin_rx,
-        false,
-        drain,
+        admin_limits,
     ));
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn(crate::background::supervise(

@@ -138,6 +138,7 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
     };
     state.gateway.store(std::sync::Arc::new(gateway));
     state.topology.store(std::sync::Arc::new(topology));
+    state.pending.update(&new);
     state.config.store(std::sync::Arc::new(new));
     state
         .reload_metrics
