@@ -45,6 +45,11 @@ enum Command {
     /// Load an OpenAI-compatible server with streaming requests and report
     /// TTFT, TPOT, throughput and goodput.
     Bench(Box<llmlb::bench::cli::BenchArgs>),
+    /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
+    Sim(Box<llmlb::sim::cli::SimArgs>),
+    /// Start a simulated fleet and the proxy, run the same short workload
+    /// through each balancer, and print a comparison table.
+    Demo(Box<llmlb::demo::DemoArgs>),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +60,8 @@ fn main() -> ExitCode {
         Command::Check { config } => return check(&config),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
+        Command::Sim(args) => sim(*args),
+        Command::Demo(args) => demo(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +152,29 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::demo::run(args))?;
+    Ok(())
+}
+
+fn sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(llmlb::sim::cli::run(args, wait_for_signal()))?;
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
 }
 
 /// Waits for SIGTERM or SIGINT; reloads the config on each SIGHUP meanwhile.

@@ -211,3 +211,17 @@ async fn shutdown_lets_a_running_stream_finish() {
     );
     stopping.await.unwrap();
 }
+
+#[tokio::test]
+async fn replica_header_is_opt_in() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let pool = one_pool("round_robin", &[(&up.url(), 1)], "");
+    let lb = start_llmlb(&pool).await;
+    let (_, headers, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert!(headers.get("x-llmlb-replica").is_none());
+    lb.shutdown().await;
+    let lb = start_llmlb(&format!("[server]\nreplica_header = true\n{pool}")).await;
+    let (_, headers, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(headers["x-llmlb-replica"], up.addr.to_string());
+    lb.shutdown().await;
+}

@@ -6,7 +6,7 @@ use llmlb::config::{CustomMetricNames, MetricsPreset, ScrapeConfig};
 use llmlb::signals::{LoadSnapshot, MetricNames, parse};
 use proptest::prelude::*;
 
-const VLLM: &str = include_str!("fixtures/vllm_metrics.txt");
+const VLLM: &str = include_str!("fixtures/vllm_two_engines.txt");
 const SGLANG: &str = include_str!("fixtures/sglang_metrics.txt");
 /// Captured from a real vLLM 0.32 CPU replica (tiny random-weight model) in
 /// just after a burst of ten 200-token completions.

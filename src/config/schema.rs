@@ -45,6 +45,9 @@ pub struct ServerConfig {
     /// (`POST /admin/...`); unset means they are open to whoever reaches the
     /// admin listener (which binds to loopback by default).
     pub admin_token: Option<String>,
+    /// Add `x-llmlb-replica: NAME` to every proxied response (handy for load
+    /// tests and debugging; off by default so replica names stay internal).
+    pub replica_header: bool,
     /// How often `llmlb serve` checks the config file for changes (reload on
     /// change); "0s" turns watching off. SIGHUP and `POST /admin/reload`
     /// always reload.
@@ -82,6 +85,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             http2: true,
             admin_token: None,
+            replica_header: false,
             watch_interval: Duration::from_secs(2),
             drain_delay: Duration::from_secs(5),
             max_header_bytes: 64 * 1024,

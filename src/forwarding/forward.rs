@@ -12,7 +12,7 @@ use http::{Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody, ResponseBody};
-use super::headers::{REQUEST_ID, strip_hop_by_hop};
+use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
 use crate::routing::{Failure, Pool};
 use crate::server::ApiError;
@@ -32,6 +32,8 @@ pub struct ForwardRequest<'a> {
     pub client_ip: Option<IpAddr>,
     pub start: Instant,
     pub metrics: &'a Arc<Metrics>,
+    /// Name the serving replica in an `x-llmlb-replica` response header.
+    pub expose_replica: bool,
 }
 
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ApiError> {
@@ -185,6 +187,11 @@ fn stream_back(
         .headers
         .entry(REQUEST_ID)
         .or_insert_with(|| req.request_id.clone());
+    if req.expose_replica
+        && let Ok(v) = HeaderValue::from_str(&replica.name)
+    {
+        parts.headers.insert(REPLICA_HEADER, v);
+    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)

@@ -5,6 +5,8 @@ use http::HeaderMap;
 use http::header::{self, HeaderName};
 
 pub const REQUEST_ID: &str = "x-request-id";
+/// Response header naming the replica that served the request (opt-in).
+pub const REPLICA_HEADER: &str = "x-llmlb-replica";
 
 const HOP_BY_HOP: &[HeaderName] = &[
     header::CONNECTION,

@@ -10,4 +10,4 @@ mod headers;
 pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
 pub use client::{UpstreamClient, client};
 pub use forward::{ForwardRequest, forward};
-pub use headers::{REQUEST_ID, strip_hop_by_hop};
+pub use headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};

@@ -154,6 +154,7 @@ async fn route(
         client_ip: Some(peer.ip()),
         start,
         metrics: &state.metrics,
+        expose_replica: config.server.replica_header,
     })
     .await;
     let resp = match forwarded {

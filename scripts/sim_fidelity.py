@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Run one small, bounded workload against an OpenAI-compatible replica on
+127.0.0.1 (a real vLLM or `llmlb sim`) and print what it measured.
+
+Prompts are sent as token ids (`/v1/completions` accepts a list of ids), so
+vLLM and the simulator see exactly the same prompt lengths and shared
+prefixes whatever their tokenizers. Three scenarios, each at several
+concurrency levels:
+
+  identical  every request sends the same prompt
+  shared     a shared "system prompt" prefix, then a distinct tail
+  distinct   nothing shared
+
+Per run: TTFT and inter-token latency (mean / p50 / p99, client-side, from
+SSE chunk arrival), output-token throughput, and from the replica's own
+/metrics (deltas over the run): the prefix-cache hit rate (hits / queries),
+preemptions, and the server-side mean TTFT and inter-token latency.
+
+Usage:
+  scripts/sim_fidelity.py --url http://127.0.0.1:18000 --model tiny-llama --label vllm > vllm.jsonl
+  scripts/sim_fidelity.py --url http://127.0.0.1:18100 --model tiny-llama --label sim  > sim.jsonl
+  scripts/sim_fidelity.py --table vllm.jsonl sim.jsonl
+  scripts/sim_fidelity.py --url ... --calibrate      # step-time probes for a profile
+
+Only the standard library; every loop is bounded in count and time.
+"""
+import argparse
+import http.client
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+VOCAB = 4000          # token ids stay below the tiny model's vocabulary (4096)
+TIMEOUT = 120         # seconds, per request
+
+
+def metrics(url):
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith("vllm:"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                    "vllm:num_preemptions_total", "vllm:generation_tokens_total",
+                    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                    "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def one_request(url, model, prompt, max_tokens, result):
+    u = urllib.parse.urlparse(url)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "ignore_eos": True, "temperature": 0})
+    t0 = time.perf_counter()
+    stamps = []
+    usage = None
+    try:
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=TIMEOUT)
+        c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            result.update(error=f"HTTP {r.status}: {r.read()[:200]!r}")
+            return
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:]
+            if data == b"[DONE]":
+                break
+            ev = json.loads(data)
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for ch in ev.get("choices", []):
+                if ch.get("text"):
+                    stamps.append(time.perf_counter())
+        c.close()
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        result.update(error=repr(e))
+        return
+    result.update(t0=t0, stamps=stamps, usage=usage, end=time.perf_counter())
+
+
+def prompts(scenario, n, length, salt, rng):
+    shared_len = length * 3 // 4
+    head = [salt % VOCAB] + [rng.randrange(1, VOCAB) for _ in range(length - 1)]
+    out = []
+    for i in range(n):
+        if scenario == "identical":
+            out.append(list(head))
+        elif scenario == "shared":
+            tail = [rng.randrange(1, VOCAB) for _ in range(length - shared_len)]
+            out.append(head[:shared_len] + tail)
+        else:
+            out.append([(salt + i + 1) % VOCAB] + [rng.randrange(1, VOCAB) for _ in range(length - 1)])
+    return out
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
+    rng = random.Random(seed)
+    ps = prompts(scenario, n, length, salt, rng)
+    before = metrics(url)
+    results = [dict() for _ in ps]
+    sem = threading.Semaphore(concurrency)
+
+    def worker(i):
+        with sem:
+            one_request(url, model, ps[i], max_tokens, results[i])
+
+    t_start = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT * 2)
+    wall = time.perf_counter() - t_start
+    after = metrics(url)
+    ok = [r for r in results if "stamps" in r and r["stamps"]]
+    errors = [r["error"] for r in results if "error" in r]
+    ttft = [r["stamps"][0] - r["t0"] for r in ok]
+    itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
+    out_tokens = sum(len(r["stamps"]) for r in ok)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    q = d.get("vllm:prefix_cache_queries_total", 0)
+
+    def server_mean(base):
+        n = d.get(base + "_count", 0)
+        return 1000 * d.get(base + "_sum", 0) / n if n else None
+
+    return {
+        "scenario": scenario, "concurrency": concurrency, "requests": n, "ok": len(ok),
+        "errors": errors[:3], "prompt_len": length, "max_tokens": max_tokens,
+        "ttft_mean_ms": 1000 * statistics.fmean(ttft) if ttft else None,
+        "ttft_p50_ms": 1000 * pct(ttft, 0.5), "ttft_p99_ms": 1000 * pct(ttft, 0.99),
+        "itl_mean_ms": 1000 * statistics.fmean(itl) if itl else None,
+        "itl_p50_ms": 1000 * pct(itl, 0.5), "itl_p99_ms": 1000 * pct(itl, 0.99),
+        "throughput_tok_s": out_tokens / wall, "wall_s": wall,
+        "server_ttft_mean_ms": server_mean("vllm:time_to_first_token_seconds"),
+        "server_itl_mean_ms": server_mean("vllm:inter_token_latency_seconds"),
+        "prefix_hit_rate": (d.get("vllm:prefix_cache_hits_total", 0) / q) if q else None,
+        "preemptions": d.get("vllm:num_preemptions_total", 0),
+    }
+
+
+def table(files):
+    rows = {}
+    labels = []
+    for f in files:
+        label = f
+        for line in open(f):
+            r = json.loads(line)
+            label = r.get("label", f)
+            rows.setdefault((r["scenario"], r["concurrency"]), {})[label] = r
+        labels.append(label)
+    latency = [("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
+               ("server TTFT mean", "server_ttft_mean_ms"),
+               ("ITL p50", "itl_p50_ms"), ("ITL p99", "itl_p99_ms"),
+               ("server ITL mean", "server_itl_mean_ms")]
+    volume = [("prefix hit %", "prefix_hit_rate"), ("output tok/s", "throughput_tok_s"),
+              ("preemptions", "preemptions")]
+    for title, cols in (("Latency, milliseconds", latency), ("Cache and throughput", volume)):
+        print(f"{title} ({' / '.join(labels)} in each cell):\n")
+        print("| scenario | concurrency | " + " | ".join(c for c, _ in cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for (sc, conc), by in sorted(rows.items()):
+            cells = []
+            for _, key in cols:
+                vals = []
+                for l in labels:
+                    v = by.get(l, {}).get(key)
+                    if v is None:
+                        vals.append("-")
+                    elif key == "prefix_hit_rate":
+                        vals.append(f"{100 * v:.0f}")
+                    elif key in ("preemptions", "throughput_tok_s"):
+                        vals.append(f"{v:.0f}")
+                    else:
+                        vals.append(f"{v:.1f}")
+                cells.append(" / ".join(vals))
+            print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
+        print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url")
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--label", default="replica")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--scenarios", default="identical,shared,distinct")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--table", nargs="+")
+    a = ap.parse_args()
+    if a.table:
+        table(a.table)
+        return
+    u = urllib.parse.urlparse(a.url or "")
+    if u.hostname not in ("127.0.0.1", "localhost"):
+        sys.exit("only 127.0.0.1 targets are allowed")
+    salt = 1000
+    if a.calibrate:
+        # Prefill: lone distinct prompts of growing length, 2 output tokens.
+        for length in (16, 128, 256, 512, 1024, 1536):
+            r = run(a.url, a.model, "distinct", 1, 12, length, 2, salt, a.seed)
+            salt += 50
+            r.update(label=a.label, probe="prefill")
+            print(json.dumps(r), flush=True)
+        # Decode: batches of growing size, short prompts, long outputs.
+        for conc in (1, 4, 16, 32):
+            r = run(a.url, a.model, "distinct", conc, conc * 3, 16, 96, salt, a.seed)
+            salt += 100
+            r.update(label=a.label, probe="decode")
+            print(json.dumps(r), flush=True)
+        # Decode over long contexts.
+        for conc in (1, 8):
+            r = run(a.url, a.model, "distinct", conc, conc * 3, 1024, 64, salt, a.seed)
+            salt += 100
+            r.update(label=a.label, probe="decode-long")
+            print(json.dumps(r), flush=True)
+        return
+    for scenario in a.scenarios.split(","):
+        for conc in (int(c) for c in a.concurrency.split(",")):
+            n = {1: 16}.get(conc, 4 * conc)
+            r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt, a.seed + conc)
+            salt += 137
+            r["label"] = a.label
+            print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()

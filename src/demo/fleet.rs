@@ -1,0 +1,145 @@
+//! One demo run's processes-in-a-process: N simulated replicas and an llmlb
+//! in front of them, all on `127.0.0.1` port 0.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+use super::{DemoArgs, DemoError};
+use crate::server::Running;
+use crate::sim::{SimConfig, SimHandle};
+
+pub struct Fleet {
+    replicas: Vec<SimHandle>,
+    proxy: Running,
+    model: String,
+}
+
+/// Prefix-cache counters summed over the fleet, read from the replicas' own
+/// `/metrics` (in prompt tokens, as vLLM counts them).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefixCache {
+    pub queries: f64,
+    pub hits: f64,
+}
+
+impl PrefixCache {
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.queries > 0.0).then(|| self.hits / self.queries)
+    }
+}
+
+impl Fleet {
+    pub async fn start(args: &DemoArgs, balancer: &str) -> Result<Fleet, DemoError> {
+        let mut base = SimConfig::profile(&args.profile)
+            .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
+        base.engine.num_blocks = args.kv_blocks;
+        // The longest request must fit in the (deliberately small) cache.
+        let usable = args.kv_blocks.saturating_sub(1) * base.engine.block_size;
+        base.engine.max_model_len = base.engine.max_model_len.min(usable);
+        base.validate().map_err(DemoError::Sim)?;
+        let model = base.model.clone();
+        let mut replicas = Vec::with_capacity(args.replicas);
+        for i in 0..args.replicas {
+            let mut config = base.clone();
+            config.seed = args.seed.wrapping_add(i as u64);
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            replicas.push(crate::sim::spawn(listener, config));
+        }
+        let mut text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n\
+             [[pools]]\nname = \"demo\"\nmodels = [{model:?}]\nbalancer = {balancer:?}\n\
+             [pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1s\"\n"
+        );
+        for r in &replicas {
+            text.push_str(&format!(
+                "[[pools.replicas]]\nurl = \"http://{}\"\n",
+                r.addr
+            ));
+        }
+        let config = crate::config::parse(&text).map_err(|issues| {
+            DemoError::Config(
+                issues
+                    .iter()
+                    .map(|i| format!("{}: {}", i.key, i.reason))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let admin = TcpListener::bind("127.0.0.1:0").await?;
+        let proxy = crate::server::start(config, listener, admin)?;
+        wait_for_first_scrape(&proxy).await;
+        Ok(Fleet {
+            replicas,
+            proxy,
+            model,
+        })
+    }
+
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy.addr
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Sums `vllm:prefix_cache_queries_total` and `..._hits_total` over the
+    /// replicas, scraped over HTTP like any monitoring system would.
+    pub async fn prefix_cache(&self) -> PrefixCache {
+        let mut total = PrefixCache::default();
+        for r in &self.replicas {
+            if let Some(text) = scrape(r.addr).await {
+                total.queries +=
+                    crate::signals::parse::sum(&text, "vllm:prefix_cache_queries_total")
+                        .unwrap_or(0.0);
+                total.hits += crate::signals::parse::sum(&text, "vllm:prefix_cache_hits_total")
+                    .unwrap_or(0.0);
+            }
+        }
+        total
+    }
+
+    pub async fn stop(self) {
+        self.proxy.shutdown().await;
+        for r in self.replicas {
+            r.shutdown().await;
+        }
+    }
+}
+
+/// Balancers that read scraped load start with data: wait (a few scrape
+/// intervals at most) until every replica has been scraped once.
+async fn wait_for_first_scrape(proxy: &Running) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        let topology = proxy.state.topology.load();
+        let scraped = topology
+            .pools
+            .iter()
+            .flat_map(|p| p.replicas.iter())
+            .all(|r| r.load_snapshot().is_some());
+        if scraped {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+async fn scrape(addr: SocketAddr) -> Option<String> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::get("/metrics")
+        .header("host", addr.to_string())
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .ok()?;
+    let resp = sender.send_request(req).await.ok()?;
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    String::from_utf8(body.to_vec()).ok()
+}

@@ -1,0 +1,148 @@
+//! `llmlb demo`: a simulated fleet, the proxy, and the same short
+//! shared-prefix workload through each balancer in turn, ending in one
+//! comparison table (and an SVG of the latency distributions).
+//!
+//! Every run gets a fresh fleet (cold caches, empty queues), so the runs are
+//! comparable. Everything listens on `127.0.0.1` port 0, runs in this
+//! process, and is stopped before the command returns.
+
+mod fleet;
+mod table;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::bench::workload::SharedPrefixOptions;
+use crate::bench::{self, Arrivals, BenchSpec, Limits, WorkloadSpec};
+use fleet::Fleet;
+pub use table::{DemoRow, render};
+
+/// Flags of `llmlb demo`.
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Simulated replicas in the fleet.
+    #[arg(long, default_value_t = 4)]
+    pub replicas: usize,
+    /// Simulator profile of every replica (`fast`, `h100-8b`, `vllm-cpu-tiny`).
+    #[arg(long, default_value = "h100-8b")]
+    pub profile: String,
+    /// KV-cache blocks per replica (16 tokens each): small enough that not
+    /// every replica can hold every system prompt, so placement matters.
+    #[arg(long, default_value_t = 2048)]
+    pub kv_blocks: usize,
+    /// Requests per balancer run.
+    #[arg(long, default_value_t = 240)]
+    pub requests: u64,
+    /// Arrival rate (requests per second, Poisson).
+    #[arg(long, default_value_t = 12.0)]
+    pub rate: f64,
+    /// Balancers to compare, in order (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,least_connections,least_tokens,jsq,kv_aware"
+    )]
+    pub balancers: Vec<String>,
+    /// A few seconds instead of a minute or two: fast replicas, few requests.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write the latency CDFs.
+    #[arg(long, default_value = "llmlb-demo.svg")]
+    pub plot: PathBuf,
+    /// Seed of the workload and of the replicas.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("simulator: {0}")]
+    Sim(String),
+    #[error("proxy config: {0}")]
+    Config(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+}
+
+/// The workload every balancer sees: SGLang's generated-shared-prefix shape,
+/// scaled down to fit a short run.
+fn workload(args: &DemoArgs) -> SharedPrefixOptions {
+    if args.quick {
+        SharedPrefixOptions {
+            groups: 4,
+            prompts_per_group: 8,
+            system_len: 256,
+            question_len: 32,
+            output_len: 16,
+        }
+    } else {
+        SharedPrefixOptions {
+            groups: 16,
+            prompts_per_group: 16,
+            system_len: 1536,
+            question_len: 64,
+            output_len: 64,
+        }
+    }
+}
+
+/// Runs the demo and prints the table; returns the rows for callers that
+/// want them.
+pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
+    if args.quick {
+        args.profile = "fast".into();
+        args.requests = args.requests.min(32);
+        args.kv_blocks = args.kv_blocks.min(160);
+        args.rate = args.rate.max(50.0);
+    }
+    let options = workload(&args);
+    println!(
+        "llmlb demo: {} simulated replicas ({}, {} KV blocks each), {} requests per balancer,\n\
+         shared-prefix workload ({} groups x {} prompts, {}-token system prompt, {}-token question, {} output tokens), {} req/s\n",
+        args.replicas,
+        args.profile,
+        args.kv_blocks,
+        args.requests,
+        options.groups,
+        options.prompts_per_group,
+        options.system_len,
+        options.question_len,
+        options.output_len,
+        args.rate,
+    );
+    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    for balancer in &args.balancers {
+        let fleet = Fleet::start(&args, balancer).await?;
+        let mut spec = BenchSpec::new(
+            format!("http://{}", fleet.proxy_addr()),
+            fleet.model(),
+            WorkloadSpec::SharedPrefix(options.clone()),
+        );
+        spec.arrivals = Arrivals::Open {
+            rate: args.rate,
+            burstiness: 1.0,
+        };
+        spec.limits = Limits {
+            num_requests: Some(args.requests),
+            duration: Some(Duration::from_secs(120)),
+            request_timeout: Duration::from_secs(60),
+            ..Limits::default()
+        };
+        spec.seed = args.seed;
+        eprintln!("running {balancer} ...");
+        let report = bench::run(&spec).await?;
+        let cache = fleet.prefix_cache().await;
+        fleet.stop().await;
+        rows.push(DemoRow::new(balancer, &report.figures, cache));
+        runs.push((balancer.clone(), report));
+    }
+    println!("{}", render(&rows));
+    bench::write_svg(&args.plot, &runs)?;
+    println!("latency CDFs written to {}", args.plot.display());
+    Ok(rows)
+}

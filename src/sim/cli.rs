@@ -1,0 +1,285 @@
+//! `llmlb sim`: one or more simulated replicas in one process.
+//!
+//! The config of a replica is resolved in three layers: the named profile
+//! (`--profile`, or the `profile` key of the `--config` file), then the
+//! `--config` TOML file, then individual flags. Replica `i` listens on
+//! `port + i` and uses seed `seed + i`.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use super::SimHandle;
+use super::config::{ConfigError, SimConfig};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Port of the first replica; replica i listens on PORT+i.
+    #[arg(long, default_value_t = 8001)]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Number of replicas to run.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u16,
+    /// Named profile: fast, h100-8b, vllm-cpu-tiny (default h100-8b).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// TOML file overriding the profile (see docs/SIMULATOR.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Model name served.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Simulated seconds per real second.
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output tokens when a request does not say.
+    #[arg(long)]
+    pub default_max_tokens: Option<usize>,
+    /// Simulated seconds before /health answers 200.
+    #[arg(long, value_name = "SECONDS")]
+    pub startup_delay: Option<f64>,
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Turn prefix caching on or off.
+    #[arg(long)]
+    pub enable_prefix_caching: Option<bool>,
+    /// Serve lower `priority` values first.
+    #[arg(long)]
+    pub priority_scheduling: bool,
+    /// Step cost: fixed seconds per step.
+    #[arg(long, value_name = "SECONDS")]
+    pub step_overhead: Option<f64>,
+    /// Step cost: extra seconds for a step that prefills.
+    #[arg(long, value_name = "SECONDS")]
+    pub prefill_overhead: Option<f64>,
+    /// Step cost: seconds per uncached prompt token.
+    #[arg(long, value_name = "SECONDS")]
+    pub prefill_per_token: Option<f64>,
+    /// Step cost: seconds per decoding sequence.
+    #[arg(long, value_name = "SECONDS")]
+    pub decode_per_seq: Option<f64>,
+    /// Step cost: seconds per context token attended.
+    #[arg(long, value_name = "SECONDS")]
+    pub per_context_token: Option<f64>,
+    /// Fraction of inference requests answered with a 500.
+    #[arg(long)]
+    pub error_rate: Option<f64>,
+    /// Accept requests and never answer.
+    #[arg(long)]
+    pub hang: bool,
+    /// Multiply step times by this factor.
+    #[arg(long)]
+    pub slowdown: Option<f64>,
+    /// Answer 503 while this many requests wait in the engine queue.
+    #[arg(long)]
+    pub max_waiting: Option<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("--replicas must be at least 1")]
+    NoReplicas,
+    #[error("ports {first}..{first}+{n} do not fit below 65536")]
+    Ports { first: u16, n: u16 },
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The config of replica 0 from the three layers (replica `i` adds `i` to the seed).
+pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
+    let profile = args.profile.as_deref().unwrap_or("h100-8b");
+    let mut c = match &args.config {
+        Some(path) => SimConfig::from_toml_file(path, profile)?,
+        None => SimConfig::profile(profile)
+            .ok_or_else(|| ConfigError::UnknownProfile(profile.into()))?,
+    };
+    fn set<T: Clone>(dst: &mut T, v: &Option<T>) {
+        if let Some(v) = v {
+            *dst = v.clone();
+        }
+    }
+    set(&mut c.model, &args.model);
+    set(&mut c.time_scale, &args.time_scale);
+    set(&mut c.seed, &args.seed);
+    set(&mut c.default_max_tokens, &args.default_max_tokens);
+    set(&mut c.startup_delay, &args.startup_delay);
+    let e = &mut c.engine;
+    set(&mut e.block_size, &args.block_size);
+    set(&mut e.num_blocks, &args.num_blocks);
+    set(&mut e.max_num_seqs, &args.max_num_seqs);
+    set(&mut e.max_num_batched_tokens, &args.max_num_batched_tokens);
+    set(&mut e.max_model_len, &args.max_model_len);
+    set(&mut e.enable_prefix_caching, &args.enable_prefix_caching);
+    e.priority_scheduling |= args.priority_scheduling;
+    let k = &mut c.cost;
+    set(&mut k.step_overhead, &args.step_overhead);
+    set(&mut k.prefill_overhead, &args.prefill_overhead);
+    set(&mut k.prefill_per_token, &args.prefill_per_token);
+    set(&mut k.decode_per_seq, &args.decode_per_seq);
+    set(&mut k.per_context_token, &args.per_context_token);
+    let f = &mut c.faults;
+    set(&mut f.error_rate, &args.error_rate);
+    f.hang |= args.hang;
+    set(&mut f.slowdown, &args.slowdown);
+    if args.max_waiting.is_some() {
+        f.max_waiting = args.max_waiting;
+    }
+    c.validate().map_err(ConfigError::Invalid)?;
+    Ok(c)
+}
+
+/// Starts the replicas `args` describe on the current runtime. Replica `i`
+/// listens on `port + i` (every replica on a free port when `port` is 0) with
+/// seed `seed + i`. On a bind failure, the replicas already started are
+/// stopped again.
+pub async fn start(args: &SimArgs) -> Result<Vec<SimHandle>, CliError> {
+    let base = resolve(args)?;
+    if args.replicas == 0 {
+        return Err(CliError::NoReplicas);
+    }
+    if u32::from(args.port) + u32::from(args.replicas) - 1 > u32::from(u16::MAX) {
+        return Err(CliError::Ports {
+            first: args.port,
+            n: args.replicas,
+        });
+    }
+    let mut handles: Vec<SimHandle> = Vec::with_capacity(args.replicas.into());
+    for i in 0..args.replicas {
+        let port = if args.port == 0 { 0 } else { args.port + i };
+        let addr = SocketAddr::new(args.host, port);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(source) => {
+                for h in handles {
+                    h.shutdown().await;
+                }
+                return Err(CliError::Bind { addr, source });
+            }
+        };
+        let mut cfg = base.clone();
+        cfg.seed = base.seed.wrapping_add(u64::from(i));
+        handles.push(super::spawn(listener, cfg));
+    }
+    Ok(handles)
+}
+
+/// Runs the replicas until `stop` completes, then shuts them down.
+pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), CliError> {
+    let handles = start(&args).await?;
+    for h in &handles {
+        let c = h.config();
+        println!(
+            "llmlb sim: replica http://{} model {:?} (blocks {} x {}, max_num_seqs {}, time scale {})",
+            h.addr,
+            c.model,
+            c.engine.num_blocks,
+            c.engine.block_size,
+            c.engine.max_num_seqs,
+            c.time_scale
+        );
+    }
+    stop.await;
+    for h in handles {
+        h.shutdown().await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn args(line: &[&str]) -> SimArgs {
+        Wrap::parse_from(std::iter::once("sim").chain(line.iter().copied())).sim
+    }
+
+    #[test]
+    fn flags_override_the_profile() {
+        let c = resolve(&args(&[
+            "--profile",
+            "fast",
+            "--model",
+            "x",
+            "--num-blocks",
+            "64",
+            "--max-model-len",
+            "1000",
+            "--max-waiting",
+            "5",
+            "--step-overhead",
+            "0.5",
+            "--priority-scheduling",
+        ]))
+        .unwrap();
+        assert_eq!(c.model, "x");
+        assert_eq!(c.engine.num_blocks, 64);
+        assert!(c.engine.priority_scheduling);
+        assert_eq!(c.cost.step_overhead, 0.5);
+        assert_eq!(c.faults.max_waiting, Some(5));
+        assert_eq!(c.engine.block_size, 16);
+    }
+
+    #[tokio::test]
+    async fn start_runs_several_replicas_with_their_own_seeds() {
+        let handles = start(&args(&[
+            "--profile",
+            "fast",
+            "--port",
+            "0",
+            "--replicas",
+            "3",
+            "--seed",
+            "40",
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(handles.len(), 3);
+        let seeds: Vec<u64> = handles.iter().map(|h| h.config().seed).collect();
+        assert_eq!(seeds, vec![40, 41, 42]);
+        let mut ports: Vec<u16> = handles.iter().map(|h| h.addr.port()).collect();
+        ports.dedup();
+        assert_eq!(ports.len(), 3);
+        for h in handles {
+            h.shutdown().await;
+        }
+        assert!(matches!(
+            start(&args(&["--replicas", "0"])).await,
+            Err(CliError::NoReplicas)
+        ));
+    }
+
+    #[test]
+    fn default_profile_is_h100_and_bad_values_fail() {
+        assert_eq!(
+            resolve(&args(&[])).unwrap(),
+            SimConfig::profile("h100-8b").unwrap()
+        );
+        assert!(resolve(&args(&["--profile", "nope"])).is_err());
+        assert!(resolve(&args(&["--time-scale=-1"])).is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! Drives one [`Engine`] in scaled real time: the only owner of the engine,
+//! fed by a channel of commands, on its own tokio task.
+//!
+//! Loop: take commands (add, abort) as they come; when no step is in flight
+//! and there is work, run [`Engine::step`] at the current simulated time and
+//! sleep until its end; then hand each produced token to its request's
+//! channel. A request whose channel is closed (the client went away) is
+//! aborted in the engine at that point, if its response body had not already
+//! sent the abort on drop.
+//!
+//! Simulated time is `elapsed real time × time_scale`, with one refinement:
+//! while the engine stays busy, each step starts exactly when the previous
+//! one ended in simulated time, even if the timer woke the driver a little
+//! late (tokio timers have a one-millisecond resolution, coarse next to a
+//! 2 ms step). Lateness therefore delays a delivery by under a millisecond
+//! but never accumulates: throughput and mean inter-token latency follow the
+//! cost model exactly. A request arriving while a step is in flight is
+//! stamped no later than that step's end, the earliest it could be scheduled.
+//!
+//! The command channel is unbounded because aborts are sent from `Drop`,
+//! which cannot wait; what it carries is bounded by the open connections
+//! (one add and at most one abort each).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::engine::{AddError, Engine, EngineStats, Finished, NewRequest, StepOutcome};
+use super::faults::Faults;
+
+/// What a request's response receives, in order: one event per output token;
+/// the last one carries the request's completion.
+#[derive(Debug, Clone)]
+pub struct TokenOut {
+    pub text: &'static str,
+    pub finished: Option<Finished>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refused {
+    #[error("the replica's queue is full ({waiting} requests waiting)")]
+    QueueFull { waiting: usize },
+    #[error(transparent)]
+    Invalid(#[from] AddError),
+}
+
+pub enum Command {
+    Add {
+        req: NewRequest,
+        events: mpsc::UnboundedSender<TokenOut>,
+        reply: oneshot::Sender<Result<(), Refused>>,
+    },
+    Abort {
+        id: u64,
+    },
+}
+
+/// Maps simulated seconds to tokio instants and back.
+#[derive(Debug, Clone, Copy)]
+pub struct SimClock {
+    pub origin: Instant,
+    pub scale: f64,
+}
+
+impl SimClock {
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64() * self.scale
+    }
+
+    pub fn instant_at(&self, t: f64) -> Instant {
+        self.origin + std::time::Duration::from_secs_f64((t / self.scale).max(0.0))
+    }
+}
+
+pub struct Driver {
+    pub engine: Engine,
+    pub clock: SimClock,
+    pub faults: Arc<Faults>,
+    pub stats: Arc<ArcSwap<EngineStats>>,
+    pub commands: mpsc::UnboundedReceiver<Command>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Driver {
+    pub async fn run(mut self) {
+        let mut subscribers: HashMap<u64, mpsc::UnboundedSender<TokenOut>> = HashMap::new();
+        let mut in_flight: Option<StepOutcome> = None;
+        let mut last_end = 0.0_f64;
+        loop {
+            let deadline = in_flight.as_ref().map(|o| self.clock.instant_at(o.end));
+            let mut resume_at = None;
+            tokio::select! {
+                biased;
+                _ = self.shutdown.changed() => break,
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => {
+                        let now = self.clock.now();
+                        let arrival = in_flight.as_ref().map_or(now, |o| now.min(o.end));
+                        self.handle(cmd, arrival, &mut subscribers);
+                    }
+                    None => break,
+                },
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    let out = in_flight.take().expect("a step is in flight");
+                    last_end = out.end;
+                    resume_at = Some(out.end);
+                    self.deliver(out, &mut subscribers);
+                }
+            }
+            if in_flight.is_none() && self.engine.has_work() {
+                self.engine.set_slowdown(self.faults.slowdown());
+                let now = resume_at.unwrap_or_else(|| self.clock.now().max(last_end));
+                let out = self.engine.step(now);
+                if !out.is_idle() {
+                    in_flight = Some(out);
+                }
+            }
+            self.publish();
+        }
+        // Dropping the subscribers ends every open response.
+    }
+
+    fn handle(
+        &mut self,
+        cmd: Command,
+        arrival: f64,
+        subscribers: &mut HashMap<u64, mpsc::UnboundedSender<TokenOut>>,
+    ) {
+        match cmd {
+            Command::Add { req, events, reply } => {
+                let id = req.id;
+                let waiting = self.engine.num_waiting();
+                let result = match self.faults.max_waiting() {
+                    Some(limit) if waiting >= limit => {
+                        self.faults.record_refusal();
+                        Err(Refused::QueueFull { waiting })
+                    }
+                    _ => self.engine.add_request(req, arrival).map_err(Refused::from),
+                };
+                if result.is_ok() {
+                    subscribers.insert(id, events);
+                }
+                if reply.send(result.clone()).is_err() && result.is_ok() {
+                    // The client left before hearing back.
+                    self.abort(id, subscribers);
+                }
+            }
+            Command::Abort { id } => self.abort(id, subscribers),
+        }
+    }
+
+    fn abort(&mut self, id: u64, subscribers: &mut HashMap<u64, mpsc::UnboundedSender<TokenOut>>) {
+        if subscribers.remove(&id).is_some() {
+            self.engine.abort(id);
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        out: StepOutcome,
+        subscribers: &mut HashMap<u64, mpsc::UnboundedSender<TokenOut>>,
+    ) {
+        let mut finished: HashMap<u64, Finished> =
+            out.finished.into_iter().map(|f| (f.id, f)).collect();
+        for t in out.tokens {
+            let done = finished.remove(&t.id);
+            let last = done.is_some();
+            let Some(tx) = subscribers.get(&t.id) else {
+                continue;
+            };
+            let sent = tx.send(TokenOut {
+                text: t.text,
+                finished: done,
+            });
+            if last {
+                subscribers.remove(&t.id);
+            } else if sent.is_err() {
+                self.abort(t.id, subscribers);
+            }
+        }
+    }
+
+    fn publish(&self) {
+        self.stats.store(Arc::new(self.engine.stats().clone()));
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,284 @@
+//! The paged KV cache: a pool of fixed-size blocks with prefix caching.
+//!
+//! Modelled on vLLM's v1 block pool (`vllm/v1/core/block_pool.py`), written
+//! from its documented behaviour:
+//! - every block has a reference count; a block with no reference sits on the
+//!   **free list**, which is kept in LRU order (least recently freed at the head);
+//! - a *full* block of a request is **committed** under its chained hash
+//!   (see [`block_hash`]); the hash stays on the block after it is freed, so a
+//!   later request with the same prefix can find it;
+//! - a **hit** on a free block takes it off the free list (it is used again);
+//! - **allocation** takes the head of the free list and evicts whatever hash it
+//!   still carried.
+//!
+//! The free list is an intrusive doubly linked list over block indices, so
+//! taking a block out of its middle (a hit) is O(1). Lookup by hash is one
+//! `HashMap` probe. The pool is owned by one engine and never shared.
+
+use std::collections::HashMap;
+
+pub type BlockId = u32;
+
+const NIL: u32 = u32::MAX;
+
+/// Chained hash of one full block: equal exactly when this block's tokens and
+/// every token before it are equal (FNV-1a over the parent hash and the ids,
+/// then a final avalanche so nearby inputs spread over the 64-bit space).
+pub fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(parent.unwrap_or(0x9e37_79b9_7f4a_7c15));
+    for &t in tokens {
+        eat(u64::from(t));
+    }
+    mix64(h)
+}
+
+/// SplitMix64's finaliser: a cheap bijective avalanche on 64 bits.
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[derive(Debug)]
+pub struct BlockPool {
+    ref_cnt: Vec<u32>,
+    hash: Vec<Option<u64>>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    cached: HashMap<u64, BlockId>,
+    evictions: u64,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` free, empty blocks (free list in index order).
+    pub fn new(num_blocks: usize) -> BlockPool {
+        assert!(num_blocks > 0 && num_blocks < NIL as usize);
+        let n = num_blocks as u32;
+        BlockPool {
+            ref_cnt: vec![0; num_blocks],
+            hash: vec![None; num_blocks],
+            prev: (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect(),
+            next: (0..n)
+                .map(|i| if i + 1 == n { NIL } else { i + 1 })
+                .collect(),
+            head: 0,
+            tail: n - 1,
+            num_free: num_blocks,
+            cached: HashMap::new(),
+            evictions: 0,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.ref_cnt.len()
+    }
+
+    /// Blocks with no reference, cached or not.
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    /// Fraction of blocks in use, 0..1 (cached-but-free blocks count as free,
+    /// as in `vllm:kv_cache_usage_perc`).
+    pub fn usage(&self) -> f64 {
+        1.0 - self.num_free as f64 / self.num_blocks() as f64
+    }
+
+    /// Cached blocks evicted so far to make room.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// The block holding `hash`, if it is still cached.
+    pub fn lookup(&self, hash: u64) -> Option<BlockId> {
+        self.cached.get(&hash).copied()
+    }
+
+    /// Whether `id` has no reference (so taking it costs a free block).
+    pub fn is_free(&self, id: BlockId) -> bool {
+        self.ref_cnt[id as usize] == 0
+    }
+
+    /// Takes a reference on a cached block found by [`lookup`](Self::lookup),
+    /// reviving it from the free list when nobody held it.
+    pub fn acquire(&mut self, id: BlockId) {
+        if self.ref_cnt[id as usize] == 0 {
+            self.unlink(id);
+        }
+        self.ref_cnt[id as usize] += 1;
+    }
+
+    /// A fresh block from the head of the free list, evicting its old hash.
+    pub fn allocate(&mut self) -> Option<BlockId> {
+        let id = self.head;
+        if id == NIL {
+            return None;
+        }
+        self.unlink(id);
+        if let Some(h) = self.hash[id as usize].take() {
+            if self.cached.get(&h) == Some(&id) {
+                self.cached.remove(&h);
+            }
+            self.evictions += 1;
+        }
+        self.ref_cnt[id as usize] = 1;
+        Some(id)
+    }
+
+    /// Drops one reference; a block nobody holds goes to the tail of the free
+    /// list and keeps its hash.
+    pub fn free(&mut self, id: BlockId) {
+        let rc = &mut self.ref_cnt[id as usize];
+        assert!(*rc > 0, "block {id} freed twice");
+        *rc -= 1;
+        if *rc == 0 {
+            self.push_tail(id);
+        }
+    }
+
+    /// Records that `id` now holds the full block identified by `hash`. When
+    /// another block already holds the same content, that one stays the
+    /// cached copy and `id` stays anonymous.
+    pub fn commit(&mut self, id: BlockId, hash: u64) {
+        if self.hash[id as usize].is_some() {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+            e.insert(id);
+            self.hash[id as usize] = Some(hash);
+        }
+    }
+
+    /// The free list from head (next to be evicted) to tail.
+    pub fn free_order(&self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.num_free);
+        let mut cur = self.head;
+        while cur != NIL {
+            out.push(cur);
+            cur = self.next[cur as usize];
+        }
+        out
+    }
+
+    fn unlink(&mut self, id: BlockId) {
+        let (p, n) = (self.prev[id as usize], self.next[id as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[id as usize] = NIL;
+        self.next[id as usize] = NIL;
+        self.num_free -= 1;
+    }
+
+    fn push_tail(&mut self, id: BlockId) {
+        self.prev[id as usize] = self.tail;
+        self.next[id as usize] = NIL;
+        if self.tail == NIL {
+            self.head = id;
+        } else {
+            self.next[self.tail as usize] = id;
+        }
+        self.tail = id;
+        self.num_free += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chained_hash_depends_on_parent() {
+        let a = block_hash(None, &[1, 2, 3]);
+        assert_eq!(a, block_hash(None, &[1, 2, 3]));
+        assert_ne!(block_hash(Some(a), &[4]), block_hash(Some(a ^ 1), &[4]));
+        assert_ne!(a, block_hash(None, &[1, 2, 4]));
+    }
+
+    #[test]
+    fn allocate_until_empty_then_none() {
+        let mut p = BlockPool::new(3);
+        let ids: Vec<_> = (0..3).map(|_| p.allocate().unwrap()).collect();
+        assert_eq!(ids, vec![0, 1, 2]);
+        assert_eq!(p.allocate(), None);
+        assert_eq!(p.usage(), 1.0);
+        p.free(1);
+        assert_eq!(p.num_free(), 1);
+        assert_eq!(p.allocate(), Some(1));
+    }
+
+    #[test]
+    fn freed_blocks_keep_hash_and_hit_revives() {
+        let mut p = BlockPool::new(4);
+        let b = p.allocate().unwrap();
+        p.commit(b, 42);
+        p.free(b);
+        assert_eq!(p.num_free(), 4);
+        assert_eq!(p.lookup(42), Some(b));
+        p.acquire(b);
+        assert_eq!(p.num_free(), 3);
+        assert!(!p.free_order().contains(&b));
+        p.free(b);
+        assert_eq!(
+            *p.free_order().last().unwrap(),
+            b,
+            "freed blocks go to the tail"
+        );
+    }
+
+    #[test]
+    fn lru_eviction_takes_least_recently_freed_first() {
+        let mut p = BlockPool::new(4);
+        let ids: Vec<_> = (0..4).map(|_| p.allocate().unwrap()).collect();
+        for (i, &id) in ids.iter().enumerate() {
+            p.commit(id, 100 + i as u64);
+        }
+        // Free in the order 2, 0, 3, 1: that is the eviction order.
+        for i in [2, 0, 3, 1] {
+            p.free(ids[i]);
+        }
+        assert_eq!(p.free_order(), vec![2, 0, 3, 1]);
+        assert_eq!(p.allocate(), Some(2));
+        assert_eq!(p.lookup(102), None, "the evicted hash is gone");
+        assert_eq!(p.lookup(100), Some(0));
+        // A hit on block 0 protects it: the next victim is 3.
+        p.acquire(0);
+        assert_eq!(p.allocate(), Some(3));
+        assert_eq!(p.evictions(), 2);
+        assert_eq!(p.lookup(101), Some(1));
+    }
+
+    #[test]
+    fn duplicate_content_keeps_first_copy() {
+        let mut p = BlockPool::new(2);
+        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+        p.commit(a, 7);
+        p.commit(b, 7);
+        assert_eq!(p.lookup(7), Some(a));
+        p.free(b);
+        p.free(a);
+        assert_eq!(p.allocate(), Some(b));
+        assert_eq!(
+            p.lookup(7),
+            Some(a),
+            "evicting the duplicate keeps the cached copy"
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! `llmlb sim`: simulated vLLM replicas, for demos, tests, benchmarks and
+//! capacity planning without GPUs.
+//!
+//! Each replica is an HTTP server speaking vLLM's OpenAI API and metrics, in
+//! front of an [`engine::Engine`]: a pure state machine that reproduces
+//! vLLM's continuous batching, chunked prefill, paged KV cache with prefix
+//! caching and preemption, with step times from a per-profile cost model.
+//!
+//! - [`config`] and [`profile`]: what a replica is (named profiles, TOML overrides);
+//! - [`engine`]: the scheduler, KV cache and cost model, clock-injected;
+//! - `driver`: runs the engine in scaled real time on a tokio task;
+//! - `http`, `openai`, `responses`, `stream`, `server`: the HTTP side;
+//! - [`metrics`] and [`exposition`]: vLLM's Prometheus metrics and their
+//!   text format; [`faults`]: failure injection;
+//! - [`cli`]: the `llmlb sim` command.
+//!
+//! `docs/SIMULATOR.md` says what is modelled, what is not, and how the
+//! profiles compare with a real vLLM.
+
+pub mod cli;
+pub mod config;
+mod driver;
+pub mod engine;
+pub mod exposition;
+pub mod faults;
+mod http;
+pub mod metrics;
+mod openai;
+pub mod profile;
+mod responses;
+mod server;
+mod stream;
+pub mod text;
+
+pub use config::{ConfigError, FaultConfig, SimConfig};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use driver::{Driver, SimClock};
+use engine::{Engine, EngineStats};
+use faults::{FaultPatch, Faults};
+use http::Replica;
+
+/// A running simulated replica.
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    replica: Arc<Replica>,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<()>,
+    driver: JoinHandle<()>,
+}
+
+impl SimHandle {
+    /// Stops accepting, ends open requests and waits for both tasks.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.driver.await;
+        let _ = self.server.await;
+    }
+
+    /// The engine's statistics as of its last change.
+    pub fn stats(&self) -> Arc<EngineStats> {
+        self.replica.stats.load_full()
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.replica.config
+    }
+
+    /// The current fault settings.
+    pub fn faults(&self) -> FaultConfig {
+        self.replica.faults.snapshot()
+    }
+
+    /// Changes fault settings, as `POST /sim/fault` does.
+    pub fn set_faults(&self, patch: &FaultPatch) -> Result<FaultConfig, String> {
+        self.replica.faults.apply(patch)
+    }
+}
+
+/// Serves one simulated replica on an already-bound listener, on the current
+/// tokio runtime.
+///
+/// # Panics
+/// When `config` fails [`SimConfig::validate`] (the CLI validates first), or
+/// when called outside a tokio runtime.
+pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
+    if let Err(e) = config.validate() {
+        panic!("llmlb sim: invalid config: {e}");
+    }
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has a local address");
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let clock = SimClock {
+        origin: tokio::time::Instant::now(),
+        scale: config.time_scale,
+    };
+    let engine = Engine::new(config.engine.clone(), config.cost.clone(), config.seed);
+    let stats = Arc::new(ArcSwap::from_pointee(engine.stats().clone()));
+    let faults = Arc::new(Faults::new(config.faults.clone(), config.seed));
+    let driver = Driver {
+        engine,
+        clock,
+        faults: Arc::clone(&faults),
+        stats: Arc::clone(&stats),
+        commands: commands_rx,
+        shutdown: shutdown_rx.clone(),
+    };
+    let replica = Arc::new(Replica {
+        config,
+        faults,
+        stats,
+        commands,
+        clock,
+        created_unix: http::unix_now(),
+        next_id: AtomicU64::new(1),
+        shutdown: shutdown_rx.clone(),
+    });
+    let driver = tokio::spawn(driver.run());
+    let server = tokio::spawn(server::serve(listener, Arc::clone(&replica), shutdown_rx));
+    tracing::info!(%addr, model = %replica.config.model, "sim replica listening");
+    SimHandle {
+        addr,
+        replica,
+        shutdown,
+        server,
+        driver,
+    }
+}
