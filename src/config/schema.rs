@@ -74,6 +74,17 @@ pub struct ServerConfig {
     /// Client connections served at once; further connections wait in the
     /// listen backlog (not accepted) until one closes.
     pub max_connections: usize,
+    /// TLS termination on the client listener; unset: plain HTTP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
+/// private key (PKCS#8, PKCS#1 or SEC1).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +104,7 @@ impl Default for ServerConfig {
             header_read_timeout: Duration::from_secs(10),
             client_idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            tls: None,
         }
     }
 }

@@ -23,11 +23,12 @@ use tokio::sync::{Semaphore, watch};
 
 use super::connection::{Activity, Phase, TrackedIo, drive};
 use super::guarded::Guarded;
+use super::tls::ClientIo;
 use crate::config::ServerConfig;
 use crate::forwarding::ResponseBody;
 
-/// Connection-level limits of one listener.
-#[derive(Debug, Clone)]
+/// Connection-level limits of one listener, and its TLS acceptor if any.
+#[derive(Clone)]
 pub struct Limits {
     pub http2: bool,
     pub max_header_bytes: usize,
@@ -37,6 +38,7 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long open connections may finish after the listener stops.
     pub drain_timeout: Duration,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Limits {
@@ -49,6 +51,7 @@ impl Limits {
             client_idle_timeout: server.client_idle_timeout,
             max_connections: server.max_connections,
             drain_timeout: server.drain_timeout,
+            tls: None,
         }
     }
 }
@@ -105,10 +108,28 @@ pub async fn run<H, F>(
             let fut = handler(peer, req);
             async move { Ok::<_, Infallible>(fut.await.map(|b| Guarded::wrap(b, guard))) }
         });
-        let io = TokioIo::new(TrackedIo::new(stream, Arc::clone(&activity)));
-        let conn = builder.serve_connection(io, service).into_owned();
         let phase_rx = phase_rx.clone();
+        let (builder, tls) = (builder.clone(), limits.tls.clone());
+        let handshake_limit = limits.header_read_timeout;
         tokio::spawn(async move {
+            let tracked = TrackedIo::new(stream, Arc::clone(&activity));
+            let io = match tls {
+                None => ClientIo::Plain(tracked),
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_limit, acceptor.accept(tracked)).await {
+                        Ok(Ok(s)) => ClientIo::Tls(Box::new(s)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    }
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(io), service);
             drive(
                 conn,
                 |c| c.graceful_shutdown(),

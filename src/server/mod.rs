@@ -8,6 +8,7 @@ mod listener;
 pub mod pending;
 pub mod reload;
 pub mod request;
+pub mod tls;
 
 pub use error::{ApiError, error_response};
 
@@ -129,11 +130,17 @@ pub fn start(
     let state = AppState::new(config);
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
-    let limits = listener::Limits::from_config(&state.config.load().server);
+    let server = &state.config.load().server;
+    let mut limits = listener::Limits::from_config(server);
     let admin_limits = listener::Limits {
         http2: false,
         ..limits.clone()
     };
+    if let Some(tls) = &server.tls {
+        let acceptor = tls::acceptor(tls, server.http2)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        limits.tls = Some(acceptor);
+    }
 
     let s = Arc::clone(&state);
     let client = tokio::spawn(listener::run(

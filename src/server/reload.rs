@@ -134,6 +134,7 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
             "server.max_connections",
             old_config.server.max_connections != new.server.max_connections,
         ),
+        ("server.tls", old_config.server.tls != new.server.tls),
         (
             "server.drain_timeout",
             old_config.server.drain_timeout != new.server.drain_timeout,
