@@ -129,6 +129,16 @@ async fn slow_head_is_cut_off_by_the_header_read_timeout() {
     .await;
     assert!(cut.is_ok(), "a trickling head is cut off");
     assert_eq!(up.requests(), 0);
+    let text = metrics_text(lb.admin_addr).await;
+    let closed = |reason| {
+        metric_value(
+            &text,
+            "llmlb_client_connections_closed_total",
+            &[("listener", "client"), ("reason", reason)],
+        )
+    };
+    assert_eq!(closed("header_timeout"), 2.0);
+    assert_eq!(closed("idle_timeout"), 0.0);
     lb.shutdown().await;
 }
 
@@ -153,6 +163,15 @@ async fn idle_keep_alive_connection_is_closed_but_a_quiet_stream_is_not() {
         .await
         .expect("idle connection closed by llmlb")
         .unwrap();
+    let text = metrics_text(lb.admin_addr).await;
+    assert_eq!(
+        metric_value(
+            &text,
+            "llmlb_client_connections_closed_total",
+            &[("listener", "client"), ("reason", "idle_timeout")],
+        ),
+        1.0
+    );
 
     // A stream in flight whose replica stays silent longer than the client
     // idle timeout is not cut: the pool's own idle timeout governs it.

@@ -59,6 +59,32 @@ pub enum Expiry {
     HeaderTimeout,
 }
 
+/// How a connection ended: the `reason` label of
+/// `llmlb_client_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The client closed it, or hyper did (protocol error, keep-alive off).
+    Normal,
+    Idle,
+    HeaderTimeout,
+    /// Still open when the drain timeout ran out.
+    DrainTimeout,
+    /// TLS handshake failed or timed out.
+    Handshake,
+}
+
+impl Ended {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ended::Normal => "normal",
+            Ended::Idle => "idle_timeout",
+            Ended::HeaderTimeout => "header_timeout",
+            Ended::DrainTimeout => "drain_timeout",
+            Ended::Handshake => "tls_handshake",
+        }
+    }
+}
+
 impl Activity {
     pub fn new() -> Arc<Activity> {
         Arc::new(Activity {
@@ -211,7 +237,8 @@ pub async fn drive<C, E>(
     (idle, header): (Duration, Duration),
     mut phase: watch::Receiver<Phase>,
     peer: std::net::SocketAddr,
-) where
+) -> Ended
+where
     C: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
@@ -228,20 +255,23 @@ pub async fn drive<C, E>(
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, %peer, "connection ended with an error");
                 }
-                return;
+                return Ended::Normal;
             }
             _ = tokio::time::sleep(wait) => {
                 match activity.check(idle, header) {
                     Ok(next) => wait = next,
                     Err(why) => {
                         tracing::debug!(%peer, reason = ?why, "closing client connection");
-                        return;
+                        return match why {
+                            Expiry::Idle => Ended::Idle,
+                            Expiry::HeaderTimeout => Ended::HeaderTimeout,
+                        };
                     }
                 }
             }
             changed = phase.changed() => {
                 if changed.is_err() || *phase.borrow() == Phase::Force {
-                    return;
+                    return Ended::DrainTimeout;
                 }
             }
         }

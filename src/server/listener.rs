@@ -21,7 +21,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-use super::connection::{Activity, Phase, TrackedIo, drive};
+use super::connection::{Activity, Ended, Phase, TrackedIo, drive};
 use super::guarded::Guarded;
 use super::tls::ClientIo;
 use crate::config::ServerConfig;
@@ -56,6 +56,57 @@ impl Limits {
     }
 }
 
+/// Client connections of one listener: open now, and closed by reason.
+#[derive(Debug, Clone)]
+pub struct ConnMetrics {
+    listener: &'static str,
+    open: prometheus::IntGauge,
+    closed: prometheus::IntCounterVec,
+}
+
+impl ConnMetrics {
+    /// Registers the metric families and returns the series of the client
+    /// and the admin listener.
+    pub fn register(registry: &prometheus::Registry) -> (ConnMetrics, ConnMetrics) {
+        use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+        let open = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_client_connections",
+                "Connections open now, by listener.",
+            ),
+            &["listener"],
+        )
+        .expect("metric");
+        let closed = IntCounterVec::new(
+            Opts::new(
+                "llmlb_client_connections_closed_total",
+                "Connections closed, by listener and reason (normal, idle_timeout, \
+                 header_timeout, drain_timeout, tls_handshake).",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(open.clone()))
+            .expect("unique metric names");
+        registry
+            .register(Box::new(closed.clone()))
+            .expect("unique metric names");
+        let series = |listener: &'static str| ConnMetrics {
+            listener,
+            open: open.with_label_values(&[listener]),
+            closed: closed.clone(),
+        };
+        (series("client"), series("admin"))
+    }
+
+    fn closed(&self, why: Ended) {
+        self.closed
+            .with_label_values(&[self.listener, why.label()])
+            .inc();
+    }
+}
+
 /// Serves `listener` until `shutdown` turns true, then stops accepting and
 /// waits up to the drain timeout for open connections to finish their
 /// requests; connections still open then are closed.
@@ -64,6 +115,7 @@ pub async fn run<H, F>(
     handler: H,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
+    metrics: ConnMetrics,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
@@ -111,6 +163,8 @@ pub async fn run<H, F>(
         let phase_rx = phase_rx.clone();
         let (builder, tls) = (builder.clone(), limits.tls.clone());
         let handshake_limit = limits.header_read_timeout;
+        let metrics = metrics.clone();
+        metrics.open.inc();
         tokio::spawn(async move {
             let tracked = TrackedIo::new(stream, Arc::clone(&activity));
             let io = match tls {
@@ -120,17 +174,21 @@ pub async fn run<H, F>(
                         Ok(Ok(s)) => ClientIo::Tls(Box::new(s)),
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            metrics.open.dec();
+                            metrics.closed(Ended::Handshake);
                             return;
                         }
                         Err(_) => {
                             tracing::debug!(%peer, "TLS handshake timed out");
+                            metrics.open.dec();
+                            metrics.closed(Ended::Handshake);
                             return;
                         }
                     }
                 }
             };
             let conn = builder.serve_connection(TokioIo::new(io), service);
-            drive(
+            let ended = drive(
                 conn,
                 |c| c.graceful_shutdown(),
                 activity,
@@ -139,6 +197,8 @@ pub async fn run<H, F>(
                 peer,
             )
             .await;
+            metrics.open.dec();
+            metrics.closed(ended);
             drop(permit);
         });
     }

@@ -142,12 +142,14 @@ pub fn start(
         limits.tls = Some(acceptor);
     }
 
+    let (client_metrics, admin_metrics) = listener::ConnMetrics::register(state.metrics.registry());
     let s = Arc::clone(&state);
     let client = tokio::spawn(listener::run(
         listener,
         move |peer, req| handler::handle(Arc::clone(&s), peer, req),
         rx,
         limits,
+        client_metrics,
     ));
     let s = Arc::clone(&state);
     let admin_task = tokio::spawn(listener::run(
@@ -155,6 +157,7 @@ pub fn start(
         move |_peer, req| crate::admin::handle(Arc::clone(&s), req),
         admin_rx,
         admin_limits,
+        admin_metrics,
     ));
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn(crate::background::supervise(
