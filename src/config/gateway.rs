@@ -28,6 +28,41 @@ impl Default for GatewayConfig {
     }
 }
 
+/// `limits = { backend = "redis", url = "redis://..." }`: where per-key rate
+/// limit buckets live. `local` (default) keeps them in this process;
+/// `redis` shares them between every llmlb instance using the same Redis.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    pub backend: LimitsBackend,
+    /// `redis://host:port[/db]`, required with `backend = "redis"`.
+    pub url: Option<String>,
+    /// Longest wait for Redis on the request path before falling back to
+    /// local buckets for that request.
+    #[serde(with = "duration_serde")]
+    pub timeout: Duration,
+    /// Prefix of every Redis key llmlb writes.
+    pub key_prefix: String,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            backend: LimitsBackend::Local,
+            url: None,
+            timeout: Duration::from_millis(50),
+            key_prefix: "llmlb:rl:".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitsBackend {
+    Local,
+    Redis,
+}
+
 /// `[[tiers]]`: a class of callers and the queue priority it gets.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

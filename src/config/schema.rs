@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::gateway::{
-    GatewayConfig, KeyConfig, PriorityConfig, QueueConfig, TierConfig, default_priorities,
+    GatewayConfig, KeyConfig, LimitsConfig, PriorityConfig, QueueConfig, TierConfig,
+    default_priorities,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -22,6 +23,9 @@ pub struct Config {
     pub tiers: Vec<TierConfig>,
     #[serde(default)]
     pub keys: Vec<KeyConfig>,
+    /// Where per-key rate limit buckets live (local or Redis).
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// Queue priority levels, highest first.
     #[serde(default = "default_priorities")]
     pub priorities: Vec<PriorityConfig>,

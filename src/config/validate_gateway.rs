@@ -73,6 +73,24 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
         );
     }
 
+    if config.limits.backend == super::LimitsBackend::Redis {
+        match &config.limits.url {
+            None => push(out, "limits.url", "required with backend = \"redis\""),
+            Some(url) => {
+                if let Err(e) = redis::Client::open(url.as_str()) {
+                    push(
+                        out,
+                        "limits.url",
+                        &format!("invalid Redis URL {url:?}: {e}"),
+                    );
+                }
+            }
+        }
+    }
+    if config.limits.timeout.is_zero() {
+        push(out, "limits.timeout", "must be greater than 0");
+    }
+
     let mut hashes: HashMap<String, usize> = HashMap::new();
     for (i, k) in config.keys.iter().enumerate() {
         let key = format!("keys[{i}]");
@@ -174,6 +192,17 @@ mod tests {
         let c = parse(&text).unwrap();
         assert_eq!(c.priorities.len(), 2);
         assert_eq!(c.pools[0].max_inflight, Some(4));
+    }
+
+    #[test]
+    fn redis_limits_need_a_valid_url() {
+        let ok =
+            format!("limits = {{ backend = \"redis\", url = \"redis://127.0.0.1:6379\" }}\n{POOL}");
+        assert!(parse(&ok).is_ok());
+        let missing = format!("limits = {{ backend = \"redis\" }}\n{POOL}");
+        assert_eq!(parse(&missing).unwrap_err()[0].key, "limits.url");
+        let bad = format!("limits = {{ backend = \"redis\", url = \"http://x\" }}\n{POOL}");
+        assert_eq!(parse(&bad).unwrap_err()[0].key, "limits.url");
     }
 
     #[test]

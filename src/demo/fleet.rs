@@ -29,27 +29,53 @@ impl PrefixCache {
     }
 }
 
-impl Fleet {
-    pub async fn start(args: &DemoArgs, balancer: &str) -> Result<Fleet, DemoError> {
-        let mut base = SimConfig::profile(&args.profile)
+/// What one run's fleet looks like.
+pub struct FleetSpec {
+    pub sim: SimConfig,
+    pub replicas: usize,
+    pub seed: u64,
+    /// TOML placed before `[[pools]]` (tiers, priorities, gateway).
+    pub top: String,
+    /// TOML keys of the pool (`balancer = ...`, `max_inflight = ...`, sub-tables last).
+    pub pool: String,
+}
+
+impl FleetSpec {
+    /// The demo's usual fleet: `args.replicas` of `args.profile` with a
+    /// deliberately small KV cache, behind `balancer`.
+    pub fn for_balancer(args: &DemoArgs, balancer: &str) -> Result<FleetSpec, DemoError> {
+        let mut sim = SimConfig::profile(&args.profile)
             .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
-        base.engine.num_blocks = args.kv_blocks;
+        sim.engine.num_blocks = args.kv_blocks;
         // The longest request must fit in the (deliberately small) cache.
-        let usable = args.kv_blocks.saturating_sub(1) * base.engine.block_size;
-        base.engine.max_model_len = base.engine.max_model_len.min(usable);
-        base.validate().map_err(DemoError::Sim)?;
-        let model = base.model.clone();
-        let mut replicas = Vec::with_capacity(args.replicas);
-        for i in 0..args.replicas {
-            let mut config = base.clone();
-            config.seed = args.seed.wrapping_add(i as u64);
+        let usable = args.kv_blocks.saturating_sub(1) * sim.engine.block_size;
+        sim.engine.max_model_len = sim.engine.max_model_len.min(usable);
+        Ok(FleetSpec {
+            sim,
+            replicas: args.replicas,
+            seed: args.seed,
+            top: String::new(),
+            pool: format!("balancer = {balancer:?}\n"),
+        })
+    }
+}
+
+impl Fleet {
+    pub async fn start(spec: &FleetSpec) -> Result<Fleet, DemoError> {
+        spec.sim.validate().map_err(DemoError::Sim)?;
+        let model = spec.sim.model.clone();
+        let mut replicas = Vec::with_capacity(spec.replicas);
+        for i in 0..spec.replicas {
+            let mut config = spec.sim.clone();
+            config.seed = spec.seed.wrapping_add(i as u64);
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             replicas.push(crate::sim::spawn(listener, config));
         }
         let mut text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n\
-             [[pools]]\nname = \"demo\"\nmodels = [{model:?}]\nbalancer = {balancer:?}\n\
-             [pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1s\"\n"
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n{}\n\
+             [[pools]]\nname = \"demo\"\nmodels = [{model:?}]\n{}\n\
+             [pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1s\"\n",
+            spec.top, spec.pool
         );
         for r in &replicas {
             text.push_str(&format!(

@@ -7,6 +7,7 @@
 //! process, and is stopped before the command returns.
 
 mod fleet;
+pub mod priority;
 mod table;
 
 use std::path::PathBuf;
@@ -16,12 +17,24 @@ use clap::Args;
 
 use crate::bench::workload::SharedPrefixOptions;
 use crate::bench::{self, Arrivals, BenchSpec, Limits, WorkloadSpec};
-use fleet::Fleet;
+use fleet::{Fleet, FleetSpec};
 pub use table::{DemoRow, render};
+
+/// What the demo compares.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// The same shared-prefix workload through each balancer.
+    Balancers,
+    /// Paid and free tiers overloading the fleet, with and without the queue.
+    Priority,
+}
 
 /// Flags of `llmlb demo`.
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
+    /// What to compare.
+    #[arg(long, value_enum, default_value = "balancers")]
+    pub scenario: Scenario,
     /// Simulated replicas in the fleet.
     #[arg(long, default_value_t = 4)]
     pub replicas: usize,
@@ -93,6 +106,10 @@ fn workload(args: &DemoArgs) -> SharedPrefixOptions {
 /// Runs the demo and prints the table; returns the rows for callers that
 /// want them.
 pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
+    if args.scenario == Scenario::Priority {
+        priority::run(&args).await?;
+        return Ok(Vec::new());
+    }
     if args.quick {
         args.profile = "fast".into();
         args.requests = args.requests.min(32);
@@ -117,7 +134,7 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
     let mut rows = Vec::new();
     let mut runs = Vec::new();
     for balancer in &args.balancers {
-        let fleet = Fleet::start(&args, balancer).await?;
+        let fleet = Fleet::start(&FleetSpec::for_balancer(&args, balancer)?).await?;
         let mut spec = BenchSpec::new(
             format!("http://{}", fleet.proxy_addr()),
             fleet.model(),

@@ -5,6 +5,7 @@
 
 pub mod keys;
 pub mod rate_limit;
+pub mod shared_limits;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use http::header::HeaderValue;
 use crate::config::Config;
 use crate::server::ApiError;
 use rate_limit::{BucketStatus, TokenBucket};
+use shared_limits::{SharedCharge, SharedLimitMetrics, SharedLimits};
 
 /// Tokens assumed for the output of a request that sets no `max_tokens`.
 pub const DEFAULT_OUTPUT_TOKENS: u32 = 256;
@@ -28,6 +30,10 @@ pub struct KeyState {
     pub level: usize,
     pub requests: Option<TokenBucket>,
     pub tokens: Option<TokenBucket>,
+    /// Short digest prefix naming the key's shared buckets (never the key).
+    pub id: String,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
 }
 
 /// Who a request is from, after authentication.
@@ -38,10 +44,13 @@ pub struct Caller {
     /// Priority level index (0 = highest).
     pub level: usize,
     pub key: Option<Arc<KeyState>>,
+    /// Shared buckets (Redis), when configured.
+    pub shared: Option<Arc<SharedLimits>>,
 }
 
 #[derive(Debug)]
 pub struct Gateway {
+    shared: Option<Arc<SharedLimits>>,
     auth: bool,
     tier_header: Option<String>,
     tiers: HashMap<String, usize>,
@@ -104,7 +113,19 @@ pub fn format_reset(d: Duration) -> String {
 impl Gateway {
     /// Builds the gateway for a validated config. Buckets of keys present in
     /// `previous` (same digest) are carried over.
-    pub fn build(config: &Config, previous: Option<&Gateway>, now: Instant) -> Gateway {
+    pub fn build(
+        config: &Config,
+        previous: Option<&Gateway>,
+        now: Instant,
+        shared_metrics: &SharedLimitMetrics,
+    ) -> Gateway {
+        let shared = match config.limits.backend {
+            crate::config::LimitsBackend::Local => None,
+            crate::config::LimitsBackend::Redis => previous
+                .and_then(|g| g.shared.clone())
+                .filter(|s| s.same_settings(&config.limits))
+                .or_else(|| SharedLimits::new(&config.limits, shared_metrics)),
+        };
         let levels: Vec<String> = config.priorities.iter().map(|p| p.name.clone()).collect();
         let level_of = |name: &str| {
             levels
@@ -151,12 +172,16 @@ impl Gateway {
                         .requests_per_minute
                         .map(|l| TokenBucket::per_minute(l, now)),
                     tokens: k.tokens_per_minute.map(|l| TokenBucket::per_minute(l, now)),
+                    id: k.sha256.to_ascii_lowercase()[..16].to_string(),
+                    requests_per_minute: k.requests_per_minute,
+                    tokens_per_minute: k.tokens_per_minute,
                 }),
             };
             digests.push(digest);
             keys.push(state);
         }
         Gateway {
+            shared,
             auth: config.gateway.auth,
             tier_header: config.gateway.tier_header.clone(),
             tiers,
@@ -181,6 +206,7 @@ impl Gateway {
                 tier: Some(Arc::clone(&key.tier)),
                 level: key.level,
                 key: Some(key),
+                shared: self.shared.clone(),
             });
         }
         if self.auth {
@@ -202,12 +228,14 @@ impl Gateway {
                 tier: Some(Arc::from(name.as_str())),
                 level,
                 key: None,
+                shared: None,
             },
             None => Caller {
                 tenant: None,
                 tier: None,
                 level: self.default_level,
                 key: None,
+                shared: None,
             },
         })
     }
@@ -215,8 +243,47 @@ impl Gateway {
 
 impl Caller {
     /// Charges one request and `tokens` estimated tokens against the key's
-    /// limits. Nothing is charged when either limit refuses.
-    pub fn charge(
+    /// limits: the shared buckets when configured (falling back to local ones
+    /// when the backend fails), else the local ones.
+    pub async fn charge(
+        &self,
+        tokens: u64,
+        now: Instant,
+    ) -> Result<RateHeaders, (ApiError, RateHeaders)> {
+        let (Some(key), Some(shared)) = (&self.key, &self.shared) else {
+            return self.charge_local(tokens, now);
+        };
+        if key.requests_per_minute.is_none() && key.tokens_per_minute.is_none() {
+            return Ok(RateHeaders::default());
+        }
+        match shared
+            .charge(
+                &key.id,
+                key.requests_per_minute,
+                key.tokens_per_minute,
+                tokens,
+            )
+            .await
+        {
+            Ok(SharedCharge::Admitted { requests, tokens }) => Ok(RateHeaders { requests, tokens }),
+            Ok(SharedCharge::Denied {
+                kind,
+                wait,
+                requests,
+                tokens,
+            }) => Err((
+                ApiError::RateLimited {
+                    kind,
+                    retry_after: wait,
+                },
+                RateHeaders { requests, tokens },
+            )),
+            Err(_) => self.charge_local(tokens, now),
+        }
+    }
+
+    /// Charges the local buckets. Nothing is charged when either refuses.
+    pub fn charge_local(
         &self,
         tokens: u64,
         now: Instant,
@@ -263,8 +330,33 @@ impl Caller {
         Ok(headers)
     }
 
+    /// Runs a shared-bucket adjustment in the background.
+    fn adjust_shared(&self, token_delta: i64, refund_request: bool) -> bool {
+        let (Some(key), Some(shared)) = (&self.key, &self.shared) else {
+            return false;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (key, shared) = (Arc::clone(key), Arc::clone(shared));
+            rt.spawn(async move {
+                shared
+                    .adjust(
+                        &key.id,
+                        key.requests_per_minute,
+                        key.tokens_per_minute,
+                        token_delta,
+                        refund_request,
+                    )
+                    .await;
+            });
+        }
+        true
+    }
+
     /// Gives back a whole charge (the request was not served).
     pub fn refund(&self, tokens: u64, now: Instant) {
+        if self.adjust_shared(tokens as i64, true) {
+            return;
+        }
         if let Some(key) = &self.key {
             if let Some(b) = &key.requests {
                 b.adjust(1, now);
@@ -277,6 +369,9 @@ impl Caller {
 
     /// Settles an estimated token charge with what the response reported.
     pub fn settle(&self, estimated: u64, actual: u64, now: Instant) {
+        if self.adjust_shared(estimated as i64 - actual as i64, false) {
+            return;
+        }
         if let Some(b) = self.key.as_ref().and_then(|k| k.tokens.as_ref()) {
             b.adjust(estimated as i64 - actual as i64, now);
         }
@@ -295,7 +390,12 @@ mod tests {
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\ntier = \"paid\"\nrequests_per_minute = 2\ntokens_per_minute = 100\n",
             keys::hash_key("sk-acme")
         );
-        Gateway::build(&crate::config::parse(&text).unwrap(), None, Instant::now())
+        Gateway::build(
+            &crate::config::parse(&text).unwrap(),
+            None,
+            Instant::now(),
+            &SharedLimitMetrics::new(&prometheus::Registry::new()),
+        )
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -352,15 +452,15 @@ mod tests {
             .authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
             .unwrap();
         let now = Instant::now();
-        let h = c.charge(40, now).unwrap();
+        let h = c.charge_local(40, now).unwrap();
         assert_eq!(h.requests.unwrap().remaining, 1);
         assert_eq!(h.tokens.unwrap().remaining, 60);
         // Tokens refuse: the request charge is given back.
-        let (err, h) = c.charge(80, now).unwrap_err();
+        let (err, h) = c.charge_local(80, now).unwrap_err();
         assert!(matches!(err, ApiError::RateLimited { kind: "tokens", .. }));
         assert_eq!(h.requests.unwrap().remaining, 1);
-        c.charge(10, now).unwrap();
-        let (err, _) = c.charge(1, now).unwrap_err();
+        c.charge_local(10, now).unwrap();
+        let (err, _) = c.charge_local(1, now).unwrap_err();
         assert!(matches!(
             err,
             ApiError::RateLimited {

@@ -95,7 +95,7 @@ async fn route(
 
     let estimated = u64::from(meta.estimated_prompt_tokens())
         + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
-    match caller.charge(estimated, Instant::now()) {
+    match caller.charge(estimated, Instant::now()).await {
         Ok(headers) => *rate = headers,
         Err((err, headers)) => {
             *rate = headers;

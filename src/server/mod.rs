@@ -43,6 +43,7 @@ pub struct AppState {
     /// arrive on open connections get 503 `shutting_down`.
     pub closing: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
+    pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     /// Per-pool circuit breakers (`max_pending`).
     pub pending: pending::Gates,
     /// The file the config came from, when it came from one (for reloads).
@@ -54,7 +55,14 @@ impl AppState {
         let metrics = Arc::new(Metrics::new());
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
         let topology = Topology::build(&config, &metrics, &admission_metrics, None);
-        let gateway = Gateway::build(&config, None, std::time::Instant::now());
+        let shared_limit_metrics =
+            crate::gateway::shared_limits::SharedLimitMetrics::new(metrics.registry());
+        let gateway = Gateway::build(
+            &config,
+            None,
+            std::time::Instant::now(),
+            &shared_limit_metrics,
+        );
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         let pending = pending::Gates::build(&config);
         Arc::new(AppState {
@@ -66,6 +74,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             reload_metrics,
+            shared_limit_metrics,
             pending,
             config_path: std::sync::OnceLock::new(),
         })

@@ -101,7 +101,12 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         &state.admission_metrics,
         Some(&old_topology),
     );
-    let gateway = Gateway::build(&new, Some(&state.gateway.load()), Instant::now());
+    let gateway = Gateway::build(
+        &new,
+        Some(&state.gateway.load()),
+        Instant::now(),
+        &state.shared_limit_metrics,
+    );
     let mut needs_restart = Vec::new();
     for (key, changed) in [
         (

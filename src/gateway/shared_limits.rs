@@ -1,0 +1,317 @@
+//! Per-key rate limits shared by every llmlb instance through Redis.
+//!
+//! Each key has two buckets in Redis (requests, tokens), each a hash of
+//! `level` and `ts`. One Lua script refills and charges both atomically, with
+//! Redis's own clock (`TIME`), so instances never disagree about time: a
+//! request is admitted by all the buckets or charged to none. Buckets expire
+//! after two idle minutes (a full bucket needs no storage).
+//!
+//! Redis is never allowed to fail a request: on any error or after
+//! `limits.timeout`, the caller falls back to its local buckets for that
+//! request, the fallback is counted (`llmlb_rate_limit_fallbacks_total`) and
+//! logged, and the connection is re-established at most once a second.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use prometheus::{IntCounter, IntGauge, Registry};
+use redis::aio::MultiplexedConnection;
+
+use super::rate_limit::BucketStatus;
+use crate::config::LimitsConfig;
+use crate::telemetry::clock::now_millis;
+
+/// Refills both buckets with Redis's clock, then charges one request and
+/// `ARGV[3]` tokens if both allow it. A capacity of 0 means "no limit".
+/// Returns `{denied (0 none, 1 requests, 2 tokens), request level, token
+/// level, seconds to wait}` (numbers as strings: Redis truncates Lua floats).
+const TAKE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'ts')
+  local l = tonumber(v[1]) or cap
+  local ts = tonumber(v[2]) or now
+  return math.min(cap, l + math.max(0, now - ts) * cap / 60)
+end
+local rcap, tcap, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local rl, tl = -1, -1
+if rcap > 0 then rl = level(KEYS[1], rcap) end
+if tcap > 0 then tl = level(KEYS[2], tcap) end
+local denied, wait = 0, 0
+if rcap > 0 and rl < 1 then
+  denied = 1
+  wait = (1 - rl) * 60 / rcap
+end
+if denied == 0 and tcap > 0 then
+  local need = math.min(cost, tcap)
+  if tl < need then
+    denied = 2
+    wait = (need - tl) * 60 / tcap
+  end
+end
+if denied == 0 then
+  if rcap > 0 then rl = rl - 1 end
+  if tcap > 0 then tl = tl - cost end
+end
+if rcap > 0 then
+  redis.call('HSET', KEYS[1], 'level', rl, 'ts', now)
+  redis.call('PEXPIRE', KEYS[1], 120000)
+end
+if tcap > 0 then
+  redis.call('HSET', KEYS[2], 'level', tl, 'ts', now)
+  redis.call('PEXPIRE', KEYS[2], 120000)
+end
+return {denied, tostring(rl), tostring(tl), tostring(wait)}
+"#;
+
+/// Adds `ARGV[2]` (may be negative) to a bucket of capacity `ARGV[1]`.
+const ADJUST: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local cap, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
+local v = redis.call('HMGET', KEYS[1], 'level', 'ts')
+local l = tonumber(v[1]) or cap
+local ts = tonumber(v[2]) or now
+l = math.min(cap, math.min(cap, l + math.max(0, now - ts) * cap / 60) + delta)
+redis.call('HSET', KEYS[1], 'level', l, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
+return tostring(l)
+"#;
+
+/// Shared limiter metrics, registered once per process.
+#[derive(Debug, Clone)]
+pub struct SharedLimitMetrics {
+    /// Requests whose limits were checked locally because Redis failed.
+    pub fallbacks: IntCounter,
+    /// 1 while the last Redis call succeeded.
+    pub up: IntGauge,
+}
+
+impl SharedLimitMetrics {
+    pub fn new(registry: &Registry) -> SharedLimitMetrics {
+        let fallbacks = IntCounter::new(
+            "llmlb_rate_limit_fallbacks_total",
+            "Rate-limit checks done with local buckets because the shared backend failed.",
+        )
+        .expect("metric");
+        let up = IntGauge::new(
+            "llmlb_rate_limit_backend_up",
+            "1 while the shared rate-limit backend answers.",
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(fallbacks.clone()))
+            .expect("unique metric names");
+        registry
+            .register(Box::new(up.clone()))
+            .expect("unique metric names");
+        SharedLimitMetrics { fallbacks, up }
+    }
+}
+
+/// The outcome of a shared charge.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SharedCharge {
+    Admitted {
+        requests: Option<BucketStatus>,
+        tokens: Option<BucketStatus>,
+    },
+    Denied {
+        kind: &'static str,
+        wait: Duration,
+        requests: Option<BucketStatus>,
+        tokens: Option<BucketStatus>,
+    },
+}
+
+pub struct SharedLimits {
+    url: String,
+    client: redis::Client,
+    conn: ArcSwapOption<MultiplexedConnection>,
+    last_connect_ms: AtomicU64,
+    timeout: Duration,
+    prefix: String,
+    take: redis::Script,
+    adjust: redis::Script,
+    metrics: SharedLimitMetrics,
+}
+
+impl std::fmt::Debug for SharedLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedLimits")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("not connected to redis (next attempt within a second)")]
+    NotConnected,
+}
+
+impl SharedLimits {
+    /// Builds the limiter; connects lazily on first use.
+    pub fn new(config: &LimitsConfig, metrics: &SharedLimitMetrics) -> Option<Arc<SharedLimits>> {
+        let url = config.url.clone()?;
+        let client = redis::Client::open(url.as_str()).ok()?;
+        Some(Arc::new(SharedLimits {
+            url,
+            client,
+            conn: ArcSwapOption::empty(),
+            last_connect_ms: AtomicU64::new(0),
+            timeout: config.timeout,
+            prefix: config.key_prefix.clone(),
+            take: redis::Script::new(TAKE),
+            adjust: redis::Script::new(ADJUST),
+            metrics: metrics.clone(),
+        }))
+    }
+
+    /// Whether a reload can keep this limiter (same backend settings).
+    pub fn same_settings(&self, config: &LimitsConfig) -> bool {
+        config.url.as_deref() == Some(self.url.as_str())
+            && config.timeout == self.timeout
+            && config.key_prefix == self.prefix
+    }
+
+    async fn connection(&self) -> Result<MultiplexedConnection, SharedError> {
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let now = now_millis();
+        let last = self.last_connect_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 1000 {
+            return Err(SharedError::NotConnected);
+        }
+        self.last_connect_ms.store(now, Ordering::Relaxed);
+        let conn = tokio::time::timeout(
+            self.timeout * 4,
+            self.client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| SharedError::Timeout(self.timeout * 4))??;
+        self.conn.store(Some(Arc::new(conn.clone())));
+        tracing::info!(url = %self.url, "connected to the shared rate-limit backend");
+        Ok(conn)
+    }
+
+    fn failed(&self, err: &SharedError) {
+        if !matches!(err, SharedError::NotConnected) {
+            tracing::warn!(url = %self.url, error = %err, "shared rate limits unavailable; using local buckets");
+        }
+        self.conn.store(None);
+        self.metrics.up.set(0);
+        self.metrics.fallbacks.inc();
+    }
+
+    fn keys(&self, key_id: &str) -> (String, String) {
+        (
+            format!("{}{key_id}:req", self.prefix),
+            format!("{}{key_id}:tok", self.prefix),
+        )
+    }
+
+    /// Charges one request and `tokens` against the key's shared buckets.
+    /// `Err` means Redis could not be used; the caller falls back to local.
+    pub async fn charge(
+        &self,
+        key_id: &str,
+        requests_per_minute: Option<u32>,
+        tokens_per_minute: Option<u32>,
+        tokens: u64,
+    ) -> Result<SharedCharge, SharedError> {
+        let result = self
+            .try_charge(key_id, requests_per_minute, tokens_per_minute, tokens)
+            .await;
+        match &result {
+            Ok(_) => self.metrics.up.set(1),
+            Err(e) => self.failed(e),
+        }
+        result
+    }
+
+    async fn try_charge(
+        &self,
+        key_id: &str,
+        rpm: Option<u32>,
+        tpm: Option<u32>,
+        tokens: u64,
+    ) -> Result<SharedCharge, SharedError> {
+        let mut conn = self.connection().await?;
+        let (rk, tk) = self.keys(key_id);
+        let mut invocation = self.take.key(rk);
+        invocation
+            .key(tk)
+            .arg(rpm.unwrap_or(0))
+            .arg(tpm.unwrap_or(0))
+            .arg(tokens);
+        let (denied, rl, tl, wait): (u8, String, String, String) =
+            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn))
+                .await
+                .map_err(|_| SharedError::Timeout(self.timeout))??;
+        let status = |cap: Option<u32>, level: &str| {
+            let cap = cap?;
+            let level: f64 = level.parse().unwrap_or(0.0);
+            let per_second = f64::from(cap) / 60.0;
+            Some(BucketStatus {
+                limit: u64::from(cap),
+                remaining: level.max(0.0).floor() as u64,
+                reset: Duration::from_secs_f64((f64::from(cap) - level).max(0.0) / per_second),
+            })
+        };
+        let requests = status(rpm, &rl);
+        let tokens = status(tpm, &tl);
+        Ok(match denied {
+            0 => SharedCharge::Admitted { requests, tokens },
+            kind => SharedCharge::Denied {
+                kind: if kind == 1 { "requests" } else { "tokens" },
+                wait: Duration::from_secs_f64(wait.parse::<f64>().unwrap_or(1.0).max(0.0)),
+                requests,
+                tokens,
+            },
+        })
+    }
+
+    /// Gives back (`delta > 0`) or charges more tokens after the fact; also
+    /// gives back the request when `refund_request` (the request was not served).
+    pub async fn adjust(
+        &self,
+        key_id: &str,
+        requests_per_minute: Option<u32>,
+        tokens_per_minute: Option<u32>,
+        token_delta: i64,
+        refund_request: bool,
+    ) {
+        let result: Result<(), SharedError> = async {
+            let mut conn = self.connection().await?;
+            let (rk, tk) = self.keys(key_id);
+            if let (Some(cap), true) = (tokens_per_minute, token_delta != 0) {
+                let mut inv = self.adjust.key(tk);
+                inv.arg(cap).arg(token_delta);
+                tokio::time::timeout(self.timeout, inv.invoke_async::<String>(&mut conn))
+                    .await
+                    .map_err(|_| SharedError::Timeout(self.timeout))??;
+            }
+            if let (Some(cap), true) = (requests_per_minute, refund_request) {
+                let mut inv = self.adjust.key(rk);
+                inv.arg(cap).arg(1);
+                tokio::time::timeout(self.timeout, inv.invoke_async::<String>(&mut conn))
+                    .await
+                    .map_err(|_| SharedError::Timeout(self.timeout))??;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "shared rate-limit settlement skipped");
+        }
+    }
+}
