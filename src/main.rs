@@ -147,8 +147,8 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         }
         wait_for_shutdown(&running.state).await;
         let _ = stop_watch.send(true);
-        tracing::info!("shutting down: draining in-flight requests");
-        running.shutdown().await;
+        tracing::info!("shutting down: draining");
+        running.drain().await;
         tracing::info!("stopped");
         Ok(())
     })

@@ -327,3 +327,48 @@ async fn serve_reloads_on_file_change_and_on_sighup() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn reload_applies_max_pending_live_and_names_listener_limits_needing_a_restart() {
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let pool = |extra: &str| one_pool("round_robin", &[(&up.url(), 1)], extra);
+    let file = TempConfig::new("limits", &pool("max_pending = 1"));
+    let lb = start_from(&file).await;
+    let mut c = Conn::open(lb.addr).await;
+    let resp = c
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    let mut held = resp.into_body();
+    held.frame().await.unwrap().unwrap();
+    let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, 503);
+    assert_eq!(error_code(&body), "pool_overloaded");
+
+    file.write(&format!(
+        "[server]\nmax_connections = 7\n{}",
+        pool("max_pending = 2")
+    ));
+    let (status, _, body) = call(lb.admin_addr, post("/admin/reload", None)).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        v["summary"]["needs_restart"],
+        serde_json::json!(["server.max_connections"])
+    );
+    // The held stream still counts; the new limit leaves room for one more.
+    let mut c2 = Conn::open(lb.addr).await;
+    let resp = c2
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut held2 = resp.into_body();
+    held2.frame().await.unwrap().unwrap();
+    let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, 503, "two pending: the kept count and the new one");
+    assert_eq!(error_code(&body), "pool_overloaded");
+    up.release_one();
+    up.release_one();
+    held.collect().await.unwrap();
+    held2.collect().await.unwrap();
+    lb.shutdown().await;
+}

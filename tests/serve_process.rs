@@ -18,7 +18,7 @@ async fn serve_proxies_and_exits_cleanly_on_sigterm() {
     std::fs::write(
         &path,
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}",
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ndrain_delay = \"100ms\"\n{}",
             one_pool("least_connections", &[(&up.url(), 1)], "")
         ),
     )

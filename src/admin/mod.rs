@@ -1,6 +1,8 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process is
 //! alive), `/readyz` (config loaded, not draining, every pool has a replica
 //! not known to be down) and `/admin/replicas` (each replica's load and health, JSON).
+//! Mutating endpoints (`POST`, behind the optional admin token):
+//! `/admin/reload`, `/admin/replicas/{name}/drain` and `/admin/replicas/{name}/undrain`.
 
 mod replicas;
 mod status;
@@ -108,13 +110,43 @@ fn post(state: &AppState, req: &Request<Incoming>) -> Response<ResponseBody> {
                 )
             }
         },
-        other => error_response(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "not_found",
-            &format!("no admin endpoint POST {other}"),
-        ),
+        other => match drain_target(other) {
+            Some((name, on)) => match replicas::set_draining(&state.topology.load(), name, on) {
+                Some(body) => {
+                    tracing::info!(
+                        replica = name,
+                        draining = on,
+                        "replica drain changed by the admin API"
+                    );
+                    json(StatusCode::OK, &body)
+                }
+                None => error_response(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "replica_not_found",
+                    &format!("no replica named {name:?}"),
+                ),
+            },
+            None => error_response(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "not_found",
+                &format!("no admin endpoint POST {other}"),
+            ),
+        },
     }
+}
+
+/// `/admin/replicas/{name}/drain` → `(name, true)`, `.../undrain` → `(name, false)`.
+fn drain_target(path: &str) -> Option<(&str, bool)> {
+    let rest = path.strip_prefix("/admin/replicas/")?;
+    let (name, action) = rest.rsplit_once('/')?;
+    let on = match action {
+        "drain" => true,
+        "undrain" => false,
+        _ => return None,
+    };
+    (!name.is_empty()).then_some((name, on))
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<ResponseBody> {

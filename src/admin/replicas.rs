@@ -13,6 +13,27 @@ pub fn render(topology: &Topology) -> Value {
     json!({ "pools": pools })
 }
 
+/// `POST /admin/replicas/{name}/drain` and `/undrain`: sets every replica
+/// whose name (or `host:port`) is `name`; the JSON answer lists them, or
+/// `None` when no replica matched.
+pub fn set_draining(topology: &Topology, name: &str, on: bool) -> Option<Value> {
+    let mut matched = Vec::new();
+    for p in &topology.pools {
+        for r in &p.replicas {
+            if r.name == name || r.authority.as_str() == name {
+                r.set_draining(on);
+                matched.push(json!({
+                    "pool": p.name,
+                    "name": r.name,
+                    "draining": on,
+                    "in_flight": r.in_flight(),
+                }));
+            }
+        }
+    }
+    (!matched.is_empty()).then(|| json!({ "replicas": matched }))
+}
+
 fn pool(p: &Pool, now: u64) -> Value {
     let staleness = p.scrape.as_ref().map(|s| s.staleness.as_millis() as u64);
     json!({
@@ -41,6 +62,7 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
         "address": r.authority.to_string(),
         "weight": r.weight,
         "eligible": r.is_eligible_at(now),
+        "draining": r.is_draining(),
         "in_flight": r.in_flight(),
         "outstanding_tokens": r.outstanding_tokens(),
         "health": {

@@ -7,7 +7,7 @@
 //! is released at end of stream or when the client goes away.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use prometheus::IntGauge;
@@ -48,6 +48,9 @@ pub struct Replica {
     pub outlier: Outlier,
     /// Active health checks.
     pub health: ActiveHealth,
+    /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
+    /// streams already running finish.
+    draining: AtomicBool,
     in_flight_gauge: IntGauge,
 }
 
@@ -72,6 +75,7 @@ impl Replica {
             load: ArcSwapOption::empty(),
             outlier: Outlier::default(),
             health: ActiveHealth::default(),
+            draining: AtomicBool::new(false),
             in_flight_gauge,
         }
     }
@@ -156,9 +160,18 @@ impl Replica {
         self.is_eligible_at(now_millis())
     }
 
-    /// Up by active checks and not ejected by passive health.
+    /// Not drained, up by active checks and not ejected by passive health.
     pub fn is_eligible_at(&self, now_ms: u64) -> bool {
-        self.health.is_up() && !self.outlier.is_ejected_at(now_ms)
+        !self.is_draining() && self.health.is_up() && !self.outlier.is_ejected_at(now_ms)
+    }
+
+    /// Drains the replica (`true`: no new work) or puts it back (`false`).
+    pub fn set_draining(&self, on: bool) {
+        self.draining.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// Whether the replica is currently set aside by either kind of health.
@@ -287,5 +300,14 @@ mod tests {
             r.health.record(false, 3, 2);
         }
         assert!(!r.is_eligible_at(1));
+    }
+
+    #[test]
+    fn drained_replica_is_ineligible_until_undrained() {
+        let r = replica();
+        r.set_draining(true);
+        assert!(!r.is_eligible_at(1));
+        r.set_draining(false);
+        assert!(r.is_eligible_at(1));
     }
 }

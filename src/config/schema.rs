@@ -64,6 +64,38 @@ pub struct ServerConfig {
     /// always reload.
     #[serde(with = "duration_serde")]
     pub watch_interval: Duration,
+    /// After SIGTERM: how long the client listener keeps accepting (while
+    /// `/readyz` already answers 503) so load balancers in front can take
+    /// llmlb out of rotation before it stops accepting.
+    #[serde(with = "duration_serde")]
+    pub drain_delay: Duration,
+    /// Largest request head (request line and headers) on HTTP/1.1; larger
+    /// heads get 431. At least 8192 (hyper's smallest read buffer).
+    pub max_header_bytes: usize,
+    /// Most header fields in one request; more get 431.
+    pub max_headers: usize,
+    /// Time a client has to send a complete request head once its first byte
+    /// arrived (slowloris); the connection is closed when it runs out.
+    #[serde(with = "duration_serde")]
+    pub header_read_timeout: Duration,
+    /// A client connection with no request in flight and no bytes in either
+    /// direction for this long is closed.
+    #[serde(with = "duration_serde")]
+    pub client_idle_timeout: Duration,
+    /// Client connections served at once; further connections wait in the
+    /// listen backlog (not accepted) until one closes.
+    pub max_connections: usize,
+    /// TLS termination on the client listener; unset: plain HTTP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
+/// private key (PKCS#8, PKCS#1 or SEC1).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +109,13 @@ impl Default for ServerConfig {
             admin_token: None,
             replica_header: false,
             watch_interval: Duration::from_secs(2),
+            drain_delay: Duration::from_secs(5),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            header_read_timeout: Duration::from_secs(10),
+            client_idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            tls: None,
         }
     }
 }
@@ -156,6 +195,10 @@ pub struct PoolConfig {
     /// Session header and session affinity.
     #[serde(default)]
     pub session: SessionConfig,
+    /// Circuit breaker: requests of this pool being queued or forwarded at
+    /// once; further requests get 503 `pool_overloaded` at once. 0: no limit.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: u32,
     #[serde(default)]
     pub replicas: Vec<ReplicaConfig>,
     /// Replicas from DNS instead of `replicas`.
@@ -176,6 +219,10 @@ impl PoolConfig {
 
 fn default_balancer() -> BalancerKind {
     BalancerKind::LeastConnections
+}
+
+fn default_max_pending() -> u32 {
+    4096
 }
 
 fn default_retries() -> u32 {

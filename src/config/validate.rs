@@ -17,6 +17,38 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
     if config.server.max_body_bytes == 0 {
         push(&mut out, "server.max_body_bytes", "must be greater than 0");
     }
+    let server = &config.server;
+    if server.max_header_bytes < 8192 {
+        push(&mut out, "server.max_header_bytes", "must be at least 8192");
+    }
+    for (key, zero) in [
+        ("server.max_headers", server.max_headers == 0),
+        ("server.max_connections", server.max_connections == 0),
+        (
+            "server.header_read_timeout",
+            server.header_read_timeout.is_zero(),
+        ),
+        (
+            "server.client_idle_timeout",
+            server.client_idle_timeout.is_zero(),
+        ),
+    ] {
+        if zero {
+            push(&mut out, key, "must be greater than 0");
+        }
+    }
+    if let Some(tls) = &server.tls {
+        if let Err(e) = crate::server::tls::acceptor(tls, server.http2) {
+            push(&mut out, "server.tls", &e.to_string());
+        }
+    }
+    if server.max_connections > 1_000_000 {
+        push(
+            &mut out,
+            "server.max_connections",
+            "must be at most 1000000",
+        );
+    }
     if config.pools.is_empty() {
         push(
             &mut out,

@@ -25,6 +25,8 @@ pub enum ApiError {
     UpstreamUnavailable { pool: String, attempts: u32 },
     #[error("replica of pool `{pool}` did not answer within {timeout}")]
     UpstreamTimeout { pool: String, timeout: String },
+    #[error("pool `{pool}` has {limit} requests pending already; retry later")]
+    PoolOverloaded { pool: String, limit: u32 },
     #[error("llmlb is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -57,9 +59,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NoHealthyReplica { .. } | ApiError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::NoHealthyReplica { .. }
+            | ApiError::ShuttingDown
+            | ApiError::PoolOverloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -103,6 +105,7 @@ impl ApiError {
             ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
             ApiError::UpstreamTimeout { .. } => "upstream_timeout",
             ApiError::ShuttingDown => "shutting_down",
+            ApiError::PoolOverloaded { .. } => "pool_overloaded",
             ApiError::Unauthorized(_) => "invalid_api_key",
             ApiError::RateLimited { kind: "tokens", .. } => "rate_limit_tokens",
             ApiError::RateLimited { .. } => "rate_limit_requests",

@@ -75,7 +75,7 @@ async fn route(
     if req.method() != Method::POST {
         return Err(ApiError::MethodNotAllowed(req.method().to_string()));
     }
-    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+    if state.closing.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(ApiError::ShuttingDown);
     }
     // Authenticate before reading the body.
@@ -91,6 +91,13 @@ async fn route(
         .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
         .pool;
     let admitted_pool = pool.name.clone();
+    let pending = match state.pending.get(&pool.name) {
+        Some(gate) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+            pool: pool.name.clone(),
+            limit,
+        })?),
+        None => None,
+    };
 
     let estimated = u64::from(meta.estimated_prompt_tokens())
         + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
@@ -189,6 +196,10 @@ async fn route(
     };
     let resp = match &decision.version {
         Some(v) => with_version(resp, state, &pool.name, v, start),
+        None => resp,
+    };
+    let resp = match pending {
+        Some(guard) => resp.map(|body| super::guarded::Guarded::wrap(body, guard)),
         None => resp,
     };
     if permit.is_none() && caller.key.is_none() {

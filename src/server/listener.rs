@@ -1,9 +1,16 @@
 //! Accept loop shared by the client and admin listeners: HTTP/1.1 and h2c on
-//! one port, `TCP_NODELAY` on every accepted socket, graceful shutdown.
+//! one port, `TCP_NODELAY` on every accepted socket, a cap on connections
+//! served at once, header limits, and graceful shutdown.
+//!
+//! Connections beyond `max_connections` are not accepted: they wait in the
+//! kernel's listen backlog until a slot frees (and the kernel refuses or drops
+//! them when the backlog is full). Request heads larger than
+//! `max_header_bytes` or with more than `max_headers` fields get hyper's 431.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -11,65 +18,203 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
+use super::connection::{Activity, Ended, Phase, TrackedIo, drive};
+use super::guarded::Guarded;
+use super::tls::ClientIo;
+use crate::config::ServerConfig;
 use crate::forwarding::ResponseBody;
 
+/// Connection-level limits of one listener, and its TLS acceptor if any.
+#[derive(Clone)]
+pub struct Limits {
+    pub http2: bool,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub header_read_timeout: Duration,
+    pub client_idle_timeout: Duration,
+    pub max_connections: usize,
+    /// How long open connections may finish after the listener stops.
+    pub drain_timeout: Duration,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Limits {
+    pub fn from_config(server: &ServerConfig) -> Limits {
+        Limits {
+            http2: server.http2,
+            max_header_bytes: server.max_header_bytes,
+            max_headers: server.max_headers,
+            header_read_timeout: server.header_read_timeout,
+            client_idle_timeout: server.client_idle_timeout,
+            max_connections: server.max_connections,
+            drain_timeout: server.drain_timeout,
+            tls: None,
+        }
+    }
+}
+
+/// Client connections of one listener: open now, and closed by reason.
+#[derive(Debug, Clone)]
+pub struct ConnMetrics {
+    listener: &'static str,
+    open: prometheus::IntGauge,
+    closed: prometheus::IntCounterVec,
+}
+
+impl ConnMetrics {
+    /// Registers the metric families and returns the series of the client
+    /// and the admin listener.
+    pub fn register(registry: &prometheus::Registry) -> (ConnMetrics, ConnMetrics) {
+        use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+        let open = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_client_connections",
+                "Connections open now, by listener.",
+            ),
+            &["listener"],
+        )
+        .expect("metric");
+        let closed = IntCounterVec::new(
+            Opts::new(
+                "llmlb_client_connections_closed_total",
+                "Connections closed, by listener and reason (normal, idle_timeout, \
+                 header_timeout, drain_timeout, tls_handshake).",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(open.clone()))
+            .expect("unique metric names");
+        registry
+            .register(Box::new(closed.clone()))
+            .expect("unique metric names");
+        let series = |listener: &'static str| ConnMetrics {
+            listener,
+            open: open.with_label_values(&[listener]),
+            closed: closed.clone(),
+        };
+        (series("client"), series("admin"))
+    }
+
+    fn closed(&self, why: Ended) {
+        self.closed
+            .with_label_values(&[self.listener, why.label()])
+            .inc();
+    }
+}
+
 /// Serves `listener` until `shutdown` turns true, then stops accepting and
-/// waits up to `drain` for open connections to finish their requests.
+/// waits up to the drain timeout for open connections to finish their
+/// requests; connections still open then are closed.
 pub async fn run<H, F>(
     listener: TcpListener,
     handler: H,
     mut shutdown: watch::Receiver<bool>,
-    http2: bool,
-    drain: Duration,
+    limits: Limits,
+    metrics: ConnMetrics,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    if !http2 {
+    builder
+        .http1()
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_headers);
+    builder
+        .http2()
+        .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);
+    if !limits.http2 {
         builder = builder.http1_only();
     }
-    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (phase, phase_rx) = watch::channel(Phase::Serve);
+    let timeouts = (limits.client_idle_timeout, limits.header_read_timeout);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        // Typically EMFILE: back off briefly instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let handler = handler.clone();
-                let service = service_fn(move |req| {
-                    let fut = handler(peer, req);
-                    async move { Ok::<_, Infallible>(fut.await) }
-                });
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, %peer, "connection ended with an error");
-                    }
-                });
-            }
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => permit.expect("semaphore never closed"),
+            _ = stopped(&mut shutdown) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Typically EMFILE: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
                 }
-            }
-        }
+            },
+            _ = stopped(&mut shutdown) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let activity = Activity::new();
+        let handler = handler.clone();
+        let counted = Arc::clone(&activity);
+        let service = service_fn(move |req| {
+            let guard = counted.begin();
+            let fut = handler(peer, req);
+            async move { Ok::<_, Infallible>(fut.await.map(|b| Guarded::wrap(b, guard))) }
+        });
+        let phase_rx = phase_rx.clone();
+        let (builder, tls) = (builder.clone(), limits.tls.clone());
+        let handshake_limit = limits.header_read_timeout;
+        let metrics = metrics.clone();
+        metrics.open.inc();
+        tokio::spawn(async move {
+            let tracked = TrackedIo::new(stream, Arc::clone(&activity));
+            let io = match tls {
+                None => ClientIo::Plain(tracked),
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_limit, acceptor.accept(tracked)).await {
+                        Ok(Ok(s)) => ClientIo::Tls(Box::new(s)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            metrics.open.dec();
+                            metrics.closed(Ended::Handshake);
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            metrics.open.dec();
+                            metrics.closed(Ended::Handshake);
+                            return;
+                        }
+                    }
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            let ended = drive(
+                conn,
+                |c| c.graceful_shutdown(),
+                activity,
+                timeouts,
+                phase_rx,
+                peer,
+            )
+            .await;
+            metrics.open.dec();
+            metrics.closed(ended);
+            drop(permit);
+        });
     }
     drop(listener);
+    let _ = phase.send(Phase::Graceful);
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::debug!("all connections closed"),
-        _ = tokio::time::sleep(drain) => tracing::warn!("drain timeout reached; closing remaining connections"),
+        _ = slots.acquire_many(all) => tracing::debug!("all connections closed"),
+        _ = tokio::time::sleep(limits.drain_timeout) => {
+            tracing::warn!("drain timeout reached; closing remaining connections");
+            let _ = phase.send(Phase::Force);
+        }
     }
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }

@@ -1,10 +1,14 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
+mod connection;
 mod error;
+mod guarded;
 mod handler;
 mod listener;
+pub mod pending;
 pub mod reload;
 pub mod request;
+pub mod tls;
 
 pub use error::{ApiError, error_response};
 
@@ -33,13 +37,19 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub admission_metrics: AdmissionMetrics,
     pub gateway: ArcSwap<Gateway>,
+    /// `/readyz` answers 503 (SIGTERM received; the listener may still accept).
     pub draining: AtomicBool,
+    /// The client listener has stopped accepting: new requests that still
+    /// arrive on open connections get 503 `shutting_down`.
+    pub closing: AtomicBool,
     pub reload_metrics: reload::ReloadMetrics,
     pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     pub routing_metrics: crate::routing::RoutingMetrics,
     /// Replicas found by DNS discovery, per pool.
     pub discovered: crate::discovery::Discovered,
     pub discovery_metrics: crate::discovery::DiscoveryMetrics,
+    /// Per-pool circuit breakers (`max_pending`).
+    pub pending: pending::Gates,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -66,6 +76,7 @@ impl AppState {
         );
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
+        let pending = pending::Gates::build(&config);
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             topology: ArcSwap::from_pointee(topology),
@@ -73,9 +84,11 @@ impl AppState {
             admission_metrics,
             gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             reload_metrics,
             shared_limit_metrics,
             routing_metrics,
+            pending,
             config_path: std::sync::OnceLock::new(),
             discovered,
             discovery_metrics,
@@ -103,12 +116,24 @@ pub struct Running {
 }
 
 impl Running {
+    /// The SIGTERM path: `/readyz` turns 503 at once, the client listener
+    /// keeps accepting for `server.drain_delay` (so endpoint updates in front
+    /// of llmlb can land), then [`Running::shutdown`].
+    pub async fn drain(self) {
+        self.state.draining.store(true, Ordering::Relaxed);
+        let delay = self.state.config.load().server.drain_delay;
+        tracing::info!(delay = %humantime::format_duration(delay), "draining: not ready; still accepting");
+        tokio::time::sleep(delay).await;
+        self.shutdown().await;
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the drain
     /// timeout) and returns when both listeners are closed.
     /// The admin listener keeps answering (`/readyz` says 503) until the
     /// client listener has drained.
     pub async fn shutdown(self) {
         self.state.draining.store(true, Ordering::Relaxed);
+        self.state.closing.store(true, Ordering::Relaxed);
         let _ = self.shutdown.send(true);
         let _ = self.client_task.await;
         let _ = self.admin_shutdown.send(true);
@@ -129,24 +154,34 @@ pub fn start(
     let state = AppState::new(config);
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
-    let server = state.config.load();
-    let (http2, drain) = (server.server.http2, server.server.drain_timeout);
+    let server = &state.config.load().server;
+    let mut limits = listener::Limits::from_config(server);
+    let admin_limits = listener::Limits {
+        http2: false,
+        ..limits.clone()
+    };
+    if let Some(tls) = &server.tls {
+        let acceptor = tls::acceptor(tls, server.http2)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        limits.tls = Some(acceptor);
+    }
 
+    let (client_metrics, admin_metrics) = listener::ConnMetrics::register(state.metrics.registry());
     let s = Arc::clone(&state);
     let client = tokio::spawn(listener::run(
         listener,
         move |peer, req| handler::handle(Arc::clone(&s), peer, req),
         rx,
-        http2,
-        drain,
+        limits,
+        client_metrics,
     ));
     let s = Arc::clone(&state);
     let admin_task = tokio::spawn(listener::run(
         admin,
         move |_peer, req| crate::admin::handle(Arc::clone(&s), req),
         admin_rx,
-        false,
-        drain,
+        admin_limits,
+        admin_metrics,
     ));
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn({

@@ -132,6 +132,32 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
             old_config.server.admin_listen != new.server.admin_listen,
         ),
         ("server.http2", old_config.server.http2 != new.server.http2),
+        // Listener limits are fixed when the listeners start.
+        (
+            "server.max_header_bytes",
+            old_config.server.max_header_bytes != new.server.max_header_bytes,
+        ),
+        (
+            "server.max_headers",
+            old_config.server.max_headers != new.server.max_headers,
+        ),
+        (
+            "server.header_read_timeout",
+            old_config.server.header_read_timeout != new.server.header_read_timeout,
+        ),
+        (
+            "server.client_idle_timeout",
+            old_config.server.client_idle_timeout != new.server.client_idle_timeout,
+        ),
+        (
+            "server.max_connections",
+            old_config.server.max_connections != new.server.max_connections,
+        ),
+        ("server.tls", old_config.server.tls != new.server.tls),
+        (
+            "server.drain_timeout",
+            old_config.server.drain_timeout != new.server.drain_timeout,
+        ),
     ] {
         if changed {
             needs_restart.push(key.to_string());
@@ -157,6 +183,7 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
     };
     state.gateway.store(std::sync::Arc::new(gateway));
     state.topology.store(std::sync::Arc::new(topology));
+    state.pending.update(&new);
     state.config.store(std::sync::Arc::new(new));
     state
         .reload_metrics

@@ -389,3 +389,61 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// Writes `bytes` on a fresh TCP connection (optionally closing the write
+/// half afterwards) and returns everything the server sends until it closes
+/// the connection or `limit` passes.
+pub async fn raw_exchange(
+    addr: SocketAddr,
+    bytes: &[u8],
+    half_close: bool,
+    limit: Duration,
+) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    if half_close {
+        s.shutdown().await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    out
+}
+
+/// The status code of a raw HTTP/1.1 response, if it has a status line.
+pub fn raw_status(response: &[u8]) -> Option<u16> {
+    let text = std::str::from_utf8(response).ok()?;
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+/// Sends an admin `POST` and returns status and JSON body.
+pub async fn admin_post(admin: SocketAddr, path: &str) -> (StatusCode, serde_json::Value) {
+    let req = Request::post(path)
+        .header("host", "admin")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = call(admin, req).await;
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `GET` on the admin listener: status and body text.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> (StatusCode, String) {
+    let req = Request::get(path)
+        .header("host", "admin")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = call(admin, req).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
