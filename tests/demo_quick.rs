@@ -25,13 +25,10 @@ fn quick_demo_prints_a_row_per_balancer() {
         .position(|l| l.starts_with("balancer") && l.contains("prefix hits"))
         .unwrap_or_else(|| panic!("no table in:\n{stdout}"));
     let rows: Vec<&str> = stdout.lines().skip(header + 2).take(5).collect();
-    for (row, balancer) in rows.iter().zip([
-        "round_robin",
-        "least_connections",
-        "jsq",
-        "hash",
-        "cache",
-    ]) {
+    for (row, balancer) in
+        rows.iter()
+            .zip(["round_robin", "least_connections", "jsq", "hash", "cache"])
+    {
         assert!(row.starts_with(balancer), "{row}");
         // Every request completed, and the replicas reported prefix hits.
         assert!(row.trim_end().ends_with("32/0"), "{row}");
