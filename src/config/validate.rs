@@ -37,10 +37,10 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
             push(&mut out, key, "must be greater than 0");
         }
     }
-    if let Some(tls) = &server.tls {
-        if let Err(e) = crate::server::tls::acceptor(tls, server.http2) {
-            push(&mut out, "server.tls", &e.to_string());
-        }
+    if let Some(tls) = &server.tls
+        && let Err(e) = crate::server::tls::acceptor(tls, server.http2)
+    {
+        push(&mut out, "server.tls", &e.to_string());
     }
     if server.max_connections > 1_000_000 {
         push(
