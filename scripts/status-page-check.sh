@@ -2,7 +2,9 @@
 # Renders llmlb's admin status page in a real headless browser against a
 # running `llmlb serve` in front of three simulated replicas (all on
 # 127.0.0.1), and checks that:
-#   1. the page lists every replica as up, with the load they report;
+#   1. the page lists every replica as up, with the load they report, a
+#      prefix-cache hit rate for at least one of them, and a table of recent
+#      dispatches with rows;
 #   2. after one replica is stopped, the page shows it down or ejected while
 #      the others stay up (the page refreshes itself from /admin/status).
 # Saves a screenshot of the second state (default docs/status-page.png).
@@ -98,10 +100,11 @@ echo "   api $ADDR, admin $ADMIN"
 
 # Some load, so in-flight, KV usage and the queue are not all zero: 14
 # streams (capacity is 3 x max_inflight = 12), each
-# bounded by --max-time.
+# bounded by --max-time. The prompts share a long first part, so replicas
+# that get more than one report prefix-cache hits.
 for i in $(seq 14); do
     curl -s -N --max-time 30 "http://$ADDR/v1/completions" -H 'content-type: application/json' \
-        -d "{\"model\":\"llama-3-8b\",\"prompt\":\"status page check $i $(printf 'x%.0s' $(seq 400))\",\"max_tokens\":1500,\"stream\":true}" \
+        -d "{\"model\":\"llama-3-8b\",\"prompt\":\"$(printf 'x%.0s' $(seq 400)) status page check $i\",\"max_tokens\":1500,\"stream\":true}" \
         >/dev/null &
     PIDS+=($!)
 done
@@ -122,6 +125,13 @@ up=$(rows "$WORK/dom1.html" up)
 echo "   rows up: $up"
 [ "$up" = 3 ] || { echo "FAIL: expected 3 replicas up"; sed -n '1,200p' "$WORK/dom1.html"; exit 1; }
 grep -q 'class="pill ok">ready<' "$WORK/dom1.html" || { echo "FAIL: page does not say ready"; exit 1; }
+dispatches=$({ grep -oE 'data-dispatch="[0-9]+"' "$WORK/dom1.html" || true; } | wc -l)
+echo "   recent dispatch rows: $dispatches"
+[ "$dispatches" -ge 1 ] && [ "$dispatches" -le 50 ] \
+    || { echo "FAIL: expected 1..50 recent dispatch rows"; exit 1; }
+hits=$({ grep -oE 'data-col="prefix-hits"[^>]*>[0-9.]+%<' "$WORK/dom1.html" || true; } | wc -l)
+echo "   replicas with a prefix-cache hit rate: $hits"
+[ "$hits" -ge 1 ] || { echo "FAIL: no prefix-cache hit rate shown"; exit 1; }
 
 echo "== stop sim-2"
 kill "${SIM_PIDS[2]}"

@@ -1,9 +1,11 @@
 //! The admin status page and its JSON over real loopback sockets: the page is
 //! served at `/`, and `/admin/status` follows in-flight requests and
-//! ejections as they happen. (`scripts/status-page-check.sh` renders the page
-//! in a headless browser.)
+//! ejections as they happen, shows each replica's prefix-cache hit rate from
+//! its own `/metrics`, and lists the last dispatches. (`scripts/status-page-check.sh`
+//! renders the page in a headless browser.)
 
 mod common;
+mod signals_fake;
 
 use common::*;
 use http::Request;
@@ -96,4 +98,62 @@ async fn status_follows_in_flight_and_ejection() {
     let after = status(lb.admin_addr).await;
     assert_eq!(replica(&after, "good")["in_flight"], 0);
     assert_eq!(after["pools"][0]["queue"]["active"], 0);
+}
+
+#[tokio::test]
+async fn status_shows_prefix_cache_hit_rate_and_recent_dispatches() {
+    let fake = signals_fake::Fake::start().await;
+    fake.set_metrics(format!(
+        "{}# TYPE vllm:prefix_cache_queries counter\n\
+         vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"tiny\"}} 120.0\n\
+         vllm:prefix_cache_queries_total{{engine=\"1\",model_name=\"tiny\"}} 80.0\n\
+         # TYPE vllm:prefix_cache_hits counter\n\
+         vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"tiny\"}} 40.0\n\
+         vllm:prefix_cache_hits_total{{engine=\"1\",model_name=\"tiny\"}} 10.0\n",
+        signals_fake::vllm_metrics(1, 0, 0.2)
+    ));
+    let proxy = signals_fake::Proxy::start(
+        &[&fake],
+        "",
+        "[pools.scrape]\nenabled = true\ninterval = \"50ms\"\ntimeout = \"40ms\"\nstaleness = \"2s\"",
+    )
+    .await;
+    for _ in 0..3 {
+        let (code, _) = proxy.chat(false, 4).await;
+        assert_eq!(code, 200);
+    }
+    proxy
+        .wait_for(
+            &fake,
+            std::time::Duration::from_secs(3),
+            "prefix cache",
+            |r| !r["prefix_cache"]["hit_rate"].is_null(),
+        )
+        .await;
+
+    let doc = status(proxy.running.admin_addr).await;
+    let r = &doc["pools"][0]["replicas"][0];
+    // 50 hit tokens of 200 looked up, summed over both engines.
+    assert_eq!(r["prefix_cache"]["hits"], 50.0);
+    assert_eq!(r["prefix_cache"]["queries"], 200.0);
+    assert_eq!(r["prefix_cache"]["hit_rate"], 0.25);
+
+    let recent = doc["recent_dispatches"].as_array().unwrap();
+    assert_eq!(recent.len(), 3, "{doc}");
+    let seqs: Vec<u64> = recent.iter().map(|d| d["seq"].as_u64().unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] > w[1]),
+        "newest first: {seqs:?}"
+    );
+    for d in recent {
+        assert_eq!(d["pool"], "p");
+        assert_eq!(d["replica"], r["name"]);
+        assert_eq!(d["balancer_branch"], "single");
+        assert_eq!(d["attempt"], 1);
+        assert_eq!(d["outcome"], "200");
+        assert!(d["at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    }
+    // Names and labels only: nothing of the prompt.
+    assert!(!doc.to_string().contains("hello there"));
+    proxy.stop().await;
 }

@@ -1,5 +1,5 @@
-//! `GET /admin/replicas`: every replica's weight, load (local and scraped)
-//! and health, as JSON, for operators and tests.
+//! `GET /admin/replicas`: every replica's weight, load (local and scraped),
+//! prefix-cache hit rate and health, as JSON, for operators and tests.
 
 use serde_json::{Value, json};
 
@@ -57,6 +57,8 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
         })
     });
     let ejected = r.outlier.is_ejected_at(now);
+    let snapshot = r.load_snapshot();
+    let cache = snapshot.as_deref();
     json!({
         "name": r.name,
         "address": r.authority.to_string(),
@@ -73,5 +75,12 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
             "consecutive_failures": r.outlier.consecutive_failures(),
         },
         "load": load,
+        // Prompt tokens since the replica started, from its own counters
+        // (null when it does not export them).
+        "prefix_cache": {
+            "hits": cache.and_then(|c| c.prefix_cache_hits),
+            "queries": cache.and_then(|c| c.prefix_cache_queries),
+            "hit_rate": cache.and_then(|c| c.prefix_cache_hit_rate()),
+        },
     })
 }

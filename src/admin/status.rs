@@ -5,10 +5,13 @@
 //! queue depth per priority level.
 //!
 //! `/admin/status` is `/admin/replicas` plus what a person watching the
-//! fleet also wants: readiness, draining, and each pool's queue.
+//! fleet also wants: readiness, draining, each pool's queue, and the last
+//! dispatch decisions (newest first; names and labels only, never keys or
+//! prompt text).
 
 use serde_json::{Value, json};
 
+use crate::forwarding::{Dispatch, RecentDispatches};
 use crate::routing::{Pool, Topology};
 use crate::server::AppState;
 
@@ -23,7 +26,27 @@ pub fn render(state: &AppState) -> Value {
     doc["ready"] = json!(state.is_ready());
     doc["draining"] = json!(state.draining.load(std::sync::atomic::Ordering::Relaxed));
     doc["version"] = json!(env!("CARGO_PKG_VERSION"));
+    doc["recent_dispatches"] = recent(&state.recent_dispatches);
     doc
+}
+
+/// The ring of recent dispatches, newest first.
+fn recent(ring: &RecentDispatches) -> Value {
+    let rows: Vec<Value> = ring.newest_first().iter().map(dispatch).collect();
+    Value::Array(rows)
+}
+
+fn dispatch(d: &Dispatch) -> Value {
+    json!({
+        "seq": d.seq,
+        "at_unix_ms": d.at_unix_ms,
+        "pool": &*d.pool,
+        "replica": &*d.replica,
+        "balancer_branch": d.balancer_branch,
+        "route": d.route,
+        "attempt": d.attempt,
+        "outcome": d.outcome,
+    })
 }
 
 /// Adds `queue` (null for pools without `max_inflight`) to each pool object
@@ -107,6 +130,50 @@ url = "http://127.0.0.1:3"
         assert_eq!(pools[1]["queue"], Value::Null);
         assert_eq!(pools[1]["models"], json!(["m2", "m3"]));
         assert_eq!(pools[1]["replicas"][0]["name"], "127.0.0.1:3");
+        assert_eq!(doc["recent_dispatches"], json!([]));
+        assert_eq!(
+            pools[0]["replicas"][0]["prefix_cache"],
+            json!({"hits": null, "queries": null, "hit_rate": null})
+        );
+    }
+
+    #[test]
+    fn recent_dispatches_newest_first_and_hit_rate() {
+        let s = state(TWO_POOLS);
+        let a = s.recent_dispatches.record(
+            std::sync::Arc::from("queued"),
+            std::sync::Arc::from("a"),
+            "round_robin",
+            String::new(),
+            1,
+        );
+        s.recent_dispatches.settle(a, "200".into());
+        s.recent_dispatches.record(
+            std::sync::Arc::from("queued"),
+            std::sync::Arc::from("b"),
+            "round_robin",
+            "tier".into(),
+            1,
+        );
+        let topology = s.topology.load();
+        let names = crate::signals::MetricNames::vllm();
+        topology.pools[0].replicas[0].store_load(crate::signals::LoadSnapshot::from_text(
+            "vllm:prefix_cache_hits_total 25\nvllm:prefix_cache_queries_total 100\n",
+            &names,
+            crate::telemetry::clock::now_millis(),
+        ));
+        let doc = render(&s);
+        let recent = doc["recent_dispatches"].as_array().unwrap();
+        assert_eq!(recent.len(), 2);
+        assert_eq!(recent[0]["replica"], "b");
+        assert_eq!(recent[0]["route"], "tier");
+        assert_eq!(recent[0]["outcome"], Value::Null);
+        assert_eq!(recent[1]["replica"], "a");
+        assert_eq!(recent[1]["outcome"], "200");
+        assert_eq!(recent[1]["balancer_branch"], "round_robin");
+        let cache = &doc["pools"][0]["replicas"][0]["prefix_cache"];
+        assert_eq!(cache["hit_rate"], json!(0.25));
+        assert_eq!(cache["queries"], json!(100.0));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
+use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
 use crate::routing::{Decision, Failure, Pool};
 use crate::server::ApiError;
@@ -36,6 +37,8 @@ pub struct ForwardRequest<'a> {
     pub metrics: &'a Arc<Metrics>,
     /// Name the serving replica in an `x-llmlb-replica` response header.
     pub expose_replica: bool,
+    /// The last dispatch decisions, shown on the status page.
+    pub recent: &'a RecentDispatches,
 }
 
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ApiError> {
@@ -79,6 +82,13 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         let replica = &candidates[pick.index];
         tried.push(replica.id);
         req.route.dispatched(replica);
+        let seq = req.recent.record(
+            Arc::from(pool.name.as_str()),
+            Arc::from(replica.name.as_str()),
+            pick.branch.as_str(),
+            req.route.route_label(),
+            tried.len() as u32,
+        );
         tracing::debug!(
             pool = %pool.name,
             replica = %replica.name,
@@ -101,6 +111,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
         match sent.await {
             Err(_elapsed) => {
+                req.recent.settle(seq, "timeout".into());
                 count_upstream_error(req.metrics, pool, replica, "timeout");
                 pool.record_failure(replica, Failure::Timeout, req.metrics);
                 return Err(ApiError::UpstreamTimeout {
@@ -110,6 +121,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             }
             Ok(Err(err)) => {
                 let kind = if err.is_connect() { "connect" } else { "reset" };
+                req.recent.settle(seq, kind.into());
                 count_upstream_error(req.metrics, pool, replica, kind);
                 let failure = if err.is_connect() {
                     Failure::Connect
@@ -128,6 +140,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.metrics.retries.with_label_values(&[&pool.name]).inc();
             }
             Ok(Ok(resp)) => {
+                req.recent.settle(seq, resp.status().as_u16().to_string());
                 // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
                 match resp.status().as_u16() {
                     503 => {}

@@ -180,6 +180,7 @@ async fn route(
         start,
         metrics: &state.metrics,
         expose_replica: config.server.replica_header,
+        recent: &state.recent_dispatches,
     })
     .await;
     let resp = match forwarded {

@@ -52,6 +52,8 @@ pub struct AppState {
     pub pending: pending::Gates,
     /// The file the config came from, when it came from one (for reloads).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// The last dispatch decisions, for the status page.
+    pub recent_dispatches: crate::forwarding::RecentDispatches,
 }
 
 impl AppState {
@@ -92,6 +94,7 @@ impl AppState {
             config_path: std::sync::OnceLock::new(),
             discovered,
             discovery_metrics,
+            recent_dispatches: crate::forwarding::RecentDispatches::default(),
         })
     }
 

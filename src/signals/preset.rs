@@ -2,7 +2,9 @@
 //!
 //! `vllm` reads both `vllm:kv_cache_usage_perc` and the name it had before
 //! vLLM 0.9.2, `vllm:gpu_cache_usage_perc`; `sglang` reads SGLang's names;
-//! `custom` takes the lists from the pool's config. Each list is tried in
+//! `custom` takes the lists from the pool's config (and leaves the
+//! prefix-cache names empty). The prefix-cache hit and lookup counters count
+//! prompt tokens; SGLang exports a hit-rate gauge instead. Each list is tried in
 //! order and the first name present in a scrape wins.
 
 use crate::config::{MetricsPreset, ScrapeConfig};
@@ -21,6 +23,10 @@ pub struct MetricNames {
     pub cache_info: Option<String>,
     /// The cumulative prefix-cache lookup counter (restart detection).
     pub prefix_cache_queries: Vec<String>,
+    /// The cumulative prefix-cache hit counter, in tokens (status page).
+    pub prefix_cache_hits: Vec<String>,
+    /// A 0..1 prefix-cache hit-rate gauge, for servers without counters.
+    pub prefix_cache_hit_rate: Vec<String>,
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -39,6 +45,12 @@ impl MetricNames {
                 "vllm:gpu_prefix_cache_queries_total",
                 "vllm:prefix_cache_queries",
             ]),
+            prefix_cache_hits: names(&[
+                "vllm:prefix_cache_hits_total",
+                "vllm:gpu_prefix_cache_hits_total",
+                "vllm:prefix_cache_hits",
+            ]),
+            prefix_cache_hit_rate: Vec::new(),
         }
     }
 
@@ -49,6 +61,8 @@ impl MetricNames {
             kv_usage: names(&["sglang:token_usage"]),
             cache_info: None,
             prefix_cache_queries: Vec::new(),
+            prefix_cache_hits: Vec::new(),
+            prefix_cache_hit_rate: names(&["sglang:cache_hit_rate"]),
         }
     }
 
@@ -62,6 +76,8 @@ impl MetricNames {
                 kv_usage: scrape.metrics.kv_usage.clone(),
                 cache_info: None,
                 prefix_cache_queries: Vec::new(),
+                prefix_cache_hits: Vec::new(),
+                prefix_cache_hit_rate: Vec::new(),
             },
         }
     }

@@ -18,6 +18,11 @@ pub struct LoadSnapshot {
     /// The cumulative prefix-cache lookup counter (tokens), summed over
     /// engines: a drop means the replica restarted and lost its cache.
     pub prefix_cache_queries: Option<f64>,
+    /// The cumulative prefix-cache hit counter (tokens), summed over engines.
+    pub prefix_cache_hits: Option<f64>,
+    /// A hit-rate gauge (0..1) for servers that export a ratio instead of
+    /// counters (SGLang's `sglang:cache_hit_rate`), averaged over engines.
+    pub prefix_cache_hit_gauge: Option<f64>,
     /// When it was taken, on the process clock (`telemetry::clock::now_millis`).
     pub taken_at_ms: u64,
 }
@@ -29,6 +34,8 @@ impl LoadSnapshot {
         let mut waiting = Acc::new(&names.waiting);
         let mut kv = Acc::new(&names.kv_usage);
         let mut queries = Acc::new(&names.prefix_cache_queries);
+        let mut hits = Acc::new(&names.prefix_cache_hits);
+        let mut hit_gauge = Acc::new(&names.prefix_cache_hit_rate);
         let mut capacity: Option<u64> = None;
         let cache_info = names.cache_info.as_deref();
         for s in parse::samples(text) {
@@ -36,6 +43,8 @@ impl LoadSnapshot {
             waiting.add(s.name, s.value);
             kv.add(s.name, s.value);
             queries.add(s.name, s.value);
+            hits.add(s.name, s.value);
+            hit_gauge.add(s.name, s.value);
             if Some(s.name) == cache_info {
                 let blocks = s
                     .label("num_gpu_blocks")
@@ -56,7 +65,22 @@ impl LoadSnapshot {
             kv_usage: kv.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
             kv_capacity_tokens: capacity.filter(|t| *t > 0),
             prefix_cache_queries: queries.sum().filter(|v| *v >= 0.0),
+            prefix_cache_hits: hits.sum().filter(|v| *v >= 0.0),
+            prefix_cache_hit_gauge: hit_gauge.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
             taken_at_ms,
+        }
+    }
+
+    /// The share of prompt tokens served from the prefix cache since the
+    /// replica started (hits ÷ queries), or the replica's own hit-rate gauge
+    /// when it exports one. `None` when unknown or before the first lookup.
+    pub fn prefix_cache_hit_rate(&self) -> Option<f64> {
+        if let Some(g) = self.prefix_cache_hit_gauge {
+            return Some(g);
+        }
+        match (self.prefix_cache_hits, self.prefix_cache_queries) {
+            (Some(h), Some(q)) if q > 0.0 => Some((h / q).clamp(0.0, 1.0)),
+            _ => None,
         }
     }
 
@@ -123,6 +147,48 @@ mod tests {
             1,
         );
         assert_eq!(s.prefix_cache_queries, Some(128.0));
+    }
+
+    #[test]
+    fn prefix_cache_hit_rate_from_vllm_counters() {
+        let text = "# TYPE vllm:prefix_cache_hits_total counter\n\
+            vllm:prefix_cache_hits_total{engine=\"0\"} 30\n\
+            vllm:prefix_cache_hits_total{engine=\"1\"} 10\n\
+            vllm:prefix_cache_queries_total{engine=\"0\"} 60\n\
+            vllm:prefix_cache_queries_total{engine=\"1\"} 40\n\
+            vllm:num_requests_running 2\n";
+        let s = LoadSnapshot::from_text(text, &MetricNames::vllm(), 1);
+        assert_eq!(s.prefix_cache_hits, Some(40.0));
+        assert_eq!(s.prefix_cache_queries, Some(100.0));
+        assert_eq!(s.prefix_cache_hit_rate(), Some(0.4));
+        assert_eq!(s.running, Some(2));
+    }
+
+    #[test]
+    fn prefix_cache_hit_rate_unknown_without_lookups() {
+        let zero = LoadSnapshot::from_text(
+            "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n",
+            &MetricNames::vllm(),
+            1,
+        );
+        assert_eq!(zero.prefix_cache_hits, Some(0.0));
+        assert_eq!(zero.prefix_cache_hit_rate(), None);
+        let absent =
+            LoadSnapshot::from_text("vllm:num_requests_running 1\n", &MetricNames::vllm(), 1);
+        assert_eq!(absent.prefix_cache_hits, None);
+        assert_eq!(absent.prefix_cache_hit_rate(), None);
+    }
+
+    #[test]
+    fn sglang_hit_rate_gauge() {
+        let s = LoadSnapshot::from_text(
+            "sglang:cache_hit_rate{model_name=\"m\"} 0.75\nsglang:num_running_reqs 3\n",
+            &MetricNames::sglang(),
+            1,
+        );
+        assert_eq!(s.prefix_cache_hit_gauge, Some(0.75));
+        assert_eq!(s.prefix_cache_hit_rate(), Some(0.75));
+        assert_eq!(s.prefix_cache_hits, None);
     }
 
     #[test]
