@@ -1,8 +1,9 @@
 //! The status page: `GET /` on the admin listener serves one self-contained
 //! HTML page (no external assets, no build step) that polls
 //! `GET /admin/status` every second and draws each pool, its replicas
-//! (health, ejections, in flight, the load they report, KV usage) and its
-//! queue depth per priority level.
+//! (health, ejections, in flight, the load they report, KV usage, prefix-cache
+//! hit rate), its queue depth per priority level, and a table of the last
+//! dispatches.
 //!
 //! `/admin/status` is `/admin/replicas` plus what a person watching the
 //! fleet also wants: readiness, draining, each pool's queue, and the last
