@@ -62,7 +62,6 @@ type Starter = Box<dyn FnOnce(watch::Receiver<bool>) -> JoinHandle<()>>;
 /// Runs the per-replica loops until `shutdown` turns true.
 pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
     let metrics = Arc::clone(&state.metrics);
-    let prober = Prober::default();
     let mut loops: HashMap<Key, Loop> = HashMap::new();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,7 +71,7 @@ pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>
             _ = stopped(&mut shutdown) => break,
         }
         let topo = state.topology.load();
-        reconcile(&topo, &mut loops, &prober, &metrics);
+        reconcile(&topo, &mut loops, &metrics);
         refresh_gauges(&topo, &metrics);
     }
     for (_, l) in loops.drain() {
@@ -81,15 +80,14 @@ pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>
     }
 }
 
-fn reconcile(
-    topo: &Topology,
-    loops: &mut HashMap<Key, Loop>,
-    prober: &Prober,
-    metrics: &Arc<Metrics>,
-) {
+fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metrics>) {
     let mut wanted: HashMap<Key, (String, Starter)> = HashMap::new();
     for pool in &topo.pools {
         let pool_name: Arc<str> = Arc::from(pool.name.as_str());
+        // A loop keeps the prober it started with: restart it when the
+        // pool's TLS settings change.
+        let prober = &pool.prober;
+        let tls = pool.tls.fingerprint();
         for replica in &pool.replicas {
             if let Some(scrape) = &pool.scrape {
                 let target = ScrapeTarget {
@@ -102,7 +100,7 @@ fn reconcile(
                 wanted.insert(
                     (Kind::Scrape, pool.name.clone(), replica.id),
                     (
-                        format!("{scrape:?}"),
+                        format!("{scrape:?} tls={tls}"),
                         Box::new(move |rx| tokio::spawn(scraper::run(target, p, m, rx))),
                     ),
                 );
@@ -117,7 +115,7 @@ fn reconcile(
                 wanted.insert(
                     (Kind::Health, pool.name.clone(), replica.id),
                     (
-                        format!("{:?}", pool.health),
+                        format!("{:?} tls={tls}", pool.health),
                         Box::new(move |rx| tokio::spawn(checker::run(target, p, m, rx))),
                     ),
                 );

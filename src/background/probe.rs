@@ -1,22 +1,28 @@
 //! A small keep-alive HTTP client for the background loops: `GET` one path
 //! on a replica with a deadline covering the headers and the whole body.
 //! Kept apart from the request path's client so probes never queue behind
-//! (or hold) connections serving inference traffic.
+//! (or hold) connections serving inference traffic. Each pool has its own,
+//! built with the pool's TLS settings, so `https://` replicas are probed
+//! over TLS with the same trust as requests.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+use crate::balancing::Replica;
+use crate::forwarding::{UpstreamTls, error_chain};
 
 /// Largest body a probe reads (a vLLM `/metrics` page is ~100 KiB).
 const MAX_BODY: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct Prober {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
 
 /// Why a probe failed, as a metric label.
@@ -44,19 +50,37 @@ impl ProbeError {
 }
 
 impl Default for Prober {
+    /// Trusting the built-in roots only.
     fn default() -> Self {
+        Prober::new(&UpstreamTls::default())
+    }
+}
+
+impl Prober {
+    pub fn new(tls: &UpstreamTls) -> Prober {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Prober {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .pool_max_idle_per_host(2)
-                .build(connector),
+                .build(tls.connector(connector)),
         }
     }
-}
 
-impl Prober {
+    /// `GET {scheme}://{authority}{path}` on `replica`; the body on a 2xx answer.
+    pub async fn get_from(
+        &self,
+        replica: &Replica,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<Bytes, ProbeError> {
+        let uri = replica
+            .uri(path)
+            .map_err(|e| ProbeError::Connect(e.to_string()))?;
+        self.fetch(uri, timeout).await
+    }
+
     /// `GET http://{authority}{path}`; the body on a 2xx answer.
     pub async fn get(
         &self,
@@ -70,12 +94,16 @@ impl Prober {
             .path_and_query(path)
             .build()
             .map_err(|e| ProbeError::Connect(e.to_string()))?;
+        self.fetch(uri, timeout).await
+    }
+
+    async fn fetch(&self, uri: http::Uri, timeout: Duration) -> Result<Bytes, ProbeError> {
         let work = async {
             let resp = self
                 .client
                 .get(uri)
                 .await
-                .map_err(|e| ProbeError::Connect(e.to_string()))?;
+                .map_err(|e| ProbeError::Connect(error_chain(&e)))?;
             let status = resp.status();
             let body = Limited::new(resp.into_body(), MAX_BODY)
                 .collect()

@@ -31,6 +31,8 @@ pub struct Replica {
     pub name: String,
     /// `host:port` used to build upstream URIs.
     pub authority: http::uri::Authority,
+    /// `http` or `https`, from the replica's URL.
+    pub scheme: http::uri::Scheme,
     pub weight: u32,
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
@@ -65,6 +67,7 @@ impl Replica {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name,
             authority,
+            scheme: http::uri::Scheme::HTTP,
             weight,
             max_inflight: None,
             in_flight: AtomicU64::new(0),
@@ -86,6 +89,21 @@ impl Replica {
 
     pub fn outstanding_tokens(&self) -> u64 {
         self.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Sets the URL scheme, `http` unless told (builder style, before sharing).
+    pub fn with_scheme(mut self, scheme: http::uri::Scheme) -> Replica {
+        self.scheme = scheme;
+        self
+    }
+
+    /// The absolute URI of `path_and_query` on this replica.
+    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
     }
 
     /// Sets the concurrency limit (builder style, before sharing).

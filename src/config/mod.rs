@@ -8,6 +8,7 @@ mod duration;
 mod gateway;
 mod routing;
 mod schema;
+mod upstream_tls;
 mod validate;
 mod validate_gateway;
 mod validate_load;
@@ -18,6 +19,7 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
+pub use upstream_tls::UpstreamTlsConfig;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -204,6 +204,9 @@ pub struct PoolConfig {
     /// Replicas from DNS instead of `replicas`.
     #[serde(default)]
     pub discovery: Option<super::DiscoveryConfig>,
+    /// Certificate checks for `https://` replicas.
+    #[serde(default)]
+    pub tls: super::UpstreamTlsConfig,
 }
 
 impl PoolConfig {
@@ -406,7 +409,7 @@ impl Default for HealthConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaConfig {
-    /// `http://host:port` of an OpenAI-compatible server.
+    /// `http://host:port` or `https://host:port` of an OpenAI-compatible server.
     pub url: String,
     #[serde(default = "default_weight")]
     pub weight: u32,

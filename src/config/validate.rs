@@ -157,6 +157,9 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be at least 1",
         );
     }
+    if let Err(e) = crate::forwarding::UpstreamTls::new(&pool.tls) {
+        push(out, &format!("{key}.tls.{}", e.key()), &e.to_string());
+    }
     super::validate_load::validate_load(out, key, pool);
     let mut urls: HashMap<String, usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
@@ -195,11 +198,12 @@ pub fn parse_replica_url(url: &str) -> Result<String, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
+    let default_port = match uri.scheme_str() {
+        Some("http") => 80,
+        Some("https") => 443,
         Some(other) => {
             return Err(format!(
-                "unsupported scheme {other:?} in {url:?}; only http:// is supported"
+                "unsupported scheme {other:?} in {url:?}; use http:// or https://"
             ));
         }
         None => {
@@ -207,7 +211,7 @@ pub fn parse_replica_url(url: &str) -> Result<String, String> {
                 "{url:?} needs a scheme, e.g. http://127.0.0.1:8000"
             ));
         }
-    }
+    };
     let authority = uri
         .authority()
         .ok_or_else(|| format!("{url:?} has no host"))?;
@@ -216,7 +220,7 @@ pub fn parse_replica_url(url: &str) -> Result<String, String> {
             "{url:?} has a path; give only scheme, host and port"
         ));
     }
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority.port_u16().unwrap_or(default_port);
     Ok(format!("{}:{port}", authority.host()))
 }
 
@@ -283,6 +287,29 @@ mod tests {
         );
         let issues = parse(&text).unwrap_err();
         assert_eq!(issues[0].key, "pools[1].models[0]");
+    }
+
+    #[test]
+    fn https_replicas_are_accepted() {
+        let text = GOOD.replace("http://127.0.0.1:8001", "https://vllm-0.internal");
+        let c = parse(&text).unwrap();
+        assert_eq!(c.pools[0].replicas[0].url, "https://vllm-0.internal");
+        assert_eq!(
+            super::parse_replica_url("https://vllm-0.internal").unwrap(),
+            "vllm-0.internal:443"
+        );
+    }
+
+    #[test]
+    fn unreadable_ca_file_names_key() {
+        let text = format!("{GOOD}\n[pools.tls]\nca_file = \"/nonexistent/ca.pem\"\n");
+        let issues = parse(&text).unwrap_err();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].key, "pools[0].tls.ca_file");
+        assert!(
+            issues[0].reason.contains("/nonexistent/ca.pem"),
+            "{issues:?}"
+        );
     }
 
     #[test]

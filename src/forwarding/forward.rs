@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody, ResponseBody};
@@ -129,7 +129,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                     Failure::Timeout
                 };
                 pool.record_failure(replica, failure, req.metrics);
-                tracing::info!(pool = %pool.name, replica = %replica.name, error = %err, "upstream attempt failed");
+                tracing::info!(pool = %pool.name, replica = %replica.name, error = %super::error_chain(&err), "upstream attempt failed");
                 drop(guard);
                 if tried.len() as u32 >= max_attempts {
                     return Err(ApiError::UpstreamUnavailable {
@@ -180,11 +180,8 @@ fn build_request(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Request<Full<Bytes>>, ApiError> {
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(replica.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
+    let uri = replica
+        .uri(path_and_query)
         .map_err(|e| ApiError::BadRequest(format!("invalid request path: {e}")))?;
     let mut req = Request::new(Full::new(body.clone()));
     *req.method_mut() = method.clone();

@@ -7,9 +7,11 @@ mod client;
 mod forward;
 mod headers;
 mod recent;
+mod tls;
 
 pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
-pub use client::{UpstreamClient, client};
+pub use client::{UpstreamClient, client, error_chain, tls_client};
 pub use forward::{ForwardRequest, forward};
 pub use headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 pub use recent::{Dispatch, RecentDispatches};
+pub use tls::{UpstreamTls, UpstreamTlsError};

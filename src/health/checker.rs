@@ -43,7 +43,7 @@ pub async fn run(
         }
         next = later(next, cfg.interval);
         let result = tokio::select! {
-            r = prober.get(&target.replica.authority, &cfg.path, cfg.timeout) => r,
+            r = prober.get_from(&target.replica, &cfg.path, cfg.timeout) => r,
             _ = stopped(&mut stop) => return,
         };
         if let Err(e) = &result {

@@ -8,11 +8,13 @@ use std::sync::atomic::AtomicBool;
 use super::model_map::ModelMap;
 use super::{RouteBranch, Router};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
+use crate::background::Prober;
 use crate::balancing::{self, Balancer, BalancerParams, Replica};
 use crate::config::{
     BalancingConfig, Config, HealthConfig, OutlierConfig, PoolConfig, ScrapeConfig, TimeoutConfig,
+    UpstreamTlsConfig,
 };
-use crate::forwarding::UpstreamClient;
+use crate::forwarding::{UpstreamClient, UpstreamTls};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 
@@ -33,6 +35,10 @@ pub struct Pool {
     /// Whether the last pick fell back to local counts (to log transitions only).
     pub stale_fallback: AtomicBool,
     pub client: UpstreamClient,
+    /// Certificate checks for `https://` replicas (`client` and `prober` use them).
+    pub tls: UpstreamTls,
+    /// The background loops' client (health checks, scrapes) for this pool.
+    pub prober: Prober,
     /// The pool's central queue, when replicas have concurrency limits.
     pub admission: Option<Admission>,
     /// Canary, tier and affinity routing among the replicas.
@@ -189,17 +195,18 @@ fn build_pool(
         .replicas
         .iter()
         .map(|rc| {
-            let authority: http::uri::Authority = rc
+            let url: http::Uri = rc
                 .url
-                .parse::<http::Uri>()
-                .ok()
-                .and_then(|u| u.authority().cloned())
+                .parse()
                 .expect("replica URL checked by config validation");
+            let authority = url.authority().cloned().expect("checked: URL has a host");
+            let scheme = url.scheme().cloned().expect("checked: URL has a scheme");
             let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
             let limit = rc.max_inflight.or(pc.max_inflight);
             if let Some(kept) = old.and_then(|p| {
                 p.replicas.iter().find(|r| {
                     r.authority == authority
+                        && r.scheme == scheme
                         && r.weight == rc.weight
                         && r.name == name
                         && r.max_inflight == limit
@@ -208,12 +215,17 @@ fn build_pool(
                 return Arc::clone(kept);
             }
             let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
-            Arc::new(Replica::new(name, authority, rc.weight, gauge).with_limit(limit))
+            Arc::new(
+                Replica::new(name, authority, rc.weight, gauge)
+                    .with_scheme(scheme)
+                    .with_limit(limit),
+            )
         })
         .collect();
     let old_queue = old.and_then(|p| p.admission.as_ref());
     let admission = queue_for(config, pc, &replicas, admission_metrics, old_queue);
     let router = Router::build(config, pc, &replicas, old.map(|p| &p.router));
+    let tls = upstream_tls(pc);
     Pool {
         name: pc.name.clone(),
         models: pc.models.clone(),
@@ -226,10 +238,26 @@ fn build_pool(
         scrape: pc.scrape_enabled().then(|| pc.scrape.clone()),
         health: pc.health.clone(),
         stale_fallback: AtomicBool::new(false),
-        client: crate::forwarding::client(&pc.timeouts),
+        client: crate::forwarding::tls_client(&pc.timeouts, &tls),
+        prober: Prober::new(&tls),
+        tls,
         admission,
         router,
     }
+}
+
+/// The pool's TLS settings. Validation read the CA bundle already; should it
+/// have become unreadable since, the pool trusts the built-in roots only (a
+/// replica signed by that CA is then refused, never trusted by mistake).
+fn upstream_tls(pc: &PoolConfig) -> UpstreamTls {
+    UpstreamTls::new(&pc.tls).unwrap_or_else(|e| {
+        tracing::error!(pool = %pc.name, error = %e, "pools.tls: CA bundle unusable; trusting built-in roots only");
+        let without_ca = UpstreamTlsConfig {
+            ca_file: None,
+            ..pc.tls.clone()
+        };
+        UpstreamTls::new(&without_ca).unwrap_or_default()
+    })
 }
 
 /// The pool's queue when any replica has a concurrency limit. Capacity is

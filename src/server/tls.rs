@@ -39,7 +39,7 @@ pub enum TlsError {
 
 /// Builds the acceptor from the configured PEM files.
 pub fn acceptor(tls: &TlsConfig, http2: bool) -> Result<TlsAcceptor, TlsError> {
-    let certs = load_certs(&tls.cert)?;
+    let certs = load_certs("certificate chain", &tls.cert)?;
     let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| TlsError::Pem {
         what: "private key",
         path: tls.key.display().to_string(),
@@ -60,11 +60,16 @@ pub fn acceptor(tls: &TlsConfig, http2: bool) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+/// Every certificate of a PEM file (`what` names the file's role in errors);
+/// also read for the CA bundles that check replicas' certificates.
+pub(crate) fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsError::Pem {
-            what: "certificate chain",
+            what,
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;

@@ -61,11 +61,7 @@ pub async fn run(
 /// One scrape, parsed.
 pub async fn scrape_once(target: &ScrapeTarget, prober: &Prober) -> Result<LoadSnapshot, String> {
     let body = prober
-        .get(
-            &target.replica.authority,
-            &target.config.path,
-            target.config.timeout,
-        )
+        .get_from(&target.replica, &target.config.path, target.config.timeout)
         .await
         .map_err(|e| format!("{}: {e}", e.kind()))?;
     let text = String::from_utf8_lossy(&body);
