@@ -51,16 +51,6 @@ fn user_of(seen: &Seen) -> String {
     v["user"].as_str().unwrap().to_string()
 }
 
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
-}
-
 fn depths(lb: &llmlb::server::Running) -> Vec<usize> {
     lb.state.topology.load().pools[0]
         .admission

@@ -53,16 +53,6 @@ async fn start_from(file: &TempConfig) -> llmlb::server::Running {
     lb
 }
 
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
-}
-
 #[tokio::test]
 async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
     let up = Upstream::start("a", Mode::Json).await;

@@ -77,16 +77,6 @@ async fn spread(
     report.figures.replicas
 }
 
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    tokio::time::timeout(limit, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowed_replica_gets_less_work_under_load_aware_balancers() {
     let n = 90;
@@ -151,10 +141,7 @@ async fn replica_answering_500s_is_ejected_then_readmitted() {
         assert_eq!(headers["x-llmlb-replica"], replicas[0].addr.to_string());
     }
     fault(bad, r#"{"reset": true}"#).await;
-    until("readmission", Duration::from_secs(5), || {
-        replica.is_eligible()
-    })
-    .await;
+    until("readmission", || replica.is_eligible()).await;
     let mut served_by_bad = false;
     for _ in 0..6 {
         let (status, headers, _) = call(lb.addr, chat_request("/v1/completions", body)).await;
@@ -178,15 +165,9 @@ async fn hanging_replica_is_ejected_by_the_active_check_and_comes_back() {
     ))
     .await;
     let replica = lb.state.topology.load().pools[0].replicas[1].clone();
-    until("first check passes", Duration::from_secs(5), || {
-        replica.is_eligible()
-    })
-    .await;
+    until("first check passes", || replica.is_eligible()).await;
     fault(replicas[1].addr, r#"{"hang": true}"#).await;
-    until("hung replica ejected", Duration::from_secs(5), || {
-        !replica.is_eligible()
-    })
-    .await;
+    until("hung replica ejected", || !replica.is_eligible()).await;
     // Requests keep succeeding on the other replica meanwhile.
     let body = r#"{"model":"llmlb-sim","prompt":"hello","max_tokens":2}"#;
     for _ in 0..3 {
@@ -195,12 +176,7 @@ async fn hanging_replica_is_ejected_by_the_active_check_and_comes_back() {
         assert_eq!(headers["x-llmlb-replica"], replicas[0].addr.to_string());
     }
     fault(replicas[1].addr, r#"{"reset": true}"#).await;
-    until(
-        "recovered replica readmitted",
-        Duration::from_secs(5),
-        || replica.is_eligible(),
-    )
-    .await;
+    until("recovered replica readmitted", || replica.is_eligible()).await;
     lb.shutdown().await;
     for r in replicas {
         r.shutdown().await;

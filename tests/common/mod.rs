@@ -447,3 +447,14 @@ pub async fn admin_get(admin: SocketAddr, path: &str) -> (StatusCode, String) {
     let (status, _, body) = call(admin, req).await;
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// Polls `cond` until it holds, panicking with `what` after 5 s.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+}
