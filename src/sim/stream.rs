@@ -53,11 +53,19 @@ impl Drop for AbortGuard {
 
 /// `data: {chunk}\n\n` events as tokens arrive, then the usage chunk when
 /// asked for, then `data: [DONE]\n\n`.
+///
+/// A chat stream's opening chunk (the assistant role, empty content) is held
+/// back until the first token exists and then sent just before it, as vLLM
+/// does: its role chunk is written in the first pass over the engine's
+/// outputs, after prefill. The response headers still leave at once, so a
+/// client timing the first body byte measures prefill, not the round trip.
 pub struct SseBody {
     rx: mpsc::UnboundedReceiver<TokenOut>,
     meta: Meta,
     include_usage: bool,
     guard: AbortGuard,
+    /// The role chunk, until the first token releases it.
+    role: Option<Bytes>,
     queue: VecDeque<Bytes>,
     done: bool,
 }
@@ -69,16 +77,14 @@ impl SseBody {
         include_usage: bool,
         guard: AbortGuard,
     ) -> SseBody {
-        let mut queue = VecDeque::new();
-        if let Some(role) = meta.role_chunk() {
-            queue.push_back(event(&role));
-        }
+        let role = meta.role_chunk().map(|role| event(&role));
         SseBody {
             rx,
             meta,
             include_usage,
             guard,
-            queue,
+            role,
+            queue: VecDeque::new(),
             done: false,
         }
     }
@@ -113,6 +119,9 @@ impl Body for SseBody {
                     return Poll::Ready(Some(Err("the simulated replica stopped".into())));
                 }
                 Poll::Ready(Some(t)) => {
+                    if let Some(role) = this.role.take() {
+                        this.queue.push_back(role);
+                    }
                     let chunk = this.meta.token_chunk(t.text, t.finished.as_ref());
                     this.queue.push_back(event(&chunk));
                     if let Some(fin) = &t.finished {
