@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Routing policies through llmlb on two real vLLM replicas and on two
+simulated ones, with the same workload, side by side.
+
+For each backend (`vllm`: the CPU build from shared/vllm-cpu; `sim`:
+`llmlb sim --profile vllm-cpu-tiny`) two replicas are started, then for each
+policy a fresh `llmlb serve` is started in front of them, the replicas' prefix
+caches are emptied, and `llmlb bench` sends one bounded shared-prefix
+workload. Per policy it reports, from the replicas' own /metrics (deltas over
+the run): the fleet prefix-cache hit rate, how many requests each replica
+served (busiest / mean), preemptions and the mean real prompt length; and
+from the load generator: TTFT p50 / p99 and throughput. Last, it says whether
+the two backends rank the policies the same way by p99 TTFT and by hit rate.
+
+Usage (from the repository root, after `cargo build --release`):
+  scripts/real_vllm_check.py                         # both backends, every policy
+  scripts/real_vllm_check.py --backends sim          # simulator only (no venv needed)
+  scripts/real_vllm_check.py --json out.json         # also write every figure
+
+The real backend needs the venv made by `shared/vllm-cpu/setup_and_serve.sh
+install` and `model`; without it that backend is skipped with the reason.
+Only the standard library; every wait and every run is bounded in time.
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(ROOT, "..", "shared")
+VLLM_SCRIPT = os.path.join(SHARED, "vllm-cpu", "setup_and_serve.sh")
+VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
+FIXTURE_TOKENIZER = os.path.join(SHARED, "tokenizers", "tiny-llama")
+MODEL = "tiny-llama"
+
+POLICIES = {
+    # name: (balancer, prefix mode)
+    "round_robin": ("round_robin", None),
+    "least_connections": ("least_connections", None),
+    "hash": ("least_connections", "hash"),
+    "cache": ("least_connections", "cache"),
+    "exact": ("least_connections", "exact"),
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def http_get(port, path, timeout=10):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
+def http_post(port, path, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=b"")
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
+def wait_ready(port, path, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if http_get(port, path, timeout=2)[0] == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def scrape(port):
+    """Sums of the vLLM counters this script compares, from one /metrics."""
+    _, text = http_get(port, "/metrics")
+    wanted = {
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+        "vllm:num_preemptions_total", "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+    }
+    out = dict.fromkeys(wanted, 0.0)
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        if name in wanted:
+            out[name] += float(value)
+    return out
+
+
+class Backend:
+    """Two replicas of one kind, started once for every policy."""
+
+    def __init__(self, kind, args, tmp):
+        self.kind, self.args, self.tmp = kind, args, tmp
+        self.ports = [args.replica_port, args.replica_port + 1]
+        self.events = [args.events_port, args.events_port + 1]
+        self.procs = []
+
+    def available(self):
+        if self.kind == "sim":
+            return None
+        if not os.path.exists(os.path.join(VLLM_DIR, "venv", "bin", "vllm")):
+            return f"no vLLM venv at {VLLM_DIR} (run shared/vllm-cpu/setup_and_serve.sh install)"
+        if not os.path.exists(os.path.join(VLLM_DIR, "tinymodel", "tokenizer.json")):
+            return f"no tiny model at {VLLM_DIR}/tinymodel (run setup_and_serve.sh model)"
+        return None
+
+    def tokenizer_dir(self):
+        if self.kind == "vllm":
+            return os.path.join(VLLM_DIR, "tinymodel")
+        return self.args.tokenizer or FIXTURE_TOKENIZER
+
+    def start(self):
+        if self.kind == "vllm":
+            for i, (port, ev) in enumerate(zip(self.ports, self.events)):
+                cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://127.0.0.1:{ev}", "topic": "kv"})
+                env = dict(os.environ, PORT=str(port), CORE=str(i),
+                           EXTRA_ARGS=f"--kv-events-config {cfg}", VLLM_SERVER_DEV_MODE="1")
+                subprocess.run(["bash", VLLM_SCRIPT, "serve"], env=env, check=True,
+                               stdout=sys.stderr, timeout=300)
+            return
+        cmd = [self.args.llmlb, "sim", "--replicas", "2", "--port", str(self.ports[0]),
+               "--profile", "vllm-cpu-tiny", "--model", MODEL, "--seed", "1"]
+        if not self.args.stand_in:
+            cmd += ["--tokenizer", self.tokenizer_dir(), "--kv-events-port", str(self.events[0])]
+        self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                           stderr=open(os.path.join(self.tmp, "sim.log"), "w")))
+        for p in self.ports:
+            if not wait_ready(p, "/health", 30):
+                raise RuntimeError(f"sim replica on {p} did not start (see {self.tmp}/sim.log)")
+
+    def reset(self):
+        """Empties both replicas' prefix caches between policies."""
+        if self.kind == "vllm":
+            for p in self.ports:
+                status, body = http_post(p, "/reset_prefix_cache")
+                if status != 200:
+                    raise RuntimeError(f"reset_prefix_cache on {p}: {status} {body}")
+            time.sleep(1)
+        else:
+            self.stop()
+            self.start()
+
+    def stop(self):
+        if self.kind == "vllm":
+            for p in self.ports:
+                subprocess.run(["bash", VLLM_SCRIPT, "stop"], env=dict(os.environ, PORT=str(p)),
+                               stdout=sys.stderr, timeout=60)
+            return
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
+
+
+def proxy_config(backend, policy, args):
+    balancer, mode = POLICIES[policy]
+    lines = [
+        "[server]",
+        f'listen = "127.0.0.1:{args.proxy_port}"',
+        f'admin_listen = "127.0.0.1:{args.proxy_port + 1}"',
+        "",
+        "[[pools]]",
+        'name = "tiny"',
+        f'models = ["{MODEL}"]',
+        f'balancer = "{balancer}"',
+    ]
+    if mode:
+        lines += ["", "[pools.prefix]", f'mode = "{mode}"']
+        if mode == "cache":
+            lines.append(f"block_size = {args.block_size}")
+    if not args.stand_in:
+        lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
+    for port, ev in zip(backend.ports, backend.events):
+        lines += ["", "[[pools.replicas]]", f'url = "http://127.0.0.1:{port}"']
+        if mode == "exact":
+            lines.append(f'kv_events = "tcp://127.0.0.1:{ev}"')
+    return "\n".join(lines) + "\n"
+
+
+def run_policy(backend, policy, args, tmp):
+    backend.reset()
+    cfg_path = os.path.join(tmp, f"{backend.kind}-{policy}.toml")
+    with open(cfg_path, "w") as f:
+        f.write(proxy_config(backend, policy, args))
+    proxy = subprocess.Popen([args.llmlb, "serve", "--config", cfg_path],
+                             stdout=subprocess.DEVNULL,
+                             stderr=open(os.path.join(tmp, f"{backend.kind}-{policy}.log"), "w"))
+    try:
+        if not wait_ready(args.proxy_port + 1, "/readyz", 30):
+            raise RuntimeError(f"llmlb serve did not become ready (see {tmp})")
+        time.sleep(1.5)  # one scrape and, with events, the subscriptions
+        before = [scrape(p) for p in backend.ports]
+        out = os.path.join(tmp, f"{backend.kind}-{policy}.json")
+        bench = [args.llmlb, "bench", "--target", f"http://127.0.0.1:{args.proxy_port}",
+                 "--model", MODEL, "--workload", "shared-prefix",
+                 "--groups", str(args.groups), "--prompts-per-group", str(args.per_group),
+                 "--system-len", str(args.system_len), "--question-len", str(args.question_len),
+                 "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
+                 "--num-requests", str(args.groups * args.per_group), "--seed", str(args.seed),
+                 "--timeout", "120s", "--no-progress", "--name", policy, "--out", out]
+        subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
+                       timeout=args.run_timeout)
+        time.sleep(0.5)
+        after = [scrape(p) for p in backend.ports]
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        try:
+            proxy.wait(15)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+    with open(out) as f:
+        report = json.load(f)
+    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
+    served = [d["vllm:request_success_total"] for d in delta]
+    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
+    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
+    mean = sum(served) / len(served) if sum(served) else 0
+    ttft = report.get("ttft_ms") or {}
+    return {
+        "backend": backend.kind, "policy": policy,
+        "hit_rate": hits / queries if queries else 0.0,
+        "served": served,
+        "busiest_over_mean": max(served) / mean if mean else 0.0,
+        "preemptions": sum(d["vllm:num_preemptions_total"] for d in delta),
+        "mean_prompt_tokens": (sum(d["vllm:prompt_tokens_total"] for d in delta) / sum(served))
+        if sum(served) else 0.0,
+        "ttft_p50_ms": ttft.get("p50"), "ttft_p99_ms": ttft.get("p99"),
+        "completed": report.get("completed"), "failed": report.get("failed"),
+        "req_per_s": report.get("request_throughput"),
+    }
+
+
+def table(rows):
+    head = "| policy | prefix hits | served per replica | busiest/mean | TTFT p50 ms | TTFT p99 ms | preemptions | prompt tokens (mean) |"
+    out = [head, "|" + "---|" * 8]
+    for r in rows:
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"
+        out.append(f"| {r['policy']} | {100 * r['hit_rate']:.1f} % | "
+                   f"{' / '.join(str(int(s)) for s in r['served'])} | {r['busiest_over_mean']:.2f} | "
+                   f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
+                   f"{r['mean_prompt_tokens']:.0f} |")
+    return "\n".join(out)
+
+
+def ranking(rows, key, reverse):
+    return [r["policy"] for r in sorted(rows, key=lambda r: (r[key] is None, r[key]), reverse=reverse)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backends", default="vllm,sim")
+    ap.add_argument("--policies", default="round_robin,least_connections,hash,cache,exact")
+    ap.add_argument("--llmlb", default=os.path.join(ROOT, "target", "release", "llmlb"))
+    ap.add_argument("--tokenizer", help="tokenizer dir for the simulator (default: the vLLM model's, else the fixture)")
+    ap.add_argument("--stand-in", action="store_true",
+                    help="no real tokenizer and no KV events (llmlb's stand-in tokenizer everywhere)")
+    ap.add_argument("--groups", type=int, default=6)
+    ap.add_argument("--per-group", type=int, default=12)
+    ap.add_argument("--system-len", type=int, default=1000)
+    ap.add_argument("--question-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--block-size", type=int, default=128, help="cache mode block size (vLLM CPU uses 128)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--replica-port", type=int, default=18000)
+    ap.add_argument("--events-port", type=int, default=15557)
+    ap.add_argument("--proxy-port", type=int, default=18080)
+    ap.add_argument("--run-timeout", type=int, default=600)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not os.path.exists(args.llmlb):
+        sys.exit(f"{args.llmlb} not found: run `cargo build --release` first")
+    policies = [p for p in args.policies.split(",") if p]
+    for p in policies:
+        if p not in POLICIES:
+            sys.exit(f"unknown policy {p}; known: {', '.join(POLICIES)}")
+    tmp = tempfile.mkdtemp(prefix="llmlb-real-check-")
+    results = {}
+    vllm_tok = None
+    for kind in args.backends.split(","):
+        backend = Backend(kind, args, tmp)
+        why = backend.available()
+        if why:
+            print(f"skipping the {kind} backend: {why}")
+            continue
+        if kind == "vllm":
+            vllm_tok = backend.tokenizer_dir()
+        elif vllm_tok and not args.tokenizer:
+            args.tokenizer = vllm_tok
+        log(f"== {kind}: starting two replicas")
+        backend.start()
+        rows = []
+        try:
+            for p in policies:
+                log(f"== {kind}: {p}")
+                rows.append(run_policy(backend, p, args, tmp))
+        finally:
+            backend.stop()
+        results[kind] = rows
+        print(f"\n### {kind}\n\n{table(rows)}\n")
+    if len(results) == 2:
+        a, b = results.values()
+        for key, rev, label in [("ttft_p99_ms", False, "p99 TTFT (best first)"),
+                                ("hit_rate", True, "prefix hits (best first)")]:
+            ra, rb = ranking(a, key, rev), ranking(b, key, rev)
+            verdict = "agree" if ra == rb else "differ"
+            print(f"ranking by {label}: vllm {ra} / sim {rb}: {verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
