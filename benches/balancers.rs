@@ -31,6 +31,7 @@ fn views(n: usize) -> Vec<ReplicaView> {
                     completed_since: x % 3,
                     tokens_since: x * 7,
                 }),
+                rates: Default::default(),
             }
         })
         .collect()

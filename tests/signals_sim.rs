@@ -182,3 +182,60 @@ async fn hanging_replica_is_ejected_by_the_active_check_and_comes_back() {
         r.shutdown().await;
     }
 }
+
+/// A replica slowed 3× through `/sim/fault` is learned to prefill and
+/// decode about 3× slower than its twin, from its own timing histograms, and
+/// the learned rates are exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_rates_follow_a_replica_made_three_times_slower() {
+    let replicas = fleet(2, 8).await;
+    fault(replicas[1].addr, r#"{"slowdown": 3.0}"#).await;
+    let extra = "[pools.scrape]\nenabled = true\ninterval = \"50ms\"\ntimeout = \"50ms\"\nstaleness = \"1s\"";
+    let lb = start_llmlb(&pool("round_robin", &replicas, extra)).await;
+    let mut spec = BenchSpec::new(
+        format!("http://{}", lb.addr),
+        "llmlb-sim",
+        WorkloadSpec::Random(RandomOptions {
+            input_len: LenRange::fixed(512),
+            output_len: LenRange::fixed(24),
+        }),
+    );
+    spec.arrivals = Arrivals::Closed { concurrency: 2 };
+    spec.limits = Limits {
+        num_requests: Some(60),
+        duration: Some(Duration::from_secs(60)),
+        ..Limits::default()
+    };
+    let report = bench::run(&spec).await.unwrap();
+    assert_eq!(report.figures.completed, 60, "{:?}", report.figures.errors);
+    // One more scrape after the last request, so the tail is learned too.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pool = lb.state.topology.load().pools[0].clone();
+    let (fast, slow) = (
+        pool.replicas[0].learned.rates(),
+        pool.replicas[1].learned.rates(),
+    );
+    let ratio = |f: Option<f64>, s: Option<f64>| f.unwrap() / s.unwrap();
+    let prefill = ratio(
+        fast.prefill_tokens_per_second,
+        slow.prefill_tokens_per_second,
+    );
+    let step = ratio(slow.decode_step_seconds, fast.decode_step_seconds);
+    eprintln!("fast {fast:?}\nslow {slow:?}\nprefill ratio {prefill:.2}, decode ratio {step:.2}");
+    assert!(
+        (2.0..=4.5).contains(&prefill),
+        "prefill rate ratio {prefill}"
+    );
+    assert!((2.0..=4.5).contains(&step), "decode step ratio {step}");
+    let text = metrics_text(lb.admin_addr).await;
+    let exported = metric_value(
+        &text,
+        "llmlb_replica_prefill_tokens_per_second",
+        &[("pool", "sim"), ("replica", &replicas[1].addr.to_string())],
+    );
+    assert!(exported > 0.0, "learned rate exported");
+    lb.shutdown().await;
+    for r in replicas {
+        r.shutdown().await;
+    }
+}

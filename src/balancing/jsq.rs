@@ -90,6 +90,7 @@ mod tests {
                 age_ms,
                 ..ScrapedLoad::default()
             }),
+            rates: Default::default(),
         }
     }
 

@@ -113,6 +113,7 @@ mod tests {
                 age_ms,
                 ..ScrapedLoad::default()
             }),
+            rates: Default::default(),
         }
     }
 

@@ -58,6 +58,7 @@ mod tests {
             in_flight,
             outstanding_tokens: tokens,
             load: None,
+            rates: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 
 mod jsq;
 mod kv_aware;
+mod learned;
 mod least_connections;
 mod least_tokens;
 pub mod outlier;
@@ -18,6 +19,7 @@ mod view;
 
 pub use jsq::JoinShortestQueue;
 pub use kv_aware::KvAware;
+pub use learned::{LearnedRates, Rates};
 pub use least_connections::LeastConnections;
 pub use least_tokens::LeastTokens;
 pub use p2c::PowerOfTwo;

@@ -138,6 +138,7 @@ mod tests {
                 in_flight: t / 100,
                 outstanding_tokens: t,
                 load: None,
+                rates: Default::default(),
             })
             .collect()
     }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwapOption;
 use prometheus::IntGauge;
 
+use super::learned::LearnedRates;
 use super::outlier::Outlier;
 use super::view::ScrapedLoad;
 use crate::health::ActiveHealth;
@@ -50,6 +51,8 @@ pub struct Replica {
     pub outlier: Outlier,
     /// Active health checks.
     pub health: ActiveHealth,
+    /// Prefill and decode rates learned from consecutive scrapes.
+    pub learned: LearnedRates,
     /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
     /// streams already running finish.
     draining: AtomicBool,
@@ -78,6 +81,7 @@ impl Replica {
             load: ArcSwapOption::empty(),
             outlier: Outlier::default(),
             health: ActiveHealth::default(),
+            learned: LearnedRates::default(),
             draining: AtomicBool::new(false),
             in_flight_gauge,
         }
@@ -145,6 +149,9 @@ impl Replica {
 
     /// Stores a new scrape and restarts the since-scrape counts.
     pub fn store_load(&self, snapshot: LoadSnapshot) {
+        if let Some(previous) = self.load.load().as_deref() {
+            self.learned.observe(previous, &snapshot);
+        }
         self.load.store(Some(Arc::new(snapshot)));
         self.dispatched_since_scrape.store(0, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);

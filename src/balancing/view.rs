@@ -4,6 +4,7 @@
 //! needs scraped data checks [`ScrapedLoad::is_fresh`] for every candidate it
 //! compares and, if any fails, compares them all by local counts instead.
 
+use super::learned::Rates;
 use super::replica::{Replica, ReplicaId};
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -16,6 +17,8 @@ pub struct ReplicaView {
     pub outstanding_tokens: u64,
     /// The replica's last scrape, when there is one.
     pub load: Option<ScrapedLoad>,
+    /// Prefill and decode rates learned from its scrapes.
+    pub rates: Rates,
 }
 
 impl ReplicaView {
@@ -30,6 +33,7 @@ impl ReplicaView {
             in_flight: replica.in_flight(),
             outstanding_tokens: replica.outstanding_tokens(),
             load: replica.scraped_load(now_ms),
+            rates: replica.learned.rates(),
         }
     }
 

@@ -372,7 +372,7 @@ impl Router {
             &with_slot
         };
         let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
-        let (ahead, _) = score::requests_ahead(&ordered, self.max_age_ms);
+        let ahead = score::requests_ahead(&ordered, self.max_age_ms);
         let nodes: Vec<Node> = cands.iter().map(|r| self.nodes[&r.id]).collect();
         // Tie-break order: rendezvous on the chained hash of the prompt's
         // first `prefix.tokens` tokens, so cold instances agree per prefix
@@ -403,6 +403,7 @@ impl Router {
         let scored: Vec<Candidate> = (0..cands.len())
             .map(|i| Candidate {
                 ahead: ahead[i],
+                rates: ordered[i].rates,
                 cached_tokens: (matched[i] * block) as u64,
                 rank: rank[i],
             })

@@ -10,4 +10,4 @@ pub mod scraper;
 mod snapshot;
 
 pub use preset::MetricNames;
-pub use snapshot::LoadSnapshot;
+pub use snapshot::{EngineTiming, LoadSnapshot};

@@ -27,6 +27,20 @@ pub struct MetricNames {
     pub prefix_cache_hits: Vec<String>,
     /// A 0..1 prefix-cache hit-rate gauge, for servers without counters.
     pub prefix_cache_hit_rate: Vec<String>,
+    /// Histograms whose `_sum` and `_count` tell how fast the replica
+    /// prefills and decodes (learned rates); `None` for servers without them.
+    pub timing: Option<TimingNames>,
+}
+
+/// Base names of the histograms the learned rates read (`_sum`, `_count`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimingNames {
+    /// Seconds each request spent in prefill.
+    pub prefill_seconds: String,
+    /// Prompt tokens each request computed in prefill (cache misses).
+    pub prefill_tokens: String,
+    /// Seconds between two output tokens.
+    pub inter_token_seconds: String,
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -51,6 +65,11 @@ impl MetricNames {
                 "vllm:prefix_cache_hits",
             ]),
             prefix_cache_hit_rate: Vec::new(),
+            timing: Some(TimingNames {
+                prefill_seconds: "vllm:request_prefill_time_seconds".into(),
+                prefill_tokens: "vllm:request_prefill_kv_computed_tokens".into(),
+                inter_token_seconds: "vllm:inter_token_latency_seconds".into(),
+            }),
         }
     }
 
@@ -63,6 +82,7 @@ impl MetricNames {
             prefix_cache_queries: Vec::new(),
             prefix_cache_hits: Vec::new(),
             prefix_cache_hit_rate: names(&["sglang:cache_hit_rate"]),
+            timing: None,
         }
     }
 
@@ -78,6 +98,7 @@ impl MetricNames {
                 prefix_cache_queries: Vec::new(),
                 prefix_cache_hits: Vec::new(),
                 prefix_cache_hit_rate: Vec::new(),
+                timing: None,
             },
         }
     }

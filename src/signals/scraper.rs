@@ -96,6 +96,20 @@ fn record(
                 }
             }
             target.replica.store_load(snapshot);
+            let learned = target.replica.learned.rates();
+            let s = &metrics.signals;
+            for (gauge, value) in [
+                (&s.learned_prefill_rate, learned.prefill_tokens_per_second),
+                (
+                    &s.learned_prefill_seconds,
+                    learned.prefill_seconds_per_request,
+                ),
+                (&s.learned_decode_step, learned.decode_step_seconds),
+            ] {
+                if let Some(v) = value {
+                    gauge.with_label_values(&[pool, name]).set(v);
+                }
+            }
         }
         Err(reason) => {
             let kind = reason.split(':').next().unwrap_or("error");

@@ -5,7 +5,7 @@
 //! tell "idle" from "unknown". Negative or non-finite values count as missing.
 
 use super::parse;
-use super::preset::MetricNames;
+use super::preset::{MetricNames, TimingNames};
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LoadSnapshot {
@@ -23,6 +23,8 @@ pub struct LoadSnapshot {
     /// A hit-rate gauge (0..1) for servers that export a ratio instead of
     /// counters (SGLang's `sglang:cache_hit_rate`), averaged over engines.
     pub prefix_cache_hit_gauge: Option<f64>,
+    /// Cumulative timing histograms' sums and counts (learned rates).
+    pub timing: EngineTiming,
     /// When it was taken, on the process clock (`telemetry::clock::now_millis`).
     pub taken_at_ms: u64,
 }
@@ -38,7 +40,11 @@ impl LoadSnapshot {
         let mut hit_gauge = Acc::new(&names.prefix_cache_hit_rate);
         let mut capacity: Option<u64> = None;
         let cache_info = names.cache_info.as_deref();
+        let mut timing = EngineTiming::default();
         for s in parse::samples(text) {
+            if let Some(t) = &names.timing {
+                timing.add(t, s.name, s.value);
+            }
             running.add(s.name, s.value);
             waiting.add(s.name, s.value);
             kv.add(s.name, s.value);
@@ -67,6 +73,7 @@ impl LoadSnapshot {
             prefix_cache_queries: queries.sum().filter(|v| *v >= 0.0),
             prefix_cache_hits: hits.sum().filter(|v| *v >= 0.0),
             prefix_cache_hit_gauge: hit_gauge.mean().filter(|v| *v >= 0.0).map(|v| v.min(1.0)),
+            timing,
             taken_at_ms,
         }
     }
@@ -87,6 +94,37 @@ impl LoadSnapshot {
     /// Whether no load metric at all was found (wrong preset, wrong path).
     pub fn is_empty(&self) -> bool {
         self.running.is_none() && self.waiting.is_none() && self.kv_usage.is_none()
+    }
+}
+
+/// Cumulative sums and counts of the timing histograms, summed over
+/// engines; `None` where the replica does not export the series.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineTiming {
+    pub prefill_seconds: Option<f64>,
+    pub prefill_requests: Option<f64>,
+    pub prefill_tokens: Option<f64>,
+    pub inter_token_seconds: Option<f64>,
+    pub inter_tokens: Option<f64>,
+}
+
+impl EngineTiming {
+    fn add(&mut self, names: &TimingNames, name: &str, value: f64) {
+        if !value.is_finite() || value < 0.0 {
+            return;
+        }
+        let slot = match name.strip_suffix("_sum") {
+            Some(base) if base == names.prefill_seconds => &mut self.prefill_seconds,
+            Some(base) if base == names.prefill_tokens => &mut self.prefill_tokens,
+            Some(base) if base == names.inter_token_seconds => &mut self.inter_token_seconds,
+            Some(_) => return,
+            None => match name.strip_suffix("_count") {
+                Some(base) if base == names.prefill_seconds => &mut self.prefill_requests,
+                Some(base) if base == names.inter_token_seconds => &mut self.inter_tokens,
+                _ => return,
+            },
+        };
+        *slot = Some(slot.unwrap_or(0.0) + value);
     }
 }
 
@@ -189,6 +227,19 @@ mod tests {
         assert_eq!(s.prefix_cache_hit_gauge, Some(0.75));
         assert_eq!(s.prefix_cache_hit_rate(), Some(0.75));
         assert_eq!(s.prefix_cache_hits, None);
+    }
+
+    #[test]
+    fn timing_histograms_read_from_the_real_vllm_page() {
+        let text = include_str!("../../tests/fixtures/vllm_cpu_real_metrics.txt");
+        let t = LoadSnapshot::from_text(text, &MetricNames::vllm(), 1).timing;
+        assert_eq!(t.prefill_requests, Some(13.0));
+        assert_eq!(t.prefill_tokens, Some(200.0));
+        assert_eq!(t.inter_tokens, Some(2006.0));
+        assert!((t.prefill_seconds.unwrap() - 0.081_469_771).abs() < 1e-6);
+        assert!((t.inter_token_seconds.unwrap() - 2.876_886_113).abs() < 1e-6);
+        let none = LoadSnapshot::from_text(text, &MetricNames::sglang(), 1).timing;
+        assert_eq!(none, EngineTiming::default());
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub struct SignalMetrics {
     pub health_up: IntGaugeVec,
     /// Outlier ejections per replica.
     pub ejections: IntCounterVec,
+    /// Rates learned from each replica's timing histograms.
+    pub learned_prefill_rate: GaugeVec,
+    pub learned_prefill_seconds: GaugeVec,
+    pub learned_decode_step: GaugeVec,
 }
 
 impl SignalMetrics {
@@ -59,6 +63,25 @@ impl SignalMetrics {
         registry
             .register(Box::new(scraped.clone()))
             .expect("unique metric name");
+        let gauge = |name: &str, help: &str| {
+            let g = GaugeVec::new(Opts::new(name, help), &["pool", "replica"]).expect("metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric name");
+            g
+        };
+        let learned_prefill_rate = gauge(
+            "llmlb_replica_prefill_tokens_per_second",
+            "Prompt tokens per second a replica prefills, learned from its timing histograms.",
+        );
+        let learned_prefill_seconds = gauge(
+            "llmlb_replica_prefill_seconds_per_request",
+            "Seconds a request spends in prefill on a replica, learned from its timing histograms.",
+        );
+        let learned_decode_step = gauge(
+            "llmlb_replica_decode_step_seconds",
+            "Seconds per decode step on a replica, learned from its inter-token latency histogram.",
+        );
         let health_up = IntGaugeVec::new(
             Opts::new(
                 "llmlb_replica_health_up",
@@ -77,6 +100,9 @@ impl SignalMetrics {
             health_check_failures,
             health_up,
             ejections,
+            learned_prefill_rate,
+            learned_prefill_seconds,
+            learned_decode_step,
         }
     }
 }

@@ -1,66 +1,162 @@
 //! Cache-aware scoring: the expected time to first token of a request on
-//! each candidate replica, in seconds,
+//! each candidate replica, in seconds, and the lowest wins.
 //!
 //! ```text
-//! ttft = requests ahead × seconds_per_request_ahead
-//!      + uncached prompt tokens ÷ prefill_tokens_per_second
+//! ttft = queue wait                     (s)
+//!      + uncached tokens ÷ prefill rate (tokens ÷ tokens/s)
+//!      + KV wait                        (s)
+//!
+//! queue wait, scraped load fresh for every candidate:
+//!            = waiting now × prefill seconds per request
+//!            + one decode step when anything is running   (interference)
+//! queue wait, otherwise (llmlb's own counts for every candidate):
+//!            = in flight × seconds_per_request_ahead
+//! KV wait    = 0 when the uncached tokens fit in the free KV cache, else
+//!            = remaining output tokens per running request × decode step
+//!              (llmlb's own estimate for its in-flight requests; without
+//!              one, or before a decode step is learned:
+//!              running × seconds_per_request_ahead)
+//! free KV tokens = capacity × (1 − kv_usage) − tokens sent since the scrape
 //! ```
 //!
-//! and the lowest wins. A warm replica (most of the prompt cached) loses to
-//! a cold idle one exactly when its queue costs more than the prefill the
-//! cache would save. This is what keeps one dominant system prompt from
-//! melting one replica: its first replica takes requests until the queue
-//! there is worth a full prefill elsewhere, then a second replica warms up,
-//! and so on until the prefix lives on as many replicas as its load needs.
-//! (The same trade-off as Dynamo's KV router cost and llm-d's weighted
-//! prefix and queue scorers, expressed in seconds so the two terms share a
-//! unit.)
+//! The rates are the replica's own, learned from its timing histograms
+//! ([`crate::balancing::LearnedRates`]); until a replica has produced a
+//! sample, the pool's `prefill_tokens_per_second` and
+//! `seconds_per_request_ahead` stand in as priors (and the decode step
+//! counts as zero). "Waiting now" and "running now" are the scraped gauges
+//! corrected by what llmlb sent and saw finish since the scrape.
 //!
-//! "Requests ahead" is the replica's scraped running + waiting count,
-//! corrected by what llmlb sent and saw finish since the scrape, when that
-//! is fresh for *every* candidate; otherwise llmlb's own in-flight count for
-//! every candidate. The two are never compared with each other.
+//! The KV term is what keeps a warm replica from being buried: a request
+//! whose uncached blocks do not fit in the replica's free KV cache waits in
+//! the engine's queue until running requests finish and free their blocks
+//! (or it is admitted and a running request is preempted and recomputed),
+//! so it is charged the time the running batch takes to turn over. (vLLM
+//! counts blocks that hold a cached prefix but no running request as free,
+//! and so does this term; the request's own output growth is not counted.)
+//! When the capacity or the usage is unknown, no KV term is charged.
+//!
+//! A warm replica therefore loses to a cold one exactly when its queue, plus
+//! what it lacks in free cache, costs more than the prefill the cache would
+//! save: one dominant system prompt spreads over as many replicas as its
+//! load needs instead of melting one. (The same trade-off as Dynamo's KV
+//! router cost and llm-d's weighted prefix, queue and KV scorers, expressed
+//! in seconds so the terms share a unit.)
 //!
 //! Ties (an empty index, even load) go to the earliest replica in the
 //! prefix's rendezvous order, so independent llmlb instances agree.
 //!
 //! Cost: O(candidates), no allocation besides the `ahead` vector.
 
-use crate::balancing::ReplicaView;
+use crate::balancing::{Rates, ReplicaView};
 
-/// The cost model's two rates.
+/// The pool's prior rates, used for a replica until it has learned its own.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
     pub prefill_tokens_per_second: f64,
     pub seconds_per_request_ahead: f64,
 }
 
+/// What is ahead of a new request on one replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// From a fresh scrape, corrected by what llmlb did since.
+    Scraped {
+        waiting: u64,
+        running: u64,
+        /// Free KV-cache tokens, when the replica reports its capacity and usage.
+        free_kv_tokens: Option<u64>,
+        /// llmlb's estimate of the output tokens its in-flight requests on
+        /// the replica still have to produce, per request (0: none in flight).
+        remaining_per_request: u64,
+    },
+    /// llmlb's own in-flight count (no fresh scrape for some candidate).
+    Local { in_flight: u64 },
+}
+
 impl CostModel {
-    /// Expected time to first token, in seconds.
-    pub fn expected_ttft(&self, ahead: u64, uncached_tokens: u64) -> f64 {
-        ahead as f64 * self.seconds_per_request_ahead
-            + uncached_tokens as f64 / self.prefill_tokens_per_second
+    /// Expected time to first token, in seconds, of a request with
+    /// `uncached_tokens` left to prefill on a replica with `ahead` and `rates`.
+    pub fn expected_ttft(&self, ahead: Ahead, rates: &Rates, uncached_tokens: u64) -> f64 {
+        let prefill_rate = rates
+            .prefill_tokens_per_second
+            .unwrap_or(self.prefill_tokens_per_second);
+        let per_request = rates
+            .prefill_seconds_per_request
+            .unwrap_or(self.seconds_per_request_ahead);
+        let prefill = uncached_tokens as f64 / prefill_rate;
+        match ahead {
+            Ahead::Local { in_flight } => {
+                in_flight as f64 * self.seconds_per_request_ahead + prefill
+            }
+            Ahead::Scraped {
+                waiting,
+                running,
+                free_kv_tokens,
+                remaining_per_request,
+            } => {
+                let step = rates.decode_step_seconds;
+                let interference = if running > 0 {
+                    step.unwrap_or(0.0)
+                } else {
+                    0.0
+                };
+                let fits = free_kv_tokens.is_none_or(|free| uncached_tokens <= free);
+                let kv_wait = match (fits, step) {
+                    (true, _) => 0.0,
+                    (false, Some(step)) if remaining_per_request > 0 => {
+                        remaining_per_request as f64 * step
+                    }
+                    (false, _) => running.max(1) as f64 * self.seconds_per_request_ahead,
+                };
+                waiting as f64 * per_request + interference + prefill + kv_wait
+            }
+        }
     }
 }
 
-/// Requests ahead of a new one on each candidate, and whether they come from
-/// scraped metrics (fresh for all) rather than local counts.
-pub fn requests_ahead(views: &[ReplicaView], max_age_ms: u64) -> (Vec<u64>, bool) {
-    let scraped: Option<Vec<u64>> = views
+/// What is ahead of a new request on each candidate: from scraped metrics
+/// when they are fresh for *every* candidate, else llmlb's own counts for
+/// all of them (the two are never compared with each other).
+pub fn requests_ahead(views: &[ReplicaView], max_age_ms: u64) -> Vec<Ahead> {
+    let scraped: Option<Vec<Ahead>> = views
         .iter()
-        .map(|v| v.fresh_load(max_age_ms).and_then(|l| l.in_system_now()))
+        .map(|v| {
+            let l = v.fresh_load(max_age_ms)?;
+            let in_system = l.in_system_now()?;
+            let waiting = l.queue_now().unwrap_or(0).min(in_system);
+            let free_kv_tokens = match (l.kv_capacity_tokens, l.kv_usage) {
+                (Some(cap), Some(usage)) => {
+                    let free = (cap as f64 * (1.0 - usage)).max(0.0) as u64;
+                    Some(free.saturating_sub(l.tokens_since))
+                }
+                _ => None,
+            };
+            Some(Ahead::Scraped {
+                waiting,
+                running: in_system - waiting,
+                free_kv_tokens,
+                remaining_per_request: v.outstanding_tokens.checked_div(v.in_flight).unwrap_or(0),
+            })
+        })
         .collect();
     match scraped {
-        Some(s) if !views.is_empty() => (s, true),
-        _ => (views.iter().map(|v| v.in_flight).collect(), false),
+        Some(s) if !views.is_empty() => s,
+        _ => views
+            .iter()
+            .map(|v| Ahead::Local {
+                in_flight: v.in_flight,
+            })
+            .collect(),
     }
 }
 
 /// One candidate as the scorer sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
-    /// Requests ahead of this one on the replica.
-    pub ahead: u64,
+    /// What is ahead of this request on the replica.
+    pub ahead: Ahead,
+    /// The replica's learned rates (priors fill what is missing).
+    pub rates: Rates,
     /// Prompt tokens the replica probably has cached.
     pub cached_tokens: u64,
     /// Position in the prefix's rendezvous order (tie-break, 0 first).
@@ -72,7 +168,7 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     let mut best: Option<(usize, f64)> = None;
     for (i, c) in cands.iter().enumerate() {
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
-        let t = model.expected_ttft(c.ahead, uncached);
+        let t = model.expected_ttft(c.ahead, &c.rates, uncached);
         let wins = match best {
             None => true,
             Some((b, bt)) => t < bt || (t == bt && c.rank < cands[b].rank),
@@ -94,38 +190,106 @@ mod tests {
         seconds_per_request_ahead: 0.02,
     };
 
+    const NO_RATES: Rates = Rates {
+        prefill_tokens_per_second: None,
+        prefill_seconds_per_request: None,
+        decode_step_seconds: None,
+    };
+
+    fn cand(ahead: Ahead, rates: Rates, cached_tokens: u64, rank: usize) -> Candidate {
+        Candidate {
+            ahead,
+            rates,
+            cached_tokens,
+            rank,
+        }
+    }
+
+    /// A candidate compared by llmlb's own in-flight count, at the priors.
+    fn local(in_flight: u64, cached_tokens: u64, rank: usize) -> Candidate {
+        cand(Ahead::Local { in_flight }, NO_RATES, cached_tokens, rank)
+    }
+
     #[test]
     fn warm_but_busy_loses_exactly_when_slower() {
         // 2,050-token prompt, 2,000 cached on the warm replica: the cache
         // saves 0.2 s, each request ahead costs 0.02 s, so the warm replica
         // wins with up to 9 ahead and loses from 10 on.
         for ahead in 0..20u64 {
-            let cands = [
-                Candidate {
-                    ahead,
-                    cached_tokens: 2_000,
-                    rank: 1,
-                },
-                Candidate {
-                    ahead: 0,
-                    cached_tokens: 0,
-                    rank: 0,
-                },
-            ];
+            let cands = [local(ahead, 2_000, 1), local(0, 0, 0)];
             let (i, _) = best(&MODEL, 2_050, &cands).unwrap();
-            let warm_ttft = MODEL.expected_ttft(ahead, 50);
-            let cold_ttft = MODEL.expected_ttft(0, 2_050);
+            let warm_ttft = MODEL.expected_ttft(Ahead::Local { in_flight: ahead }, &NO_RATES, 50);
+            let cold_ttft = MODEL.expected_ttft(Ahead::Local { in_flight: 0 }, &NO_RATES, 2_050);
             assert_eq!(i == 0, warm_ttft < cold_ttft, "ahead {ahead}");
         }
     }
 
+    fn scraped(waiting: u64, running: u64, free: u64, remaining: u64) -> Ahead {
+        Ahead::Scraped {
+            waiting,
+            running,
+            free_kv_tokens: Some(free),
+            remaining_per_request: remaining,
+        }
+    }
+
+    const LEARNED: Rates = Rates {
+        prefill_tokens_per_second: Some(2_500.0),
+        prefill_seconds_per_request: Some(0.1),
+        decode_step_seconds: Some(0.02),
+    };
+
+    #[test]
+    fn a_warm_replica_with_no_free_kv_loses_to_an_idle_cold_one() {
+        // 2,000 of 2,050 prompt tokens cached on the warm replica, but its
+        // cache is full of running requests with 200 tokens still to go.
+        let warm = cand(scraped(0, 4, 0, 200), LEARNED, 2_000, 0);
+        let cold = cand(scraped(0, 0, 4_096, 0), LEARNED, 0, 1);
+        let (i, t) = best(&MODEL, 2_050, &[warm, cold]).unwrap();
+        assert_eq!(i, 1, "the idle cold replica wins");
+        assert!((t - 2_050.0 / 2_500.0).abs() < 1e-9, "{t}");
+        // With room for the 50 uncached tokens, the warm one wins again.
+        let roomy = Candidate {
+            ahead: scraped(0, 4, 60, 200),
+            ..warm
+        };
+        assert_eq!(best(&MODEL, 2_050, &[roomy, cold]).unwrap().0, 0);
+    }
+
+    #[test]
+    fn learned_rates_replace_the_priors_per_replica() {
+        // Same cache, same queue: the replica that learned it prefills three
+        // times slower loses; without learned rates the priors tie them.
+        let fast = cand(scraped(1, 1, 10_000, 0), LEARNED, 0, 1);
+        let slow = Candidate {
+            rates: Rates {
+                prefill_tokens_per_second: Some(2_500.0 / 3.0),
+                prefill_seconds_per_request: Some(0.3),
+                decode_step_seconds: Some(0.06),
+            },
+            rank: 0,
+            ..fast
+        };
+        assert_eq!(best(&MODEL, 1_000, &[slow, fast]).unwrap().0, 1);
+        let unlearned = |rank| Candidate {
+            rates: NO_RATES,
+            rank,
+            ..fast
+        };
+        assert_eq!(
+            best(&MODEL, 1_000, &[unlearned(1), unlearned(0)])
+                .unwrap()
+                .0,
+            1
+        );
+        // Scraped queue terms: 1 waiting × 0.1 s + one 0.02 s step + 0.4 s.
+        let t = MODEL.expected_ttft(fast.ahead, &LEARNED, 1_000);
+        assert!((t - 0.52).abs() < 1e-9, "{t}");
+    }
+
     #[test]
     fn ties_follow_rendezvous_rank() {
-        let c = |rank| Candidate {
-            ahead: 1,
-            cached_tokens: 0,
-            rank,
-        };
+        let c = |rank| local(1, 0, rank);
         assert_eq!(best(&MODEL, 100, &[c(2), c(0), c(1)]).unwrap().0, 1);
         assert_eq!(best(&MODEL, 100, &[]), None);
     }
@@ -152,9 +316,21 @@ mod tests {
                 ..ReplicaView::default()
             },
         ];
-        assert_eq!(requests_ahead(&views, 1_000), (vec![4, 1], true));
+        let scraped = |waiting, running| Ahead::Scraped {
+            waiting,
+            running,
+            free_kv_tokens: None,
+            remaining_per_request: 0,
+        };
+        assert_eq!(
+            requests_ahead(&views, 1_000),
+            vec![scraped(3, 1), scraped(0, 1)]
+        );
         views[1].load = None;
-        assert_eq!(requests_ahead(&views, 1_000), (vec![7, 2], false));
+        assert_eq!(
+            requests_ahead(&views, 1_000),
+            vec![Ahead::Local { in_flight: 7 }, Ahead::Local { in_flight: 2 }]
+        );
     }
 
     /// One dominant system prompt, 8 replicas, every request lasting the
@@ -180,11 +356,7 @@ mod tests {
                 in_flight[r] -= 1;
             }
             let cands: Vec<Candidate> = (0..N)
-                .map(|r| Candidate {
-                    ahead: in_flight[r],
-                    cached_tokens: if warm[r] { system } else { 0 },
-                    rank: r,
-                })
+                .map(|r| local(in_flight[r], if warm[r] { system } else { 0 }, r))
                 .collect();
             let (r, _) = best(&MODEL, prompt, &cands).unwrap();
             warm[r] = true;
