@@ -96,7 +96,7 @@ async fn charged(extra: &str, body: &str) -> u32 {
     let up = Upstream::start("a", Mode::Json).await;
     let key = llmlb::gateway::keys::hash_key("sk-t");
     let text = format!(
-        "[[keys]]\nsha256 = \"{key}\"\ntokens_per_minute = 100000\n{}",
+        "[[tiers]]\nname = \"std\"\npriority = \"low\"\n[[keys]]\nsha256 = \"{key}\"\ntenant = \"t\"\ntier = \"std\"\ntokens_per_minute = 100000\n{}",
         one_pool("least_tokens", &[(&up.url(), 1)], extra)
     );
     let lb = start_llmlb(&text).await;
