@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 
 use common::*;
 use http::StatusCode;
+use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 use serde_json::{Value, json};
+use std::path::Path;
 
 const TINY_LLAMA: &str = "../shared/tokenizers/tiny-llama";
 
@@ -135,4 +137,22 @@ async fn pool_tokenizer_counts_feed_the_token_rate_limit() {
     );
     let stand_in = charged("", &body).await;
     assert_ne!(stand_in, with_model, "the stand-in estimate differs");
+
+    // A prompt over 16 KiB is tokenized on the blocking pool: same count.
+    let long = "Parcels leave the depot at six; drivers sign each one out. ".repeat(400);
+    let messages = vec![
+        ChatMessage::new("system", long.clone()),
+        ChatMessage::new("user", "When?"),
+    ];
+    let model = PromptTokenizer::load(Path::new(TINY_LLAMA)).unwrap();
+    let count = model.encode_chat(&messages).unwrap().len() as u32;
+    let body = json!({"model": "llama-3-8b", "max_tokens": 10,
+        "messages": [{"role": "system", "content": long}, {"role": "user", "content": "When?"}]})
+    .to_string();
+    let charged_long = charged(&format!("[pools.tokenizer]\ndir = \"{TINY_LLAMA}\""), &body).await;
+    assert!(
+        (count + 10 - 5..=count + 10).contains(&charged_long),
+        "charged {charged_long}, want {}",
+        count + 10
+    );
 }

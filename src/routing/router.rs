@@ -516,6 +516,29 @@ mod tests {
         }
     }
 
+    /// Routes `chat` in `pool` and sends it to the preferred replica.
+    fn dispatch_chat<'p>(
+        pool: &'p crate::routing::Pool,
+        chat: &[ChatMessage],
+        metrics: &RoutingMetrics,
+    ) -> &'p Arc<Replica> {
+        let headers = HeaderMap::new();
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&headers, None, Prompt::Chat(chat)),
+                0,
+                1,
+                metrics,
+            )
+            .unwrap();
+        let id = d.preferred.as_ref().unwrap()[0];
+        let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
+        d.dispatched(r);
+        r
+    }
+
     #[test]
     fn canary_falls_back_when_the_version_is_down_but_forced_does_not() {
         let text = format!(
@@ -639,7 +662,6 @@ mod tests {
         );
         let (t, metrics) = topology(&text);
         let pool = &t.pools[0];
-        let headers = HeaderMap::new();
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
         let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
@@ -653,19 +675,7 @@ mod tests {
                 ChatMessage::new("system", system.clone()),
                 ChatMessage::new("user", format!("Question number {i}?")),
             ];
-            let d = pool
-                .router
-                .route(
-                    &pool.replicas,
-                    &input(&headers, None, Prompt::Chat(&chat)),
-                    0,
-                    1,
-                    &metrics,
-                )
-                .unwrap();
-            let id = d.preferred.as_ref().unwrap()[0];
-            let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
-            d.dispatched(r);
+            let r = dispatch_chat(pool, &chat, &metrics);
             held.push_back(r.acquire());
             if i >= 400 {
                 let loads: Vec<u64> = pool.replicas.iter().map(|r| r.in_flight()).collect();
@@ -836,20 +846,9 @@ mod tests {
         let ids = model.encode_chat(&chat).unwrap();
         assert_eq!(pool.router.prompt_tokens(Prompt::Chat(&chat)), ids);
         assert_ne!(ids, PromptTokenizer::StandIn.encode_chat(&chat).unwrap());
-        let headers = HeaderMap::new();
-        let d = pool
-            .router
-            .route(
-                &pool.replicas,
-                &input(&headers, None, Prompt::Chat(&chat)),
-                0,
-                1,
-                &metrics,
-            )
-            .unwrap();
-        let id = d.preferred.as_ref().unwrap()[0];
-        d.dispatched(pool.replicas.iter().find(|r| r.id == id).unwrap());
+        let id = dispatch_chat(pool, &chat, &metrics).id;
         let index = pool.router.index(id).unwrap();
+        let headers = HeaderMap::new();
         let blocks = block_hashes("m", &ids, 16);
         assert_eq!(index.matched(&blocks), ids.len() / 16);
         // Tokens handed in by the caller are used as they are.
