@@ -138,7 +138,7 @@ async fn pool_tokenizer_counts_feed_the_token_rate_limit() {
     let stand_in = charged("", &body).await;
     assert_ne!(stand_in, with_model, "the stand-in estimate differs");
 
-    // A prompt over 16 KiB is tokenized on the blocking pool: same count.
+    // A prompt over 1 KiB is tokenized on the blocking pool: same count.
     let long = "Parcels leave the depot at six; drivers sign each one out. ".repeat(400);
     let messages = vec![
         ChatMessage::new("system", long.clone()),

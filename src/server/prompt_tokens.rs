@@ -4,9 +4,10 @@
 //! Pools on the stand-in tokenizer skip this: their rate limits and
 //! `least_tokens` keep the cheap estimate of four bytes per token, and the
 //! router tokenizes only when a prefix mode needs ids. A prompt larger than
-//! [`BLOCKING_BYTES`] is tokenized on tokio's blocking pool so a 32k-token
-//! prompt never holds an async worker for milliseconds (see
-//! `docs/BENCHMARKS.md`, "Tokenizer").
+//! [`BLOCKING_BYTES`] is tokenized on tokio's blocking pool: encoding costs
+//! about a millisecond per thousand tokens and more (`docs/BENCHMARKS.md`,
+//! "Tokenizer"), far more than the few microseconds a hand-off to the
+//! blocking pool costs, and an async worker must never be held that long.
 
 use crate::routing::{Pool, Prompt};
 use crate::tokenize::PromptTokenizer;
@@ -14,8 +15,9 @@ use crate::tokenize::PromptTokenizer;
 use super::request::RequestMeta;
 
 /// Prompts at least this large (in text bytes) are tokenized on the
-/// blocking pool.
-pub const BLOCKING_BYTES: usize = 16 * 1024;
+/// blocking pool (below it, encoding takes a few hundred microseconds at
+/// most).
+pub const BLOCKING_BYTES: usize = 1024;
 
 /// A prompt's token ids from one pool's tokenizer.
 #[derive(Debug)]
