@@ -7,9 +7,10 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
 use llmlb::admission::AdmissionMetrics;
-use llmlb::routing::prefix::blocks::prompt_blocks;
+use llmlb::routing::prefix::blocks::{block_hashes, prompt_token_ids};
 use llmlb::routing::{Prompt, RouteInput, RoutingMetrics, Topology};
 use llmlb::telemetry::Metrics;
+use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 
 fn topology(n: usize, pool_extra: &str, replica_extra: impl Fn(usize) -> String) -> Topology {
     let mut text = format!("[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{pool_extra}\n");
@@ -31,8 +32,8 @@ fn routing(c: &mut Criterion) {
     let system =
         "You are a support assistant for a parcel company. Be precise and brief. ".repeat(140);
     let chat = vec![
-        ("system".to_string(), system),
-        ("user".to_string(), "Where is parcel 1234?".to_string()),
+        ChatMessage::new("system", system),
+        ChatMessage::new("user", "Where is parcel 1234?"),
     ];
     let headers = HeaderMap::new();
     let input = RouteInput {
@@ -41,6 +42,7 @@ fn routing(c: &mut Criterion) {
         headers: &headers,
         tier: None,
         prompt: Prompt::Chat(&chat),
+        tokens: None,
     };
     let metrics = RoutingMetrics::new(&prometheus::Registry::new());
     let mut group = c.benchmark_group("route");
@@ -72,7 +74,11 @@ fn routing(c: &mut Criterion) {
     }
     group.finish();
     c.bench_function("prompt_blocks/2k_tokens", |b| {
-        b.iter(|| black_box(prompt_blocks("m", Prompt::Chat(black_box(&chat)), 16)))
+        b.iter(|| {
+            let tokens =
+                prompt_token_ids(&PromptTokenizer::StandIn, Prompt::Chat(black_box(&chat)));
+            black_box(block_hashes("m", &tokens, 16))
+        })
     });
 }
 

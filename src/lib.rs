@@ -23,4 +23,5 @@ pub mod server;
 pub mod signals;
 pub mod sim;
 pub mod telemetry;
+pub mod tokenize;
 pub mod tokenizer;

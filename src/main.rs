@@ -88,6 +88,12 @@ fn check(path: &Path) -> ExitCode {
                     p.balancer.as_str(),
                     p.models.join(", ")
                 );
+                match &p.tokenizer {
+                    Some(t) => println!("    tokenizer {}", t.dir.display()),
+                    None => println!(
+                        "    tokenizer: stand-in (token counts approximate; set [pools.tokenizer] dir)"
+                    ),
+                }
             }
             ExitCode::SUCCESS
         }

@@ -8,6 +8,7 @@ mod duration;
 mod gateway;
 mod routing;
 mod schema;
+mod tokenizer;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
@@ -19,6 +20,7 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
+pub use tokenizer::TokenizerConfig;
 pub use upstream_tls::UpstreamTlsConfig;
 
 use std::fmt;

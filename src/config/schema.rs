@@ -207,6 +207,9 @@ pub struct PoolConfig {
     /// Certificate checks for `https://` replicas.
     #[serde(default)]
     pub tls: super::UpstreamTlsConfig,
+    /// The model's own tokenizer and chat template (unset: the stand-in).
+    #[serde(default)]
+    pub tokenizer: Option<super::TokenizerConfig>,
 }
 
 impl PoolConfig {

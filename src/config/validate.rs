@@ -160,6 +160,11 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
     if let Err(e) = crate::forwarding::UpstreamTls::new(&pool.tls) {
         push(out, &format!("{key}.tls.{}", e.key()), &e.to_string());
     }
+    if let Some(t) = &pool.tokenizer
+        && let Err(e) = crate::tokenize::PromptTokenizer::load(&t.dir)
+    {
+        push(out, &format!("{key}.tokenizer.dir"), &e.to_string());
+    }
     super::validate_load::validate_load(out, key, pool);
     let mut urls: HashMap<String, usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
@@ -310,6 +315,26 @@ mod tests {
             issues[0].reason.contains("/nonexistent/ca.pem"),
             "{issues:?}"
         );
+    }
+
+    #[test]
+    fn unusable_tokenizer_dir_names_key_and_file() {
+        let text = format!("{GOOD}\n[pools.tokenizer]\ndir = \"/nonexistent/model\"\n");
+        let issues = parse(&text).unwrap_err();
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].key, "pools[0].tokenizer.dir");
+        assert!(
+            issues[0]
+                .reason
+                .contains("/nonexistent/model: not a directory")
+        );
+        let text = format!("{GOOD}\n[pools.tokenizer]\ndir = \"/\"\n");
+        let issues = parse(&text).unwrap_err();
+        assert!(issues[0].reason.contains("/tokenizer.json"), "{issues:?}");
+        let text =
+            format!("{GOOD}\n[pools.tokenizer]\ndir = \"../shared/tokenizers/tiny-llama\"\n");
+        let config = parse(&text).unwrap();
+        assert!(config.pools[0].tokenizer.is_some());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use http::{HeaderMap, HeaderName};
 use super::RouteBranch;
 use super::canary::{Canary, Choice, StickyKeys};
 use super::metrics::RoutingMetrics;
-use super::prefix::blocks::{Prompt, prompt_blocks};
+use super::prefix::blocks::{Prompt, block_hashes, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::rendezvous::{self, Node, hash64};
 use super::prefix::score::{self, Candidate, CostModel};
@@ -36,7 +36,7 @@ use super::saturation::is_saturated;
 use super::tiers::PoolTiers;
 use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::{Config, HashKey, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
-use crate::tokenizer::tokenize;
+use crate::tokenize::PromptTokenizer;
 
 type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
 
@@ -54,6 +54,7 @@ pub struct Router {
     nodes: HashMap<ReplicaId, Node>,
     indexes: Indexes,
     tiers: PoolTiers,
+    tokenizer: PromptTokenizer,
 }
 
 /// What the routing stage knows about a request.
@@ -64,6 +65,10 @@ pub struct RouteInput<'a> {
     pub headers: &'a HeaderMap,
     pub tier: Option<&'a str>,
     pub prompt: Prompt<'a>,
+    /// The prompt's token ids when the caller already has them from this
+    /// pool's tokenizer ([`Router::prompt_tokens`]); else the router
+    /// tokenizes when a mode needs tokens.
+    pub tokens: Option<&'a [u32]>,
 }
 
 /// The routing stage's answer for one request.
@@ -175,6 +180,26 @@ impl Router {
                 .collect(),
             indexes: Arc::new(indexes),
             tiers: PoolTiers::build(config, replicas),
+            tokenizer: pool_tokenizer(pc),
+        }
+    }
+
+    /// The pool's tokenizer (the stand-in unless `[pools.tokenizer]` is set).
+    pub fn tokenizer(&self) -> &PromptTokenizer {
+        &self.tokenizer
+    }
+
+    /// The prompt's token ids as this pool's replicas compute them (see
+    /// [`prompt_token_ids`]).
+    pub fn prompt_tokens(&self, prompt: Prompt<'_>) -> Vec<u32> {
+        prompt_token_ids(&self.tokenizer, prompt)
+    }
+
+    /// The request's tokens: the caller's, else tokenized now.
+    fn tokens<'i>(&self, input: &RouteInput<'i>) -> std::borrow::Cow<'i, [u32]> {
+        match input.tokens {
+            Some(t) => std::borrow::Cow::Borrowed(t),
+            None => std::borrow::Cow::Owned(self.prompt_tokens(input.prompt)),
         }
     }
 
@@ -296,7 +321,7 @@ impl Router {
         match (self.prefix.key, input.prompt.system()) {
             (HashKey::System, Some(system)) => bytes.extend_from_slice(system.as_bytes()),
             _ => {
-                let tokens = tokenize(&input.prompt.render());
+                let tokens = self.tokens(input);
                 if tokens.is_empty() {
                     return None;
                 }
@@ -342,7 +367,8 @@ impl Router {
         metrics: &RoutingMetrics,
     ) {
         let block = self.prefix.block_size;
-        let (blocks, prompt_tokens) = prompt_blocks(input.model, input.prompt, block);
+        let tokens = self.tokens(input);
+        let (blocks, prompt_tokens) = (block_hashes(input.model, &tokens, block), tokens.len());
         if blocks.is_empty() {
             d.branches.push(RouteBranch::PrefixNone);
             return;
@@ -424,6 +450,18 @@ impl Router {
     }
 }
 
+/// The tokenizer named by `[pools.tokenizer]` (validated when the config
+/// was loaded; loaded once and shared while its files are unchanged).
+fn pool_tokenizer(pc: &PoolConfig) -> PromptTokenizer {
+    let Some(t) = &pc.tokenizer else {
+        return PromptTokenizer::StandIn;
+    };
+    PromptTokenizer::load(&t.dir).unwrap_or_else(|e| {
+        tracing::error!(pool = %pc.name, error = %e, "tokenizer unusable since validation; using the stand-in");
+        PromptTokenizer::StandIn
+    })
+}
+
 /// Membership in a sorted id list.
 fn contains(sorted: &[ReplicaId], id: ReplicaId) -> bool {
     sorted.binary_search(&id).is_ok()
@@ -439,6 +477,7 @@ mod tests {
     use crate::admission::AdmissionMetrics;
     use crate::routing::Topology;
     use crate::telemetry::Metrics;
+    use crate::tokenize::ChatMessage;
 
     fn topology(text: &str) -> (Topology, RoutingMetrics) {
         let config = crate::config::parse(text).unwrap();
@@ -474,7 +513,31 @@ mod tests {
             headers,
             tier: None,
             prompt,
+            tokens: None,
         }
+    }
+
+    /// Routes `chat` in `pool` and sends it to the preferred replica.
+    fn dispatch_chat<'p>(
+        pool: &'p crate::routing::Pool,
+        chat: &[ChatMessage],
+        metrics: &RoutingMetrics,
+    ) -> &'p Arc<Replica> {
+        let headers = HeaderMap::new();
+        let d = pool
+            .router
+            .route(
+                &pool.replicas,
+                &input(&headers, None, Prompt::Chat(chat)),
+                0,
+                1,
+                metrics,
+            )
+            .unwrap();
+        let id = d.preferred.as_ref().unwrap()[0];
+        let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
+        d.dispatched(r);
+        r
     }
 
     #[test]
@@ -540,8 +603,8 @@ mod tests {
         let headers = HeaderMap::new();
         let long = "All answers must be in formal English and cite the policy section. ".repeat(60);
         let chat = vec![
-            ("system".to_string(), long),
-            ("user".to_string(), "hello".to_string()),
+            ChatMessage::new("system", long),
+            ChatMessage::new("user", "hello"),
         ];
         let route = || {
             pool.router
@@ -578,7 +641,8 @@ mod tests {
         // The cached blocks save `cached / 10,000` s of prefill; each request
         // ahead costs 0.02 s: the warm replica loses at the first count whose
         // queue costs at least that much (ties go by rendezvous rank).
-        let (blocks, _) = prompt_blocks("m", Prompt::Chat(&chat), 16);
+        let tokens = pool.router.prompt_tokens(Prompt::Chat(&chat));
+        let blocks = block_hashes("m", &tokens, 16);
         let saving = (blocks.len() * 16) as f64 / 10_000.0;
         let n = guards.len() as f64;
         assert!(
@@ -599,7 +663,6 @@ mod tests {
         );
         let (t, metrics) = topology(&text);
         let pool = &t.pools[0];
-        let headers = HeaderMap::new();
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
         let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
@@ -610,22 +673,10 @@ mod tests {
                 held.pop_front();
             }
             let chat = vec![
-                ("system".to_string(), system.clone()),
-                ("user".to_string(), format!("Question number {i}?")),
+                ChatMessage::new("system", system.clone()),
+                ChatMessage::new("user", format!("Question number {i}?")),
             ];
-            let d = pool
-                .router
-                .route(
-                    &pool.replicas,
-                    &input(&headers, None, Prompt::Chat(&chat)),
-                    0,
-                    1,
-                    &metrics,
-                )
-                .unwrap();
-            let id = d.preferred.as_ref().unwrap()[0];
-            let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
-            d.dispatched(r);
+            let r = dispatch_chat(pool, &chat, &metrics);
             held.push_back(r.acquire());
             if i >= 400 {
                 let loads: Vec<u64> = pool.replicas.iter().map(|r| r.in_flight()).collect();
@@ -773,5 +824,42 @@ mod tests {
             (r.pool.name.as_str(), r.branches),
             ("shared", vec![RouteBranch::TierOverflow])
         );
+    }
+
+    /// A pool with `[pools.tokenizer]` routes on the model's tokens: the
+    /// blocks `cache` mode records are those of the real token ids.
+    #[test]
+    fn pool_tokenizer_feeds_cache_mode() {
+        let dir = "../shared/tokenizers/tiny-llama";
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n\
+             [pools.tokenizer]\ndir = \"{dir}\"\n{}",
+            replicas(2, |_| String::new())
+        );
+        let (t, metrics) = topology(&text);
+        let pool = &t.pools[0];
+        let model = PromptTokenizer::load(std::path::Path::new(dir)).unwrap();
+        assert!(pool.router.tokenizer().same_as(&model));
+        let chat = vec![
+            ChatMessage::new("system", "Answer in formal English. ".repeat(30)),
+            ChatMessage::new("user", "hello"),
+        ];
+        let ids = model.encode_chat(&chat).unwrap();
+        assert_eq!(pool.router.prompt_tokens(Prompt::Chat(&chat)), ids);
+        assert_ne!(ids, PromptTokenizer::StandIn.encode_chat(&chat).unwrap());
+        let id = dispatch_chat(pool, &chat, &metrics).id;
+        let index = pool.router.index(id).unwrap();
+        let headers = HeaderMap::new();
+        let blocks = block_hashes("m", &ids, 16);
+        assert_eq!(index.matched(&blocks), ids.len() / 16);
+        // Tokens handed in by the caller are used as they are.
+        let given: Vec<u32> = (0..64).collect();
+        let mut routed = input(&headers, None, Prompt::Chat(&chat));
+        routed.tokens = Some(&given);
+        let d = pool
+            .router
+            .route(&pool.replicas, &routed, 0, 1, &metrics)
+            .unwrap();
+        assert_eq!(d.branches, vec![RouteBranch::PrefixMiss]);
     }
 }

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
+use super::prompt_tokens::{PromptTokens, prompt};
 use super::request::{RequestMeta, extract, read_body};
 use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
@@ -20,7 +21,7 @@ use crate::forwarding::{
 };
 use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
-use crate::routing::{Decision, Prompt, Resolution, RouteInput, VersionRecord};
+use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 
 /// Inference endpoints llmlb routes by `model`.
@@ -99,7 +100,14 @@ async fn route(
         None => None,
     };
 
-    let estimated = u64::from(meta.estimated_prompt_tokens())
+    // With a model tokenizer, the real prompt token count feeds rate limits,
+    // routing and balancing; else the cheap estimate.
+    let mut counted = PromptTokens::count(pool, &meta).await;
+    let prompt_tokens = |c: &Option<PromptTokens>| {
+        c.as_ref()
+            .map_or(meta.estimated_prompt_tokens(), PromptTokens::count_u32)
+    };
+    let estimated = u64::from(prompt_tokens(&counted))
         + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
     match caller.charge(estimated, Instant::now()).await {
         Ok(headers) => *rate = headers,
@@ -146,7 +154,22 @@ async fn route(
         resolved.pool = admitted;
     }
     let pool = resolved.pool;
-    let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
+    if counted.as_ref().is_some_and(|c| c.for_pool(pool).is_none())
+        || (counted.is_none() && !pool.router.tokenizer().is_stand_in())
+    {
+        // The request ended up in a pool with another tokenizer.
+        counted = PromptTokens::count(pool, &meta).await;
+    }
+    let tokens = counted.as_ref().and_then(|c| c.for_pool(pool));
+    let routed = route_within(
+        state,
+        &resolved,
+        &meta,
+        tokens,
+        &parts.headers,
+        tier,
+        &bytes,
+    );
     let (decision, body) = match routed {
         Ok(r) => r,
         Err(err) => {
@@ -170,7 +193,7 @@ async fn route(
         body,
         info: RequestInfo {
             model: resolved.rewrite.unwrap_or(&meta.model),
-            prompt_tokens: meta.estimated_prompt_tokens(),
+            prompt_tokens: prompt_tokens(&counted),
             max_tokens: meta.max_tokens,
             user: meta.user.as_deref(),
         },
@@ -220,6 +243,7 @@ fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
     meta: &RequestMeta,
+    tokens: Option<&[u32]>,
     headers: &http::HeaderMap,
     tier: Option<&str>,
     bytes: &bytes::Bytes,
@@ -229,16 +253,13 @@ fn route_within(
         Some(model) => rewrite_model(bytes, model).map_err(ApiError::BadRequest)?,
         None => bytes.clone(),
     };
-    let prompt = match &meta.messages {
-        Some(m) => Prompt::Chat(m),
-        None => Prompt::Text(&meta.prompt_text),
-    };
     let input = RouteInput {
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
         headers,
         tier,
-        prompt,
+        prompt: prompt(meta),
+        tokens,
     };
     let decision = pool
         .router

@@ -6,6 +6,7 @@ mod guarded;
 mod handler;
 mod listener;
 pub mod pending;
+mod prompt_tokens;
 pub mod reload;
 pub mod request;
 pub mod tls;

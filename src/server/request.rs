@@ -8,6 +8,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::ApiError;
+use crate::tokenize::ChatMessage;
 
 /// What routing and balancing need to know about an inference request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -20,9 +21,9 @@ pub struct RequestMeta {
     /// The prompt as plain text: chat messages rendered in order, or the
     /// completion prompt, or the embedding input.
     pub prompt_text: String,
-    /// Chat messages as `(role, text)`, for prefix routing (`None` for
-    /// completions and embeddings).
-    pub messages: Option<Vec<(String, String)>>,
+    /// Chat messages, for tokenizing with the pool's chat template (`None`
+    /// for completions and embeddings).
+    pub messages: Option<Vec<ChatMessage>>,
 }
 
 impl RequestMeta {
@@ -113,7 +114,11 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
             prompt_text.push_str(": ");
             prompt_text.push_str(&text);
             prompt_text.push('\n');
-            list.push((m.role.clone(), text));
+            // Content of another shape counts as empty, as in `prompt_text`.
+            list.push(
+                ChatMessage::from_json(&m.role, m.content.as_ref())
+                    .unwrap_or_else(|| ChatMessage::new(m.role.clone(), "")),
+            );
         }
         chat = Some(list);
     } else if let Some(p) = wire.prompt.as_ref().or(wire.input.as_ref()) {
@@ -169,8 +174,8 @@ mod tests {
         assert_eq!(m.user.as_deref(), Some("u1"));
         assert_eq!(m.prompt_text, "system: Be brief.\nuser: Hi\n");
         let messages = m.messages.unwrap();
-        assert_eq!(messages[0], ("system".to_string(), "Be brief.".to_string()));
-        assert_eq!(messages[1], ("user".to_string(), "Hi".to_string()));
+        assert_eq!(messages[0], ChatMessage::new("system", "Be brief."));
+        assert_eq!(messages[1].parts(), ["Hi"]);
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct SimArgs {
     /// Simulated seconds before /health answers 200.
     #[arg(long, value_name = "SECONDS")]
     pub startup_delay: Option<f64>,
+    /// Model directory (tokenizer.json, chat template) to count prompt
+    /// tokens with, as the model's vLLM does.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
     #[arg(long)]
     pub block_size: Option<usize>,
     #[arg(long)]
@@ -121,6 +125,9 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     set(&mut c.seed, &args.seed);
     set(&mut c.default_max_tokens, &args.default_max_tokens);
     set(&mut c.startup_delay, &args.startup_delay);
+    if args.tokenizer.is_some() {
+        c.tokenizer_dir = args.tokenizer.clone();
+    }
     let e = &mut c.engine;
     set(&mut e.block_size, &args.block_size);
     set(&mut e.num_blocks, &args.num_blocks);

@@ -15,11 +15,12 @@
 //! The override is a deep merge of the file's tables over the profile's, then
 //! a strict parse (`deny_unknown_fields`), then [`SimConfig::validate`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::engine::{CostModel, EngineParams};
+use crate::tokenize::PromptTokenizer;
 
 /// Everything that defines one simulated replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,6 +39,10 @@ pub struct SimConfig {
     pub engine: EngineParams,
     pub cost: CostModel,
     pub faults: FaultConfig,
+    /// A model directory whose tokenizer and chat template count prompt
+    /// tokens, as the model's vLLM would (unset: the stand-in tokenizer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_dir: Option<PathBuf>,
 }
 
 /// Fault injection settings, at start and as changed by `POST /sim/fault`.
@@ -126,7 +131,17 @@ impl SimConfig {
         }
         self.engine.validate()?;
         self.cost.validate()?;
-        self.faults.validate()
+        self.faults.validate()?;
+        self.tokenizer().map(|_| ())
+    }
+
+    /// The prompt tokenizer: the model's files in `tokenizer_dir`, else the
+    /// stand-in.
+    pub fn tokenizer(&self) -> Result<PromptTokenizer, String> {
+        match &self.tokenizer_dir {
+            Some(dir) => PromptTokenizer::load(dir).map_err(|e| format!("tokenizer_dir: {e}")),
+            None => Ok(PromptTokenizer::StandIn),
+        }
     }
 
     /// Reads a TOML file over a profile: the file's `profile` key when it has

@@ -28,6 +28,7 @@ use super::responses::Meta;
 use super::stream::{AbortGuard, SseBody};
 use crate::forwarding::{ResponseBody, full_body};
 use crate::server::{error_response, request::read_body};
+use crate::tokenize::PromptTokenizer;
 
 /// Largest request body accepted.
 const BODY_LIMIT: usize = 16 * 1024 * 1024;
@@ -35,6 +36,8 @@ const BODY_LIMIT: usize = 16 * 1024 * 1024;
 /// State shared by the connections of one replica.
 pub struct Replica {
     pub config: SimConfig,
+    /// Counts prompt tokens (`config.tokenizer_dir`, else the stand-in).
+    pub tokenizer: PromptTokenizer,
     pub faults: Arc<Faults>,
     pub stats: Arc<ArcSwap<EngineStats>>,
     pub commands: mpsc::UnboundedSender<Command>,
@@ -170,7 +173,7 @@ async fn infer(
         Ok(b) => b,
         Err(e) => return Ok(e.into_response()),
     };
-    let parsed = openai::parse(api, &body, &r.config.model).map_err(|e| match e {
+    let parsed = openai::parse(api, &body, &r.config.model, &r.tokenizer).map_err(|e| match e {
         ParseError::Bad(m) => ReplicaError::BadRequest(m),
         e @ ParseError::UnknownModel(_) => ReplicaError::NotFound(e.to_string()),
     })?;

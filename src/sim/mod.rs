@@ -115,7 +115,11 @@ pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
         commands: commands_rx,
         shutdown: shutdown_rx.clone(),
     };
+    let tokenizer = config
+        .tokenizer()
+        .expect("the tokenizer loaded when the config was validated");
     let replica = Arc::new(Replica {
+        tokenizer,
         config,
         faults,
         stats,

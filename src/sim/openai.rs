@@ -3,15 +3,18 @@
 //!
 //! Responses are written by [`super::responses`].
 //!
-//! Chat messages are rendered with [`crate::tokenizer::render_chat`] before
-//! tokenizing, so a shared system prompt is a shared token prefix. Sampling
+//! Prompts are tokenized with the replica's [`PromptTokenizer`]: a model's
+//! own tokenizer and chat template (`--tokenizer DIR`), encoded as vLLM
+//! encodes them (chat without added special tokens, completions with), or
+//! the stand-in with its generic role template. Either way a shared system
+//! prompt is a shared token prefix. Sampling
 //! parameters (temperature, top_p, stop, ...) are accepted and ignored: the
 //! output is deterministic filler whose length is `max_tokens`.
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tokenizer::{render_chat, tokenize};
+use crate::tokenize::{ChatMessage, PromptTokenizer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -64,8 +67,14 @@ struct Message {
     content: Option<Value>,
 }
 
-/// Parses a request body for `api`, served as `model`.
-pub fn parse(api: Api, body: &[u8], model: &str) -> Result<Parsed, ParseError> {
+/// Parses a request body for `api`, served as `model`, counting prompt
+/// tokens with `tokenizer`.
+pub fn parse(
+    api: Api,
+    body: &[u8],
+    model: &str,
+    tokenizer: &PromptTokenizer,
+) -> Result<Parsed, ParseError> {
     let w: Wire = serde_json::from_slice(body)
         .map_err(|e| ParseError::Bad(format!("invalid JSON body: {e}")))?;
     if let Some(m) = &w.model
@@ -79,8 +88,8 @@ pub fn parse(api: Api, body: &[u8], model: &str) -> Result<Parsed, ParseError> {
         ));
     }
     let prompt = match api {
-        Api::Completions => completion_prompt(w.prompt.as_ref())?,
-        Api::Chat => chat_prompt(w.messages.as_deref())?,
+        Api::Completions => completion_prompt(w.prompt.as_ref(), tokenizer)?,
+        Api::Chat => chat_prompt(w.messages.as_deref(), tokenizer)?,
     };
     if prompt.is_empty() {
         return Err(ParseError::Bad("the prompt is empty".into()));
@@ -99,14 +108,19 @@ pub fn parse(api: Api, body: &[u8], model: &str) -> Result<Parsed, ParseError> {
     })
 }
 
-fn completion_prompt(p: Option<&Value>) -> Result<Vec<u32>, ParseError> {
+fn completion_prompt(
+    p: Option<&Value>,
+    tokenizer: &PromptTokenizer,
+) -> Result<Vec<u32>, ParseError> {
     let bad = || {
         ParseError::Bad(
             "`prompt` must be a string, a list of token ids, or a list holding one of those".into(),
         )
     };
     match p {
-        Some(Value::String(s)) => Ok(tokenize(s)),
+        Some(Value::String(s)) => tokenizer
+            .encode_text(s)
+            .map_err(|e| ParseError::Bad(e.to_string())),
         Some(Value::Array(items)) if items.iter().all(Value::is_u64) => items
             .iter()
             .map(|v| {
@@ -115,7 +129,9 @@ fn completion_prompt(p: Option<&Value>) -> Result<Vec<u32>, ParseError> {
                     .ok_or_else(bad)
             })
             .collect(),
-        Some(Value::Array(items)) if items.len() == 1 => completion_prompt(items.first()),
+        Some(Value::Array(items)) if items.len() == 1 => {
+            completion_prompt(items.first(), tokenizer)
+        }
         Some(Value::Array(_)) => Err(ParseError::Bad(
             "several prompts in one request are not supported by llmlb sim".into(),
         )),
@@ -123,33 +139,31 @@ fn completion_prompt(p: Option<&Value>) -> Result<Vec<u32>, ParseError> {
     }
 }
 
-fn chat_prompt(messages: Option<&[Message]>) -> Result<Vec<u32>, ParseError> {
+fn chat_prompt(
+    messages: Option<&[Message]>,
+    tokenizer: &PromptTokenizer,
+) -> Result<Vec<u32>, ParseError> {
     let messages = messages.ok_or_else(|| ParseError::Bad("`messages` is required".into()))?;
-    let mut parts = Vec::with_capacity(messages.len());
+    let mut chat = Vec::with_capacity(messages.len());
     for m in messages {
-        let text = match &m.content {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|i| i.get("text").and_then(Value::as_str))
-                .collect(),
-            Some(_) => {
-                return Err(ParseError::Bad(
-                    "message `content` must be a string or a list of text parts".into(),
-                ));
-            }
-        };
-        parts.push((m.role.as_str(), text));
+        let message = ChatMessage::from_json(&m.role, m.content.as_ref()).ok_or_else(|| {
+            ParseError::Bad("message `content` must be a string or a list of text parts".into())
+        })?;
+        chat.push(message);
     }
-    Ok(tokenize(&render_chat(
-        parts.iter().map(|(r, t)| (*r, t.as_str())),
-    )))
+    tokenizer
+        .encode_chat(&chat)
+        .map_err(|e| ParseError::Bad(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::{render_chat, tokenize};
+
+    fn parse(api: Api, body: &[u8], model: &str) -> Result<Parsed, ParseError> {
+        super::parse(api, body, model, &PromptTokenizer::StandIn)
+    }
 
     #[test]
     fn completions_accept_text_ids_and_single_lists() {

@@ -7,6 +7,9 @@
 //! - `vllm-cpu-tiny`: the tiny random-weight Llama served by vLLM's CPU
 //!   backend on a 2-core machine, with the block size (128), cache size
 //!   (32 blocks) and batch limits of that setup and step times measured on it.
+//!   Give it the model's tokenizer (`--tokenizer`, or `tokenizer_dir` in a
+//!   config file; `../shared/tokenizers/tiny-llama` holds that model's files)
+//!   so prompts count as many tokens as on the real replica.
 
 use super::config::{FaultConfig, SimConfig};
 use super::engine::{CostModel, EngineParams};
@@ -47,6 +50,7 @@ fn fast() -> SimConfig {
             per_context_token: 0.000_000_01,
         },
         faults: FaultConfig::default(),
+        tokenizer_dir: None,
     }
 }
 
@@ -80,6 +84,7 @@ fn h100_8b() -> SimConfig {
             per_context_token: 0.000_000_04,
         },
         faults: FaultConfig::default(),
+        tokenizer_dir: None,
     }
 }
 
@@ -114,5 +119,6 @@ fn vllm_cpu_tiny() -> SimConfig {
             per_context_token: 0.000_000_05,
         },
         faults: FaultConfig::default(),
+        tokenizer_dir: None,
     }
 }

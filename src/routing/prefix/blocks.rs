@@ -1,5 +1,6 @@
-//! The prompt as replicas cache it: rendered with the chat template,
-//! tokenized with llmlb's prefix-stable tokenizer, cut into full blocks of
+//! The prompt as replicas cache it: rendered with the chat template and
+//! tokenized with the pool's tokenizer ([`prompt_token_ids`], the one place
+//! a request's prompt becomes token ids), cut into full blocks of
 //! `block_size` tokens, each block identified by a hash chained from its
 //! parent's, as vLLM's prefix cache does. Two prompts share their first `k`
 //! block hashes exactly when they share their first `k` blocks of tokens.
@@ -8,43 +9,59 @@
 //! looks shared. A partial last block is left out (replicas cache only full
 //! blocks).
 //!
-//! Cost: one pass over the prompt's bytes plus one 64-bit mix per token.
+//! Cost: tokenizing (one pass over the prompt's bytes with the stand-in; see
+//! `benches/tokenize.rs` for a model tokenizer) plus one 64-bit mix per token.
 
 use super::rendezvous::{hash64, mix};
-use crate::tokenizer::{render_chat, tokenize};
+use crate::tokenize::{ChatMessage, PromptTokenizer};
 
 /// What a request's prompt is made of.
 #[derive(Debug, Clone, Copy)]
 pub enum Prompt<'a> {
-    /// Chat messages `(role, text)`, rendered with the chat template.
-    Chat(&'a [(String, String)]),
+    /// Chat messages, rendered with the chat template.
+    Chat(&'a [ChatMessage]),
     /// A completion prompt, used as is.
     Text(&'a str),
 }
 
 impl Prompt<'_> {
-    /// The text a replica would tokenize.
-    pub fn render(&self) -> String {
-        match self {
-            Prompt::Chat(messages) => {
-                render_chat(messages.iter().map(|(r, c)| (r.as_str(), c.as_str())))
-            }
-            Prompt::Text(t) => (*t).to_string(),
-        }
-    }
-
     /// The leading system messages' text, when the prompt starts with any.
     pub fn system(&self) -> Option<String> {
         let Prompt::Chat(messages) = self else {
             return None;
         };
-        let system: Vec<&str> = messages
+        let system: Vec<String> = messages
             .iter()
-            .take_while(|(role, _)| role == "system" || role == "developer")
-            .map(|(_, c)| c.as_str())
+            .take_while(|m| m.role == "system" || m.role == "developer")
+            .map(|m| m.joined(""))
             .collect();
         (!system.is_empty()).then(|| system.join("\n"))
     }
+}
+
+/// The token ids a pool's replicas compute for `prompt`: chat messages
+/// rendered with the pool's chat template and encoded without added special
+/// tokens, a completion prompt encoded with them (vLLM's defaults).
+///
+/// This is the one seam between a request and token-level routing: `hash`
+/// and `cache` prefix modes, `least_tokens` and token rate limits all start
+/// from what it returns, and any mode that matches a replica's real cache
+/// blocks must start here too, so llmlb and the replicas agree token for
+/// token.
+///
+/// A chat template that refuses the messages (vLLM answers such a request
+/// 400) or a tokenizer error leaves routing with the stand-in's tokens of
+/// the same prompt, so the request is still placed and the replica gives the
+/// client its own error.
+pub fn prompt_token_ids(tokenizer: &PromptTokenizer, prompt: Prompt<'_>) -> Vec<u32> {
+    let ids = match prompt {
+        Prompt::Chat(messages) => tokenizer.encode_chat(messages),
+        Prompt::Text(text) => tokenizer.encode_text(text),
+    };
+    ids.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "prompt not tokenizable with the pool's tokenizer; using the stand-in");
+        prompt_token_ids(&PromptTokenizer::StandIn, prompt)
+    })
 }
 
 /// Chained hashes of the full blocks of `tokens`.
@@ -64,21 +81,20 @@ pub fn block_hashes(model: &str, tokens: &[u32], block_size: usize) -> Vec<u64> 
         .collect()
 }
 
-/// Chained block hashes of a prompt, with its token count.
-pub fn prompt_blocks(model: &str, prompt: Prompt<'_>, block_size: usize) -> (Vec<u64>, usize) {
-    let tokens = tokenize(&prompt.render());
-    (block_hashes(model, &tokens, block_size), tokens.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn chat(system: &str, user: &str) -> Vec<(String, String)> {
+    fn chat(system: &str, user: &str) -> Vec<ChatMessage> {
         vec![
-            ("system".into(), system.into()),
-            ("user".into(), user.into()),
+            ChatMessage::new("system", system),
+            ChatMessage::new("user", user),
         ]
+    }
+
+    fn prompt_blocks(prompt: Prompt<'_>) -> Vec<u64> {
+        let tokens = prompt_token_ids(&PromptTokenizer::StandIn, prompt);
+        block_hashes("m", &tokens, 16)
     }
 
     #[test]
@@ -86,8 +102,8 @@ mod tests {
         let system = "You are a careful assistant for a shipping company. ".repeat(20);
         let a = chat(&system, "Where is parcel 1?");
         let b = chat(&system, "Cancel order 7.");
-        let (ha, _) = prompt_blocks("m", Prompt::Chat(&a), 16);
-        let (hb, _) = prompt_blocks("m", Prompt::Chat(&b), 16);
+        let ha = prompt_blocks(Prompt::Chat(&a));
+        let hb = prompt_blocks(Prompt::Chat(&b));
         let shared = ha.iter().zip(&hb).take_while(|(x, y)| x == y).count();
         assert!(shared >= 10, "{shared}");
         assert!(shared < ha.len().min(hb.len()) || ha.len() != hb.len());
@@ -109,7 +125,7 @@ mod tests {
         let m = chat("Be terse.", "hi");
         assert_eq!(Prompt::Chat(&m).system().as_deref(), Some("Be terse."));
         assert_eq!(Prompt::Text("Be terse.").system(), None);
-        let no_sys = vec![("user".to_string(), "hi".to_string())];
+        let no_sys = vec![ChatMessage::new("user", "hi")];
         assert_eq!(Prompt::Chat(&no_sys).system(), None);
     }
 }
