@@ -3,6 +3,7 @@
 //! `load` reads one TOML file and returns either a validated [`Config`] or every
 //! problem found, each naming the file, the dotted key and the reason.
 
+mod cors;
 mod discovery;
 mod duration;
 mod gateway;
@@ -14,6 +15,7 @@ mod validate_gateway;
 mod validate_load;
 mod validate_routing;
 
+pub use cors::CorsConfig;
 pub use discovery::DiscoveryConfig;
 pub use duration::format as format_duration;
 pub use gateway::*;

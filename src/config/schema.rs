@@ -87,6 +87,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// TLS termination on the client listener; unset: plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// Cross-origin access for browsers; unset: no CORS headers.
+    pub cors: Option<super::CorsConfig>,
 }
 
 /// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
@@ -116,6 +118,7 @@ impl Default for ServerConfig {
             client_idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             tls: None,
+            cors: None,
         }
     }
 }

@@ -11,20 +11,16 @@ use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
-use super::request::{RequestMeta, extract, read_body};
+use super::request::{RequestMeta, read_body};
+use super::surface;
 use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
-};
+use crate::forwarding::{ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop};
 use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Prompt, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
-
-/// Inference endpoints llmlb routes by `model`.
-const INFERENCE_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 pub async fn handle(
     state: Arc<AppState>,
@@ -33,6 +29,7 @@ pub async fn handle(
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
+    let origin = req.headers().get(header::ORIGIN).cloned();
     let mut rate = RateHeaders::default();
     let mut resp = match route(&state, peer, req, &request_id, start, &mut rate).await {
         Ok(resp) => resp,
@@ -48,6 +45,7 @@ pub async fn handle(
     };
     rate.apply(resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
+    surface::apply_cors(&state, origin.as_ref(), &mut resp);
     resp
 }
 
@@ -59,6 +57,9 @@ async fn route(
     start: Instant,
     rate: &mut RateHeaders,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    if let Some(answer) = surface::local_answer(state, &req) {
+        return answer;
+    }
     let path = req.uri().path();
     if path == "/v1/models" {
         return match *req.method() {
@@ -66,7 +67,7 @@ async fn route(
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
         };
     }
-    if !INFERENCE_PATHS.contains(&path) {
+    if !surface::is_model_routed(path) {
         return Err(ApiError::RouteNotFound {
             method: req.method().to_string(),
             path: path.to_string(),
@@ -83,7 +84,7 @@ async fn route(
     let config = state.config.load();
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
-    let meta = extract(&bytes)?;
+    let meta = surface::extract_meta(&parts.headers, &bytes)?;
     let topology = state.topology.load();
     let tier = caller.tier.as_deref();
     let pool = topology
@@ -294,17 +295,9 @@ fn models(state: &AppState) -> Response<ResponseBody> {
     let data: Vec<serde_json::Value> = topology
         .models()
         .chain(topology.aliases())
-        .map(|(model, pool)| {
-            serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": pool.name})
-        })
+        .map(|(model, pool)| surface::model_object(model, &pool.name))
         .collect();
-    let body = serde_json::json!({"object": "list", "data": data});
-    let mut resp = Response::new(full_body(body.to_string()));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    surface::json(&serde_json::json!({"object": "list", "data": data}))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh UUID.

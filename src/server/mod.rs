@@ -5,9 +5,11 @@ mod error;
 mod guarded;
 mod handler;
 mod listener;
+mod multipart;
 pub mod pending;
 pub mod reload;
 pub mod request;
+pub mod surface;
 pub mod tls;
 
 pub use error::{ApiError, error_response};
