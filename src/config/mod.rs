@@ -9,6 +9,7 @@ mod duration;
 mod gateway;
 mod routing;
 mod schema;
+mod telemetry;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
@@ -21,6 +22,7 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
+pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
 pub use upstream_tls::UpstreamTlsConfig;
 
 use std::fmt;

@@ -36,6 +36,9 @@ pub struct Config {
     /// Other names for served models: alias → model (the body is rewritten).
     #[serde(default)]
     pub aliases: std::collections::BTreeMap<String, String>,
+    /// Access log (and, later, traces).
+    #[serde(default)]
+    pub telemetry: super::TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]

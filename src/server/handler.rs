@@ -12,8 +12,8 @@ use hyper::body::Incoming;
 use http_body_util::BodyExt;
 
 use super::request::{RequestMeta, read_body};
-use super::surface;
 use super::{ApiError, AppState};
+use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop};
@@ -30,8 +30,20 @@ pub async fn handle(
     let start = Instant::now();
     let request_id = request_id(req.headers());
     let origin = req.headers().get(header::ORIGIN).cloned();
+    let access = access_log::AccessStart::new(&req, peer, &request_id, start);
+    let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
-    let mut resp = match route(&state, peer, req, &request_id, start, &mut rate).await {
+    let routed = route(
+        &state,
+        peer,
+        req,
+        &request_id,
+        start,
+        &mut rate,
+        &mut fields,
+    )
+    .await;
+    let mut resp = match routed {
         Ok(resp) => resp,
         Err(err) => {
             state
@@ -46,7 +58,7 @@ pub async fn handle(
     rate.apply(resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
     surface::apply_cors(&state, origin.as_ref(), &mut resp);
-    resp
+    access_log::wrap(&state, access, fields, resp)
 }
 
 async fn route(
@@ -56,6 +68,7 @@ async fn route(
     request_id: &HeaderValue,
     start: Instant,
     rate: &mut RateHeaders,
+    fields: &mut access_log::RouteFields,
 ) -> Result<Response<ResponseBody>, ApiError> {
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
@@ -85,6 +98,8 @@ async fn route(
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
+    fields.model = Some(meta.model.clone());
+    fields.stream = Some(meta.stream);
     let topology = state.topology.load();
     let tier = caller.tier.as_deref();
     let pool = topology
@@ -147,9 +162,13 @@ async fn route(
         resolved.pool = admitted;
     }
     let pool = resolved.pool;
+    fields.pool = Some(pool.name.clone());
     let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
     let (decision, body) = match routed {
-        Ok(r) => r,
+        Ok(r) => {
+            fields.route = Some(r.0.route_label()).filter(|l| !l.is_empty());
+            r
+        }
         Err(err) => {
             caller.refund(estimated, Instant::now());
             return Err(err);
