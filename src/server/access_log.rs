@@ -9,6 +9,7 @@
 //! replica's `usage` (read from the last 8 KiB of the body, where vLLM puts
 //! it in both JSON answers and the final stream chunk). Fields and sampling
 //! come from `[telemetry.access_log]`; failed requests are always logged.
+//! The same end records the per-model metrics ([`ModelMetrics`]).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -24,6 +25,7 @@ use serde::Deserialize;
 
 use super::AppState;
 use crate::forwarding::{BoxError, Dispatched, ResponseBody};
+use crate::telemetry::ModelMetrics;
 
 /// How much of the end of a body is kept to find `usage` in.
 const TAIL_BYTES: usize = 8 * 1024;
@@ -134,6 +136,9 @@ struct Entry {
     dispatched: Option<Dispatched>,
     mask: u32,
     sampled: bool,
+    /// Write the line at all (`[telemetry.access_log] enabled`).
+    logging: bool,
+    metrics: ModelMetrics,
 }
 
 /// Wraps `resp` so that its end writes the access-log line (when
@@ -146,10 +151,11 @@ pub fn wrap(
 ) -> Response<ResponseBody> {
     let config = state.config.load();
     let log = &config.telemetry.access_log;
-    if !log.enabled || !tracing::enabled!(target: "llmlb::access", tracing::Level::INFO) {
+    let logging = log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
+    if !logging && fields.pool.is_none() {
         return resp;
     }
-    let sampled = log.sample >= 1.0 || rand::random::<f64>() < log.sample;
+    let sampled = logging && (log.sample >= 1.0 || rand::random::<f64>() < log.sample);
     let (parts, body) = resp.into_parts();
     let sse = parts
         .headers
@@ -163,6 +169,8 @@ pub fn wrap(
         dispatched: parts.extensions.get::<Dispatched>().cloned(),
         mask: log.field_mask(),
         sampled,
+        logging,
+        metrics: state.metrics.models.clone(),
     };
     let length = parts
         .headers
@@ -215,8 +223,44 @@ impl Logged {
         let Some(e) = self.entry.take() else {
             return;
         };
-        if e.sampled || e.status >= 400 || outcome != "complete" {
-            emit(&e, outcome, self.first_content, find_usage(&self.tail));
+        let usage = find_usage(&self.tail);
+        record(&e, self.first_content, usage);
+        if e.logging && (e.sampled || e.status >= 400 || outcome != "complete") {
+            emit(&e, outcome, self.first_content, usage);
+        }
+    }
+}
+
+/// Per-model metrics for a request that reached a pool.
+fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
+    let (Some(pool), Some(model)) = (&e.fields.pool, &e.fields.model) else {
+        return;
+    };
+    let m = &e.metrics;
+    let stream = if e.fields.stream == Some(true) {
+        "true"
+    } else {
+        "false"
+    };
+    m.requests
+        .with_label_values(&[pool, model, stream, &e.status.to_string()])
+        .inc();
+    if let Some(t) = first.filter(|_| e.status < 400) {
+        m.ttft
+            .with_label_values(&[pool, model, stream])
+            .observe(t.duration_since(e.start.start).as_secs_f64());
+    }
+    let u = usage.unwrap_or_default();
+    for (kind, n) in [
+        ("prompt", u.prompt_tokens),
+        ("completion", u.completion_tokens),
+        (
+            "cached",
+            u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        ),
+    ] {
+        if let Some(n) = n {
+            m.tokens.with_label_values(&[pool, model, kind]).inc_by(n);
         }
     }
 }
