@@ -45,8 +45,10 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Client-facing OpenAI-compatible listener.
+    #[serde(deserialize_with = "super::duration::listen_addr")]
     pub listen: SocketAddr,
     /// Admin listener: `/metrics`, `/healthz`, `/readyz`.
+    #[serde(deserialize_with = "super::duration::listen_addr")]
     pub admin_listen: SocketAddr,
     /// Largest request body accepted; larger bodies get 413.
     pub max_body_bytes: usize,
