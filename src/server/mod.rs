@@ -57,6 +57,9 @@ pub struct AppState {
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// The last dispatch decisions, for the status page.
     pub recent_dispatches: crate::forwarding::RecentDispatches,
+    /// The config file's content at the last reload attempt (any trigger),
+    /// so the file watcher does not reload again what SIGHUP just loaded.
+    pub last_reload_content: arc_swap::ArcSwapOption<Vec<u8>>,
 }
 
 impl AppState {
@@ -98,6 +101,7 @@ impl AppState {
             discovered,
             discovery_metrics,
             recent_dispatches: crate::forwarding::RecentDispatches::default(),
+            last_reload_content: arc_swap::ArcSwapOption::empty(),
         })
     }
 
