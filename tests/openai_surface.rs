@@ -165,3 +165,15 @@ async fn cors_when_configured() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(headers.get("access-control-allow-origin").is_none());
 }
+
+#[test]
+fn active_health_checks_are_on_by_default() {
+    let config =
+        llmlb::config::parse(&one_pool("round_robin", &[("http://127.0.0.1:1", 1)], "")).unwrap();
+    let health = &config.pools[0].health;
+    assert!(
+        health.enabled,
+        "a dead fleet must show on /readyz and /health"
+    );
+    assert_eq!(health.path, "/health");
+}

@@ -404,7 +404,7 @@ pub struct HealthConfig {
 impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
-            enabled: false,
+            enabled: true,
             path: "/health".into(),
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),
