@@ -185,3 +185,42 @@ async fn replica_errors_pass_through_unchanged() {
     assert!(lb.state.topology.load().pools[0].replicas[0].is_eligible());
     lb.shutdown().await;
 }
+
+/// Valid JSON with a field of the wrong type: 400 naming the field in
+/// OpenAI's `param`, and llmlb keeps serving.
+#[tokio::test]
+async fn wrong_field_types_name_the_param() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    for (body, param, words) in [
+        (
+            r#"{"model":"llama-3-8b","prompt":"x","max_tokens":-1}"#,
+            "max_tokens",
+            "-1",
+        ),
+        (
+            r#"{"model":"llama-3-8b","prompt":"x","stream":"true"}"#,
+            "stream",
+            "boolean",
+        ),
+    ] {
+        let (status, _, bytes) = call(lb.addr, chat_request("/v1/completions", body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert_eq!(v["error"]["code"], "invalid_request");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(param) && message.contains(words),
+            "{message}"
+        );
+        assert!(!message.contains("not valid JSON"), "{message}");
+    }
+    let (status, _, _) = call(
+        lb.addr,
+        chat_request("/v1/completions", r#"{"model":"llama-3-8b","prompt":"x"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.requests(), 1);
+}

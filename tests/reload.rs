@@ -362,3 +362,51 @@ async fn reload_applies_max_pending_live_and_names_listener_limits_needing_a_res
     held2.collect().await.unwrap();
     lb.shutdown().await;
 }
+
+/// A SIGHUP (here: the reload it triggers) after an edit loads the file
+/// once; the watcher, seeing the same new content, does not load it again.
+#[tokio::test]
+async fn a_signalled_reload_is_not_repeated_by_the_file_watcher() {
+    let up = Upstream::start("a", Mode::Json).await;
+    let pool = |model: &str| {
+        format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"{model}\"]\n[[pools.replicas]]\nurl = \"{}\"\n",
+            up.url()
+        )
+    };
+    let file = TempConfig::new("hup-once", &pool("m1"));
+    let lb = start_from(&file).await;
+    let started_with = std::fs::read(&file.path).unwrap();
+    file.write(&pool("m2"));
+    llmlb::server::reload::reload(&lb.state, None).unwrap();
+    let reloads = |state: &llmlb::server::AppState| {
+        metric_value(
+            &state.metrics.render(),
+            "llmlb_config_reloads_total",
+            &[("result", "success")],
+        )
+    };
+    assert_eq!(reloads(&lb.state), 1.0);
+    // A watcher that last saw the original file finds m2 on disk at its
+    // first tick: already loaded, so it does nothing.
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let watcher = tokio::spawn(llmlb::server::reload::watch_file(
+        lb.state.clone(),
+        file.path.clone(),
+        Some(started_with),
+        Duration::from_millis(10),
+        stop_rx,
+    ));
+    // Give it some ticks with m2 on disk (a reload there would be counted
+    // below; on a machine too slow to tick, the check is merely weaker).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A later edit is still picked up, and is the only other reload.
+    file.write(&pool("m3"));
+    until("the watcher loads m3", || {
+        lb.state.topology.load().models().any(|(m, _)| m == "m3")
+    })
+    .await;
+    assert_eq!(reloads(&lb.state), 2.0, "m2 was not loaded a second time");
+    stop.send(true).unwrap();
+    watcher.await.unwrap();
+}

@@ -27,22 +27,32 @@ pub enum WorkloadKind {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Base URL of the OpenAI-compatible server (llmlb, vLLM, ...).
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        visible_alias = "base-url",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub target: String,
     /// Model name sent in every request.
     #[arg(long, required_unless_present_any = ["self_test", "only_compare"])]
     pub model: Option<String>,
-    #[arg(long, value_enum, default_value = "random")]
+    #[arg(
+        long,
+        visible_alias = "dataset-name",
+        value_enum,
+        default_value = "random"
+    )]
     pub workload: WorkloadKind,
     /// Requests to send (a chat turn is one request). Default: the
     /// workload's size (shared-prefix, trace) or 200.
-    #[arg(long)]
+    #[arg(long, visible_alias = "num-prompts")]
     pub num_requests: Option<u64>,
     /// Stop sending after this long (e.g. `30s`, `2m`).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
-    /// Open loop: new requests (sessions, for chat) per second.
-    #[arg(long, conflicts_with = "concurrency")]
+    /// Open loop: new requests (sessions, for chat) per second; `inf` sends
+    /// them all at once (bounded by --max-concurrency or --max-in-flight).
+    #[arg(long, visible_alias = "request-rate", value_parser = parse_rate, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
     /// Gamma shape of the gaps: 1 = Poisson, below 1 burstier.
     #[arg(long, default_value_t = 1.0)]
@@ -54,6 +64,10 @@ pub struct BenchArgs {
     /// Open loop: most requests in flight at once.
     #[arg(long, default_value_t = 1024)]
     pub max_in_flight: usize,
+    /// As in `vllm bench serve`: with a finite --request-rate, the most
+    /// requests in flight; otherwise a closed loop of this many clients.
+    #[arg(long, conflicts_with_all = ["concurrency", "max_in_flight"])]
+    pub max_concurrency: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Sent as `Authorization: Bearer KEY`.
@@ -62,15 +76,31 @@ pub struct BenchArgs {
     /// Extra request header `K:V` (repeatable).
     #[arg(long = "header", value_name = "K:V")]
     pub headers: Vec<String>,
-    /// Goodput SLOs in ms, e.g. `ttft=500,tpot=50` (also `e2e=`).
-    #[arg(long)]
-    pub slo: Option<Slo>,
+    /// Goodput SLOs in ms, e.g. `ttft=500,tpot=50` (also `e2e=`), or
+    /// vLLM's `--goodput ttft:500 tpot:50`.
+    #[arg(long, visible_alias = "goodput", num_args = 1..)]
+    pub slo: Vec<Slo>,
     /// Per-request timeout, whole stream included.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
     pub timeout: Duration,
     /// Write the report (every figure and request) as JSON.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// As in `vllm bench serve`: write the JSON report to
+    /// `--result-dir`/`--result-filename`.
+    #[arg(long)]
+    pub save_result: bool,
+    /// With --save-result: the directory (default: the current one).
+    #[arg(long, requires = "save_result")]
+    pub result_dir: Option<PathBuf>,
+    /// With --save-result: the file name (default
+    /// `llmlb-bench-NAME-TIMESTAMP.json`).
+    #[arg(long, requires = "save_result")]
+    pub result_filename: Option<String>,
+    /// Percentiles shown for each latency, e.g. `25,50,99` (default: p50,
+    /// p90, p99).
+    #[arg(long, value_delimiter = ',', value_parser = parse_percentile)]
+    pub metric_percentiles: Vec<f64>,
     /// Write latency CDFs as SVG (with --compare, one curve per run).
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -87,7 +117,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub allow_remote: bool,
     /// Never draw the progress bar.
-    #[arg(long)]
+    #[arg(long, visible_alias = "disable-tqdm")]
     pub no_progress: bool,
     /// Measure the load generator's own ceiling against an instant
     /// in-process backend (default: concurrency 64, 20000 requests).
@@ -95,11 +125,11 @@ pub struct BenchArgs {
     pub self_test: bool,
 
     /// random: prompt tokens, `N` or `MIN..MAX` (default 1024).
-    #[arg(long)]
+    #[arg(long, visible_alias = "random-input-len")]
     pub input_len: Option<LenRange>,
     /// Output tokens, `N` or `MIN..MAX` (default: random 128,
     /// shared-prefix 256, chat 64..256).
-    #[arg(long)]
+    #[arg(long, visible_alias = "random-output-len")]
     pub output_len: Option<LenRange>,
     /// shared-prefix: groups sharing one system prompt.
     #[arg(long, default_value_t = 64)]
@@ -122,9 +152,9 @@ pub struct BenchArgs {
     /// chat: pause between a turn's answer and the next turn.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub think_time: Duration,
-    /// trace: Mooncake-format JSONL file.
-    #[arg(long, default_value = "../shared/traces/conversation_trace.jsonl")]
-    pub trace: PathBuf,
+    /// trace: Mooncake-format JSONL file (required with `--workload trace`).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// trace: multiply arrival times (0.1 = ten times faster).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -136,9 +166,56 @@ pub struct BenchArgs {
     pub max_requests: Option<usize>,
 }
 
-fn workload(a: &BenchArgs) -> WorkloadSpec {
+fn parse_rate(s: &str) -> Result<f64, String> {
+    if s.eq_ignore_ascii_case("inf") {
+        return Ok(f64::INFINITY);
+    }
+    s.parse::<f64>()
+        .map_err(|_| format!("`{s}` is not a number of requests per second (or `inf`)"))
+}
+
+fn parse_percentile(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=100.0).contains(p))
+        .ok_or_else(|| format!("`{s}` is not a percentile between 0 and 100"))
+}
+
+/// The command line with the values of `--api-key` and `--header` masked.
+fn masked_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut hide_next: Option<bool> = None;
+    for arg in args {
+        if let Some(header) = hide_next.take() {
+            out.push(match arg.split_once(':') {
+                Some((k, _)) if header => format!("{k}:***"),
+                _ => "***".into(),
+            });
+            continue;
+        }
+        match arg.split_once('=') {
+            Some(("--api-key", _)) => out.push("--api-key=***".into()),
+            Some(("--header", v)) => out.push(format!(
+                "--header={}:***",
+                v.split_once(':').map_or(v, |(k, _)| k)
+            )),
+            _ => {
+                match arg.as_str() {
+                    "--api-key" => hide_next = Some(false),
+                    "--header" => hide_next = Some(true),
+                    _ => {}
+                }
+                out.push(arg);
+            }
+        }
+    }
+    out
+}
+
+fn workload(a: &BenchArgs) -> Result<WorkloadSpec, BenchError> {
     let out = |default: LenRange| a.output_len.unwrap_or(default);
-    match a.workload {
+    Ok(match a.workload {
         WorkloadKind::Random => WorkloadSpec::Random(RandomOptions {
             input_len: a.input_len.unwrap_or(LenRange::fixed(1024)),
             output_len: out(LenRange::fixed(128)),
@@ -158,12 +235,14 @@ fn workload(a: &BenchArgs) -> WorkloadSpec {
             think_time: a.think_time,
         }),
         WorkloadKind::Trace => WorkloadSpec::Trace(TraceOptions {
-            path: a.trace.clone(),
+            path: a.trace.clone().ok_or_else(|| {
+                BenchError::InvalidSpec("--workload trace needs --trace FILE".into())
+            })?,
             time_scale: a.time_scale,
             length_scale: a.length_scale,
             max_requests: a.max_requests,
         }),
-    }
+    })
 }
 
 /// Turns the flags into a spec.
@@ -177,30 +256,49 @@ pub fn spec(a: &BenchArgs) -> Result<BenchSpec, BenchError> {
                 .ok_or_else(|| BenchError::InvalidSpec(format!("--header `{h}`: expected K:V")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let arrivals = match (a.rate, a.concurrency) {
-        (Some(rate), _) => Arrivals::Open {
+    let finite_rate = a.rate.filter(|r| r.is_finite());
+    let mut max_in_flight = a.max_in_flight;
+    let concurrency = match (finite_rate, a.max_concurrency) {
+        (Some(_), Some(m)) => {
+            max_in_flight = m;
+            a.concurrency
+        }
+        (None, Some(m)) => Some(m),
+        (_, None) => a.concurrency,
+    };
+    let arrivals = match (finite_rate, a.rate, concurrency) {
+        (Some(rate), _, _) => Arrivals::Open {
             rate,
             burstiness: a.burstiness,
         },
-        (None, Some(concurrency)) => Arrivals::Closed { concurrency },
-        (None, None) if a.workload == WorkloadKind::Trace => Arrivals::Timestamps,
-        (None, None) => Arrivals::Closed { concurrency: 1 },
+        (None, _, Some(concurrency)) => Arrivals::Closed { concurrency },
+        // `--request-rate inf`: everything at once, as far as the bound allows.
+        (None, Some(_), None) => Arrivals::Closed {
+            concurrency: max_in_flight,
+        },
+        (None, None, None) if a.workload == WorkloadKind::Trace => Arrivals::Timestamps,
+        (None, None, None) => Arrivals::Closed { concurrency: 1 },
     };
+    let slo = a.slo.iter().fold(Slo::default(), |acc, s| Slo {
+        ttft_ms: s.ttft_ms.or(acc.ttft_ms),
+        tpot_ms: s.tpot_ms.or(acc.tpot_ms),
+        e2e_ms: s.e2e_ms.or(acc.e2e_ms),
+    });
     Ok(BenchSpec {
         target: a.target.clone(),
         model: a.model.clone().unwrap_or_else(|| "instant".into()),
-        workload: workload(a),
+        workload: workload(a)?,
         arrivals,
         limits: Limits {
             num_requests: a.num_requests,
             duration: a.duration,
             request_timeout: a.timeout,
-            max_in_flight: a.max_in_flight,
+            max_in_flight,
         },
         seed: a.seed,
         headers,
         api_key: a.api_key.clone(),
-        slo: a.slo.unwrap_or_default(),
+        slo,
         allow_remote: a.allow_remote,
         progress: !a.no_progress,
     })
@@ -257,7 +355,20 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
     if let Some(b) = backend {
         b.stop().await;
     }
-    let report = result?;
+    let mut report = result?;
+    report.args = masked_args(std::env::args());
+    if !args.metric_percentiles.is_empty() {
+        report
+            .figures
+            .add_percentiles(&report.requests, &args.metric_percentiles);
+    }
+    let first_error = report
+        .requests
+        .iter()
+        .filter(|r| !r.outcome.is_ok())
+        .min_by(|a, b| a.start_ms.total_cmp(&b.start_ms))
+        .and_then(|r| r.failure());
+    let (sent, completed) = (report.figures.sent, report.figures.completed);
     runs.push((args.name.clone(), report));
     print!("{}", render_table(&runs));
     if args.self_test {
@@ -271,8 +382,26 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
     if let Some(path) = &args.out {
         report.write_json(path)?;
     }
+    if args.save_result {
+        let name = args.result_filename.clone().unwrap_or_else(|| {
+            let stamp: String = report.date.chars().filter(char::is_ascii_digit).collect();
+            format!("llmlb-bench-{}-{stamp}.json", args.name)
+        });
+        let path = args.result_dir.clone().unwrap_or_default().join(name);
+        report.write_json(&path)?;
+        eprintln!("wrote {}", path.display());
+    }
     if let Some(path) = &args.plot {
         write_svg(path, &runs)?;
+    }
+    if let Some(first) = first_error {
+        eprintln!(
+            "{} of {sent} requests failed; the first: {first}",
+            sent - completed
+        );
+        if completed == 0 {
+            return Err(BenchError::NothingSucceeded { sent, first });
+        }
     }
     Ok(())
 }
@@ -337,8 +466,10 @@ mod tests {
 
     #[test]
     fn arrivals_default_by_workload() {
-        let trace = parse(&["--model", "m", "--workload", "trace"]).unwrap();
+        let trace = parse(&["--model", "m", "--workload", "trace", "--trace", "t.jsonl"]).unwrap();
         assert_eq!(trace.arrivals, Arrivals::Timestamps);
+        let no_file = parse(&["--model", "m", "--workload", "trace"]).unwrap_err();
+        assert!(no_file.contains("--trace FILE"), "{no_file}");
         let closed = parse(&["--model", "m", "--concurrency", "8"]).unwrap();
         assert_eq!(closed.arrivals, Arrivals::Closed { concurrency: 8 });
         assert_eq!(
@@ -351,5 +482,67 @@ mod tests {
             "--model is required"
         );
         assert!(parse(&["--model", "m", "--header", "novalue"]).is_err());
+    }
+
+    #[test]
+    fn vllm_flag_names_map_onto_the_spec() {
+        let s = parse(&[
+            "--base-url",
+            "http://127.0.0.1:8000",
+            "--model",
+            "m",
+            "--num-prompts",
+            "50",
+            "--request-rate",
+            "4",
+            "--max-concurrency",
+            "8",
+            "--random-input-len",
+            "100",
+            "--goodput",
+            "ttft:500",
+            "tpot:50",
+        ])
+        .unwrap();
+        assert_eq!(s.target, "http://127.0.0.1:8000");
+        assert_eq!(s.limits.num_requests, Some(50));
+        assert_eq!(s.limits.max_in_flight, 8);
+        assert_eq!(s.slo.ttft_ms, Some(500.0));
+        assert_eq!(s.slo.tpot_ms, Some(50.0));
+        assert!(matches!(s.arrivals, Arrivals::Open { rate, .. } if rate == 4.0));
+        let burst = parse(&[
+            "--model",
+            "m",
+            "--request-rate",
+            "inf",
+            "--max-concurrency",
+            "3",
+        ]);
+        assert_eq!(burst.unwrap().arrivals, Arrivals::Closed { concurrency: 3 });
+        assert!(parse(&["--model", "m", "--metric-percentiles", "50,101"]).is_err());
+    }
+
+    #[test]
+    fn secrets_are_masked_in_the_recorded_arguments() {
+        let args = [
+            "bench",
+            "--api-key",
+            "k1",
+            "--header",
+            "x-auth: t",
+            "--api-key=k2",
+        ];
+        let masked = masked_args(args.iter().map(|s| s.to_string()));
+        assert_eq!(
+            masked,
+            [
+                "bench",
+                "--api-key",
+                "***",
+                "--header",
+                "x-auth:***",
+                "--api-key=***"
+            ]
+        );
     }
 }

@@ -161,6 +161,7 @@ impl BenchClient {
             output_tokens: 0,
             outcome: Outcome::Ok,
             replica: None,
+            error: None,
         };
         let outcome = self.stream(req, deadline, sent, &mut rec).await;
         rec.e2e_ms = ms(Instant::now().min(deadline));
@@ -192,8 +193,11 @@ impl BenchClient {
         let status = resp.status();
         let mut body = resp.into_body();
         if status != http::StatusCode::OK {
-            // Drain (bounded by the deadline) so the connection can be reused.
-            let _ = timeout_at(deadline, body.collect()).await;
+            // Drain (bounded by the deadline) so the connection can be
+            // reused, and keep what the server said.
+            if let Ok(Ok(b)) = timeout_at(deadline, body.collect()).await {
+                rec.error = Some(error_message(&b.to_bytes()));
+            }
             return Outcome::Http {
                 status: status.as_u16(),
             };
@@ -225,6 +229,7 @@ impl BenchClient {
                 Chunk::Data {
                     content,
                     completion_tokens,
+                    prompt_tokens,
                 } => {
                     if content {
                         chunks += 1;
@@ -240,6 +245,10 @@ impl BenchClient {
                     }
                     if completion_tokens.is_some() {
                         usage = completion_tokens;
+                    }
+                    if let Some(p) = prompt_tokens {
+                        // The server's own count beats the requested length.
+                        rec.input_tokens = p as usize;
                     }
                 }
             });
@@ -257,6 +266,19 @@ impl BenchClient {
             }
         }
     }
+}
+
+/// The `error.message` of an OpenAI error body, else its first 200 characters.
+fn error_message(body: &[u8]) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    if let Some(m) = parsed
+        .as_ref()
+        .and_then(|v| v.pointer("/error/message"))
+        .and_then(|m| m.as_str())
+    {
+        return m.to_owned();
+    }
+    String::from_utf8_lossy(body).chars().take(200).collect()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -29,6 +29,8 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("none of the {sent} requests succeeded; the first failed with {first}")]
+    NothingSucceeded { sent: u64, first: String },
     #[error("cannot read report {path}: {reason}")]
     ReadReport { path: String, reason: String },
 }

@@ -110,13 +110,15 @@ mod tests {
         assert!(kinds[..3].iter().all(|k| *k
             == Chunk::Data {
                 content: true,
-                completion_tokens: None
+                completion_tokens: None,
+                prompt_tokens: None,
             }));
         assert_eq!(
             kinds[3],
             Chunk::Data {
                 content: false,
-                completion_tokens: Some(3)
+                completion_tokens: Some(3),
+                prompt_tokens: Some(1),
             }
         );
         assert_eq!(kinds[4], Chunk::Done);

@@ -12,8 +12,9 @@
 //! Prompt lengths are exact in llmlb's own tokenizer ([`crate::tokenizer`],
 //! which the simulated replicas use). A real model's tokenizer splits the
 //! pseudo-words differently, so against vLLM the prompt token counts differ
-//! from the requested ones (the server's `usage` has the real figure); output
-//! lengths stay exact thanks to `ignore_eos` and `max_tokens`.
+//! from the requested ones; the report counts what the server's `usage` says
+//! when it says it. Output lengths stay exact thanks to `ignore_eos` and
+//! `max_tokens`.
 //!
 //! Every run is bounded: a request count and a duration, each with a hard
 //! cap, and a per-request timeout. Targets must be on this machine unless
@@ -120,6 +121,7 @@ pub async fn run(spec: &BenchSpec) -> Result<RunReport, BenchError> {
         limits.duration,
     );
     let start = Instant::now();
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let shared = Arc::new(Shared::new(
         client,
         start,
@@ -148,6 +150,9 @@ pub async fn run(spec: &BenchSpec) -> Result<RunReport, BenchError> {
     }
     let records = shared.take_records();
     Ok(RunReport {
+        date,
+        version: env!("CARGO_PKG_VERSION").into(),
+        args: Vec::new(),
         target: spec.target.clone(),
         model: spec.model.clone(),
         workload: spec.workload.name().into(),

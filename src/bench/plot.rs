@@ -197,6 +197,7 @@ mod tests {
                     output_tokens: 1,
                     outcome: Outcome::Ok,
                     replica: None,
+                    error: None,
                 })
                 .collect(),
             ..RunReport::default()

@@ -49,6 +49,8 @@ pub struct RequestRecord {
     /// holds one per output token).
     #[serde(skip)]
     pub itl_ms: Vec<f64>,
+    /// Prompt tokens: the server's `usage.prompt_tokens` when it sent one,
+    /// else the length the workload asked for.
     pub input_tokens: usize,
     /// From the final `usage` chunk when present, else the content chunks.
     pub output_tokens: u64,
@@ -56,4 +58,24 @@ pub struct RequestRecord {
     /// The `x-llmlb-replica` response header, when the target is llmlb.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
+    /// For a failed request: what the server said (the `error.message` of
+    /// an OpenAI error body, else the start of the body) or why the
+    /// transport failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RequestRecord {
+    /// One line saying why this request failed; `None` when it succeeded.
+    pub fn failure(&self) -> Option<String> {
+        let detail = self.error.as_deref().unwrap_or("");
+        let sep = if detail.is_empty() { "" } else { ": " };
+        match &self.outcome {
+            Outcome::Ok => None,
+            Outcome::Http { status } => Some(format!("HTTP {status}{sep}{detail}")),
+            Outcome::Timeout => Some("timed out (--timeout)".into()),
+            Outcome::Transport { message } => Some(format!("transport error: {message}")),
+            Outcome::Stream { message } => Some(format!("stream error: {message}")),
+        }
+    }
 }

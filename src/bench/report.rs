@@ -13,6 +13,15 @@ use super::stats::{Figures, Summary};
 /// Everything one run measured.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunReport {
+    /// When the run started (RFC 3339, UTC).
+    #[serde(default)]
+    pub date: String,
+    /// The llmlb version that ran it.
+    #[serde(default)]
+    pub version: String,
+    /// The command line, with secrets (`--api-key`, header values) masked.
+    #[serde(default)]
+    pub args: Vec<String>,
     pub target: String,
     pub model: String,
     pub workload: String,
@@ -43,26 +52,62 @@ impl RunReport {
     }
 }
 
-fn dist_rows(rows: &mut Vec<(String, Vec<String>)>, name: &str, of: &[&Summary]) {
-    for (label, pick) in [
-        ("mean", (|s: &Summary| s.mean) as fn(&Summary) -> f64),
-        ("p50", |s| s.p50),
-        ("p90", |s| s.p90),
-        ("p99", |s| s.p99),
-    ] {
+fn dist_rows(
+    rows: &mut Vec<(String, Vec<String>)>,
+    name: &str,
+    key: &str,
+    of: &[&Figures],
+    pick: fn(&Figures) -> &Summary,
+    extra: &[String],
+) {
+    let cell = |count: usize, v: Option<f64>| match v {
+        Some(v) if count > 0 => format!("{v:.2}"),
+        _ => "-".into(),
+    };
+    rows.push((
+        format!("{name} mean (ms)"),
+        of.iter()
+            .map(|f| cell(pick(f).count, Some(pick(f).mean)))
+            .collect(),
+    ));
+    if extra.is_empty() {
+        for (label, p) in [
+            ("p50", (|s: &Summary| s.p50) as fn(&Summary) -> f64),
+            ("p90", |s| s.p90),
+            ("p99", |s| s.p99),
+        ] {
+            rows.push((
+                format!("{name} {label} (ms)"),
+                of.iter()
+                    .map(|f| cell(pick(f).count, Some(p(pick(f)))))
+                    .collect(),
+            ));
+        }
+        return;
+    }
+    for label in extra {
         rows.push((
             format!("{name} {label} (ms)"),
             of.iter()
-                .map(|s| {
-                    if s.count == 0 {
-                        "-".into()
-                    } else {
-                        format!("{:.2}", pick(s))
-                    }
+                .map(|f| {
+                    let v = f.percentiles.get(key).and_then(|m| m.get(label)).copied();
+                    cell(pick(f).count, v)
                 })
                 .collect(),
         ));
     }
+}
+
+/// The `--metric-percentiles` labels any run carries, in numeric order.
+fn extra_labels(of: &[&Figures]) -> Vec<String> {
+    let mut labels: Vec<String> = of
+        .iter()
+        .flat_map(|f| f.percentiles.values().flat_map(|m| m.keys().cloned()))
+        .collect();
+    let num = |l: &String| l[1..].parse::<f64>().unwrap_or(0.0);
+    labels.sort_by(|a, b| num(a).total_cmp(&num(b)));
+    labels.dedup();
+    labels
 }
 
 /// A comparison table with one column per named run.
@@ -108,26 +153,11 @@ pub fn render_table(reports: &[(String, RunReport)]) -> String {
             }),
         ));
     }
-    dist_rows(
-        &mut rows,
-        "TTFT",
-        &f.iter().map(|x| &x.ttft_ms).collect::<Vec<_>>(),
-    );
-    dist_rows(
-        &mut rows,
-        "TPOT",
-        &f.iter().map(|x| &x.tpot_ms).collect::<Vec<_>>(),
-    );
-    dist_rows(
-        &mut rows,
-        "ITL",
-        &f.iter().map(|x| &x.itl_ms).collect::<Vec<_>>(),
-    );
-    dist_rows(
-        &mut rows,
-        "E2E",
-        &f.iter().map(|x| &x.e2e_ms).collect::<Vec<_>>(),
-    );
+    let extra = extra_labels(&f);
+    dist_rows(&mut rows, "TTFT", "ttft_ms", &f, |x| &x.ttft_ms, &extra);
+    dist_rows(&mut rows, "TPOT", "tpot_ms", &f, |x| &x.tpot_ms, &extra);
+    dist_rows(&mut rows, "ITL", "itl_ms", &f, |x| &x.itl_ms, &extra);
+    dist_rows(&mut rows, "E2E", "e2e_ms", &f, |x| &x.e2e_ms, &extra);
     rows.push(("429s".into(), col(&|x| x.rejected_429.to_string())));
     rows.push((
         "errors".into(),
@@ -209,6 +239,7 @@ mod tests {
                 output_tokens: 10,
                 outcome: Outcome::Ok,
                 replica: Some("a".into()),
+                error: None,
             })
             .collect();
         RunReport {

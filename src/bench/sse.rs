@@ -6,7 +6,7 @@
 //! yields each complete event's data (several `data:` lines joined by `\n`;
 //! comments and other fields ignored; `\n`, `\r\n` and `\r` line ends).
 //! Each event is then read as a [`Chunk`]: whether it carries content, the
-//! `usage.completion_tokens` count, or an error.
+//! `usage` token counts, or an error.
 
 use serde::Deserialize;
 
@@ -72,6 +72,8 @@ pub enum Chunk {
         /// or `delta.reasoning_content`).
         content: bool,
         completion_tokens: Option<u64>,
+        /// `usage.prompt_tokens`: the prompt length in the server's tokenizer.
+        prompt_tokens: Option<u64>,
     },
     Error(String),
 }
@@ -106,6 +108,8 @@ struct WireDelta {
 struct WireUsage {
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
 }
 
 /// Reads one event's data.
@@ -132,9 +136,11 @@ pub fn classify(data: &str) -> Chunk {
                 .as_ref()
                 .is_some_and(|d| non_empty(&d.content) || non_empty(&d.reasoning_content))
     });
+    let usage = wire.usage.as_ref();
     Chunk::Data {
         content,
-        completion_tokens: wire.usage.and_then(|u| u.completion_tokens),
+        completion_tokens: usage.and_then(|u| u.completion_tokens),
+        prompt_tokens: usage.and_then(|u| u.prompt_tokens),
     }
 }
 
@@ -183,7 +189,8 @@ mod tests {
             classify(text),
             Chunk::Data {
                 content: true,
-                completion_tokens: None
+                completion_tokens: None,
+                prompt_tokens: None,
             }
         );
         let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
@@ -191,7 +198,8 @@ mod tests {
             classify(role),
             Chunk::Data {
                 content: false,
-                completion_tokens: None
+                completion_tokens: None,
+                prompt_tokens: None,
             }
         );
         let usage =
@@ -200,7 +208,8 @@ mod tests {
             classify(usage),
             Chunk::Data {
                 content: false,
-                completion_tokens: Some(7)
+                completion_tokens: Some(7),
+                prompt_tokens: Some(5),
             }
         );
         let err = r#"{"error":{"message":"boom","type":"server_error","param":null,"code":"x"}}"#;

@@ -120,6 +120,15 @@ pub struct Figures {
     pub replicas: BTreeMap<String, u64>,
     /// Busiest replica's count over the mean count (1 = perfectly even).
     pub replica_max_over_mean: Option<f64>,
+    /// Extra percentiles asked for with `--metric-percentiles`, by metric
+    /// (`ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`) then `pN`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub percentiles: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+/// The label of percentile `p` (`p50`, `p99.9`).
+pub fn percentile_label(p: f64) -> String {
+    format!("p{p}")
 }
 
 impl Figures {
@@ -177,6 +186,28 @@ impl Figures {
             goodput: good.map(|g| per_s(g as f64)),
             replicas,
             replica_max_over_mean,
+            percentiles: BTreeMap::new(),
+        }
+    }
+
+    /// Adds the percentiles `ps` (0..=100) of each latency metric.
+    pub fn add_percentiles(&mut self, records: &[RequestRecord], ps: &[f64]) {
+        let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.outcome.is_ok()).collect();
+        let metrics: [(&str, Vec<f64>); 4] = [
+            ("ttft_ms", ok.iter().filter_map(|r| r.ttft_ms).collect()),
+            ("tpot_ms", ok.iter().filter_map(|r| tpot(r)).collect()),
+            (
+                "itl_ms",
+                ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect(),
+            ),
+            ("e2e_ms", ok.iter().map(|r| r.e2e_ms).collect()),
+        ];
+        for (name, mut values) in metrics {
+            values.sort_by(f64::total_cmp);
+            let row = self.percentiles.entry(name.into()).or_default();
+            for &p in ps {
+                row.insert(percentile_label(p), percentile(&values, p));
+            }
         }
     }
 }
@@ -195,6 +226,7 @@ mod tests {
             output_tokens: out,
             outcome,
             replica: None,
+            error: None,
         }
     }
 

@@ -3,24 +3,28 @@
 //! `load` reads one TOML file and returns either a validated [`Config`] or every
 //! problem found, each naming the file, the dotted key and the reason.
 
+mod cors;
 mod discovery;
 mod duration;
 mod gateway;
 mod routing;
 mod schema;
 mod tokenizer;
+mod telemetry;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
 mod validate_load;
 mod validate_routing;
 
+pub use cors::CorsConfig;
 pub use discovery::DiscoveryConfig;
 pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
 pub use tokenizer::TokenizerConfig;
+pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
 pub use upstream_tls::UpstreamTlsConfig;
 
 use std::fmt;

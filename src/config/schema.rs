@@ -36,14 +36,19 @@ pub struct Config {
     /// Other names for served models: alias → model (the body is rewritten).
     #[serde(default)]
     pub aliases: std::collections::BTreeMap<String, String>,
+    /// Access log (and, later, traces).
+    #[serde(default)]
+    pub telemetry: super::TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Client-facing OpenAI-compatible listener.
+    #[serde(deserialize_with = "super::duration::listen_addr")]
     pub listen: SocketAddr,
     /// Admin listener: `/metrics`, `/healthz`, `/readyz`.
+    #[serde(deserialize_with = "super::duration::listen_addr")]
     pub admin_listen: SocketAddr,
     /// Largest request body accepted; larger bodies get 413.
     pub max_body_bytes: usize,
@@ -87,6 +92,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// TLS termination on the client listener; unset: plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// Cross-origin access for browsers; unset: no CORS headers.
+    pub cors: Option<super::CorsConfig>,
 }
 
 /// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
@@ -116,6 +123,7 @@ impl Default for ServerConfig {
             client_idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             tls: None,
+            cors: None,
         }
     }
 }
@@ -399,7 +407,7 @@ pub struct HealthConfig {
 impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
-            enabled: false,
+            enabled: true,
             path: "/health".into(),
             interval: Duration::from_secs(2),
             timeout: Duration::from_secs(1),

@@ -147,7 +147,13 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                     500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
                     _ => pool.record_success(replica),
                 }
-                return Ok(stream_back(resp, &req, replica, guard));
+                let mut resp = stream_back(resp, &req, replica, guard);
+                resp.extensions_mut().insert(super::Dispatched {
+                    replica: Arc::from(replica.name.as_str()),
+                    branch: pick.branch.as_str(),
+                    attempts: tried.len() as u32,
+                });
+                return Ok(resp);
             }
         }
     }

@@ -4,6 +4,7 @@
 
 mod body;
 mod client;
+mod dispatched;
 mod forward;
 mod headers;
 mod recent;
@@ -11,6 +12,7 @@ mod tls;
 
 pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
 pub use client::{UpstreamClient, client, error_chain, tls_client};
+pub use dispatched::Dispatched;
 pub use forward::{ForwardRequest, forward};
 pub use headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 pub use recent::{Dispatch, RecentDispatches};

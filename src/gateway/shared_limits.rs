@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use prometheus::{IntCounter, IntGauge, Registry};
+use prometheus::{IntCounter, IntGaugeVec, Registry};
 use redis::aio::MultiplexedConnection;
 
 use super::rate_limit::BucketStatus;
@@ -86,8 +86,10 @@ return tostring(l)
 pub struct SharedLimitMetrics {
     /// Requests whose limits were checked locally because Redis failed.
     pub fallbacks: IntCounter,
-    /// 1 while the last Redis call succeeded.
-    pub up: IntGauge,
+    /// 1 while the last Redis call succeeded; labelled `backend="redis"`
+    /// and exported only once a shared backend is configured (no series at
+    /// all without one, rather than a 0 that reads as "down").
+    pub up: IntGaugeVec,
 }
 
 impl SharedLimitMetrics {
@@ -97,9 +99,12 @@ impl SharedLimitMetrics {
             "Rate-limit checks done with local buckets because the shared backend failed.",
         )
         .expect("metric");
-        let up = IntGauge::new(
-            "llmlb_rate_limit_backend_up",
-            "1 while the shared rate-limit backend answers.",
+        let up = IntGaugeVec::new(
+            prometheus::Opts::new(
+                "llmlb_rate_limit_backend_up",
+                "1 while the shared rate-limit backend answers (only when one is configured).",
+            ),
+            &["backend"],
         )
         .expect("metric");
         registry
@@ -208,7 +213,7 @@ impl SharedLimits {
             tracing::warn!(url = %self.url, error = %err, "shared rate limits unavailable; using local buckets");
         }
         self.conn.store(None);
-        self.metrics.up.set(0);
+        self.metrics.up.with_label_values(&["redis"]).set(0);
         self.metrics.fallbacks.inc();
     }
 
@@ -232,7 +237,7 @@ impl SharedLimits {
             .try_charge(key_id, requests_per_minute, tokens_per_minute, tokens)
             .await;
         match &result {
-            Ok(_) => self.metrics.up.set(1),
+            Ok(_) => self.metrics.up.with_label_values(&["redis"]).set(1),
             Err(e) => self.failed(e),
         }
         result

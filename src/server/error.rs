@@ -11,6 +11,10 @@ use crate::forwarding::{ResponseBody, full_body};
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// A body field with the wrong type or value; `param` is its path
+    /// (`max_tokens`, `messages[0].role`), OpenAI's `param`.
+    #[error("invalid `{param}`: {reason}")]
+    InvalidParam { param: String, reason: String },
     #[error("the model `{0}` does not exist or is not served here")]
     ModelNotFound(String),
     #[error("no route for {method} {path}")]
@@ -55,7 +59,7 @@ pub fn retry_secs(d: Duration) -> u64 {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -96,7 +100,7 @@ impl ApiError {
     /// `reason` label of `llmlb_rejections_total`.
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::BadRequest(_) => "invalid_request",
+            ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
@@ -125,7 +129,17 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<ResponseBody> {
-        let mut resp = error_response(self.status(), self.kind(), self.code(), &self.to_string());
+        let param = match &self {
+            ApiError::InvalidParam { param, .. } => Some(param.as_str()),
+            _ => None,
+        };
+        let mut resp = error_with_param(
+            self.status(),
+            self.kind(),
+            self.code(),
+            &self.to_string(),
+            param,
+        );
         if let Some(d) = self.retry_after() {
             resp.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -149,8 +163,18 @@ pub fn error_response(
     code: &str,
     message: &str,
 ) -> Response<ResponseBody> {
+    error_with_param(status, kind, code, message, None)
+}
+
+fn error_with_param(
+    status: StatusCode,
+    kind: &str,
+    code: &str,
+    message: &str,
+    param: Option<&str>,
+) -> Response<ResponseBody> {
     let body = serde_json::json!({
-        "error": {"message": message, "type": kind, "param": null, "code": code}
+        "error": {"message": message, "type": kind, "param": param, "code": code}
     });
     let mut resp = Response::new(full_body(body.to_string()));
     *resp.status_mut() = status;

@@ -12,20 +12,16 @@ use hyper::body::Incoming;
 use http_body_util::BodyExt;
 
 use super::prompt_tokens::{PromptTokens, prompt};
-use super::request::{RequestMeta, extract, read_body};
+use super::request::{RequestMeta, read_body};
 use super::{ApiError, AppState};
+use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
-};
+use crate::forwarding::{ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop};
 use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
-
-/// Inference endpoints llmlb routes by `model`.
-const INFERENCE_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 pub async fn handle(
     state: Arc<AppState>,
@@ -34,8 +30,21 @@ pub async fn handle(
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let access = access_log::AccessStart::new(&req, peer, &request_id, start);
+    let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
-    let mut resp = match route(&state, peer, req, &request_id, start, &mut rate).await {
+    let routed = route(
+        &state,
+        peer,
+        req,
+        &request_id,
+        start,
+        &mut rate,
+        &mut fields,
+    )
+    .await;
+    let mut resp = match routed {
         Ok(resp) => resp,
         Err(err) => {
             state
@@ -49,7 +58,8 @@ pub async fn handle(
     };
     rate.apply(resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
-    resp
+    surface::apply_cors(&state, origin.as_ref(), &mut resp);
+    access_log::wrap(&state, access, fields, resp)
 }
 
 async fn route(
@@ -59,7 +69,11 @@ async fn route(
     request_id: &HeaderValue,
     start: Instant,
     rate: &mut RateHeaders,
+    fields: &mut access_log::RouteFields,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    if let Some(answer) = surface::local_answer(state, &req) {
+        return answer;
+    }
     let path = req.uri().path();
     if path == "/v1/models" {
         return match *req.method() {
@@ -67,7 +81,7 @@ async fn route(
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
         };
     }
-    if !INFERENCE_PATHS.contains(&path) {
+    if !surface::is_model_routed(path) {
         return Err(ApiError::RouteNotFound {
             method: req.method().to_string(),
             path: path.to_string(),
@@ -84,7 +98,9 @@ async fn route(
     let config = state.config.load();
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
-    let meta = extract(&bytes)?;
+    let meta = surface::extract_meta(&parts.headers, &bytes)?;
+    fields.model = Some(meta.model.clone());
+    fields.stream = Some(meta.stream);
     let topology = state.topology.load();
     let tier = caller.tier.as_deref();
     let pool = topology
@@ -161,6 +177,7 @@ async fn route(
         counted = PromptTokens::count(pool, &meta).await;
     }
     let tokens = counted.as_ref().and_then(|c| c.for_pool(pool));
+    fields.pool = Some(pool.name.clone());
     let routed = route_within(
         state,
         &resolved,
@@ -171,7 +188,10 @@ async fn route(
         &bytes,
     );
     let (decision, body) = match routed {
-        Ok(r) => r,
+        Ok(r) => {
+            fields.route = Some(r.0.route_label()).filter(|l| !l.is_empty());
+            r
+        }
         Err(err) => {
             caller.refund(estimated, Instant::now());
             return Err(err);
@@ -315,17 +335,9 @@ fn models(state: &AppState) -> Response<ResponseBody> {
     let data: Vec<serde_json::Value> = topology
         .models()
         .chain(topology.aliases())
-        .map(|(model, pool)| {
-            serde_json::json!({"id": model, "object": "model", "created": 0, "owned_by": pool.name})
-        })
+        .map(|(model, pool)| surface::model_object(model, &pool.name))
         .collect();
-    let body = serde_json::json!({"object": "list", "data": data});
-    let mut resp = Response::new(full_body(body.to_string()));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    surface::json(&serde_json::json!({"object": "list", "data": data}))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh UUID.

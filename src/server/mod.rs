@@ -1,14 +1,17 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
+pub mod access_log;
 mod connection;
 mod error;
 mod guarded;
 mod handler;
 mod listener;
+mod multipart;
 pub mod pending;
 mod prompt_tokens;
 pub mod reload;
 pub mod request;
+pub mod surface;
 pub mod tls;
 
 pub use error::{ApiError, error_response};
@@ -55,6 +58,9 @@ pub struct AppState {
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// The last dispatch decisions, for the status page.
     pub recent_dispatches: crate::forwarding::RecentDispatches,
+    /// The config file's content at the last reload attempt (any trigger),
+    /// so the file watcher does not reload again what SIGHUP just loaded.
+    pub last_reload_content: arc_swap::ArcSwapOption<Vec<u8>>,
 }
 
 impl AppState {
@@ -96,6 +102,7 @@ impl AppState {
             discovered,
             discovery_metrics,
             recent_dispatches: crate::forwarding::RecentDispatches::default(),
+            last_reload_content: arc_swap::ArcSwapOption::empty(),
         })
     }
 

@@ -76,6 +76,9 @@ pub fn reload(state: &AppState, path: Option<&Path>) -> Result<ReloadSummary, Co
             });
         }
     };
+    state
+        .last_reload_content
+        .store(std::fs::read(&path).ok().map(std::sync::Arc::new));
     match config::load(&path) {
         Ok(new) => Ok(apply(state, new)),
         Err(e) => {
@@ -225,6 +228,12 @@ pub async fn watch_file(
         }
         next += interval;
         let now = std::fs::read(&path).ok();
+        let attempted = state.last_reload_content.load();
+        if now.is_some() && now.as_deref() == attempted.as_deref().map(|v| v.as_slice()) {
+            // SIGHUP or the admin API already (tried to) load this content.
+            last = now;
+            continue;
+        }
         if now.is_some() && now != last {
             last = now;
             tracing::info!(file = %path.display(), "config file changed; reloading");

@@ -86,8 +86,21 @@ struct WireMessage {
 
 /// Extracts [`RequestMeta`] from an OpenAI-style JSON body.
 pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
-    let wire: Wire = serde_json::from_slice(body)
+    let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::BadRequest(
+            "request body must be a JSON object".into(),
+        ));
+    }
+    // Valid JSON with a field of the wrong type or value: name the field.
+    let wire: Wire = serde_path_to_error::deserialize(value).map_err(|e| {
+        let param = e.path().to_string();
+        ApiError::InvalidParam {
+            reason: e.into_inner().to_string(),
+            param,
+        }
+    })?;
     let model = match wire.model {
         Some(serde_json::Value::String(s)) if !s.is_empty() => s,
         Some(_) => {
@@ -200,5 +213,21 @@ mod tests {
             Err(ApiError::BadRequest(_))
         ));
         assert!(matches!(extract(b"[1,2]"), Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let param = |body: &[u8]| match extract(body) {
+            Err(ApiError::InvalidParam { param, reason }) => (param, reason),
+            other => panic!("{other:?}"),
+        };
+        let (p, r) = param(br#"{"model":"m","prompt":"x","max_tokens":-1}"#);
+        assert_eq!(p, "max_tokens");
+        assert!(r.contains("-1"), "{r}");
+        let (p, r) = param(br#"{"model":"m","prompt":"x","stream":"true"}"#);
+        assert_eq!(p, "stream");
+        assert!(r.contains("boolean"), "{r}");
+        let (p, _) = param(br#"{"model":"m","messages":[{"role":"user"},{"role":3}]}"#);
+        assert_eq!(p, "messages[1].role");
     }
 }

@@ -1,4 +1,5 @@
-//! `tracing` set-up: `RUST_LOG` filter (default `info`), text or JSON lines on stderr.
+//! `tracing` set-up: `RUST_LOG` filter (default `info`), text or JSON lines on
+//! stderr; ANSI colours only when stderr is a terminal.
 
 use tracing_subscriber::EnvFilter;
 
@@ -10,8 +11,11 @@ pub enum LogFormat {
 
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal, never into files.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub replica_down: IntGaugeVec,
     /// Load signals and health.
     pub signals: super::SignalMetrics,
+    /// Per-model TTFT, requests and tokens; build info.
+    pub models: super::ModelMetrics,
 }
 
 impl Metrics {
@@ -124,8 +126,10 @@ impl Metrics {
             registry.register(c).expect("unique metric names");
         }
         let signals = super::SignalMetrics::register(&registry);
+        let models = super::ModelMetrics::register(&registry);
         Metrics {
             signals,
+            models,
             registry,
             requests,
             request_duration,

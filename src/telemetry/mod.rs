@@ -3,8 +3,10 @@
 pub mod clock;
 mod logging;
 mod metrics;
+mod model_metrics;
 mod signal_metrics;
 
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
+pub use model_metrics::ModelMetrics;
 pub use signal_metrics::SignalMetrics;

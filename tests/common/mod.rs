@@ -157,6 +157,11 @@ struct Shared {
 
 impl Shared {
     async fn answer(&self, req: Request<Incoming>) -> Response<ChannelBody> {
+        // Active health checks (on by default) get vLLM's answer whatever
+        // the mode, and are not counted among the requests the replica saw.
+        if req.method() == http::Method::GET && req.uri().path() == "/health" {
+            return Response::new(ChannelBody::Fixed(Some(Bytes::new())));
+        }
         let (parts, body) = req.into_parts();
         let body = body
             .collect()

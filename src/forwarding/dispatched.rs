@@ -1,0 +1,14 @@
+//! Where a forwarded request went, attached to the response's extensions
+//! for the access log and metrics above the forwarding layer.
+
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct Dispatched {
+    /// The replica that answered (its configured name).
+    pub replica: Arc<str>,
+    /// The balancer branch that picked it.
+    pub branch: &'static str,
+    /// Attempts made, this one included (1 = no retry).
+    pub attempts: u32,
+}

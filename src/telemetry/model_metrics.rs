@@ -1,0 +1,74 @@
+//! Per-model request metrics, recorded when an answer ends: what a user of
+//! a model saw (time to first token, whether it streamed, tokens), plus
+//! `llmlb_build_info`. Only requests that reached a pool are counted, so the
+//! `model` label holds configured names, never whatever a client sent.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+/// Time-to-first-token buckets in seconds.
+const TTFT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+#[derive(Debug, Clone)]
+pub struct ModelMetrics {
+    /// `llmlb_time_to_first_token_seconds{pool,model,stream}`.
+    pub ttft: HistogramVec,
+    /// `llmlb_model_requests_total{pool,model,stream,status}`.
+    pub requests: IntCounterVec,
+    /// `llmlb_model_tokens_total{pool,model,kind}` (`prompt`, `completion`, `cached`).
+    pub tokens: IntCounterVec,
+}
+
+impl ModelMetrics {
+    pub fn register(registry: &Registry) -> ModelMetrics {
+        let ttft = HistogramVec::new(
+            HistogramOpts::new(
+                "llmlb_time_to_first_token_seconds",
+                "Time from request arrival to the first generated text (streams) or the first byte of the answer (stream=\"false\": the whole generation).",
+            )
+            .buckets(TTFT_BUCKETS.to_vec()),
+            &["pool", "model", "stream"],
+        )
+        .expect("metric");
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "llmlb_model_requests_total",
+                "Requests finished, by pool, model, streaming and status.",
+            ),
+            &["pool", "model", "stream", "status"],
+        )
+        .expect("metric");
+        let tokens = IntCounterVec::new(
+            Opts::new(
+                "llmlb_model_tokens_total",
+                "Tokens reported in the replicas' usage, by pool, model and kind (prompt, completion, cached).",
+            ),
+            &["pool", "model", "kind"],
+        )
+        .expect("metric");
+        let build = IntGauge::with_opts(
+            Opts::new("llmlb_build_info", "Always 1; the labels name the build.")
+                .const_label("version", env!("CARGO_PKG_VERSION")),
+        )
+        .expect("metric");
+        build.set(1);
+        for c in [
+            // CPU seconds, resident memory, open file descriptors, threads,
+            // start time (`process_*`, Linux only; nothing elsewhere).
+            Box::new(prometheus::process_collector::ProcessCollector::for_self())
+                as Box<dyn prometheus::core::Collector>,
+            Box::new(ttft.clone()),
+            Box::new(requests.clone()),
+            Box::new(tokens.clone()),
+            Box::new(build),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        ModelMetrics {
+            ttft,
+            requests,
+            tokens,
+        }
+    }
+}

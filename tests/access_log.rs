@@ -1,0 +1,206 @@
+//! The access log of a real `llmlb serve` process: one line per finished
+//! request with routing, timing and token fields, in JSON or plain text (no
+//! colour codes on a pipe), and the configured fields and sampling.
+
+mod common;
+#[path = "sim_support/mod.rs"]
+mod sim_support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, Command};
+
+struct Serve {
+    child: Child,
+    lines: Lines<BufReader<ChildStderr>>,
+    addr: std::net::SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn serve(tag: &str, format: &str, config: &str) -> Serve {
+    let dir = std::env::temp_dir().join(format!("llmlb-access-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("llmlb.toml");
+    std::fs::write(
+        &path,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}"),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
+        .args(["--log-format", format, "serve", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = next_line(&mut lines).await;
+    let addr = first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .map(|a| a.trim_matches('"').to_owned())
+        .or_else(|| {
+            serde_json::from_str::<Value>(&first)
+                .ok()
+                .and_then(|v| v["addr"].as_str().map(str::to_owned))
+        })
+        .unwrap_or_else(|| panic!("no address in {first}"))
+        .parse()
+        .unwrap();
+    Serve {
+        child,
+        lines,
+        addr,
+        dir,
+    }
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStderr>>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("a log line within 10 s")
+        .unwrap()
+        .expect("stderr still open")
+}
+
+/// The next access-log line (JSON format), skipping other lines.
+async fn next_access(s: &mut Serve) -> Value {
+    for _ in 0..50 {
+        let line = next_line(&mut s.lines).await;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if v["target"] == "llmlb::access" {
+            return v;
+        }
+    }
+    panic!("no access-log line among 50");
+}
+
+fn pool(sim: &llmlb::sim::SimHandle, model: &str) -> String {
+    format!(
+        "[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nbalancer = \"least_connections\"\n[[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
+        sim.addr
+    )
+}
+
+#[tokio::test]
+async fn one_json_line_per_request_with_tokens_and_timing() {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let mut s = serve("json", "json", &pool(&sim, &model)).await;
+
+    let body = json!({"model": model, "prompt": "one two three four", "max_tokens": 5});
+    let (status, _) = sim_support::post(s.addr, "/v1/completions", body).await;
+    assert_eq!(status, 200);
+    let line = next_access(&mut s).await;
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["message"], "request");
+    assert_eq!(line["method"], "POST");
+    assert_eq!(line["path"], "/v1/completions");
+    assert_eq!(line["model"], model.as_str());
+    assert_eq!(line["stream"], false);
+    assert_eq!(line["pool"], "chat");
+    assert_eq!(line["replica"], "gpu-a");
+    // The only replica: the balancer had nothing to choose.
+    assert_eq!(line["branch"], "single");
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["attempts"], 1);
+    assert_eq!(line["completion_tokens"], 5);
+    assert!(line["prompt_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(line["outcome"], "complete");
+    assert!(line["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(!line["request_id"].as_str().unwrap().is_empty());
+    let (ttft, total) = (
+        line["ttft_ms"].as_f64().unwrap(),
+        line["duration_ms"].as_f64().unwrap(),
+    );
+    assert!(ttft <= total, "{line}");
+
+    let stream = json!({"model": model, "prompt": "a b", "max_tokens": 4, "stream": true,
+                        "stream_options": {"include_usage": true}});
+    let (status, _) = sim_support::post(s.addr, "/v1/completions", stream).await;
+    assert_eq!(status, 200);
+    let line = next_access(&mut s).await;
+    assert_eq!(line["stream"], true);
+    assert_eq!(line["completion_tokens"], 4);
+    assert!(line["ttft_ms"].as_f64().unwrap() <= line["duration_ms"].as_f64().unwrap());
+
+    // A request llmlb rejects itself is logged too, with what is known.
+    let (status, _) = sim_support::post(
+        s.addr,
+        "/v1/completions",
+        json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let line = next_access(&mut s).await;
+    assert_eq!(line["status"], 404);
+    assert_eq!(line["model"], "nope");
+    assert!(line.get("replica").is_none() && line.get("pool").is_none());
+}
+
+#[tokio::test]
+async fn text_lines_have_no_colour_codes_on_a_pipe() {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let mut s = serve("text", "text", &pool(&sim, &model)).await;
+    let body = json!({"model": model, "prompt": "x", "max_tokens": 2});
+    assert_eq!(
+        sim_support::post(s.addr, "/v1/completions", body).await.0,
+        200
+    );
+    let line = loop {
+        let line = next_line(&mut s.lines).await;
+        assert!(!line.contains('\u{1b}'), "colour code in {line:?}");
+        if line.contains("llmlb::access") {
+            break line;
+        }
+    };
+    assert!(
+        line.contains("replica=\"gpu-a\"") || line.contains("replica=gpu-a"),
+        "{line}"
+    );
+    assert!(line.contains("status=200"), "{line}");
+}
+
+#[tokio::test]
+async fn fields_and_sampling_follow_the_config() {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let config = format!(
+        "[telemetry.access_log]\nsample = 0.0\nfields = [\"path\", \"status\"]\n{}",
+        pool(&sim, &model)
+    );
+    let mut s = serve("sampled", "json", &config).await;
+    // Sample 0: the success is not logged, the failure after it is.
+    let ok = json!({"model": model, "prompt": "x", "max_tokens": 2});
+    assert_eq!(
+        sim_support::post(s.addr, "/v1/completions", ok).await.0,
+        200
+    );
+    let bad = json!({"model": "nope", "prompt": "x"});
+    assert_eq!(
+        sim_support::post(s.addr, "/v1/completions", bad).await.0,
+        404
+    );
+    let line = next_access(&mut s).await;
+    assert_eq!(line["status"], 404, "the success was sampled out: {line}");
+    let keys: Vec<&str> = line
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !["timestamp", "level", "target", "message"].contains(k))
+        .collect();
+    assert_eq!(keys, ["path", "status"]);
+}
