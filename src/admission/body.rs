@@ -63,6 +63,13 @@ impl AdmittedBody {
 
 impl Drop for AdmittedBody {
     fn drop(&mut self) {
+        // The replica's in-flight guard (inside `inner`) goes first, then the
+        // queue permit: a waiter granted by this permit must find the slot
+        // already free.
+        drop(std::mem::replace(
+            &mut self.inner,
+            crate::forwarding::full_body(Bytes::new()),
+        ));
         self.finish();
     }
 }
