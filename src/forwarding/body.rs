@@ -178,6 +178,12 @@ impl Body for ProxyBody {
                 }
                 let deadline = tokio::time::Instant::now() + this.idle_timeout;
                 this.idle.as_mut().reset(deadline);
+                // A body of known length ends with its last byte: hyper stops
+                // polling there, so this is where the answer is complete (not
+                // a client that went away).
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail("stream", format!("replica stream broke: {e}")),

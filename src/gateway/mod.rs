@@ -3,6 +3,7 @@
 //!
 //! Keys never appear in logs or metric labels; tenant names do.
 
+mod charge;
 pub mod keys;
 pub mod rate_limit;
 pub mod shared_limits;
@@ -18,6 +19,8 @@ use crate::config::Config;
 use crate::server::ApiError;
 use rate_limit::{BucketStatus, TokenBucket};
 use shared_limits::{SharedCharge, SharedLimitMetrics, SharedLimits};
+
+pub use charge::Charge;
 
 /// Tokens assumed for the output of a request that sets no `max_tokens`.
 pub const DEFAULT_OUTPUT_TOKENS: u32 = 256;

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
+use super::closed::ClientClosed;
 use super::request::{RequestMeta, extract, read_body};
 use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
@@ -18,7 +19,7 @@ use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
 };
-use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
+use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Prompt, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
@@ -26,15 +27,39 @@ use crate::telemetry::clock::now_millis;
 /// Inference endpoints llmlb routes by `model`.
 const INFERENCE_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
-pub async fn handle(
+/// Handles one request. The client-closed record is made when hyper hands
+/// the request over, before the future first runs: hyper may drop a future
+/// it never polled when the connection closes at once.
+pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
+) -> impl Future<Output = Response<ResponseBody>> + Send {
+    let closed = ClientClosed::new(&state.metrics);
+    handle_counted(state, peer, req, closed)
+}
+
+async fn handle_counted(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    mut closed: ClientClosed,
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
     let mut rate = RateHeaders::default();
-    let mut resp = match route(&state, peer, req, &request_id, start, &mut rate).await {
+    let routed = route(
+        &state,
+        peer,
+        req,
+        &request_id,
+        start,
+        &mut rate,
+        &mut closed.pool,
+    )
+    .await;
+    closed.disarm();
+    let mut resp = match routed {
         Ok(resp) => resp,
         Err(err) => {
             state
@@ -58,6 +83,7 @@ async fn route(
     request_id: &HeaderValue,
     start: Instant,
     rate: &mut RateHeaders,
+    pool_label: &mut Option<String>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let path = req.uri().path();
     if path == "/v1/models" {
@@ -91,6 +117,7 @@ async fn route(
         .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
         .pool;
     let admitted_pool = pool.name.clone();
+    *pool_label = Some(admitted_pool.clone());
     let pending = match state.pending.get(&pool.name) {
         Some(gate) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
             pool: pool.name.clone(),
@@ -108,6 +135,8 @@ async fn route(
             return Err(err);
         }
     }
+    // Refunded on every early return, and when the client goes away.
+    let charge = Charge::new(&caller, estimated);
     if let Some(tenant) = &caller.tenant {
         state
             .admission_metrics
@@ -116,13 +145,7 @@ async fn route(
             .inc();
     }
     let permit = match &pool.admission {
-        Some(admission) => match admission.acquire(caller.level).await {
-            Ok(permit) => Some(permit),
-            Err(err) => {
-                caller.refund(estimated, Instant::now());
-                return Err(err);
-            }
-        },
+        Some(admission) => Some(admission.acquire(caller.level).await?),
         None => None,
     };
     // A reload may have happened while the request waited: place it with the
@@ -134,7 +157,6 @@ async fn route(
     };
     let tier = topology.tier(tier);
     let Some(mut resolved) = topology.resolve(&meta.model, tier) else {
-        caller.refund(estimated, Instant::now());
         return Err(ApiError::ModelNotFound(meta.model.clone()));
     };
     // A tier's overflow may have changed its mind while the request waited:
@@ -147,13 +169,7 @@ async fn route(
     }
     let pool = resolved.pool;
     let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
-    let (decision, body) = match routed {
-        Ok(r) => r,
-        Err(err) => {
-            caller.refund(estimated, Instant::now());
-            return Err(err);
-        }
-    };
+    let (decision, body) = routed?;
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -191,7 +207,6 @@ async fn route(
                     .routing_metrics
                     .record_version(&pool.name, v, err.status().as_u16(), start);
             }
-            caller.refund(estimated, Instant::now());
             return Err(err);
         }
     };
@@ -203,6 +218,7 @@ async fn route(
         Some(guard) => resp.map(|body| super::guarded::Guarded::wrap(body, guard)),
         None => resp,
     };
+    charge.commit();
     if permit.is_none() && caller.key.is_none() {
         return Ok(resp);
     }

@@ -1,5 +1,6 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
+mod closed;
 mod connection;
 mod error;
 mod guarded;

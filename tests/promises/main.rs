@@ -10,3 +10,4 @@ mod sim_support;
 
 mod limits;
 mod stress;
+mod outcomes;
