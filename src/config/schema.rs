@@ -207,6 +207,12 @@ pub struct PoolConfig {
     /// Certificate checks for `https://` replicas.
     #[serde(default)]
     pub tls: super::UpstreamTlsConfig,
+    /// The replicas' own API key, sent as `Authorization: Bearer KEY` on
+    /// every forwarded request (vLLM's `--api-key`). The client's key is
+    /// never forwarded when `[gateway] auth = true` or when it is one of
+    /// llmlb's keys.
+    #[serde(default)]
+    pub upstream_api_key: Option<String>,
 }
 
 impl PoolConfig {

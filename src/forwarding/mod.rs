@@ -12,6 +12,6 @@ mod tls;
 pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
 pub use client::{UpstreamClient, client, error_chain, tls_client};
 pub use forward::{ForwardRequest, forward};
-pub use headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
+pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};
 pub use recent::{Dispatch, RecentDispatches};
 pub use tls::{UpstreamTls, UpstreamTlsError};

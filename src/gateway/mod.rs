@@ -21,6 +21,7 @@ use rate_limit::{BucketStatus, TokenBucket};
 use shared_limits::{SharedCharge, SharedLimitMetrics, SharedLimits};
 
 pub use charge::Charge;
+pub use shared_limits::redact_url;
 
 /// Tokens assumed for the output of a request that sets no `max_tokens`.
 pub const DEFAULT_OUTPUT_TOKENS: u32 = 256;

@@ -43,6 +43,8 @@ pub struct Pool {
     pub admission: Option<Admission>,
     /// Canary, tier and affinity routing among the replicas.
     pub router: Router,
+    /// `Authorization` value for the replicas (`upstream_api_key`).
+    pub upstream_auth: Option<http::HeaderValue>,
 }
 
 impl Pool {
@@ -244,6 +246,11 @@ fn build_pool(
         tls,
         admission,
         router,
+        upstream_auth: pc.upstream_api_key.as_deref().and_then(|k| {
+            let mut v = http::HeaderValue::from_str(&format!("Bearer {k}")).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        }),
     }
 }
 

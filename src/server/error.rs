@@ -53,6 +53,16 @@ pub fn retry_secs(d: Duration) -> u64 {
 }
 
 impl ApiError {
+    /// The error as a log line may show it: a bad request's reason without
+    /// the details that quote the request (parts of the prompt, field
+    /// values); everything else as the client reads it.
+    pub fn log_message(&self) -> String {
+        match self {
+            ApiError::BadRequest(m) => m.split(": ").next().unwrap_or_default().to_string(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,

@@ -17,7 +17,7 @@ use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop,
+    ForwardRequest, REQUEST_ID, ResponseBody, forward, full_body, strip_hop_by_hop, strip_private,
 };
 use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
@@ -67,7 +67,7 @@ async fn handle_counted(
                 .rejections
                 .with_label_values(&[err.reason()])
                 .inc();
-            tracing::info!(code = err.code(), error = %err, request_id = ?request_id, "request rejected");
+            tracing::info!(code = err.code(), error = %err.log_message(), request_id = ?request_id, "request rejected");
             err.into_response()
         }
     };
@@ -173,6 +173,9 @@ async fn route(
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    // The client's key is llmlb's business, not the replica's.
+    let strip_key = config.gateway.auth || caller.key.is_some();
+    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
     let path_and_query = parts
         .uri
         .path_and_query()

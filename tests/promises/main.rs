@@ -9,5 +9,6 @@ mod common;
 mod sim_support;
 
 mod limits;
-mod stress;
 mod outcomes;
+mod secrets;
+mod stress;
