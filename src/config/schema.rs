@@ -161,7 +161,8 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     #[serde(default = "default_balancer")]
     pub balancer: BalancerKind,
-    /// Extra attempts on another replica when a connection fails before any response byte.
+    /// Extra attempts on another replica when the connection to a replica
+    /// could not be made (the request was provably not sent).
     #[serde(default = "default_retries")]
     pub retries: u32,
     #[serde(default)]
@@ -250,6 +251,12 @@ pub struct TimeoutConfig {
     /// Longest silence between two body chunks of a response.
     #[serde(with = "duration_serde")]
     pub idle: Duration,
+    /// How long an idle keep-alive connection to a replica is kept for
+    /// reuse. Shorter than the replicas' own keep-alive (uvicorn, which
+    /// vLLM runs on, closes idle connections after 5 s), so llmlb never
+    /// sends a request on a connection the replica is closing.
+    #[serde(with = "duration_serde")]
+    pub upstream_idle: Duration,
 }
 
 impl Default for TimeoutConfig {
@@ -258,6 +265,7 @@ impl Default for TimeoutConfig {
             connect: Duration::from_secs(2),
             first_byte: Duration::from_secs(120),
             idle: Duration::from_secs(60),
+            upstream_idle: Duration::from_secs(4),
         }
     }
 }

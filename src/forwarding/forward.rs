@@ -131,18 +131,22 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
             Ok(Err(err)) => {
-                let kind = if err.is_connect() { "connect" } else { "reset" };
+                // Only a connection that was never made (refused, TLS
+                // failure, connect timeout) proves the request was not sent;
+                // anything else may have reached the replica, and sending it
+                // again elsewhere could generate twice.
+                let not_sent = err.is_connect();
+                let (kind, failure) = if not_sent {
+                    ("connect", Failure::Connect)
+                } else {
+                    ("reset", Failure::Reset)
+                };
                 req.recent.settle(seq, kind.into());
                 count_upstream_error(req.metrics, pool, replica, kind);
-                let failure = if err.is_connect() {
-                    Failure::Connect
-                } else {
-                    Failure::Timeout
-                };
                 pool.record_failure(replica, failure, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %super::error_chain(&err), "upstream attempt failed");
                 drop(guard);
-                if tried.len() as u32 >= max_attempts {
+                if !not_sent || tried.len() as u32 >= max_attempts {
                     return Err(ApiError::UpstreamUnavailable {
                         pool: pool.name.clone(),
                         attempts: tried.len() as u32,

@@ -10,5 +10,7 @@ mod sim_support;
 
 mod limits;
 mod outcomes;
+mod raw;
+mod retries;
 mod secrets;
 mod stress;
