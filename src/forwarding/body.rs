@@ -9,6 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::balancing::InFlightGuard;
+use crate::routing::{Failure, Pool};
 use crate::telemetry::Metrics;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -32,25 +34,54 @@ pub fn full_body(bytes: impl Into<Bytes>) -> ResponseBody {
         .boxed_unsync()
 }
 
+/// Set when the replica's stream broke midway (an error or the idle
+/// timeout after the headers were sent). Travels in the response's
+/// extensions so the records around the body (canary versions) see it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamBroken(Arc<AtomicBool>);
+
+impl StreamBroken {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The status label of a response whose stream broke midway.
+pub const STREAM_ERROR: &str = "stream_error";
+
 /// Records the outcome of one proxied request exactly once, when the body ends
 /// or is dropped. A body dropped before its end counts as status 499 (client
-/// closed request), as NGINX reports it.
+/// closed request), as NGINX reports it; a stream that broke midway counts
+/// as `stream_error`.
 #[derive(Debug)]
 pub struct Completion {
     pub metrics: Arc<Metrics>,
+    /// The pool, told of a broken stream (outlier ejection).
+    pub owner: Arc<Pool>,
     pub pool: Arc<str>,
     pub replica: Arc<str>,
     pub status: u16,
     pub start: Instant,
     pub finished: bool,
+    pub broken: StreamBroken,
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
-        let status = if self.finished { self.status } else { 499 };
+        let status = if self.broken.is_set() {
+            STREAM_ERROR.to_string()
+        } else if self.finished {
+            self.status.to_string()
+        } else {
+            "499".to_string()
+        };
         self.metrics
             .requests
-            .with_label_values(&[&*self.pool, &*self.replica, &status.to_string()])
+            .with_label_values(&[&*self.pool, &*self.replica, &status])
             .inc();
         self.metrics
             .request_duration
@@ -112,6 +143,11 @@ impl ProxyBody {
                 .upstream_errors
                 .with_label_values(&[&*c.pool, &*c.replica, kind])
                 .inc();
+            c.broken.set();
+            if let Some(guard) = &self.guard {
+                c.owner
+                    .record_failure(guard.replica(), Failure::Reset, &c.metrics);
+            }
         }
         tracing::warn!(kind, %message, "upstream stream failed");
         self.finish();

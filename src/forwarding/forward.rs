@@ -11,7 +11,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
-use super::body::{Completion, ProxyBody, ResponseBody};
+use super::body::{Completion, ProxyBody, ResponseBody, StreamBroken};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
@@ -262,13 +262,17 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let broken = StreamBroken::default();
+    parts.extensions.insert(broken.clone());
     let completion = Completion {
         metrics: Arc::clone(req.metrics),
+        owner: Arc::clone(req.pool),
         pool: Arc::from(req.pool.name.as_str()),
         replica: Arc::from(replica.name.as_str()),
         status: parts.status.as_u16(),
         start: req.start,
         finished: false,
+        broken,
     };
     let body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
     Response::from_parts(parts, body.boxed_unsync())

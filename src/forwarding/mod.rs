@@ -9,7 +9,7 @@ mod headers;
 mod recent;
 mod tls;
 
-pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
+pub use body::{BoxError, ProxyBody, ResponseBody, STREAM_ERROR, StreamBroken, full_body};
 pub use client::{UpstreamClient, client, error_chain, tls_client};
 pub use forward::{ForwardRequest, forward};
 pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};

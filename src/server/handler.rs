@@ -293,6 +293,10 @@ fn with_version(
         version: Arc::clone(version),
         status: resp.status().as_u16(),
         start,
+        broken: resp
+            .extensions()
+            .get::<crate::forwarding::StreamBroken>()
+            .cloned(),
     };
     let (mut parts, body) = resp.into_parts();
     if let Ok(v) = HeaderValue::from_str(version) {
