@@ -111,11 +111,13 @@ async fn route(
     let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
     let meta = extract(&bytes)?;
     let topology = state.topology.load();
-    let tier = caller.tier.as_deref();
-    let pool = topology
-        .resolve(&meta.model, topology.tier(tier))
-        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
-        .pool;
+    let tier = topology.tier(caller.tier.as_deref());
+    // The pool is resolved once: the queue that admits the request is the
+    // queue of the pool that serves it.
+    let first = topology
+        .resolve(&meta.model, tier)
+        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+    let pool = first.pool;
     let admitted_pool = pool.name.clone();
     *pool_label = Some(admitted_pool.clone());
     let pending = match state.pending.get(&pool.name) {
@@ -148,25 +150,17 @@ async fn route(
         Some(admission) => Some(admission.acquire(caller.level).await?),
         None => None,
     };
-    // A reload may have happened while the request waited: place it with the
-    // replicas in force now.
-    let topology = if permit.is_some() {
-        state.topology.load()
-    } else {
-        topology
+    // A reload may have happened while the request waited: the same pool,
+    // with the replicas in force now (the old one if the pool is gone).
+    let current = state.topology.load();
+    let reloaded = permit
+        .as_ref()
+        .and_then(|_| current.pools.iter().find(|p| p.name == admitted_pool));
+    let resolved = Resolution {
+        pool: reloaded.unwrap_or(first.pool),
+        rewrite: first.rewrite,
+        branches: first.branches,
     };
-    let tier = topology.tier(tier);
-    let Some(mut resolved) = topology.resolve(&meta.model, tier) else {
-        return Err(ApiError::ModelNotFound(meta.model.clone()));
-    };
-    // A tier's overflow may have changed its mind while the request waited:
-    // stay with the pool whose queue admitted it.
-    if permit.is_some()
-        && resolved.pool.name != admitted_pool
-        && let Some(admitted) = topology.pools.iter().find(|x| x.name == admitted_pool)
-    {
-        resolved.pool = admitted;
-    }
     let pool = resolved.pool;
     let routed = route_within(state, &resolved, &meta, &parts.headers, tier, &bytes);
     let (decision, body) = routed?;
