@@ -326,6 +326,10 @@ pub struct BalancingConfig {
     pub p2c_metric: P2cMetric,
     /// `p2c`: seed of the sampling generator (fixed for reproducible runs).
     pub seed: u64,
+    /// The replicas' context length (vLLM's `--max-model-len`): a request's
+    /// output allowance is capped at this minus its prompt for rate-limit
+    /// charges and balancing, whatever `max_tokens` the client sent.
+    pub max_model_len: u32,
 }
 
 impl Default for BalancingConfig {
@@ -336,6 +340,7 @@ impl Default for BalancingConfig {
             kv_capacity_tokens: 65_536,
             p2c_metric: P2cMetric::LeastTokens,
             seed: 0x11_4d_1b,
+            max_model_len: 131_072,
         }
     }
 }

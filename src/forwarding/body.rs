@@ -20,6 +20,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use super::usage::usage_tokens;
 use crate::balancing::InFlightGuard;
 use crate::routing::{Failure, Pool};
 use crate::telemetry::Metrics;
@@ -101,6 +102,8 @@ pub struct ProxyBody {
     sse: bool,
     first_byte_seen: bool,
     ended: bool,
+    /// Output tokens accounted so far (from `usage` when reported).
+    output_seen: u64,
 }
 
 impl ProxyBody {
@@ -120,6 +123,7 @@ impl ProxyBody {
             sse,
             first_byte_seen: false,
             ended: false,
+            output_seen: 0,
         }
     }
 
@@ -196,12 +200,17 @@ impl Body for ProxyBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(guard), Some(data)) = (this.guard.as_mut(), frame.data_ref()) {
-                    // Prefill is over once the replica answers; with SSE each
-                    // `data:` event carries about one output token.
+                    // Prefill is over once the replica answers. Output
+                    // tokens: the replica's own count when it reports
+                    // `usage`, else about one per SSE `data:` event.
                     guard.prefill_done();
-                    if this.sse {
-                        guard.produced(count_sse_events(data));
-                    }
+                    let seen = match usage_tokens(data, "completion_tokens") {
+                        Some(n) => n.max(this.output_seen),
+                        None if this.sse => this.output_seen + count_sse_events(data),
+                        None => this.output_seen,
+                    };
+                    guard.produced(seen - this.output_seen);
+                    this.output_seen = seen;
                 }
                 if !this.first_byte_seen && frame.is_data() {
                     this.first_byte_seen = true;

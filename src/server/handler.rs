@@ -128,8 +128,17 @@ async fn route(
         None => None,
     };
 
-    let estimated = u64::from(meta.estimated_prompt_tokens())
-        + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
+    // The output allowance the replica can actually grant: an absurd
+    // `max_tokens` is charged and balanced as the context left.
+    let prompt_tokens = meta.estimated_prompt_tokens();
+    let room = pool
+        .balancing
+        .max_model_len
+        .saturating_sub(prompt_tokens)
+        .max(1);
+    let max_tokens = meta.max_tokens.map(|m| m.min(room));
+    let estimated =
+        u64::from(prompt_tokens) + u64::from(max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS.min(room)));
     match caller.charge(estimated, Instant::now()).await {
         Ok(headers) => *rate = headers,
         Err((err, headers)) => {
@@ -183,8 +192,8 @@ async fn route(
         body,
         info: RequestInfo {
             model: resolved.rewrite.unwrap_or(&meta.model),
-            prompt_tokens: meta.estimated_prompt_tokens(),
-            max_tokens: meta.max_tokens,
+            prompt_tokens,
+            max_tokens,
             user: meta.user.as_deref(),
         },
         route: &decision,

@@ -15,3 +15,4 @@ mod raw;
 mod retries;
 mod secrets;
 mod stress;
+mod tokens;
