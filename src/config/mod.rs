@@ -65,11 +65,23 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             reason: format!("cannot read file: {e}"),
         }],
     })?;
-    parse(&text).map_err(|issues| ConfigError {
+    let mut config = parse(&text).map_err(|issues| ConfigError {
         file: path.to_path_buf(),
         issues,
-    })
+    })?;
+    // The admin token may come from the environment (a Kubernetes Secret)
+    // instead of the file; the file wins when it sets one.
+    if config.server.admin_token.is_none()
+        && let Ok(token) = std::env::var(ADMIN_TOKEN_ENV)
+        && !token.is_empty()
+    {
+        config.server.admin_token = Some(token);
+    }
+    Ok(config)
 }
+
+/// Environment variable read for `server.admin_token` when the file sets none.
+pub const ADMIN_TOKEN_ENV: &str = "LLMLB_ADMIN_TOKEN";
 
 /// Parses and validates config text.
 pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {

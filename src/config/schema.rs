@@ -38,6 +38,22 @@ pub struct Config {
     pub aliases: std::collections::BTreeMap<String, String>,
 }
 
+impl Config {
+    /// Whether a caller may pick its tier by header.
+    pub fn trusts_tier_header(&self) -> bool {
+        self.gateway
+            .trust_tier_header
+            .unwrap_or(self.keys.is_empty())
+    }
+
+    /// Whether a caller may force a canary version by header.
+    pub fn trusts_version_header(&self) -> bool {
+        self.gateway
+            .trust_version_header
+            .unwrap_or(self.keys.is_empty())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {

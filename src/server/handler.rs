@@ -87,6 +87,8 @@ async fn route(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let path = req.uri().path();
     if path == "/v1/models" {
+        // The model list follows the same auth as inference.
+        state.gateway.load().authenticate(req.headers())?;
         return match *req.method() {
             Method::GET => Ok(models(state)),
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),

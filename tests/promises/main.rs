@@ -11,6 +11,7 @@ mod sim_support;
 mod broken;
 mod limits;
 mod outcomes;
+mod privileges;
 mod raw;
 mod retries;
 mod secrets;
