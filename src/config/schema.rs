@@ -103,6 +103,14 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// TLS termination on the client listener; unset: plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// Time to receive a request's whole body once its head is in; 408
+    /// `body_timeout` after.
+    #[serde(with = "duration_serde")]
+    pub body_timeout: Duration,
+    /// Request body bytes held at once across all connections (being read
+    /// or waiting to be forwarded); a request that would go beyond gets 503
+    /// `server_busy`.
+    pub max_buffered_bytes: usize,
 }
 
 /// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
@@ -132,6 +140,8 @@ impl Default for ServerConfig {
             client_idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             tls: None,
+            body_timeout: Duration::from_secs(30),
+            max_buffered_bytes: 256 * 1024 * 1024,
         }
     }
 }

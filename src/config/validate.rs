@@ -32,6 +32,8 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
             "server.client_idle_timeout",
             server.client_idle_timeout.is_zero(),
         ),
+        ("server.body_timeout", server.body_timeout.is_zero()),
+        ("server.max_buffered_bytes", server.max_buffered_bytes == 0),
     ] {
         if zero {
             push(&mut out, key, "must be greater than 0");

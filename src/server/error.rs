@@ -45,6 +45,10 @@ pub enum ApiError {
     },
     #[error("request waited too long in the queue; retry after {}s", retry_secs(*retry_after))]
     QueueTimeout { retry_after: Duration },
+    #[error("the request body did not arrive within {0}")]
+    BodyTimeout(String),
+    #[error("llmlb holds too many request bodies right now; retry shortly")]
+    ServerBusy,
 }
 
 /// Whole seconds for `Retry-After`, at least 1.
@@ -78,7 +82,8 @@ impl ApiError {
             ApiError::RateLimited { .. }
             | ApiError::QueueFull { .. }
             | ApiError::OverObjective { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::QueueTimeout { .. } | ApiError::ServerBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -122,6 +127,8 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::OverObjective { .. } => "over_objective",
             ApiError::QueueTimeout { .. } => "queue_timeout",
+            ApiError::BodyTimeout(_) => "body_timeout",
+            ApiError::ServerBusy => "server_busy",
         }
     }
 

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use http_body_util::BodyExt;
 
 use super::closed::ClientClosed;
-use super::request::{RequestMeta, extract, read_body};
+use super::request::{RequestMeta, content_length, extract, read_body};
 use super::{ApiError, AppState};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
@@ -110,7 +110,24 @@ async fn route(
     let caller = state.gateway.load().authenticate(req.headers())?;
     let config = state.config.load();
     let (parts, body) = req.into_parts();
-    let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
+    let server = &config.server;
+    let mut held = state.body_budget.empty();
+    let declared = content_length(&parts.headers).map_or(0, |n| n.min(server.max_body_bytes));
+    if !held.grow(declared, server.max_buffered_bytes) {
+        return Err(ApiError::ServerBusy);
+    }
+    let read = read_body(&parts.headers, body, server.max_body_bytes);
+    let bytes = tokio::time::timeout(server.body_timeout, read)
+        .await
+        .map_err(|_| {
+            ApiError::BodyTimeout(crate::config::format_duration(server.body_timeout))
+        })??;
+    // A body without a declared length is counted once it is in.
+    if bytes.len() > held.bytes()
+        && !held.grow(bytes.len() - held.bytes(), server.max_buffered_bytes)
+    {
+        return Err(ApiError::ServerBusy);
+    }
     let meta = extract(&bytes)?;
     let topology = state.topology.load();
     let tier = topology.tier(caller.tier.as_deref());

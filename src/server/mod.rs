@@ -1,5 +1,6 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
+mod budget;
 mod closed;
 mod connection;
 mod error;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     /// The last dispatch decisions, for the status page.
     pub recent_dispatches: crate::forwarding::RecentDispatches,
+    /// Request body bytes held now (`server.max_buffered_bytes`).
+    pub body_budget: budget::BodyBudget,
 }
 
 impl AppState {
@@ -96,7 +99,13 @@ impl AppState {
             discovered,
             discovery_metrics,
             recent_dispatches: crate::forwarding::RecentDispatches::default(),
+            body_budget: budget::BodyBudget::default(),
         })
+    }
+
+    /// Request body bytes being read or held for forwarding now.
+    pub fn buffered_bytes(&self) -> usize {
+        self.body_budget.used()
     }
 
     /// Ready to take traffic: not draining and every pool has a live replica.

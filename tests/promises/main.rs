@@ -8,6 +8,7 @@ mod common;
 #[path = "../sim_support/mod.rs"]
 mod sim_support;
 
+mod bodies;
 mod broken;
 mod limits;
 mod outcomes;

@@ -137,7 +137,8 @@ async fn the_admin_token_can_come_from_the_environment() {
     };
     assert_eq!(call(admin, reload(None)).await.0, 401);
     assert_eq!(call(admin, reload(Some("token-from"))).await.0, 401);
-    assert_eq!(call(admin, reload(Some("token-from-secret"))).await.0, 200);
+    let (status, _, body) = call(admin, reload(Some("token-from-secret"))).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let _ = child.0.kill();
     std::fs::remove_dir_all(&dir).unwrap();
 }
