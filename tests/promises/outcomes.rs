@@ -133,16 +133,7 @@ async fn a_client_leaving_the_queue_is_counted_and_refunded() {
             .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
         req
     };
-    let queued = || {
-        lb.state.topology.load().pools[0]
-            .admission
-            .as_ref()
-            .unwrap()
-            .queue
-            .depths()
-            .iter()
-            .sum::<usize>()
-    };
+    let queued = || queue_depths(&lb).iter().sum::<usize>();
     let first = tokio::spawn(call(lb.addr, keyed()));
     until("first dispatched", || up.requests() == 1).await;
     let mut leaving = Conn::open(lb.addr).await;
