@@ -127,18 +127,20 @@ async fn the_admin_token_can_come_from_the_environment() {
     let line = lines.next().unwrap().unwrap();
     let log: serde_json::Value = serde_json::from_str(&line).unwrap();
     let admin: std::net::SocketAddr = log["admin_addr"].as_str().unwrap().parse().unwrap();
-    let reload = |token: Option<&str>| {
-        let mut b = http::Request::post("/admin/reload").header("host", "admin");
+    // Draining a replica that does not exist: 401 without the token, 404
+    // once authorized (no state changes either way).
+    let drain = |token: Option<&str>| {
+        let mut b = http::Request::post("/admin/replicas/none/drain").header("host", "admin");
         if let Some(t) = token {
             b = b.header("authorization", format!("Bearer {t}"));
         }
         b.body(http_body_util::Full::new(bytes::Bytes::new()))
             .unwrap()
     };
-    assert_eq!(call(admin, reload(None)).await.0, 401);
-    assert_eq!(call(admin, reload(Some("token-from"))).await.0, 401);
-    let (status, _, body) = call(admin, reload(Some("token-from-secret"))).await;
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(call(admin, drain(None)).await.0, 401);
+    assert_eq!(call(admin, drain(Some("token-from"))).await.0, 401);
+    let (status, _, body) = call(admin, drain(Some("token-from-secret"))).await;
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
     let _ = child.0.kill();
     std::fs::remove_dir_all(&dir).unwrap();
 }
