@@ -107,7 +107,8 @@ async fn aging_promotes_a_low_request_that_waited_too_long() {
     let lb = start_llmlb(&config(
         &up.url(),
         "[pools.queue]\npromote_after = \"150ms\"",
-        "",
+        // Keys exist: the tier header counts only when trusted.
+        "[gateway]\ntrust_tier_header = true",
     ))
     .await;
     let first = spawn_call(lb.addr, tagged("first", None));

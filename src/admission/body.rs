@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::{AdmissionMetrics, Permit};
-use crate::forwarding::{BoxError, ResponseBody};
+use crate::forwarding::{BoxError, ResponseBody, usage_tokens};
 use crate::gateway::Caller;
 
 /// What to settle when the response ends.
@@ -63,6 +63,13 @@ impl AdmittedBody {
 
 impl Drop for AdmittedBody {
     fn drop(&mut self) {
+        // The replica's in-flight guard (inside `inner`) goes first, then the
+        // queue permit: a waiter granted by this permit must find the slot
+        // already free.
+        drop(std::mem::replace(
+            &mut self.inner,
+            crate::forwarding::full_body(Bytes::new()),
+        ));
         self.finish();
     }
 }
@@ -80,7 +87,9 @@ impl Body for AdmittedBody {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if this.settlement.is_some()
-                    && let Some(n) = frame.data_ref().and_then(|d| total_tokens(d))
+                    && let Some(n) = frame
+                        .data_ref()
+                        .and_then(|d| usage_tokens(d, "total_tokens"))
                 {
                     this.reported = Some(n);
                 }
@@ -97,44 +106,5 @@ impl Body for AdmittedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-/// Finds `"total_tokens": N` inside a `"usage"` object in a chunk of a JSON
-/// body or an SSE event. Usage that straddles two chunks is not seen (vLLM
-/// sends each event, and small JSON bodies, in one chunk).
-pub fn total_tokens(chunk: &[u8]) -> Option<u64> {
-    let usage = find(chunk, b"\"usage\"")?;
-    let rest = &chunk[usage..];
-    let key = find(rest, b"\"total_tokens\"")?;
-    let after = &rest[key + b"\"total_tokens\"".len()..];
-    let digits: Vec<u8> = after
-        .iter()
-        .copied()
-        .skip_while(|b| *b == b':' || b.is_ascii_whitespace())
-        .take_while(u8::is_ascii_digit)
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::total_tokens;
-
-    #[test]
-    fn reads_usage_from_sse_and_json() {
-        let sse = br#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
-        assert_eq!(total_tokens(sse), Some(42));
-        let json = b"{\"usage\": {\"total_tokens\" : 7}}";
-        assert_eq!(total_tokens(json), Some(7));
-        assert_eq!(
-            total_tokens(b"data: {\"choices\":[{\"text\":\"total_tokens\"}]}"),
-            None
-        );
-        assert_eq!(total_tokens(b"data: {\"usage\":null}"), None);
     }
 }

@@ -86,6 +86,9 @@ struct Inner {
     next_id: u64,
     /// Mean time a permit is held, in seconds.
     service_mean: Option<f64>,
+    /// The queue that replaced this one on a reload that changed its shape:
+    /// admissions, cancellations and releases go there.
+    successor: Option<Arc<PoolQueue>>,
 }
 
 #[derive(Debug)]
@@ -144,6 +147,40 @@ impl PoolQueue {
             })
     }
 
+    /// A queue with new `params` that takes this one's place: it starts with
+    /// this queue's requests in flight counted as active and its waiters in
+    /// line (at the same level, or the lowest new one), and from now on this
+    /// queue passes admissions, cancellations and releases to it. Permits
+    /// handed out by this queue stay valid and free their slot in the new
+    /// one.
+    pub fn replace(self: &Arc<Self>, params: QueueParams, capacity: Capacity) -> Arc<PoolQueue> {
+        let mut old = self.lock();
+        if let Some(next) = old.successor.clone() {
+            drop(old);
+            return next.replace(params, capacity);
+        }
+        let next = PoolQueue::new(params, capacity);
+        {
+            let mut inner = next.lock();
+            inner.active = old.active;
+            inner.next_id = old.next_id;
+            inner.service_mean = old.service_mean;
+            let top = inner.waiting.len() - 1;
+            for (level, q) in old.waiting.iter_mut().enumerate() {
+                inner.waiting[level.min(top)].extend(q.drain(..));
+            }
+        }
+        old.active = 0;
+        old.successor = Some(Arc::clone(&next));
+        drop(old);
+        next.poke();
+        next
+    }
+
+    fn successor(&self) -> Option<Arc<PoolQueue>> {
+        self.lock().successor.clone()
+    }
+
     /// Replaces where capacity comes from (a reload changed the replicas)
     /// and grants waiters the new capacity allows.
     pub fn set_capacity(&self, capacity: Capacity) {
@@ -161,6 +198,9 @@ impl PoolQueue {
 
     /// Admits a request at `level` now, queues it, or refuses it.
     pub fn admit(&self, level: usize, now: Instant) -> Admit {
+        if let Some(next) = self.successor() {
+            return next.admit(level, now);
+        }
         let level = level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let mut inner = self.lock();
@@ -202,16 +242,18 @@ impl PoolQueue {
     /// when it was no longer waiting (already granted).
     pub fn cancel(&self, ticket_id: u64, level: usize) -> bool {
         let mut inner = self.lock();
-        let Some(q) = inner.waiting.get_mut(level) else {
-            return false;
-        };
-        match q.iter().position(|w| w.id == ticket_id) {
-            Some(i) => {
-                q.remove(i);
-                true
-            }
-            None => false,
+        if let Some(next) = inner.successor.clone() {
+            drop(inner);
+            return next.cancel(ticket_id, level);
         }
+        // A waiter moved here by `replace` may sit at a lower level.
+        for q in inner.waiting.iter_mut().skip(level) {
+            if let Some(i) = q.iter().position(|w| w.id == ticket_id) {
+                q.remove(i);
+                return true;
+            }
+        }
+        false
     }
 
     /// Number of waiters per level.
@@ -221,7 +263,10 @@ impl PoolQueue {
 
     /// Requests holding a permit.
     pub fn active(&self) -> usize {
-        self.lock().active
+        match self.successor() {
+            Some(next) => next.active(),
+            None => self.lock().active,
+        }
     }
 
     /// Time to drain the current backlog at the measured rate (1 s without data).
@@ -244,6 +289,10 @@ impl PoolQueue {
     fn release(&self, held: Duration) {
         let granted = {
             let mut inner = self.lock();
+            if let Some(next) = inner.successor.clone() {
+                drop(inner);
+                return next.release(held);
+            }
             inner.active = inner.active.saturating_sub(1);
             let s = held.as_secs_f64();
             inner.service_mean = Some(match inner.service_mean {
@@ -488,6 +537,36 @@ mod tests {
             "{:?}",
             retry[0]
         );
+    }
+
+    #[test]
+    fn a_replacing_queue_keeps_the_active_count_and_the_waiters() {
+        let (q, _) = queue(1, 4, Duration::from_secs(3600));
+        let t0 = Instant::now();
+        let running = now_permit(q.admit(1, t0));
+        let mut waiting = ticket(q.admit(1, t0));
+        let one = || Level {
+            name: "only".into(),
+            max_wait: Duration::from_secs(10),
+            promote_after: Duration::from_secs(3600),
+        };
+        let next = q.replace(
+            QueueParams {
+                levels: vec![one()],
+                max_depth: 4,
+            },
+            Box::new(|| 1),
+        );
+        assert_eq!(next.active(), 1, "the running request still counts");
+        assert_eq!(next.depths(), vec![1], "the waiter moved to the new queue");
+        assert!(
+            matches!(q.admit(0, t0), Admit::Wait(_)),
+            "old handle forwards"
+        );
+        assert!(waiting.rx.try_recv().is_err());
+        drop(running);
+        let _p = waiting.rx.try_recv().expect("granted by the new queue");
+        assert_eq!(next.active(), 1);
     }
 
     #[test]

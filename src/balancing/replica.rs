@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwapOption;
 use prometheus::IntGauge;
+use tokio::sync::Notify;
 
 use super::learned::LearnedRates;
 use super::outlier::Outlier;
@@ -37,10 +38,9 @@ pub struct Replica {
     pub weight: u32,
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
-    in_flight: AtomicU64,
-    /// Estimated tokens the replica still has to process for this proxy's
-    /// in-flight requests (prompt not yet prefilled + output not yet streamed).
-    outstanding_tokens: AtomicU64,
+    /// In-flight requests and outstanding tokens, shared with the replica's
+    /// successor when a reload changes its weight or limit.
+    counts: Arc<Counts>,
     /// Since the last stored scrape: requests dispatched, requests finished,
     /// tokens (prompt + expected output) dispatched.
     dispatched_since_scrape: AtomicU64,
@@ -73,8 +73,7 @@ impl Replica {
             scheme: http::uri::Scheme::HTTP,
             weight,
             max_inflight: None,
-            in_flight: AtomicU64::new(0),
-            outstanding_tokens: AtomicU64::new(0),
+            counts: Arc::default(),
             dispatched_since_scrape: AtomicU64::new(0),
             completed_since_scrape: AtomicU64::new(0),
             tokens_since_scrape: AtomicU64::new(0),
@@ -88,11 +87,28 @@ impl Replica {
     }
 
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.counts.in_flight.load(Ordering::Acquire)
     }
 
     pub fn outstanding_tokens(&self) -> u64 {
-        self.outstanding_tokens.load(Ordering::Relaxed)
+        self.counts.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Takes over `old`'s in-flight and token counts (builder style, before
+    /// sharing): a reload that changes a replica's weight or limit builds a
+    /// new `Replica` (same id), and the requests still running on the old
+    /// one keep counting against the new one's limit until they end.
+    pub fn carrying_counts_of(mut self, old: &Replica) -> Replica {
+        self.id = old.id;
+        self.counts = Arc::clone(&old.counts);
+        self
+    }
+
+    /// Resolves when one of this replica's in-flight requests ends (a slot
+    /// may have freed). Create it, then re-check, then await, so a release
+    /// between the check and the await is not missed.
+    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.counts.freed.notified()
     }
 
     /// Sets the URL scheme, `http` unless told (builder style, before sharing).
@@ -128,15 +144,40 @@ impl Replica {
     }
 
     /// Counts one more request in flight that should cost `prompt_tokens` of
-    /// prefill and up to `output_tokens` of decode, until the guard is dropped.
+    /// prefill and up to `output_tokens` of decode, until the guard is
+    /// dropped. Ignores the concurrency limit; see [`Replica::try_acquire_tokens`].
     pub fn acquire_tokens(
         self: &Arc<Self>,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> InFlightGuard {
+        self.counts.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.guard(prompt_tokens, output_tokens)
+    }
+
+    /// Like [`Replica::acquire_tokens`], but only when the replica is under
+    /// its `max_inflight`: the check and the increment are one atomic step,
+    /// so two requests racing for the last slot cannot both take it.
+    pub fn try_acquire_tokens(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Option<InFlightGuard> {
+        let limit = self.max_inflight.map_or(u64::MAX, u64::from);
+        self.counts
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(self.guard(prompt_tokens, output_tokens))
+    }
+
+    fn guard(self: &Arc<Self>, prompt_tokens: u64, output_tokens: u64) -> InFlightGuard {
         let total = prompt_tokens + output_tokens;
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.outstanding_tokens.fetch_add(total, Ordering::Relaxed);
+        self.counts
+            .outstanding_tokens
+            .fetch_add(total, Ordering::Relaxed);
         self.dispatched_since_scrape.fetch_add(1, Ordering::Relaxed);
         self.tokens_since_scrape.fetch_add(total, Ordering::Relaxed);
         self.in_flight_gauge.inc();
@@ -205,6 +246,17 @@ impl Replica {
     }
 }
 
+/// The counts a reload carries from a replica to its successor.
+#[derive(Debug, Default)]
+struct Counts {
+    in_flight: AtomicU64,
+    /// Estimated tokens the replica still has to process for this proxy's
+    /// in-flight requests (prompt not yet prefilled + output not yet streamed).
+    outstanding_tokens: AtomicU64,
+    /// Woken whenever an in-flight request ends.
+    freed: Notify,
+}
+
 /// One unit of in-flight load on a replica, released on drop.
 #[derive(Debug)]
 pub struct InFlightGuard {
@@ -223,6 +275,7 @@ impl InFlightGuard {
         let p = std::mem::take(&mut self.prompt_left);
         if p > 0 {
             self.replica
+                .counts
                 .outstanding_tokens
                 .fetch_sub(p, Ordering::Relaxed);
         }
@@ -234,6 +287,7 @@ impl InFlightGuard {
         if n > 0 {
             self.output_left -= n;
             self.replica
+                .counts
                 .outstanding_tokens
                 .fetch_sub(n, Ordering::Relaxed);
         }
@@ -243,11 +297,14 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         let r = &self.replica;
-        r.in_flight.fetch_sub(1, Ordering::Relaxed);
         let left = self.prompt_left + self.output_left;
         if left > 0 {
-            r.outstanding_tokens.fetch_sub(left, Ordering::Relaxed);
+            r.counts
+                .outstanding_tokens
+                .fetch_sub(left, Ordering::Relaxed);
         }
+        r.counts.in_flight.fetch_sub(1, Ordering::AcqRel);
+        r.counts.freed.notify_waiters();
         r.completed_since_scrape.fetch_add(1, Ordering::Relaxed);
         r.in_flight_gauge.dec();
     }
@@ -276,6 +333,29 @@ mod tests {
         assert_eq!(r.in_flight(), 1);
         drop(b);
         assert_eq!(r.in_flight(), 0);
+    }
+
+    #[test]
+    fn try_acquire_stops_at_the_limit_and_a_successor_shares_the_count() {
+        let limited = || {
+            Replica::new(
+                "r".into(),
+                "127.0.0.1:1".parse().unwrap(),
+                1,
+                IntGauge::new("g", "g").unwrap(),
+            )
+            .with_limit(Some(2))
+        };
+        let r = Arc::new(limited());
+        let a = r.try_acquire_tokens(1, 1).expect("first slot");
+        let _b = r.try_acquire_tokens(1, 1).expect("second slot");
+        assert!(r.try_acquire_tokens(1, 1).is_none(), "limit 2 holds");
+        let next = Arc::new(limited().carrying_counts_of(&r));
+        assert_eq!(next.in_flight(), 2);
+        assert!(next.try_acquire_tokens(1, 1).is_none());
+        drop(a);
+        assert_eq!(next.in_flight(), 1);
+        assert!(next.try_acquire_tokens(1, 1).is_some());
     }
 
     #[test]

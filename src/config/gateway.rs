@@ -16,6 +16,12 @@ pub struct GatewayConfig {
     pub tier_header: Option<String>,
     /// Tier of requests that name none; default: the lowest priority level.
     pub default_tier: Option<String>,
+    /// Honour `tier_header` (a caller choosing its own tier and priority).
+    /// Default: on when no `[[keys]]` exist, off when they do.
+    pub trust_tier_header: Option<bool>,
+    /// Honour a canary's version header (a caller forcing a version).
+    /// Default: on when no `[[keys]]` exist, off when they do.
+    pub trust_version_header: Option<bool>,
 }
 
 impl Default for GatewayConfig {
@@ -24,6 +30,8 @@ impl Default for GatewayConfig {
             auth: false,
             tier_header: Some("x-llmlb-tier".to_string()),
             default_tier: None,
+            trust_tier_header: None,
+            trust_version_header: None,
         }
     }
 }

@@ -9,8 +9,8 @@ mod duration;
 mod gateway;
 mod routing;
 mod schema;
-mod tokenizer;
 mod telemetry;
+mod tokenizer;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
@@ -23,8 +23,8 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
-pub use tokenizer::TokenizerConfig;
 pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
+pub use tokenizer::TokenizerConfig;
 pub use upstream_tls::UpstreamTlsConfig;
 
 use std::fmt;
@@ -71,11 +71,23 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             reason: format!("cannot read file: {e}"),
         }],
     })?;
-    parse(&text).map_err(|issues| ConfigError {
+    let mut config = parse(&text).map_err(|issues| ConfigError {
         file: path.to_path_buf(),
         issues,
-    })
+    })?;
+    // The admin token may come from the environment (a Kubernetes Secret)
+    // instead of the file; the file wins when it sets one.
+    if config.server.admin_token.is_none()
+        && let Ok(token) = std::env::var(ADMIN_TOKEN_ENV)
+        && !token.is_empty()
+    {
+        config.server.admin_token = Some(token);
+    }
+    Ok(config)
 }
+
+/// Environment variable read for `server.admin_token` when the file sets none.
+pub const ADMIN_TOKEN_ENV: &str = "LLMLB_ADMIN_TOKEN";
 
 /// Parses and validates config text.
 pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {

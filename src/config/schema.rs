@@ -41,6 +41,22 @@ pub struct Config {
     pub telemetry: super::TelemetryConfig,
 }
 
+impl Config {
+    /// Whether a caller may pick its tier by header.
+    pub fn trusts_tier_header(&self) -> bool {
+        self.gateway
+            .trust_tier_header
+            .unwrap_or(self.keys.is_empty())
+    }
+
+    /// Whether a caller may force a canary version by header.
+    pub fn trusts_version_header(&self) -> bool {
+        self.gateway
+            .trust_version_header
+            .unwrap_or(self.keys.is_empty())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -94,6 +110,14 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// Cross-origin access for browsers; unset: no CORS headers.
     pub cors: Option<super::CorsConfig>,
+    /// Time to receive a request's whole body once its head is in; 408
+    /// `body_timeout` after.
+    #[serde(with = "duration_serde")]
+    pub body_timeout: Duration,
+    /// Request body bytes held at once across all connections (being read
+    /// or waiting to be forwarded); a request that would go beyond gets 503
+    /// `server_busy`.
+    pub max_buffered_bytes: usize,
 }
 
 /// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
@@ -124,6 +148,8 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             tls: None,
             cors: None,
+            body_timeout: Duration::from_secs(30),
+            max_buffered_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -169,7 +195,8 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     #[serde(default = "default_balancer")]
     pub balancer: BalancerKind,
-    /// Extra attempts on another replica when a connection fails before any response byte.
+    /// Extra attempts on another replica when the connection to a replica
+    /// could not be made (the request was provably not sent).
     #[serde(default = "default_retries")]
     pub retries: u32,
     #[serde(default)]
@@ -218,6 +245,12 @@ pub struct PoolConfig {
     /// The model's own tokenizer and chat template (unset: the stand-in).
     #[serde(default)]
     pub tokenizer: Option<super::TokenizerConfig>,
+    /// The replicas' own API key, sent as `Authorization: Bearer KEY` on
+    /// every forwarded request (vLLM's `--api-key`). The client's key is
+    /// never forwarded when `[gateway] auth = true` or when it is one of
+    /// llmlb's keys.
+    #[serde(default)]
+    pub upstream_api_key: Option<String>,
 }
 
 impl PoolConfig {
@@ -255,6 +288,12 @@ pub struct TimeoutConfig {
     /// Longest silence between two body chunks of a response.
     #[serde(with = "duration_serde")]
     pub idle: Duration,
+    /// How long an idle keep-alive connection to a replica is kept for
+    /// reuse. Shorter than the replicas' own keep-alive (uvicorn, which
+    /// vLLM runs on, closes idle connections after 5 s), so llmlb never
+    /// sends a request on a connection the replica is closing.
+    #[serde(with = "duration_serde")]
+    pub upstream_idle: Duration,
 }
 
 impl Default for TimeoutConfig {
@@ -263,6 +302,7 @@ impl Default for TimeoutConfig {
             connect: Duration::from_secs(2),
             first_byte: Duration::from_secs(120),
             idle: Duration::from_secs(60),
+            upstream_idle: Duration::from_secs(4),
         }
     }
 }
@@ -323,6 +363,10 @@ pub struct BalancingConfig {
     pub p2c_metric: P2cMetric,
     /// `p2c`: seed of the sampling generator (fixed for reproducible runs).
     pub seed: u64,
+    /// The replicas' context length (vLLM's `--max-model-len`): a request's
+    /// output allowance is capped at this minus its prompt for rate-limit
+    /// charges and balancing, whatever `max_tokens` the client sent.
+    pub max_model_len: u32,
 }
 
 impl Default for BalancingConfig {
@@ -333,6 +377,7 @@ impl Default for BalancingConfig {
             kv_capacity_tokens: 65_536,
             p2c_metric: P2cMetric::LeastTokens,
             seed: 0x11_4d_1b,
+            max_model_len: 131_072,
         }
     }
 }

@@ -32,6 +32,8 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
             "server.client_idle_timeout",
             server.client_idle_timeout.is_zero(),
         ),
+        ("server.body_timeout", server.body_timeout.is_zero()),
+        ("server.max_buffered_bytes", server.max_buffered_bytes == 0),
     ] {
         if zero {
             push(&mut out, key, "must be greater than 0");
@@ -96,6 +98,15 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
 }
 
 fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
+    if let Some(k) = &pool.upstream_api_key
+        && (k.is_empty() || http::HeaderValue::from_str(&format!("Bearer {k}")).is_err())
+    {
+        push(
+            out,
+            &format!("{key}.upstream_api_key"),
+            "must be non-empty visible ASCII",
+        );
+    }
     if pool.replicas.is_empty() && pool.discovery.is_none() {
         push(
             out,

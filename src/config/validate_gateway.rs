@@ -81,7 +81,10 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
                     push(
                         out,
                         "limits.url",
-                        &format!("invalid Redis URL {url:?}: {e}"),
+                        &format!(
+                            "invalid Redis URL {:?}: {e}",
+                            crate::gateway::redact_url(url)
+                        ),
                     );
                 }
             }

@@ -13,6 +13,13 @@ pub fn validate_load(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be in (0, 1]",
         );
     }
+    if b.max_model_len == 0 {
+        push(
+            out,
+            &format!("{key}.balancing.max_model_len"),
+            "must be greater than 0",
+        );
+    }
     if b.kv_capacity_tokens == 0 {
         push(
             out,

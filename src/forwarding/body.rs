@@ -9,6 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use super::usage::usage_tokens;
 use crate::balancing::InFlightGuard;
+use crate::routing::{Failure, Pool};
 use crate::telemetry::Metrics;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -32,25 +35,54 @@ pub fn full_body(bytes: impl Into<Bytes>) -> ResponseBody {
         .boxed_unsync()
 }
 
+/// Set when the replica's stream broke midway (an error or the idle
+/// timeout after the headers were sent). Travels in the response's
+/// extensions so the records around the body (canary versions) see it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamBroken(Arc<AtomicBool>);
+
+impl StreamBroken {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The status label of a response whose stream broke midway.
+pub const STREAM_ERROR: &str = "stream_error";
+
 /// Records the outcome of one proxied request exactly once, when the body ends
 /// or is dropped. A body dropped before its end counts as status 499 (client
-/// closed request), as NGINX reports it.
+/// closed request), as NGINX reports it; a stream that broke midway counts
+/// as `stream_error`.
 #[derive(Debug)]
 pub struct Completion {
     pub metrics: Arc<Metrics>,
+    /// The pool, told of a broken stream (outlier ejection).
+    pub owner: Arc<Pool>,
     pub pool: Arc<str>,
     pub replica: Arc<str>,
     pub status: u16,
     pub start: Instant,
     pub finished: bool,
+    pub broken: StreamBroken,
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
-        let status = if self.finished { self.status } else { 499 };
+        let status = if self.broken.is_set() {
+            STREAM_ERROR.to_string()
+        } else if self.finished {
+            self.status.to_string()
+        } else {
+            "499".to_string()
+        };
         self.metrics
             .requests
-            .with_label_values(&[&*self.pool, &*self.replica, &status.to_string()])
+            .with_label_values(&[&*self.pool, &*self.replica, &status])
             .inc();
         self.metrics
             .request_duration
@@ -70,6 +102,8 @@ pub struct ProxyBody {
     sse: bool,
     first_byte_seen: bool,
     ended: bool,
+    /// Output tokens accounted so far (from `usage` when reported).
+    output_seen: u64,
 }
 
 impl ProxyBody {
@@ -89,6 +123,7 @@ impl ProxyBody {
             sse,
             first_byte_seen: false,
             ended: false,
+            output_seen: 0,
         }
     }
 
@@ -112,6 +147,11 @@ impl ProxyBody {
                 .upstream_errors
                 .with_label_values(&[&*c.pool, &*c.replica, kind])
                 .inc();
+            c.broken.set();
+            if let Some(guard) = &self.guard {
+                c.owner
+                    .record_failure(guard.replica(), Failure::Reset, &c.metrics);
+            }
         }
         tracing::warn!(kind, %message, "upstream stream failed");
         self.finish();
@@ -160,12 +200,17 @@ impl Body for ProxyBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(guard), Some(data)) = (this.guard.as_mut(), frame.data_ref()) {
-                    // Prefill is over once the replica answers; with SSE each
-                    // `data:` event carries about one output token.
+                    // Prefill is over once the replica answers. Output
+                    // tokens: the replica's own count when it reports
+                    // `usage`, else about one per SSE `data:` event.
                     guard.prefill_done();
-                    if this.sse {
-                        guard.produced(count_sse_events(data));
-                    }
+                    let seen = match usage_tokens(data, "completion_tokens") {
+                        Some(n) => n.max(this.output_seen),
+                        None if this.sse => this.output_seen + count_sse_events(data),
+                        None => this.output_seen,
+                    };
+                    guard.produced(seen - this.output_seen);
+                    this.output_seen = seen;
                 }
                 if !this.first_byte_seen && frame.is_data() {
                     this.first_byte_seen = true;
@@ -178,6 +223,12 @@ impl Body for ProxyBody {
                 }
                 let deadline = tokio::time::Instant::now() + this.idle_timeout;
                 this.idle.as_mut().reset(deadline);
+                // A body of known length ends with its last byte: hyper stops
+                // polling there, so this is where the answer is complete (not
+                // a client that went away).
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail("stream", format!("replica stream broke: {e}")),

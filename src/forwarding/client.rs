@@ -29,7 +29,11 @@ pub fn tls_client(timeouts: &TimeoutConfig, tls: &UpstreamTls) -> UpstreamClient
     connector.set_connect_timeout(Some(timeouts.connect));
     connector.set_keepalive(Some(Duration::from_secs(60)));
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(timeouts.upstream_idle)
+        // A pooled connection found closed before the request was written
+        // is retried on a fresh connection by the client itself: nothing
+        // was sent, so nothing can be generated twice.
+        .retry_canceled_requests(true)
         .pool_max_idle_per_host(1024)
         .build(tls.connector(connector))
 }

@@ -4,14 +4,14 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
-use super::body::{Completion, ProxyBody, ResponseBody};
+use super::body::{Completion, ProxyBody, ResponseBody, StreamBroken};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
@@ -47,20 +47,27 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
     let mut tried: Vec<ReplicaId> = Vec::new();
     let max_attempts = pool.retries + 1;
+    let mut slot_deadline: Option<tokio::time::Instant> = None;
     loop {
         let untried: Vec<Arc<Replica>> = pool
             .eligible()
             .into_iter()
             .filter(|r| !tried.contains(&r.id))
             .collect();
-        let candidates = req.route.narrow(untried);
-        // Under a concurrency limit, prefer replicas with a free slot.
-        let free: Vec<Arc<Replica>> = candidates
-            .iter()
-            .filter(|r| r.has_free_slot())
-            .cloned()
-            .collect();
-        let candidates = if free.is_empty() { candidates } else { free };
+        // `max_inflight` is a hard limit: only replicas with a free slot are
+        // offered to the balancer, and when every replica the request may
+        // use is full it waits here for one of them (never for a replica it
+        // may not use, and never by overfilling one).
+        let (free, full): (Vec<Arc<Replica>>, Vec<Arc<Replica>>) =
+            untried.into_iter().partition(|r| r.has_free_slot());
+        let candidates = req.route.narrow(free);
+        if candidates.is_empty() {
+            let allowed = req.route.narrow(full);
+            if !allowed.is_empty() {
+                wait_for_slot(pool, &allowed, &mut slot_deadline).await?;
+                continue;
+            }
+        }
         let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
         let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
             Ok(pick) => pick,
@@ -78,8 +85,16 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
         };
-        pool.record_branch(pick.branch, req.metrics);
         let replica = &candidates[pick.index];
+        // The slot is taken as part of the pick: the check and the count are
+        // one atomic step, so a request that lost the race picks again.
+        let Some(guard) = replica.try_acquire_tokens(
+            u64::from(req.info.prompt_tokens),
+            req.info.expected_output(pool.balancing.default_max_tokens),
+        ) else {
+            continue;
+        };
+        pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
         req.route.dispatched(replica);
         let seq = req.recent.record(
@@ -96,10 +111,6 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             branch = pick.branch.as_str(),
             attempt = tried.len(),
             "dispatch"
-        );
-        let guard = replica.acquire_tokens(
-            u64::from(req.info.prompt_tokens),
-            req.info.expected_output(pool.balancing.default_max_tokens),
         );
         let upstream = build_request(
             &req.method,
@@ -120,18 +131,22 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
             Ok(Err(err)) => {
-                let kind = if err.is_connect() { "connect" } else { "reset" };
+                // Only a connection that was never made (refused, TLS
+                // failure, connect timeout) proves the request was not sent;
+                // anything else may have reached the replica, and sending it
+                // again elsewhere could generate twice.
+                let not_sent = err.is_connect();
+                let (kind, failure) = if not_sent {
+                    ("connect", Failure::Connect)
+                } else {
+                    ("reset", Failure::Reset)
+                };
                 req.recent.settle(seq, kind.into());
                 count_upstream_error(req.metrics, pool, replica, kind);
-                let failure = if err.is_connect() {
-                    Failure::Connect
-                } else {
-                    Failure::Timeout
-                };
                 pool.record_failure(replica, failure, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %super::error_chain(&err), "upstream attempt failed");
                 drop(guard);
-                if tried.len() as u32 >= max_attempts {
+                if !not_sent || tried.len() as u32 >= max_attempts {
                     return Err(ApiError::UpstreamUnavailable {
                         pool: pool.name.clone(),
                         attempts: tried.len() as u32,
@@ -156,6 +171,41 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 return Ok(resp);
             }
         }
+    }
+}
+
+/// Waits until one of `candidates` (all at their limit) ends a request, up
+/// to the pool's queue timeout counted from the first wait (503 after).
+async fn wait_for_slot(
+    pool: &Pool,
+    candidates: &[Arc<Replica>],
+    deadline: &mut Option<tokio::time::Instant>,
+) -> Result<(), ApiError> {
+    let timeout = pool
+        .admission
+        .as_ref()
+        .map_or(pool.timeouts.first_byte, |a| a.timeout);
+    let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+    let mut freed: Vec<_> = candidates
+        .iter()
+        .map(|r| Box::pin(r.slot_freed()))
+        .collect();
+    for f in &mut freed {
+        f.as_mut().enable();
+    }
+    // A slot freed between the caller's check and `enable` is seen here.
+    if candidates.iter().any(|r| r.has_free_slot()) {
+        return Ok(());
+    }
+    let any = futures_util::future::select_all(freed);
+    match tokio::time::timeout_at(until, any).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(ApiError::QueueTimeout {
+            retry_after: pool
+                .admission
+                .as_ref()
+                .map_or(Duration::from_secs(1), |a| a.queue.backlog_drain_time()),
+        }),
     }
 }
 
@@ -218,13 +268,17 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    let broken = StreamBroken::default();
+    parts.extensions.insert(broken.clone());
     let completion = Completion {
         metrics: Arc::clone(req.metrics),
+        owner: Arc::clone(req.pool),
         pool: Arc::from(req.pool.name.as_str()),
         replica: Arc::from(replica.name.as_str()),
         status: parts.status.as_u16(),
         start: req.start,
         finished: false,
+        broken,
     };
     let body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
     Response::from_parts(parts, body.boxed_unsync())

@@ -18,6 +18,39 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::UPGRADE,
 ];
 
+/// Prefix of llmlb's own request headers (tier, version, ...): read by
+/// llmlb, never forwarded.
+pub const CONTROL_PREFIX: &str = "x-llmlb-";
+
+/// Headers that carry a client's API key.
+const CLIENT_KEY: &[&str] = &["authorization", "x-api-key"];
+
+/// Prepares the client's headers for the replica: llmlb's control headers
+/// go; the client's key goes when it was llmlb's (`strip_key`) or when the
+/// pool sends its own (`upstream_auth`), which then takes its place.
+pub fn strip_private(
+    headers: &mut HeaderMap,
+    strip_key: bool,
+    upstream_auth: Option<&http::HeaderValue>,
+) {
+    let control: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with(CONTROL_PREFIX))
+        .cloned()
+        .collect();
+    for name in control {
+        headers.remove(name);
+    }
+    if strip_key || upstream_auth.is_some() {
+        for name in CLIENT_KEY {
+            headers.remove(*name);
+        }
+    }
+    if let Some(v) = upstream_auth {
+        headers.insert(header::AUTHORIZATION, v.clone());
+    }
+}
+
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers

@@ -9,11 +9,13 @@ mod forward;
 mod headers;
 mod recent;
 mod tls;
+mod usage;
 
-pub use body::{BoxError, ProxyBody, ResponseBody, full_body};
+pub use body::{BoxError, ProxyBody, ResponseBody, STREAM_ERROR, StreamBroken, full_body};
 pub use client::{UpstreamClient, client, error_chain, tls_client};
 pub use dispatched::Dispatched;
 pub use forward::{ForwardRequest, forward};
-pub use headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
+pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};
 pub use recent::{Dispatch, RecentDispatches};
 pub use tls::{UpstreamTls, UpstreamTlsError};
+pub use usage::usage_tokens;

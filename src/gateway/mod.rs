@@ -3,6 +3,7 @@
 //!
 //! Keys never appear in logs or metric labels; tenant names do.
 
+mod charge;
 pub mod keys;
 pub mod rate_limit;
 pub mod shared_limits;
@@ -18,6 +19,9 @@ use crate::config::Config;
 use crate::server::ApiError;
 use rate_limit::{BucketStatus, TokenBucket};
 use shared_limits::{SharedCharge, SharedLimitMetrics, SharedLimits};
+
+pub use charge::Charge;
+pub use shared_limits::redact_url;
 
 /// Tokens assumed for the output of a request that sets no `max_tokens`.
 pub const DEFAULT_OUTPUT_TOKENS: u32 = 256;
@@ -183,7 +187,11 @@ impl Gateway {
         Gateway {
             shared,
             auth: config.gateway.auth,
-            tier_header: config.gateway.tier_header.clone(),
+            tier_header: config
+                .gateway
+                .tier_header
+                .clone()
+                .filter(|_| config.trusts_tier_header()),
             tiers,
             default_level,
             digests,
@@ -383,9 +391,13 @@ mod tests {
     use super::*;
 
     fn gateway(auth: bool) -> Gateway {
+        gateway_with(&format!("auth = {auth}"))
+    }
+
+    fn gateway_with(settings: &str) -> Gateway {
         let text = format!(
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
-             [gateway]\nauth = {auth}\n\
+             [gateway]\n{settings}\n\
              [[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\ntier = \"paid\"\nrequests_per_minute = 2\ntokens_per_minute = 100\n",
             keys::hash_key("sk-acme")
@@ -432,7 +444,12 @@ mod tests {
 
     #[test]
     fn auth_off_uses_tier_header_then_lowest_level() {
-        let g = gateway(false);
+        // With keys configured the header is ignored unless trusted.
+        let c = gateway(false)
+            .authenticate(&headers(&[("x-llmlb-tier", "paid")]))
+            .unwrap();
+        assert_eq!((c.tier.as_deref(), c.level), (None, 1));
+        let g = gateway_with("auth = false\ntrust_tier_header = true");
         let c = g
             .authenticate(&headers(&[("x-llmlb-tier", "paid")]))
             .unwrap();

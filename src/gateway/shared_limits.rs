@@ -132,8 +132,26 @@ pub enum SharedCharge {
     },
 }
 
+/// `url` with the password of its user-info part replaced by `***`
+/// (`redis://user:***@host:6379/0`), for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    match rest[..at].split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
 pub struct SharedLimits {
     url: String,
+    /// `url` with its password replaced, for logs.
+    shown: String,
     client: redis::Client,
     conn: ArcSwapOption<MultiplexedConnection>,
     last_connect_ms: AtomicU64,
@@ -147,7 +165,7 @@ pub struct SharedLimits {
 impl std::fmt::Debug for SharedLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedLimits")
-            .field("url", &self.url)
+            .field("url", &self.shown)
             .finish()
     }
 }
@@ -168,6 +186,7 @@ impl SharedLimits {
         let url = config.url.clone()?;
         let client = redis::Client::open(url.as_str()).ok()?;
         Some(Arc::new(SharedLimits {
+            shown: redact_url(&url),
             url,
             client,
             conn: ArcSwapOption::empty(),
@@ -204,13 +223,13 @@ impl SharedLimits {
         .await
         .map_err(|_| SharedError::Timeout(self.timeout * 4))??;
         self.conn.store(Some(Arc::new(conn.clone())));
-        tracing::info!(url = %self.url, "connected to the shared rate-limit backend");
+        tracing::info!(url = %self.shown, "connected to the shared rate-limit backend");
         Ok(conn)
     }
 
     fn failed(&self, err: &SharedError) {
         if !matches!(err, SharedError::NotConnected) {
-            tracing::warn!(url = %self.url, error = %err, "shared rate limits unavailable; using local buckets");
+            tracing::warn!(url = %self.shown, error = %err, "shared rate limits unavailable; using local buckets");
         }
         self.conn.store(None);
         self.metrics.up.with_label_values(&["redis"]).set(0);

@@ -27,6 +27,8 @@ pub struct Canary {
     total: u64,
     sticky: Vec<StickySource>,
     pub header: HeaderName,
+    /// Whether `header` is honoured (`[gateway] trust_version_header`).
+    pub trusted: bool,
     salt: u64,
 }
 
@@ -67,6 +69,7 @@ impl Canary {
             sticky: config.sticky.clone(),
             header: HeaderName::from_bytes(config.header.as_bytes())
                 .expect("header name checked by config validation"),
+            trusted: true,
             salt: hash64(pool.as_bytes()),
         }
     }

@@ -119,11 +119,17 @@ pub struct VersionRecord {
     pub version: std::sync::Arc<str>,
     pub status: u16,
     pub start: Instant,
+    /// Set when the stream broke midway: the request counts as a 502.
+    pub broken: Option<crate::forwarding::StreamBroken>,
 }
 
 impl Drop for VersionRecord {
     fn drop(&mut self) {
+        let status = match &self.broken {
+            Some(b) if b.is_set() => 502,
+            _ => self.status,
+        };
         self.metrics
-            .record_version(&self.pool, &self.version, self.status, self.start);
+            .record_version(&self.pool, &self.version, status, self.start);
     }
 }

@@ -15,8 +15,11 @@ use crate::telemetry::clock::now_millis;
 pub enum Failure {
     /// The TCP connection could not be made.
     Connect,
-    /// Connected, but no answer in time or the connection broke.
+    /// Connected, but no answer in time.
     Timeout,
+    /// The connection broke after the request was (or may have been) sent,
+    /// or a stream broke midway.
+    Reset,
     /// The replica answered a 5xx other than 503.
     ServerError,
 }

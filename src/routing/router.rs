@@ -166,7 +166,11 @@ impl Router {
             session_header: HeaderName::from_bytes(pc.session.header.as_bytes())
                 .expect("header name checked by config validation"),
             session_affinity: pc.session.affinity,
-            canary: pc.canary.as_ref().map(|c| Canary::new(c, &pc.name)),
+            canary: pc.canary.as_ref().map(|c| {
+                let mut canary = Canary::new(c, &pc.name);
+                canary.trusted = config.trusts_version_header();
+                canary
+            }),
             versions,
             nodes: replicas
                 .iter()
@@ -245,7 +249,8 @@ impl Router {
                 session,
                 api_key: crate::gateway::keys::presented_key(input.headers),
             };
-            let forced = header(input.headers, &canary.header).filter(|v| !v.is_empty());
+            let forced =
+                header(input.headers, &canary.header).filter(|v| !v.is_empty() && canary.trusted);
             let choice = canary.choose(forced, &keys, random)?;
             let version = Arc::clone(choice.version());
             let mut ids: Vec<ReplicaId> = replicas

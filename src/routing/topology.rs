@@ -43,6 +43,8 @@ pub struct Pool {
     pub admission: Option<Admission>,
     /// Canary, tier and affinity routing among the replicas.
     pub router: Router,
+    /// `Authorization` value for the replicas (`upstream_api_key`).
+    pub upstream_auth: Option<http::HeaderValue>,
 }
 
 impl Pool {
@@ -88,7 +90,8 @@ pub struct Topology {
 impl Topology {
     /// Builds the topology for a validated config. Replicas present in
     /// `previous` (same pool name, same address) are carried over with their
-    /// in-flight counts and health.
+    /// in-flight counts and health; one whose weight or limit changed is
+    /// rebuilt but keeps its id and in-flight counts.
     pub fn build(
         config: &Config,
         metrics: &Metrics,
@@ -203,23 +206,23 @@ fn build_pool(
             let scheme = url.scheme().cloned().expect("checked: URL has a scheme");
             let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
             let limit = rc.max_inflight.or(pc.max_inflight);
-            if let Some(kept) = old.and_then(|p| {
-                p.replicas.iter().find(|r| {
-                    r.authority == authority
-                        && r.scheme == scheme
-                        && r.weight == rc.weight
-                        && r.name == name
-                        && r.max_inflight == limit
-                })
-            }) {
+            let same = old.and_then(|p| {
+                p.replicas
+                    .iter()
+                    .find(|r| r.authority == authority && r.scheme == scheme && r.name == name)
+            });
+            if let Some(kept) = same.filter(|r| r.weight == rc.weight && r.max_inflight == limit) {
                 return Arc::clone(kept);
             }
             let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
-            Arc::new(
-                Replica::new(name, authority, rc.weight, gauge)
-                    .with_scheme(scheme)
-                    .with_limit(limit),
-            )
+            let replica = Replica::new(name, authority, rc.weight, gauge)
+                .with_scheme(scheme)
+                .with_limit(limit);
+            // A new weight or limit: the requests running there still count.
+            Arc::new(match same {
+                Some(previous) => replica.carrying_counts_of(previous),
+                None => replica,
+            })
         })
         .collect();
     let old_queue = old.and_then(|p| p.admission.as_ref());
@@ -243,6 +246,11 @@ fn build_pool(
         tls,
         admission,
         router,
+        upstream_auth: pc.upstream_api_key.as_deref().and_then(|k| {
+            let mut v = http::HeaderValue::from_str(&format!("Bearer {k}")).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        }),
     }
 }
 
@@ -295,12 +303,15 @@ fn queue_for(
     };
     // A reload that keeps the queue's shape keeps the queue itself: its
     // waiters and the permits of requests in flight stay counted.
+    // A reshaped queue takes the old one's place with its active count and
+    // waiters, so the limit still holds across the reload.
     let queue = match old {
         Some(a) if a.queue.same_params(&params) => {
             a.queue.set_capacity(capacity);
             Arc::clone(&a.queue)
         }
-        _ => PoolQueue::new(params, capacity),
+        Some(a) => a.queue.replace(params, capacity),
+        None => PoolQueue::new(params, capacity),
     };
     Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
 }

@@ -49,6 +49,10 @@ pub enum ApiError {
     },
     #[error("request waited too long in the queue; retry after {}s", retry_secs(*retry_after))]
     QueueTimeout { retry_after: Duration },
+    #[error("the request body did not arrive within {0}")]
+    BodyTimeout(String),
+    #[error("llmlb holds too many request bodies right now; retry shortly")]
+    ServerBusy,
 }
 
 /// Whole seconds for `Retry-After`, at least 1.
@@ -57,6 +61,16 @@ pub fn retry_secs(d: Duration) -> u64 {
 }
 
 impl ApiError {
+    /// The error as a log line may show it: a bad request's reason without
+    /// the details that quote the request (parts of the prompt, field
+    /// values); everything else as the client reads it.
+    pub fn log_message(&self) -> String {
+        match self {
+            ApiError::BadRequest(m) => m.split(": ").next().unwrap_or_default().to_string(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => StatusCode::BAD_REQUEST,
@@ -72,7 +86,8 @@ impl ApiError {
             ApiError::RateLimited { .. }
             | ApiError::QueueFull { .. }
             | ApiError::OverObjective { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::QueueTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::QueueTimeout { .. } | ApiError::ServerBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -116,6 +131,8 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::OverObjective { .. } => "over_objective",
             ApiError::QueueTimeout { .. } => "queue_timeout",
+            ApiError::BodyTimeout(_) => "body_timeout",
+            ApiError::ServerBusy => "server_busy",
         }
     }
 

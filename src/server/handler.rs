@@ -11,22 +11,38 @@ use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
+use super::closed::ClientClosed;
 use super::prompt_tokens::{PromptTokens, prompt};
-use super::request::{RequestMeta, read_body};
+use super::request::{RequestMeta, content_length, read_body};
 use super::{ApiError, AppState};
 use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop};
-use crate::gateway::{DEFAULT_OUTPUT_TOKENS, RateHeaders};
+use crate::forwarding::{
+    ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop, strip_private,
+};
+use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 
-pub async fn handle(
+/// Handles one request. The client-closed record is made when hyper hands
+/// the request over, before the future first runs: hyper may drop a future
+/// it never polled when the connection closes at once.
+pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
+) -> impl Future<Output = Response<ResponseBody>> + Send {
+    let closed = ClientClosed::new(&state.metrics);
+    handle_counted(state, peer, req, closed)
+}
+
+async fn handle_counted(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    mut closed: ClientClosed,
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
@@ -42,8 +58,10 @@ pub async fn handle(
         start,
         &mut rate,
         &mut fields,
+        &mut closed.pool,
     )
     .await;
+    closed.disarm();
     let mut resp = match routed {
         Ok(resp) => resp,
         Err(err) => {
@@ -52,7 +70,7 @@ pub async fn handle(
                 .rejections
                 .with_label_values(&[err.reason()])
                 .inc();
-            tracing::info!(code = err.code(), error = %err, request_id = ?request_id, "request rejected");
+            tracing::info!(code = err.code(), error = %err.log_message(), request_id = ?request_id, "request rejected");
             err.into_response()
         }
     };
@@ -70,12 +88,15 @@ async fn route(
     start: Instant,
     rate: &mut RateHeaders,
     fields: &mut access_log::RouteFields,
+    pool_label: &mut Option<String>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
     }
     let path = req.uri().path();
     if path == "/v1/models" {
+        // The model list follows the same auth as inference.
+        state.gateway.load().authenticate(req.headers())?;
         return match *req.method() {
             Method::GET => Ok(models(state)),
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
@@ -97,17 +118,37 @@ async fn route(
     let caller = state.gateway.load().authenticate(req.headers())?;
     let config = state.config.load();
     let (parts, body) = req.into_parts();
-    let bytes = read_body(&parts.headers, body, config.server.max_body_bytes).await?;
+    let server = &config.server;
+    let mut held = state.body_budget.empty();
+    let declared = content_length(&parts.headers).map_or(0, |n| n.min(server.max_body_bytes));
+    if !held.grow(declared, server.max_buffered_bytes) {
+        return Err(ApiError::ServerBusy);
+    }
+    let read = read_body(&parts.headers, body, server.max_body_bytes);
+    let bytes = tokio::time::timeout(server.body_timeout, read)
+        .await
+        .map_err(|_| {
+            ApiError::BodyTimeout(crate::config::format_duration(server.body_timeout))
+        })??;
+    // A body without a declared length is counted once it is in.
+    if bytes.len() > held.bytes()
+        && !held.grow(bytes.len() - held.bytes(), server.max_buffered_bytes)
+    {
+        return Err(ApiError::ServerBusy);
+    }
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
     fields.model = Some(meta.model.clone());
     fields.stream = Some(meta.stream);
     let topology = state.topology.load();
-    let tier = caller.tier.as_deref();
-    let pool = topology
-        .resolve(&meta.model, topology.tier(tier))
-        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
-        .pool;
+    let tier = topology.tier(caller.tier.as_deref());
+    // The pool is resolved once: the queue that admits the request is the
+    // queue of the pool that serves it.
+    let first = topology
+        .resolve(&meta.model, tier)
+        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+    let pool = first.pool;
     let admitted_pool = pool.name.clone();
+    *pool_label = Some(admitted_pool.clone());
     let pending = match state.pending.get(&pool.name) {
         Some(gate) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
             pool: pool.name.clone(),
@@ -119,12 +160,21 @@ async fn route(
     // With a model tokenizer, the real prompt token count feeds rate limits,
     // routing and balancing; else the cheap estimate.
     let mut counted = PromptTokens::count(pool, &meta).await;
-    let prompt_tokens = |c: &Option<PromptTokens>| {
+    let count_of = |c: &Option<PromptTokens>| {
         c.as_ref()
             .map_or(meta.estimated_prompt_tokens(), PromptTokens::count_u32)
     };
-    let estimated = u64::from(prompt_tokens(&counted))
-        + u64::from(meta.max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS));
+    // The output allowance the replica can actually grant: an absurd
+    // `max_tokens` is charged and balanced as the context left.
+    let prompt_tokens = count_of(&counted);
+    let room = pool
+        .balancing
+        .max_model_len
+        .saturating_sub(prompt_tokens)
+        .max(1);
+    let max_tokens = meta.max_tokens.map(|m| m.min(room));
+    let estimated =
+        u64::from(prompt_tokens) + u64::from(max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS.min(room)));
     match caller.charge(estimated, Instant::now()).await {
         Ok(headers) => *rate = headers,
         Err((err, headers)) => {
@@ -132,6 +182,8 @@ async fn route(
             return Err(err);
         }
     }
+    // Refunded on every early return, and when the client goes away.
+    let charge = Charge::new(&caller, estimated);
     if let Some(tenant) = &caller.tenant {
         state
             .admission_metrics
@@ -140,35 +192,20 @@ async fn route(
             .inc();
     }
     let permit = match &pool.admission {
-        Some(admission) => match admission.acquire(caller.level).await {
-            Ok(permit) => Some(permit),
-            Err(err) => {
-                caller.refund(estimated, Instant::now());
-                return Err(err);
-            }
-        },
+        Some(admission) => Some(admission.acquire(caller.level).await?),
         None => None,
     };
-    // A reload may have happened while the request waited: place it with the
-    // replicas in force now.
-    let topology = if permit.is_some() {
-        state.topology.load()
-    } else {
-        topology
+    // A reload may have happened while the request waited: the same pool,
+    // with the replicas in force now (the old one if the pool is gone).
+    let current = state.topology.load();
+    let reloaded = permit
+        .as_ref()
+        .and_then(|_| current.pools.iter().find(|p| p.name == admitted_pool));
+    let resolved = Resolution {
+        pool: reloaded.unwrap_or(first.pool),
+        rewrite: first.rewrite,
+        branches: first.branches,
     };
-    let tier = topology.tier(tier);
-    let Some(mut resolved) = topology.resolve(&meta.model, tier) else {
-        caller.refund(estimated, Instant::now());
-        return Err(ApiError::ModelNotFound(meta.model.clone()));
-    };
-    // A tier's overflow may have changed its mind while the request waited:
-    // stay with the pool whose queue admitted it.
-    if permit.is_some()
-        && resolved.pool.name != admitted_pool
-        && let Some(admitted) = topology.pools.iter().find(|x| x.name == admitted_pool)
-    {
-        resolved.pool = admitted;
-    }
     let pool = resolved.pool;
     if counted.as_ref().is_some_and(|c| c.for_pool(pool).is_none())
         || (counted.is_none() && !pool.router.tokenizer().is_stand_in())
@@ -187,19 +224,14 @@ async fn route(
         tier,
         &bytes,
     );
-    let (decision, body) = match routed {
-        Ok(r) => {
-            fields.route = Some(r.0.route_label()).filter(|l| !l.is_empty());
-            r
-        }
-        Err(err) => {
-            caller.refund(estimated, Instant::now());
-            return Err(err);
-        }
-    };
+    let (decision, body) = routed?;
+    fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
+    // The client's key is llmlb's business, not the replica's.
+    let strip_key = config.gateway.auth || caller.key.is_some();
+    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -213,8 +245,8 @@ async fn route(
         body,
         info: RequestInfo {
             model: resolved.rewrite.unwrap_or(&meta.model),
-            prompt_tokens: prompt_tokens(&counted),
-            max_tokens: meta.max_tokens,
+            prompt_tokens,
+            max_tokens,
             user: meta.user.as_deref(),
         },
         route: &decision,
@@ -234,7 +266,6 @@ async fn route(
                     .routing_metrics
                     .record_version(&pool.name, v, err.status().as_u16(), start);
             }
-            caller.refund(estimated, Instant::now());
             return Err(err);
         }
     };
@@ -246,6 +277,7 @@ async fn route(
         Some(guard) => resp.map(|body| super::guarded::Guarded::wrap(body, guard)),
         None => resp,
     };
+    charge.commit();
     if permit.is_none() && caller.key.is_none() {
         return Ok(resp);
     }
@@ -315,6 +347,10 @@ fn with_version(
         version: Arc::clone(version),
         status: resp.status().as_u16(),
         start,
+        broken: resp
+            .extensions()
+            .get::<crate::forwarding::StreamBroken>()
+            .cloned(),
     };
     let (mut parts, body) = resp.into_parts();
     if let Ok(v) = HeaderValue::from_str(version) {

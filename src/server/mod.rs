@@ -1,6 +1,8 @@
 //! The daemon: shared state, the client-facing listener and its request handler.
 
 pub mod access_log;
+mod budget;
+mod closed;
 mod connection;
 mod error;
 mod guarded;
@@ -61,6 +63,8 @@ pub struct AppState {
     /// The config file's content at the last reload attempt (any trigger),
     /// so the file watcher does not reload again what SIGHUP just loaded.
     pub last_reload_content: arc_swap::ArcSwapOption<Vec<u8>>,
+    /// Request body bytes held now (`server.max_buffered_bytes`).
+    pub body_budget: budget::BodyBudget,
 }
 
 impl AppState {
@@ -103,7 +107,13 @@ impl AppState {
             discovery_metrics,
             recent_dispatches: crate::forwarding::RecentDispatches::default(),
             last_reload_content: arc_swap::ArcSwapOption::empty(),
+            body_budget: budget::BodyBudget::default(),
         })
+    }
+
+    /// Request body bytes being read or held for forwarding now.
+    pub fn buffered_bytes(&self) -> usize {
+        self.body_budget.used()
     }
 
     /// Ready to take traffic: not draining and every pool has a live replica.

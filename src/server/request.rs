@@ -33,6 +33,14 @@ impl RequestMeta {
     }
 }
 
+/// The declared `Content-Length`, when there is a valid one.
+pub fn content_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 /// Reads the whole body, answering 413 as soon as it exceeds `limit`.
 pub async fn read_body(
     headers: &HeaderMap,

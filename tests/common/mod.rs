@@ -463,3 +463,13 @@ pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     .await
     .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
 }
+
+/// Waiters per priority level in the first pool's queue.
+pub fn queue_depths(lb: &llmlb::server::Running) -> Vec<usize> {
+    lb.state.topology.load().pools[0]
+        .admission
+        .as_ref()
+        .expect("the pool queues")
+        .queue
+        .depths()
+}

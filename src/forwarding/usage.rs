@@ -1,0 +1,52 @@
+//! Reads token counts from the `usage` object a replica reports, in a JSON
+//! body or an SSE event (vLLM sends it in the last event when asked with
+//! `stream_options.include_usage`, and in every event with
+//! `continuous_usage_stats`). A byte scan, no JSON parse: it runs on every
+//! chunk of every response.
+
+/// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
+/// straddles two chunks is not seen (vLLM sends each event, and small JSON
+/// bodies, in one chunk).
+pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
+    let usage = find(chunk, b"\"usage\"")?;
+    let rest = &chunk[usage..];
+    let quoted = format!("\"{field}\"");
+    let key = find(rest, quoted.as_bytes())?;
+    let after = &rest[key + quoted.len()..];
+    let digits: Vec<u8> = after
+        .iter()
+        .copied()
+        .skip_while(|b| *b == b':' || b.is_ascii_whitespace())
+        .take_while(u8::is_ascii_digit)
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::usage_tokens;
+
+    #[test]
+    fn reads_usage_from_sse_and_json() {
+        let sse = br#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+        assert_eq!(usage_tokens(sse, "total_tokens"), Some(42));
+        assert_eq!(usage_tokens(sse, "completion_tokens"), Some(30));
+        let json = b"{\"usage\": {\"total_tokens\" : 7}}";
+        assert_eq!(usage_tokens(json, "total_tokens"), Some(7));
+        assert_eq!(
+            usage_tokens(
+                b"data: {\"choices\":[{\"text\":\"total_tokens\"}]}",
+                "total_tokens"
+            ),
+            None
+        );
+        assert_eq!(
+            usage_tokens(b"data: {\"usage\":null}", "total_tokens"),
+            None
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! The request path's guarantees through a real llmlb on loopback: hard
+//! per-replica limits, exactly one outcome per request, no secrets upstream,
+//! retries only when nothing was sent, broken streams counted, token
+//! accounting from `usage`.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../sim_support/mod.rs"]
+mod sim_support;
+
+mod bodies;
+mod broken;
+mod limits;
+mod outcomes;
+mod privileges;
+mod raw;
+mod retries;
+mod secrets;
+mod stress;
+mod tokens;

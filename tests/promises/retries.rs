@@ -1,0 +1,73 @@
+//! No duplicate generations: a request that reached a replica is never sent
+//! to another one; only a request provably not sent is retried.
+
+use crate::common::*;
+use crate::raw::{Misbehaviour, RawUpstream};
+
+#[tokio::test]
+async fn a_request_the_replica_read_is_not_retried_elsewhere() {
+    let closer = RawUpstream::start(Misbehaviour::CloseAfterRequest).await;
+    let good = Upstream::start("good", Mode::Json).await;
+    let lb = start_llmlb(&one_pool(
+        "round_robin",
+        &[(&closer.url(), 1), (&good.url(), 1)],
+        "retries = 2",
+    ))
+    .await;
+    // Round robin starts with the first replica: the one that closes.
+    let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(closer.requests(), 1);
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(error_code(&body), "upstream_unavailable");
+    assert_eq!(
+        good.requests(),
+        0,
+        "no second generation on another replica"
+    );
+    let text = metrics_text(lb.admin_addr).await;
+    assert_eq!(
+        metric_value(&text, "llmlb_upstream_errors_total", &[("kind", "reset")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "llmlb_upstream_errors_total", &[("kind", "timeout")]),
+        0.0
+    );
+    assert_eq!(metric_value(&text, "llmlb_retries_total", &[]), 0.0);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_on_another_replica() {
+    let refused = refused_addr().await;
+    let good = Upstream::start("good", Mode::Json).await;
+    let lb = start_llmlb(&one_pool(
+        "round_robin",
+        &[(&format!("http://{refused}"), 1), (&good.url(), 1)],
+        "retries = 2",
+    ))
+    .await;
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, 200);
+    assert_eq!(good.requests(), 1);
+}
+
+#[test]
+fn the_upstream_idle_timeout_is_shorter_than_uvicorns_keep_alive() {
+    let c =
+        llmlb::config::parse(&one_pool("round_robin", &[("http://127.0.0.1:1", 1)], "")).unwrap();
+    assert_eq!(
+        c.pools[0].timeouts.upstream_idle,
+        std::time::Duration::from_secs(4)
+    );
+    let c = llmlb::config::parse(&one_pool(
+        "round_robin",
+        &[("http://127.0.0.1:1", 1)],
+        "[pools.timeouts]\nupstream_idle = \"1500ms\"",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.pools[0].timeouts.upstream_idle,
+        std::time::Duration::from_millis(1500)
+    );
+}
