@@ -3,6 +3,7 @@
 //! ZMQ sockets (live, replay catch-up, restart).
 
 mod common;
+mod kv_support;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,13 +11,17 @@ use std::sync::Arc;
 use llmlb::kv_events::subscriber::{self, Endpoints, EventSink};
 use llmlb::kv_events::wire::{self, END_OF_REPLAY};
 use llmlb::kv_events::{BlockKey, KvEvent, Message};
-use llmlb::routing::prefix::blocks::{Prompt, chained_hashes, exact_seed, prompt_tokens};
+use llmlb::routing::prefix::blocks::{chained_hashes, exact_seed};
 use llmlb::routing::prefix::held::HeldBlocks;
-use llmlb::sim::{KvEventsAddrs, SimConfig, SimHandle};
-use tokio::net::TcpListener;
+use llmlb::sim::SimHandle;
 use tokio::sync::watch;
 
 use common::until;
+use kv_support::{prompt_hashes, sim_with_events, system};
+
+async fn chat(sim: &SimHandle, system: &str, user: &str) {
+    kv_support::chat(sim.addr, &sim.config().model, system, user).await;
+}
 
 fn frames(line: &str) -> Vec<Vec<u8>> {
     line.split(' ')
@@ -145,24 +150,6 @@ fn real_history_builds_the_index() {
     assert_eq!(held.matched(&ours), 2, "re-stored at sequence 7");
 }
 
-async fn sim_with_events(replay: bool, blocks: usize) -> SimHandle {
-    let mut config = SimConfig::profile("fast").unwrap();
-    config.engine.num_blocks = blocks;
-    config.engine.max_model_len = config
-        .engine
-        .max_model_len
-        .min((blocks - 1) * config.engine.block_size);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let any = "127.0.0.1:0".parse().unwrap();
-    let kv = KvEventsAddrs {
-        events: any,
-        replay: replay.then_some(any),
-    };
-    llmlb::sim::spawn_with_kv_events(listener, config, kv)
-        .await
-        .unwrap()
-}
-
 fn endpoints(sim: &SimHandle) -> Endpoints {
     Endpoints {
         events: format!("tcp://{}", sim.kv_events.unwrap()),
@@ -177,39 +164,9 @@ fn subscribe(sim: &SimHandle, held: &Arc<HeldBlocks>) -> watch::Sender<bool> {
     stop
 }
 
-fn system(i: usize) -> String {
-    format!("System prompt number {i}: answer about topic {i} carefully. ").repeat(12)
-}
-
-async fn chat(sim: &SimHandle, system: &str, user: &str) {
-    let body = serde_json::json!({
-        "model": sim.config().model,
-        "max_tokens": 2,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-    });
-    let (status, _, body) = common::call(
-        sim.addr,
-        common::chat_request("/v1/chat/completions", &body.to_string()),
-    )
-    .await;
-    assert_eq!(status, 200, "{body:?}");
-}
-
-fn prompt_hashes(system: &str, user: &str, block_size: usize) -> Vec<u64> {
-    let messages = vec![
-        ("system".to_string(), system.to_string()),
-        ("user".to_string(), user.to_string()),
-    ];
-    chained_hashes(
-        exact_seed(),
-        &prompt_tokens(Prompt::Chat(&messages)),
-        block_size,
-    )
-}
-
 #[tokio::test]
 async fn sim_events_keep_the_index_exact_and_a_late_subscriber_catches_up() {
-    let sim = sim_with_events(true, 400).await;
+    let sim = sim_with_events(true, 400, None).await;
     let bs = sim.config().engine.block_size;
     let early = Arc::new(HeldBlocks::new(10_000));
     let stop_early = subscribe(&sim, &early);
@@ -246,7 +203,7 @@ async fn sim_events_keep_the_index_exact_and_a_late_subscriber_catches_up() {
 #[tokio::test]
 async fn evictions_reach_the_index_and_a_restart_empties_it() {
     // A small cache: 4 distinct long prompts do not fit together.
-    let sim = sim_with_events(false, 40).await;
+    let sim = sim_with_events(false, 40, None).await;
     let bs = sim.config().engine.block_size;
     let held = Arc::new(HeldBlocks::new(10_000));
     let stop = subscribe(&sim, &held);
@@ -268,17 +225,7 @@ async fn evictions_reach_the_index_and_a_restart_empties_it() {
     let before = held.summary().blocks;
     assert!(before > 0);
     sim.shutdown().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = SimConfig::profile("fast").unwrap();
-    config.engine.num_blocks = 40;
-    config.engine.max_model_len = config.engine.max_model_len.min(39 * bs);
-    let kv = KvEventsAddrs {
-        events,
-        replay: None,
-    };
-    let sim = llmlb::sim::spawn_with_kv_events(listener, config, kv)
-        .await
-        .unwrap();
+    let sim = sim_with_events(false, 40, Some(events)).await;
     let last = prompt_hashes(&system(5), "q", bs);
     // The subscriber notices the lost connection and subscribes again.
     until("subscribed again", || held.summary().subscriptions >= 2).await;

@@ -11,6 +11,7 @@ mod schema;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
+mod validate_kv_events;
 mod validate_load;
 mod validate_routing;
 
