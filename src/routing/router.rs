@@ -7,7 +7,12 @@
 //! 2. **tiers**: the caller's tier keeps only its reserved replicas (or
 //!    overflows into lower tiers' when saturated and allowed);
 //! 3. **session affinity** (a session header, when enabled) or **prefix
-//!    affinity** (`hash` or `cache` mode) names a preferred replica.
+//!    affinity** (`hash`, `cache` or `exact` mode) names a preferred replica.
+//!    `exact` scores like `cache` but from the blocks each replica reports
+//!    holding (its KV events, [`super::prefix::held`]); a replica whose
+//!    events are unknown (not subscribed yet, or missed and not refilled) is
+//!    scored from `cache` mode's estimate of what llmlb sent it, and a pick
+//!    made on that basis records `prefix_estimated`.
 //!
 //! Steps 1–2 are hard limits ([`Decision::allowed`]): retries stay inside
 //! them. Step 3 is a preference ([`Decision::preferred`]): the forwarder
@@ -17,8 +22,10 @@
 //!
 //! Pure apart from the prefix indexes (which learn what was sent where) and
 //! the one random draw for requests without a sticky key, which the caller
-//! passes in. Cost: O(replicas) plus, in `cache` mode, tokenizing the
-//! prompt once and one index lookup per candidate.
+//! passes in. Cost: O(replicas) plus, in `cache` and `exact` modes,
+//! tokenizing the prompt once (`blocks::prompt_tokens`, the one place a
+//! request is tokenized for routing), hashing its blocks once per block size
+//! in use and one index lookup per candidate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,6 +91,9 @@ pub struct Decision {
     pub version: Option<Arc<str>>,
     /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
     record: Option<(Indexes, Vec<u64>)>,
+    /// `exact` mode: the prompt's tokens, expected on the replica it is sent
+    /// to until its events report them.
+    expect: Option<(Held, Vec<u32>)>,
 }
 
 impl Decision {
@@ -114,6 +124,13 @@ impl Decision {
             && let Some(index) = indexes.get(&replica.id)
         {
             index.record(blocks);
+        }
+        if let Some((held, tokens)) = &self.expect
+            && let Some(h) = held.get(&replica.id)
+            && let Some(bs) = h.block_size()
+        {
+            let hashes = chained_hashes(exact_seed(), tokens, bs);
+            h.expect(&hashes, crate::telemetry::clock::now_millis());
         }
     }
 
@@ -339,7 +356,7 @@ impl Router {
                 None => d.branches.push(RouteBranch::PrefixNone),
             },
             PrefixMode::Cache | PrefixMode::Exact => {
-                self.prefer_by_cache(&mut d, &cands, &views, input, metrics)
+                self.prefer_by_cache(&mut d, &cands, &views, input, now_ms, metrics)
             }
         }
         Ok(d)
@@ -396,6 +413,7 @@ impl Router {
         cands: &[Arc<Replica>],
         views: &HashMap<ReplicaId, ReplicaView>,
         input: &RouteInput<'_>,
+        now_ms: u64,
         metrics: &RoutingMetrics,
     ) {
         let block = self.prefix.block_size;
@@ -405,7 +423,7 @@ impl Router {
             d.branches.push(RouteBranch::PrefixNone);
             return;
         }
-        let holdings = Holdings::new(self, &tokens, &blocks, cands, metrics);
+        let holdings = Holdings::new(self, &tokens, &blocks, cands, now_ms, metrics);
         // A replica at its concurrency limit cannot take the request now,
         // however warm: score only those with a free slot, if any has one.
         let with_slot: Vec<Arc<Replica>> = cands
@@ -470,6 +488,9 @@ impl Router {
         }
         d.preferred = Some(vec![cands[i].id]);
         d.record = Some((Arc::clone(&self.indexes), blocks));
+        if self.prefix.mode == PrefixMode::Exact {
+            d.expect = Some((Arc::clone(&self.held), tokens));
+        }
     }
 }
 
@@ -487,6 +508,7 @@ impl Holdings {
         tokens: &[u32],
         blocks: &[u64],
         cands: &[Arc<Replica>],
+        now_ms: u64,
         metrics: &RoutingMetrics,
     ) -> Holdings {
         let exact = router.prefix.mode == PrefixMode::Exact;
@@ -518,7 +540,7 @@ impl Holdings {
                             by_size.len() - 1
                         }
                     };
-                    ((h.matched(&by_size[pos].1) * bs) as u64, false)
+                    ((h.matched_at(&by_size[pos].1, now_ms) * bs) as u64, false)
                 }
                 None => {
                     let matched = index.map_or(0, |i| i.matched(blocks));

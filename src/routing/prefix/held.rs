@@ -23,6 +23,14 @@
 //! goes down, or its event sequence starts again) empties the record, which
 //! is then known: a fresh replica's cache is empty.
 //!
+//! **Just sent.** The blocks of a prompt llmlb has just sent to a replica
+//! count as held there for [`PENDING_MS`] (or until the replica's
+//! `BlockStored` confirms them), so that a burst of requests sharing a new
+//! prefix follows the first one instead of scattering during the moment
+//! the first one's prefill and event are in flight. They are kept apart from
+//! the reported blocks ([`HeldBlocks::snapshot`] does not list them), expire
+//! on their own, and are bounded by `capacity` too.
+//!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
 //! a correct lower bound. Concurrency: one mutex per replica, held for one
@@ -32,7 +40,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+/// How long blocks llmlb just sent count as held before the replica reports
+/// them: several prefills' worth of time, far below a cache's lifetime.
+pub const PENDING_MS: u64 = 2_000;
+
 use super::blocks::{chain, exact_seed};
+use super::cache_index::counter_went_down;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent};
 
@@ -63,6 +76,8 @@ struct Held {
     /// The replica's hash → llmlb's.
     theirs: HashMap<BlockKey, u64>,
     block_size: Option<usize>,
+    /// Blocks just sent and not yet reported → when they stop counting (ms).
+    pending: HashMap<u64, u64>,
     capacity: usize,
     /// `None`: known. `Some(n)`: unknown until `n` more blocks are stored.
     refill: Option<usize>,
@@ -83,6 +98,7 @@ impl HeldBlocks {
                 ours: HashMap::new(),
                 theirs: HashMap::new(),
                 block_size: None,
+                pending: HashMap::new(),
                 capacity,
                 refill: Some(capacity),
                 high_water: 0,
@@ -119,6 +135,35 @@ impl HeldBlocks {
             .count()
     }
 
+    /// Like [`matched`](Self::matched), also counting blocks just sent that
+    /// are still pending at `now_ms`.
+    pub fn matched_at(&self, hashes: &[u64], now_ms: u64) -> usize {
+        let held = self.lock();
+        hashes
+            .iter()
+            .take_while(|h| {
+                held.ours.contains_key(h)
+                    || held.pending.get(h).is_some_and(|&until| until > now_ms)
+            })
+            .count()
+    }
+
+    /// Records that a prompt with these blocks was just sent to the replica.
+    pub fn expect(&self, hashes: &[u64], now_ms: u64) {
+        let mut held = self.lock();
+        if held.pending.len() + hashes.len() > held.capacity {
+            held.pending.retain(|_, until| *until > now_ms);
+        }
+        for &h in hashes {
+            if held.pending.len() >= held.capacity {
+                break;
+            }
+            if !held.ours.contains_key(&h) {
+                held.pending.insert(h, now_ms + PENDING_MS);
+            }
+        }
+    }
+
     pub fn summary(&self) -> HeldSummary {
         let h = self.lock();
         HeldSummary {
@@ -143,12 +188,8 @@ impl HeldBlocks {
     /// lower than the last one means the replica restarted: the record is
     /// emptied (and known). Returns whether it was.
     pub fn observe_counter(&self, value: Option<f64>) -> bool {
-        let Some(v) = value else {
-            return false;
-        };
         let mut held = self.lock();
-        let reset = held.last_counter.is_some_and(|last| v < last);
-        held.last_counter = Some(v);
+        let reset = counter_went_down(&mut held.last_counter, value);
         if reset {
             held.clear();
         }
@@ -192,6 +233,7 @@ impl Held {
     fn clear(&mut self) {
         self.ours.clear();
         self.theirs.clear();
+        self.pending.clear();
         self.refill = None;
     }
 
@@ -234,6 +276,7 @@ impl Held {
                         continue;
                     }
                     self.theirs.insert(*key, ours);
+                    self.pending.remove(&ours);
                     *self.ours.entry(ours).or_insert(0) += 1;
                 }
                 self.high_water = self.high_water.max(self.theirs.len());
@@ -325,6 +368,21 @@ mod tests {
         assert!(!h.known(), "3 of the 4 blocks it held");
         h.apply(&batch(vec![stored(&[8], None, &[7, 7], 2)]));
         assert!(h.known());
+    }
+
+    #[test]
+    fn just_sent_blocks_count_until_reported_or_expired() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let tokens: Vec<u32> = (0..6).collect();
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        h.expect(&want[..2], 1_000);
+        assert_eq!(h.matched(&want), 0, "not reported yet");
+        assert_eq!(h.matched_at(&want, 1_500), 2);
+        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "expired");
+        h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
+        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 3, "confirmed");
+        assert!(h.lock().pending.is_empty());
     }
 
     #[test]
