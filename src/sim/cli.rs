@@ -320,6 +320,33 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn kv_events_flags_give_each_replica_its_endpoints() {
+        let line = [
+            "--profile",
+            "fast",
+            "--port",
+            "0",
+            "--replicas",
+            "2",
+            "--kv-events-port",
+            "0",
+            "--kv-events-replay-port",
+            "0",
+        ];
+        let handles = start(&args(&line)).await.unwrap();
+        let events: Vec<_> = handles.iter().map(|h| h.kv_events.unwrap()).collect();
+        assert_ne!(events[0], events[1]);
+        assert!(handles.iter().all(|h| h.kv_replay.is_some()));
+        for h in handles {
+            h.shutdown().await;
+        }
+        assert!(matches!(
+            start(&args(&["--kv-events-replay-port", "7000"])).await,
+            Err(CliError::ReplayWithoutEvents)
+        ));
+    }
+
     #[test]
     fn default_profile_is_h100_and_bad_values_fail() {
         assert_eq!(
