@@ -3,7 +3,8 @@
 //! the replica that really holds its prefix even when llmlb never sent it
 //! there, and two llmlb instances subscribed to the same replicas (one
 //! started late, catching up through replay) hold the same view and make
-//! the same choice.
+//! the same choice; replicas whose events never arrive fall back to the
+//! estimate.
 
 mod common;
 mod kv_support;
@@ -151,6 +152,36 @@ async fn two_instances_hold_the_same_view_and_choose_alike() {
     }
     one.shutdown().await;
     two.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+/// Replicas whose events never arrive (nothing listens on their event
+/// port) stay unknown: `exact` mode scores them from what llmlb sent, as
+/// `cache` mode does, and says so in the branch.
+#[tokio::test]
+async fn unknown_events_fall_back_to_the_estimate() {
+    let sims = fleet(2).await;
+    let nowhere = common::refused_addr().await;
+    let mut text = config(&sims);
+    for r in &sims {
+        text = text.replace(
+            &format!("tcp://{}\"", r.kv_events.unwrap()),
+            &format!("tcp://{nowhere}\""),
+        );
+    }
+    let lb = start_llmlb(&text).await;
+    let first = route(lb.addr, &sims, &system(3), "one").await;
+    for user in ["two", "three"] {
+        assert_eq!(route(lb.addr, &sims, &system(3), user).await, first);
+    }
+    assert!(!view(&lb, 0, &[]).0 && !view(&lb, 1, &[]).0);
+    let m = metrics_text(lb.admin_addr).await;
+    let branch = |b| metric_value(&m, "llmlb_routing_decisions_total", &[("branch", b)]);
+    assert_eq!(branch("prefix_estimated"), 3.0);
+    assert_eq!(branch("prefix_hit"), 2.0);
+    lb.shutdown().await;
     for s in sims {
         s.shutdown().await;
     }
