@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod forwarding;
 pub mod gateway;
 pub mod health;
+pub mod kv_events;
 pub mod routing;
 pub mod server;
 pub mod signals;

@@ -1,5 +1,6 @@
-//! Background loops: one scrape loop and one health-check loop per replica
-//! that needs them, kept in step with the live topology.
+//! Background loops: one scrape loop, one health-check loop and (in `exact`
+//! prefix mode) one KV-event subscriber per replica that needs them, kept in
+//! step with the live topology.
 //!
 //! [`supervise`] is started by the server with its shutdown signal (never from
 //! a constructor). Every tick it compares the loops that run with the loops
@@ -21,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::balancing::ReplicaId;
 use crate::health::checker::{self, CheckTarget};
+use crate::kv_events::subscriber::{self, EventSink};
 use crate::routing::Topology;
 use crate::server::AppState;
 use crate::signals::scraper::{self, ScrapeTarget};
@@ -45,6 +47,7 @@ pub async fn stopped(rx: &mut watch::Receiver<bool>) {
 enum Kind {
     Scrape,
     Health,
+    KvEvents,
 }
 
 struct Loop {
@@ -120,6 +123,19 @@ fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metr
                     ),
                 );
             }
+        }
+        // A subscriber writes into the record the router reads; a reload that
+        // replaces the record (or the endpoints) restarts the subscriber.
+        for (id, endpoints, held) in pool.router.kv_subscriptions() {
+            let fingerprint = format!("{endpoints:?} {:p}", Arc::as_ptr(&held));
+            let sink: Arc<dyn EventSink> = held;
+            wanted.insert(
+                (Kind::KvEvents, pool.name.clone(), id),
+                (
+                    fingerprint,
+                    Box::new(move |rx| tokio::spawn(subscriber::run(endpoints, sink, rx))),
+                ),
+            );
         }
     }
     loops.retain(|key, l| {

@@ -20,6 +20,12 @@ pub struct DiscoveryConfig {
     /// the system resolver: for static set-ups and tests.
     #[serde(default)]
     pub hosts_file: Option<String>,
+    /// Port on which every discovered replica publishes KV-cache events.
+    #[serde(default)]
+    pub kv_events_port: Option<u16>,
+    /// Port of every discovered replica's KV-event replay endpoint.
+    #[serde(default)]
+    pub kv_events_replay_port: Option<u16>,
 }
 
 fn default_interval() -> Duration {

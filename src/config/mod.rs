@@ -14,6 +14,7 @@ mod tokenizer;
 mod upstream_tls;
 mod validate;
 mod validate_gateway;
+mod validate_kv_events;
 mod validate_load;
 mod validate_routing;
 

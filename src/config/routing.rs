@@ -18,6 +18,9 @@ pub enum PrefixMode {
     /// Approximate per-replica index of recently sent prompt blocks, scored
     /// by expected time to first token.
     Cache,
+    /// Each replica's real prefix cache, from its KV-cache events
+    /// (`kv_events` on the replicas), scored like `cache`.
+    Exact,
 }
 
 impl PrefixMode {
@@ -26,6 +29,7 @@ impl PrefixMode {
             PrefixMode::Off => "off",
             PrefixMode::Hash => "hash",
             PrefixMode::Cache => "cache",
+            PrefixMode::Exact => "exact",
         }
     }
 }
@@ -54,7 +58,9 @@ pub struct PrefixConfig {
     pub tokens: usize,
     /// `cache`: tokens per block (vLLM's default is 16).
     pub block_size: usize,
-    /// `cache`: blocks remembered per replica (about 48 bytes each).
+    /// `cache`: blocks remembered per replica (about 48 bytes each);
+    /// `exact`: most blocks recorded per replica from its events (about 64
+    /// bytes each), and again for the estimate used while they are unknown.
     pub max_blocks_per_replica: usize,
     /// `cache`: a replica's prefill throughput, in tokens per second.
     pub prefill_tokens_per_second: f64,

@@ -478,6 +478,13 @@ pub struct ReplicaConfig {
     /// Model version the replica runs, for canary splits.
     #[serde(default)]
     pub version: Option<String>,
+    /// `tcp://host:port` where the replica publishes its KV-cache events
+    /// (vLLM `--kv-events-config` `endpoint`), for `prefix.mode = "exact"`.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// `tcp://host:port` of its KV-event replay endpoint (`replay_endpoint`).
+    #[serde(default)]
+    pub kv_events_replay: Option<String>,
 }
 
 fn default_weight() -> u32 {

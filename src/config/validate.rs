@@ -178,6 +178,7 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
         push(out, &format!("{key}.tokenizer.dir"), &e.to_string());
     }
     super::validate_load::validate_load(out, key, pool);
+    super::validate_kv_events::validate_pool(out, key, pool);
     let mut urls: HashMap<String, usize> = HashMap::new();
     let mut names: HashMap<String, usize> = HashMap::new();
     for (r, replica) in pool.replicas.iter().enumerate() {

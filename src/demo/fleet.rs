@@ -38,6 +38,9 @@ pub struct FleetSpec {
     pub top: String,
     /// TOML keys of the pool (`balancer = ...`, `max_inflight = ...`, sub-tables last).
     pub pool: String,
+    /// Replicas publish KV-cache events (with replay) and llmlb subscribes
+    /// (`exact` prefix mode).
+    pub kv_events: bool,
 }
 
 impl FleetSpec {
@@ -56,16 +59,17 @@ impl FleetSpec {
             seed: args.seed,
             top: String::new(),
             pool: pool_keys(balancer),
+            kv_events: balancer == "exact",
         })
     }
 }
 
-/// The pool keys of one demo run: a balancer name, or `hash` / `cache` for
-/// prefix-affinity routing (`[pools.prefix] mode`) in front of
+/// The pool keys of one demo run: a balancer name, or `hash` / `cache` /
+/// `exact` for prefix-affinity routing (`[pools.prefix] mode`) in front of
 /// `least_connections`.
 fn pool_keys(name: &str) -> String {
     match name {
-        "hash" | "cache" => {
+        "hash" | "cache" | "exact" => {
             format!("balancer = \"least_connections\"\n[pools.prefix]\nmode = {name:?}\n")
         }
         balancer => format!("balancer = {balancer:?}\n"),
@@ -81,7 +85,18 @@ impl Fleet {
             let mut config = spec.sim.clone();
             config.seed = spec.seed.wrapping_add(i as u64);
             let listener = TcpListener::bind("127.0.0.1:0").await?;
-            replicas.push(crate::sim::spawn(listener, config));
+            replicas.push(if spec.kv_events {
+                let any = SocketAddr::from(([127, 0, 0, 1], 0));
+                let kv = crate::sim::KvEventsAddrs {
+                    events: any,
+                    replay: Some(any),
+                };
+                crate::sim::spawn_with_kv_events(listener, config, kv)
+                    .await
+                    .map_err(|e| DemoError::Sim(e.to_string()))?
+            } else {
+                crate::sim::spawn(listener, config)
+            });
         }
         let mut text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n{}\n\
@@ -94,6 +109,11 @@ impl Fleet {
                 "[[pools.replicas]]\nurl = \"http://{}\"\n",
                 r.addr
             ));
+            if let (Some(events), Some(replay)) = (r.kv_events, r.kv_replay) {
+                text.push_str(&format!(
+                    "kv_events = \"tcp://{events}\"\nkv_events_replay = \"tcp://{replay}\"\n"
+                ));
+            }
         }
         let config = crate::config::parse(&text).map_err(|issues| {
             DemoError::Config(
@@ -158,7 +178,14 @@ async fn wait_for_first_scrape(proxy: &Running) {
             .iter()
             .flat_map(|p| p.replicas.iter())
             .all(|r| r.load_snapshot().is_some());
-        if scraped {
+        // `exact` mode: every subscriber has caught up with its replica.
+        let subscribed = topology.pools.iter().all(|p| {
+            p.router
+                .kv_subscriptions()
+                .iter()
+                .all(|(_, _, held)| held.known())
+        });
+        if scraped && subscribed {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

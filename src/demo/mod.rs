@@ -6,6 +6,7 @@
 //! comparable. Everything listens on `127.0.0.1` port 0, runs in this
 //! process, and is stopped before the command returns.
 
+mod bound;
 mod fleet;
 pub mod priority;
 mod table;
@@ -17,6 +18,7 @@ use clap::Args;
 
 use crate::bench::workload::SharedPrefixOptions;
 use crate::bench::{self, Arrivals, BenchSpec, Limits, WorkloadSpec};
+use crate::sim::SimConfig;
 use fleet::{Fleet, FleetSpec};
 pub use table::{DemoRow, render};
 
@@ -51,8 +53,9 @@ pub struct DemoArgs {
     /// Arrival rate (requests per second, Poisson).
     #[arg(long, default_value_t = 14.0)]
     pub rate: f64,
-    /// Balancers to compare, in order (comma-separated); `hash` and `cache`
-    /// run prefix-affinity routing (see docs/ROUTING.md).
+    /// Balancers to compare, in order (comma-separated); `hash`, `cache` and
+    /// `exact` run prefix-affinity routing (see docs/ROUTING.md); `exact`
+    /// has the replicas publish their KV-cache events.
     #[arg(
         long,
         value_delimiter = ',',
@@ -131,6 +134,17 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
         options.question_len,
         options.output_len,
         args.rate,
+    );
+    let block_size = SimConfig::profile(&args.profile).map_or(16, |c| c.engine.block_size);
+    let bound = bound::hit_rate_upper_bound(
+        &WorkloadSpec::SharedPrefix(options.clone()),
+        args.seed,
+        args.requests,
+        block_size,
+    )?;
+    println!(
+        "prefix-cache hit rate upper bound of this workload: {:.1} % (every shared full block cached)\n",
+        bound * 100.0
     );
     let mut rows = Vec::new();
     let mut runs = Vec::new();

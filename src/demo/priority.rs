@@ -64,6 +64,7 @@ pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {
             seed: args.seed,
             top: TIERS.to_string(),
             pool,
+            kv_events: false,
         })
         .await?;
         let spec = |tier: &str, rate: f64, seed: u64| {

@@ -101,7 +101,13 @@ impl Discovered {
     pub fn effective(&self, config: &Config) -> Config {
         let map = self.lock();
         let mut out = config.clone();
-        for pool in out.pools.iter_mut().filter(|p| p.discovery.is_some()) {
+        for pool in out.pools.iter_mut() {
+            let Some(discovery) = &pool.discovery else {
+                continue;
+            };
+            let tcp = |a: &SocketAddr, port: Option<u16>| {
+                port.map(|p| format!("tcp://{}", SocketAddr::new(a.ip(), p)))
+            };
             pool.replicas = map
                 .get(&pool.name)
                 .map(|addrs| {
@@ -113,6 +119,8 @@ impl Discovered {
                             name: None,
                             max_inflight: None,
                             version: None,
+                            kv_events: tcp(a, discovery.kv_events_port),
+                            kv_events_replay: tcp(a, discovery.kv_events_replay_port),
                         })
                         .collect()
                 })

@@ -106,6 +106,8 @@ mod tests {
             port: 8000,
             interval: Duration::from_secs(5),
             hosts_file: Some(path.display().to_string()),
+            kv_events_port: None,
+            kv_events_replay_port: None,
         };
         let addrs = resolve(&config, Duration::from_secs(1)).await.unwrap();
         assert_eq!(
@@ -125,6 +127,8 @@ mod tests {
             port: 9,
             interval: Duration::from_secs(5),
             hosts_file: None,
+            kv_events_port: None,
+            kv_events_replay_port: None,
         };
         let addrs = resolve(&config, Duration::from_secs(5)).await.unwrap();
         assert!(

@@ -35,6 +35,10 @@ pub enum RouteBranch {
     PrefixMiss,
     /// The prompt was too short to have a prefix: the balancer decides.
     PrefixNone,
+    /// `exact` mode: the chosen replica's cache was estimated from what
+    /// llmlb sent it, because its KV events are unknown (not connected yet,
+    /// or events were missed and have not refilled).
+    PrefixEstimated,
     /// Every candidate was saturated: affinity gave way to the balancer.
     Saturated,
 }
@@ -56,6 +60,7 @@ impl RouteBranch {
             RouteBranch::PrefixOverflow => "prefix_overflow",
             RouteBranch::PrefixMiss => "prefix_miss",
             RouteBranch::PrefixNone => "prefix_none",
+            RouteBranch::PrefixEstimated => "prefix_estimated",
             RouteBranch::Saturated => "saturated",
         }
     }

@@ -7,7 +7,12 @@
 //! 2. **tiers**: the caller's tier keeps only its reserved replicas (or
 //!    overflows into lower tiers' when saturated and allowed);
 //! 3. **session affinity** (a session header, when enabled) or **prefix
-//!    affinity** (`hash` or `cache` mode) names a preferred replica.
+//!    affinity** (`hash`, `cache` or `exact` mode) names a preferred replica.
+//!    `exact` scores like `cache` but from the blocks each replica reports
+//!    holding (its KV events, [`super::prefix::held`]); a replica whose
+//!    events are unknown (not subscribed yet, or missed and not refilled) is
+//!    scored from `cache` mode's estimate of what llmlb sent it, and a pick
+//!    made on that basis records `prefix_estimated`.
 //!
 //! Steps 1–2 are hard limits ([`Decision::allowed`]): retries stay inside
 //! them. Step 3 is a preference ([`Decision::preferred`]): the forwarder
@@ -17,8 +22,10 @@
 //!
 //! Pure apart from the prefix indexes (which learn what was sent where) and
 //! the one random draw for requests without a sticky key, which the caller
-//! passes in. Cost: O(replicas) plus, in `cache` mode, tokenizing the
-//! prompt once and one index lookup per candidate.
+//! passes in. Cost: O(replicas) plus, in `cache` and `exact` modes,
+//! tokenizing the prompt once (`blocks::prompt_token_ids`, the one place a
+//! request is tokenized for routing), hashing its blocks once per block size
+//! in use and one index lookup per candidate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,17 +35,20 @@ use http::{HeaderMap, HeaderName};
 use super::RouteBranch;
 use super::canary::{Canary, Choice, StickyKeys};
 use super::metrics::RoutingMetrics;
-use super::prefix::blocks::{Prompt, block_hashes, prompt_token_ids};
+use super::prefix::blocks::{Prompt, block_hashes, chained_hashes, exact_seed, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
+use super::prefix::held::HeldBlocks;
 use super::prefix::rendezvous::{self, Node, hash64};
 use super::prefix::score::{self, Candidate, CostModel};
 use super::saturation::is_saturated;
 use super::tiers::PoolTiers;
 use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::{Config, HashKey, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
+use crate::kv_events::subscriber::Endpoints;
 use crate::tokenize::PromptTokenizer;
 
 type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
+type Held = Arc<HashMap<ReplicaId, Arc<HeldBlocks>>>;
 
 #[derive(Debug)]
 pub struct Router {
@@ -53,6 +63,9 @@ pub struct Router {
     versions: HashMap<ReplicaId, Arc<str>>,
     nodes: HashMap<ReplicaId, Node>,
     indexes: Indexes,
+    /// `exact` mode: what each replica reports holding, and where it reports.
+    held: Held,
+    kv_sources: Vec<(ReplicaId, Endpoints)>,
     tiers: PoolTiers,
     tokenizer: PromptTokenizer,
 }
@@ -84,6 +97,9 @@ pub struct Decision {
     pub version: Option<Arc<str>>,
     /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
     record: Option<(Indexes, Vec<u64>)>,
+    /// `exact` mode: the prompt's tokens, expected on the replica it is sent
+    /// to until its events report them.
+    expect: Option<(Held, Vec<u32>)>,
 }
 
 impl Decision {
@@ -115,6 +131,13 @@ impl Decision {
         {
             index.record(blocks);
         }
+        if let Some((held, tokens)) = &self.expect
+            && let Some(h) = held.get(&replica.id)
+            && let Some(bs) = h.block_size()
+        {
+            let hashes = chained_hashes(exact_seed(), tokens, bs);
+            h.expect(&hashes, crate::telemetry::clock::now_millis());
+        }
     }
 
     /// The branches as one tracing field.
@@ -133,22 +156,54 @@ impl Router {
         previous: Option<&Router>,
     ) -> Router {
         let capacity = pc.prefix.max_blocks_per_replica;
-        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> = if pc.prefix.mode == PrefixMode::Cache {
+        let mode = pc.prefix.mode;
+        let same_capacity = |p: &&Router| p.prefix.max_blocks_per_replica == capacity;
+        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> =
+            if matches!(mode, PrefixMode::Cache | PrefixMode::Exact) {
+                replicas
+                    .iter()
+                    .map(|r| {
+                        let kept = previous
+                            .filter(same_capacity)
+                            .and_then(|p| p.indexes.get(&r.id).cloned());
+                        (
+                            r.id,
+                            kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
+                        )
+                    })
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        // The subscriber tasks (started by the background supervisor) write
+        // into these; a replica that stays with the same event source keeps
+        // its record across a reload.
+        let kv_sources: Vec<(ReplicaId, Endpoints)> = if mode == PrefixMode::Exact {
             replicas
                 .iter()
-                .map(|r| {
-                    let kept = previous
-                        .filter(|p| p.prefix.max_blocks_per_replica == capacity)
-                        .and_then(|p| p.indexes.get(&r.id).cloned());
-                    (
-                        r.id,
-                        kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
-                    )
+                .zip(&pc.replicas)
+                .filter_map(|(r, rc)| {
+                    let events = rc.kv_events.clone()?;
+                    let replay = rc.kv_events_replay.clone();
+                    Some((r.id, Endpoints { events, replay }))
                 })
                 .collect()
         } else {
-            HashMap::new()
+            Vec::new()
         };
+        let held: HashMap<ReplicaId, Arc<HeldBlocks>> = kv_sources
+            .iter()
+            .map(|(id, ep)| {
+                let kept = previous
+                    .filter(same_capacity)
+                    .filter(|p| p.kv_sources.iter().any(|(pid, pep)| pid == id && pep == ep))
+                    .and_then(|p| p.held.get(id).cloned());
+                (
+                    *id,
+                    kept.unwrap_or_else(|| Arc::new(HeldBlocks::new(capacity))),
+                )
+            })
+            .collect();
         let versions = replicas
             .iter()
             .zip(&pc.replicas)
@@ -183,6 +238,8 @@ impl Router {
                 })
                 .collect(),
             indexes: Arc::new(indexes),
+            held: Arc::new(held),
+            kv_sources,
             tiers: PoolTiers::build(config, replicas),
             tokenizer: pool_tokenizer(pc),
         }
@@ -220,9 +277,24 @@ impl Router {
         })
     }
 
-    /// The prefix index of a replica (`cache` mode only).
+    /// The prefix index of a replica (`cache` mode, and `exact` mode's
+    /// estimate for replicas whose events are unknown).
     pub fn index(&self, id: ReplicaId) -> Option<&Arc<BlockIndex>> {
         self.indexes.get(&id)
+    }
+
+    /// What a replica reports holding (`exact` mode, replicas with `kv_events`).
+    pub fn held(&self, id: ReplicaId) -> Option<&Arc<HeldBlocks>> {
+        self.held.get(&id)
+    }
+
+    /// Each event-publishing replica's endpoints and the record its
+    /// subscriber keeps (`exact` mode).
+    pub fn kv_subscriptions(&self) -> Vec<(ReplicaId, Endpoints, Arc<HeldBlocks>)> {
+        self.kv_sources
+            .iter()
+            .filter_map(|(id, ep)| Some((*id, ep.clone(), Arc::clone(self.held.get(id)?))))
+            .collect()
     }
 
     /// Routes one request among the pool's `replicas`. `random` decides the
@@ -314,7 +386,9 @@ impl Router {
                 ),
                 None => d.branches.push(RouteBranch::PrefixNone),
             },
-            PrefixMode::Cache => self.prefer_by_cache(&mut d, &cands, &views, input, metrics),
+            PrefixMode::Cache | PrefixMode::Exact => {
+                self.prefer_by_cache(&mut d, &cands, &views, input, now_ms, metrics)
+            }
         }
         Ok(d)
     }
@@ -362,22 +436,25 @@ impl Router {
         }
     }
 
-    /// `cache` mode: the candidate with the lowest expected time to first token.
+    /// `cache` and `exact` modes: the candidate with the lowest expected
+    /// time to first token, given the prompt tokens each probably holds.
     fn prefer_by_cache(
         &self,
         d: &mut Decision,
         cands: &[Arc<Replica>],
         views: &HashMap<ReplicaId, ReplicaView>,
         input: &RouteInput<'_>,
+        now_ms: u64,
         metrics: &RoutingMetrics,
     ) {
         let block = self.prefix.block_size;
         let tokens = self.tokens(input);
-        let (blocks, prompt_tokens) = (block_hashes(input.model, &tokens, block), tokens.len());
+        let blocks = block_hashes(input.model, &tokens, block);
         if blocks.is_empty() {
             d.branches.push(RouteBranch::PrefixNone);
             return;
         }
+        let holdings = Holdings::new(self, &tokens, &blocks, cands, now_ms, metrics);
         // A replica at its concurrency limit cannot take the request now,
         // however warm: score only those with a free slot, if any has one.
         let with_slot: Vec<Arc<Replica>> = cands
@@ -392,8 +469,7 @@ impl Router {
             cands
                 .iter()
                 .filter(|r| !r.has_free_slot())
-                .filter_map(|r| self.indexes.get(&r.id))
-                .map(|index| index.matched(&blocks))
+                .map(|r| holdings.cached_tokens(r.id).0)
                 .max()
                 .unwrap_or(0)
         };
@@ -414,44 +490,102 @@ impl Router {
         for (pos, &i) in order.iter().enumerate() {
             rank[i] = pos;
         }
-        let matched: Vec<usize> = cands
-            .iter()
-            .map(|r| match self.indexes.get(&r.id) {
-                Some(index) => {
-                    let counter = r.load_snapshot().and_then(|s| s.prefix_cache_queries);
-                    if index.observe_counter(counter) {
-                        metrics
-                            .index_resets
-                            .with_label_values(&[&self.pool, &r.name])
-                            .inc();
-                        tracing::info!(pool = %self.pool, replica = %r.name, "replica restarted: its prefix index was cleared");
-                    }
-                    index.matched(&blocks)
-                }
-                None => 0,
-            })
-            .collect();
+        let cached: Vec<(u64, bool)> = cands.iter().map(|r| holdings.cached_tokens(r.id)).collect();
         let scored: Vec<Candidate> = (0..cands.len())
             .map(|i| Candidate {
                 ahead: ahead[i],
                 rates: ordered[i].rates,
-                cached_tokens: (matched[i] * block) as u64,
+                cached_tokens: cached[i].0,
                 rank: rank[i],
             })
             .collect();
-        let Some((i, _)) = score::best(&self.cost, prompt_tokens as u64, &scored) else {
+        let Some((i, _)) = score::best(&self.cost, tokens.len() as u64, &scored) else {
             return;
         };
-        let most = matched.iter().copied().max().unwrap_or(0).max(held_by_full);
+        let most = cached
+            .iter()
+            .map(|c| c.0)
+            .max()
+            .unwrap_or(0)
+            .max(held_by_full);
         d.branches.push(if most == 0 {
             RouteBranch::PrefixMiss
-        } else if matched[i] == most {
+        } else if cached[i].0 == most {
             RouteBranch::PrefixHit
         } else {
             RouteBranch::PrefixOverflow
         });
+        if cached[i].1 {
+            d.branches.push(RouteBranch::PrefixEstimated);
+        }
         d.preferred = Some(vec![cands[i].id]);
         d.record = Some((Arc::clone(&self.indexes), blocks));
+        if self.prefix.mode == PrefixMode::Exact {
+            d.expect = Some((Arc::clone(&self.held), tokens.into_owned()));
+        }
+    }
+}
+
+/// The prompt tokens each candidate probably holds: from its KV events in
+/// `exact` mode when they are known, else from what llmlb sent it. Checks
+/// each replica's restart counter on the way.
+struct Holdings {
+    /// Replica → (cached tokens, estimated rather than reported).
+    by_replica: HashMap<ReplicaId, (u64, bool)>,
+}
+
+impl Holdings {
+    fn new(
+        router: &Router,
+        tokens: &[u32],
+        blocks: &[u64],
+        cands: &[Arc<Replica>],
+        now_ms: u64,
+        metrics: &RoutingMetrics,
+    ) -> Holdings {
+        let exact = router.prefix.mode == PrefixMode::Exact;
+        // Exact-mode hashes, once per block size the replicas report.
+        let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut by_replica = HashMap::new();
+        for r in cands {
+            let counter = r.load_snapshot().and_then(|s| s.prefix_cache_queries);
+            let held = router.held.get(&r.id);
+            let index = router.indexes.get(&r.id);
+            let restarted = held.is_some_and(|h| h.observe_counter(counter))
+                | index.is_some_and(|i| i.observe_counter(counter));
+            if restarted {
+                metrics
+                    .index_resets
+                    .with_label_values(&[&router.pool, &r.name])
+                    .inc();
+                tracing::info!(pool = %router.pool, replica = %r.name, "replica restarted: its prefix index was cleared");
+            }
+            let reported = held
+                .filter(|h| h.known())
+                .and_then(|h| Some((h, h.block_size()?)));
+            let value = match reported {
+                Some((h, bs)) => {
+                    let pos = match by_size.iter().position(|(s, _)| *s == bs) {
+                        Some(p) => p,
+                        None => {
+                            by_size.push((bs, chained_hashes(exact_seed(), tokens, bs)));
+                            by_size.len() - 1
+                        }
+                    };
+                    ((h.matched_at(&by_size[pos].1, now_ms) * bs) as u64, false)
+                }
+                None => {
+                    let matched = index.map_or(0, |i| i.matched(blocks));
+                    ((matched * router.prefix.block_size) as u64, exact)
+                }
+            };
+            by_replica.insert(r.id, value);
+        }
+        Holdings { by_replica }
+    }
+
+    fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {
+        self.by_replica.get(&id).copied().unwrap_or((0, false))
     }
 }
 

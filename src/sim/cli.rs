@@ -90,6 +90,13 @@ pub struct SimArgs {
     /// Answer 503 while this many requests wait in the engine queue.
     #[arg(long)]
     pub max_waiting: Option<usize>,
+    /// Publish KV-cache events as vLLM does (ZMQ PUB, topic `kv`): replica i
+    /// on port P+i (0: any free port).
+    #[arg(long, value_name = "P")]
+    pub kv_events_port: Option<u16>,
+    /// Serve KV-event replay (ZMQ ROUTER) on port R+i; needs --kv-events-port.
+    #[arg(long, value_name = "R")]
+    pub kv_events_replay_port: Option<u16>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +112,10 @@ pub enum CliError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("--kv-events-replay-port needs --kv-events-port")]
+    ReplayWithoutEvents,
+    #[error("KV events: {0}")]
+    KvEvents(#[from] crate::kv_events::publisher::PublishError),
 }
 
 /// The config of replica 0 from the three layers (replica `i` adds `i` to the seed).
@@ -162,16 +173,26 @@ pub async fn start(args: &SimArgs) -> Result<Vec<SimHandle>, CliError> {
     if args.replicas == 0 {
         return Err(CliError::NoReplicas);
     }
-    if u32::from(args.port) + u32::from(args.replicas) - 1 > u32::from(u16::MAX) {
-        return Err(CliError::Ports {
-            first: args.port,
-            n: args.replicas,
-        });
+    let ports = [
+        Some(args.port),
+        args.kv_events_port,
+        args.kv_events_replay_port,
+    ];
+    for first in ports.into_iter().flatten() {
+        if u32::from(first) + u32::from(args.replicas) - 1 > u32::from(u16::MAX) {
+            return Err(CliError::Ports {
+                first,
+                n: args.replicas,
+            });
+        }
     }
+    if args.kv_events_replay_port.is_some() && args.kv_events_port.is_none() {
+        return Err(CliError::ReplayWithoutEvents);
+    }
+    let nth = |first: u16, i: u16| if first == 0 { 0 } else { first + i };
     let mut handles: Vec<SimHandle> = Vec::with_capacity(args.replicas.into());
     for i in 0..args.replicas {
-        let port = if args.port == 0 { 0 } else { args.port + i };
-        let addr = SocketAddr::new(args.host, port);
+        let addr = SocketAddr::new(args.host, nth(args.port, i));
         let listener = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
             Err(source) => {
@@ -183,7 +204,27 @@ pub async fn start(args: &SimArgs) -> Result<Vec<SimHandle>, CliError> {
         };
         let mut cfg = base.clone();
         cfg.seed = base.seed.wrapping_add(u64::from(i));
-        handles.push(super::spawn(listener, cfg));
+        let handle = match args.kv_events_port {
+            None => super::spawn(listener, cfg),
+            Some(p) => {
+                let kv = super::KvEventsAddrs {
+                    events: SocketAddr::new(args.host, nth(p, i)),
+                    replay: args
+                        .kv_events_replay_port
+                        .map(|r| SocketAddr::new(args.host, nth(r, i))),
+                };
+                match super::spawn_with_kv_events(listener, cfg, kv).await {
+                    Ok(h) => h,
+                    Err(e) => {
+                        for h in handles {
+                            h.shutdown().await;
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        handles.push(handle);
     }
     Ok(handles)
 }
@@ -202,6 +243,12 @@ pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), Cl
             c.engine.max_num_seqs,
             c.time_scale
         );
+        if let Some(kv) = h.kv_events {
+            let replay = h
+                .kv_replay
+                .map_or(String::new(), |r| format!(", replay tcp://{r}"));
+            println!("llmlb sim:   KV events tcp://{kv}{replay}");
+        }
     }
     stop.await;
     for h in handles {
@@ -277,6 +324,33 @@ mod tests {
         assert!(matches!(
             start(&args(&["--replicas", "0"])).await,
             Err(CliError::NoReplicas)
+        ));
+    }
+
+    #[tokio::test]
+    async fn kv_events_flags_give_each_replica_its_endpoints() {
+        let line = [
+            "--profile",
+            "fast",
+            "--port",
+            "0",
+            "--replicas",
+            "2",
+            "--kv-events-port",
+            "0",
+            "--kv-events-replay-port",
+            "0",
+        ];
+        let handles = start(&args(&line)).await.unwrap();
+        let events: Vec<_> = handles.iter().map(|h| h.kv_events.unwrap()).collect();
+        assert_ne!(events[0], events[1]);
+        assert!(handles.iter().all(|h| h.kv_replay.is_some()));
+        for h in handles {
+            h.shutdown().await;
+        }
+        assert!(matches!(
+            start(&args(&["--kv-events-replay-port", "7000"])).await,
+            Err(CliError::ReplayWithoutEvents)
         ));
     }
 

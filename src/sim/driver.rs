@@ -30,6 +30,8 @@ use tokio::time::Instant;
 
 use super::engine::{AddError, Engine, EngineStats, Finished, NewRequest, StepOutcome};
 use super::faults::Faults;
+use crate::kv_events::KvEvent;
+use crate::kv_events::publisher::Publisher;
 
 /// What a request's response receives, in order: one event per output token;
 /// the last one carries the request's completion.
@@ -82,12 +84,16 @@ pub struct Driver {
     pub stats: Arc<ArcSwap<EngineStats>>,
     pub commands: mpsc::UnboundedReceiver<Command>,
     pub shutdown: watch::Receiver<bool>,
+    /// Where the engine's KV-cache events go (`--kv-events-port`).
+    pub kv_events: Option<Publisher>,
 }
 
 impl Driver {
     pub async fn run(mut self) {
         let mut subscribers: HashMap<u64, mpsc::UnboundedSender<TokenOut>> = HashMap::new();
         let mut in_flight: Option<StepOutcome> = None;
+        // The KV events of the step in flight, published when it ends.
+        let mut step_events: Vec<KvEvent> = Vec::new();
         let mut last_end = 0.0_f64;
         loop {
             let deadline = in_flight.as_ref().map(|o| self.clock.instant_at(o.end));
@@ -107,6 +113,9 @@ impl Driver {
                     let out = in_flight.take().expect("a step is in flight");
                     last_end = out.end;
                     resume_at = Some(out.end);
+                    if let Some(p) = &self.kv_events {
+                        p.publish(std::mem::take(&mut step_events));
+                    }
                     self.deliver(out, &mut subscribers);
                 }
             }
@@ -114,6 +123,7 @@ impl Driver {
                 self.engine.set_slowdown(self.faults.slowdown());
                 let now = resume_at.unwrap_or_else(|| self.clock.now().max(last_end));
                 let out = self.engine.step(now);
+                step_events.extend(self.engine.take_kv_events());
                 if !out.is_idle() {
                     in_flight = Some(out);
                 }

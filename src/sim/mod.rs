@@ -51,6 +51,11 @@ use http::Replica;
 /// A running simulated replica.
 pub struct SimHandle {
     pub addr: SocketAddr,
+    /// Where the replica publishes its KV-cache events, when it does.
+    pub kv_events: Option<SocketAddr>,
+    /// Its KV-event replay endpoint, when it has one.
+    pub kv_replay: Option<SocketAddr>,
+    kv_task: Option<JoinHandle<()>>,
     replica: Arc<Replica>,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
@@ -63,6 +68,9 @@ impl SimHandle {
         let _ = self.shutdown.send(true);
         let _ = self.driver.await;
         let _ = self.server.await;
+        if let Some(t) = self.kv_task {
+            let _ = t.await;
+        }
     }
 
     /// The engine's statistics as of its last change.
@@ -85,6 +93,18 @@ impl SimHandle {
     }
 }
 
+/// Where a replica publishes KV-cache events (`llmlb sim --kv-events-port`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvEventsAddrs {
+    /// The PUB socket (port 0: any free port).
+    pub events: SocketAddr,
+    /// The replay ROUTER socket, if any.
+    pub replay: Option<SocketAddr>,
+}
+
+/// Batches the replay endpoint keeps, as vLLM's default `buffer_steps`.
+const KV_REPLAY_BUFFER: usize = 10_000;
+
 /// Serves one simulated replica on an already-bound listener, on the current
 /// tokio runtime.
 ///
@@ -92,6 +112,39 @@ impl SimHandle {
 /// When `config` fails [`SimConfig::validate`] (the CLI validates first), or
 /// when called outside a tokio runtime.
 pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
+    spawn_inner(listener, config, None)
+}
+
+/// [`spawn`], publishing the engine's KV-cache events as vLLM does
+/// (`--kv-events-config`): same frames, same msgpack layout, topic `kv`.
+pub async fn spawn_with_kv_events(
+    listener: TcpListener,
+    config: SimConfig,
+    kv: KvEventsAddrs,
+) -> Result<SimHandle, crate::kv_events::publisher::PublishError> {
+    let (stop, stop_rx) = watch::channel(false);
+    let handle =
+        crate::kv_events::publisher::start(kv.events, kv.replay, "kv", KV_REPLAY_BUFFER, stop_rx)
+            .await?;
+    let mut sim = spawn_inner(listener, config, Some(handle.publisher.clone()));
+    sim.kv_events = Some(handle.events_addr);
+    sim.kv_replay = handle.replay_addr;
+    // Stop the publisher when the replica stops.
+    let mut replica_stop = sim.replica.shutdown.clone();
+    let task = handle.task;
+    sim.kv_task = Some(tokio::spawn(async move {
+        let _ = replica_stop.wait_for(|s| *s).await;
+        let _ = stop.send(true);
+        let _ = task.await;
+    }));
+    Ok(sim)
+}
+
+fn spawn_inner(
+    listener: TcpListener,
+    config: SimConfig,
+    kv_events: Option<crate::kv_events::publisher::Publisher>,
+) -> SimHandle {
     if let Err(e) = config.validate() {
         panic!("llmlb sim: invalid config: {e}");
     }
@@ -104,7 +157,10 @@ pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
         origin: tokio::time::Instant::now(),
         scale: config.time_scale,
     };
-    let engine = Engine::new(config.engine.clone(), config.cost.clone(), config.seed);
+    let mut engine = Engine::new(config.engine.clone(), config.cost.clone(), config.seed);
+    if kv_events.is_some() {
+        engine.record_kv_events();
+    }
     let stats = Arc::new(ArcSwap::from_pointee(engine.stats().clone()));
     let faults = Arc::new(Faults::new(config.faults.clone(), config.seed));
     let driver = Driver {
@@ -114,6 +170,7 @@ pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
         stats: Arc::clone(&stats),
         commands: commands_rx,
         shutdown: shutdown_rx.clone(),
+        kv_events,
     };
     let tokenizer = config
         .tokenizer()
@@ -134,6 +191,9 @@ pub fn spawn(listener: TcpListener, config: SimConfig) -> SimHandle {
     tracing::info!(%addr, model = %replica.config.model, "sim replica listening");
     SimHandle {
         addr,
+        kv_events: None,
+        kv_replay: None,
+        kv_task: None,
         replica,
         shutdown,
         server,

@@ -64,21 +64,37 @@ pub fn prompt_token_ids(tokenizer: &PromptTokenizer, prompt: Prompt<'_>) -> Vec<
     })
 }
 
-/// Chained hashes of the full blocks of `tokens`.
-pub fn block_hashes(model: &str, tokens: &[u32], block_size: usize) -> Vec<u64> {
-    let block_size = block_size.max(1);
-    let mut parent = hash64(model.as_bytes());
+/// The hash of one block given its parent's (or the chain's seed).
+pub fn chain(parent: u64, block: &[u32]) -> u64 {
+    let mut h = parent;
+    for &t in block {
+        h = mix(h ^ u64::from(t));
+    }
+    mix(h ^ 0x9e37_79b9_7f4a_7c15)
+}
+
+/// Chained hashes of the full blocks of `tokens`, from `seed`.
+pub fn chained_hashes(seed: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut parent = seed;
     tokens
-        .chunks_exact(block_size)
+        .chunks_exact(block_size.max(1))
         .map(|block| {
-            let mut h = parent;
-            for &t in block {
-                h = mix(h ^ u64::from(t));
-            }
-            parent = mix(h ^ 0x9e37_79b9_7f4a_7c15);
+            parent = chain(parent, block);
             parent
         })
         .collect()
+}
+
+/// Chained hashes of the full blocks of `tokens`, seeded by the model name.
+pub fn block_hashes(model: &str, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    chained_hashes(hash64(model.as_bytes()), tokens, block_size)
+}
+
+/// The seed of `exact` mode's chains: the same on both sides (the blocks a
+/// replica reports and the prompt being routed), whatever the model is
+/// called, since a replica's cache does not depend on the name it serves.
+pub fn exact_seed() -> u64 {
+    hash64(b"llmlb exact prefix")
 }
 
 #[cfg(test)]

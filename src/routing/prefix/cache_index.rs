@@ -87,18 +87,25 @@ impl BlockIndex {
     /// lower than the last one means the replica restarted, and the index is
     /// cleared. Returns whether it was.
     pub fn observe_counter(&self, value: Option<f64>) -> bool {
-        let Some(v) = value else {
-            return false;
-        };
         let mut lru = self.lock();
-        let reset = lru.last_counter.is_some_and(|last| v < last);
-        lru.last_counter = Some(v);
+        let reset = counter_went_down(&mut lru.last_counter, value);
         if reset {
             lru.stamps.clear();
             lru.order.clear();
         }
         reset
     }
+}
+
+/// Feeds a cumulative counter's new reading into `last`: whether it went
+/// down (the replica restarted). A missing reading changes nothing.
+pub fn counter_went_down(last: &mut Option<f64>, value: Option<f64>) -> bool {
+    let Some(v) = value else {
+        return false;
+    };
+    let reset = last.is_some_and(|l| v < l);
+    *last = Some(v);
+    reset
 }
 
 impl Lru {

@@ -10,5 +10,6 @@
 
 pub mod blocks;
 pub mod cache_index;
+pub mod held;
 pub mod rendezvous;
 pub mod score;

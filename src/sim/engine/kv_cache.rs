@@ -14,8 +14,15 @@
 //! The free list is an intrusive doubly linked list over block indices, so
 //! taking a block out of its middle (a hit) is O(1). Lookup by hash is one
 //! `HashMap` probe. The pool is owned by one engine and never shared.
+//!
+//! With [`BlockPool::record_events`] on, the pool also notes what vLLM would
+//! publish as KV-cache events: a `BlockStored` for each block committed under
+//! a new hash (with its parent's hash and its tokens) and a `BlockRemoved`
+//! for each cached hash evicted; the engine drains them after every step.
 
 use std::collections::HashMap;
+
+use crate::kv_events::{BlockKey, KvEvent};
 
 pub type BlockId = u32;
 
@@ -57,6 +64,8 @@ pub struct BlockPool {
     num_free: usize,
     cached: HashMap<u64, BlockId>,
     evictions: u64,
+    /// KV-cache events not yet drained, when recording.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl BlockPool {
@@ -76,7 +85,22 @@ impl BlockPool {
             num_free: num_blocks,
             cached: HashMap::new(),
             evictions: 0,
+            events: None,
         }
+    }
+
+    /// Starts noting KV-cache events (see the module docs).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The events noted since the last call (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -128,6 +152,12 @@ impl BlockPool {
         if let Some(h) = self.hash[id as usize].take() {
             if self.cached.get(&h) == Some(&id) {
                 self.cached.remove(&h);
+                if let Some(events) = &mut self.events {
+                    events.push(KvEvent::BlockRemoved {
+                        block_hashes: vec![BlockKey(h)],
+                        medium: Some("GPU".into()),
+                    });
+                }
             }
             self.evictions += 1;
         }
@@ -146,16 +176,27 @@ impl BlockPool {
         }
     }
 
-    /// Records that `id` now holds the full block identified by `hash`. When
-    /// another block already holds the same content, that one stays the
-    /// cached copy and `id` stays anonymous.
-    pub fn commit(&mut self, id: BlockId, hash: u64) {
+    /// Records that `id` now holds the full block identified by `hash`
+    /// (chained on `parent`, holding `tokens`). When another block already
+    /// holds the same content, that one stays the cached copy and `id` stays
+    /// anonymous.
+    pub fn commit(&mut self, id: BlockId, hash: u64, parent: Option<u64>, tokens: &[u32]) {
         if self.hash[id as usize].is_some() {
             return;
         }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
             e.insert(id);
             self.hash[id as usize] = Some(hash);
+            if let Some(events) = &mut self.events {
+                events.push(KvEvent::BlockStored {
+                    block_hashes: vec![BlockKey(hash)],
+                    parent_block_hash: parent.map(BlockKey),
+                    token_ids: tokens.to_vec(),
+                    block_size: tokens.len(),
+                    lora_name: None,
+                    medium: Some("GPU".into()),
+                });
+            }
         }
     }
 
@@ -228,7 +269,7 @@ mod tests {
     fn freed_blocks_keep_hash_and_hit_revives() {
         let mut p = BlockPool::new(4);
         let b = p.allocate().unwrap();
-        p.commit(b, 42);
+        p.commit(b, 42, None, &[]);
         p.free(b);
         assert_eq!(p.num_free(), 4);
         assert_eq!(p.lookup(42), Some(b));
@@ -248,7 +289,7 @@ mod tests {
         let mut p = BlockPool::new(4);
         let ids: Vec<_> = (0..4).map(|_| p.allocate().unwrap()).collect();
         for (i, &id) in ids.iter().enumerate() {
-            p.commit(id, 100 + i as u64);
+            p.commit(id, 100 + i as u64, None, &[]);
         }
         // Free in the order 2, 0, 3, 1: that is the eviction order.
         for i in [2, 0, 3, 1] {
@@ -266,11 +307,38 @@ mod tests {
     }
 
     #[test]
+    fn events_follow_commits_and_evictions() {
+        let mut p = BlockPool::new(2);
+        p.record_events();
+        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+        p.commit(a, 7, None, &[1, 2]);
+        p.commit(b, 7, None, &[1, 2]); // same content: no second store
+        p.commit(b, 8, Some(7), &[3, 4]); // b is still anonymous: it takes 8
+        p.free(b);
+        p.free(a);
+        let stored = p.take_events();
+        assert_eq!(stored.len(), 2, "{stored:?}");
+        assert!(matches!(
+            &stored[1],
+            KvEvent::BlockStored { parent_block_hash: Some(BlockKey(7)), token_ids, block_size: 2, .. } if token_ids == &[3, 4]
+        ));
+        p.allocate().unwrap(); // evicts b's hash 8 (freed first)
+        assert_eq!(
+            p.take_events(),
+            vec![KvEvent::BlockRemoved {
+                block_hashes: vec![BlockKey(8)],
+                medium: Some("GPU".into())
+            }]
+        );
+        assert!(p.take_events().is_empty());
+    }
+
+    #[test]
     fn duplicate_content_keeps_first_copy() {
         let mut p = BlockPool::new(2);
         let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
-        p.commit(a, 7);
-        p.commit(b, 7);
+        p.commit(a, 7, None, &[]);
+        p.commit(b, 7, None, &[]);
         assert_eq!(p.lookup(7), Some(a));
         p.free(b);
         p.free(a);

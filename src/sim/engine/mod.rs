@@ -308,6 +308,16 @@ impl Engine {
         &self.pool
     }
 
+    /// Starts noting KV-cache events (`llmlb sim --kv-events-port`).
+    pub fn record_kv_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// KV-cache events since the last call, in the order they happened.
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv_events::KvEvent> {
+        self.pool.take_events()
+    }
+
     /// Blocks held by request `id` (for tests and diagnostics).
     pub fn blocks_of(&self, id: u64) -> Option<&[kv_cache::BlockId]> {
         self.seqs.get(&id).map(|s| s.blocks.as_slice())
@@ -445,7 +455,13 @@ fn commit_full_blocks(pool: &mut BlockPool, seq: &mut Seq, block_size: usize, ca
     let full = (seq.num_computed / block_size).min(seq.hashes.len());
     while seq.num_committed < full {
         let i = seq.num_committed;
-        pool.commit(seq.blocks[i], seq.hashes[i]);
+        let parent = i.checked_sub(1).map(|p| seq.hashes[p]);
+        let tokens = if pool.is_recording() {
+            seq.block_tokens(i, block_size)
+        } else {
+            Vec::new()
+        };
+        pool.commit(seq.blocks[i], seq.hashes[i], parent, &tokens);
         seq.num_committed += 1;
     }
 }

@@ -51,6 +51,13 @@ impl Seq {
         }
     }
 
+    /// The tokens of full block `i`.
+    pub fn block_tokens(&self, i: usize, block_size: usize) -> Vec<u32> {
+        (i * block_size..(i + 1) * block_size)
+            .map(|t| self.token(t))
+            .collect()
+    }
+
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(tokens: usize, block_size: usize) -> usize {
         tokens.div_ceil(block_size)

@@ -1,0 +1,12 @@
+//! KV-cache events: what a replica's prefix cache stores and evicts, as
+//! vLLM publishes it over ZMQ (`--kv-events-config`).
+//!
+//! A low module shared by both sides: the simulator publishes with
+//! [`publisher`], llmlb subscribes with [`subscriber`]; both speak the wire
+//! format of [`wire`]. Nothing here knows about routing or the proxy.
+
+pub mod publisher;
+pub mod subscriber;
+pub mod wire;
+
+pub use wire::{BlockKey, EventBatch, KvEvent, Message, WireError};

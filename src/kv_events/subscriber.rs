@@ -1,0 +1,322 @@
+//! Subscribes to one replica's KV events and keeps a sink in step with them,
+//! repairing what the network loses.
+//!
+//! A ZMQ SUB socket (the `zeromq` crate, pure Rust, reconnecting by itself)
+//! receives `[topic, seq, payload]` messages. The sequence numbers say what
+//! was missed ([`Tracker`]):
+//! - the next number: applied;
+//! - a jump forward (a reconnect, a slow subscriber): the missed stretch is
+//!   asked from the replay endpoint when one is configured, else the sink is
+//!   told its view is incomplete ([`EventSink::lost`]);
+//! - a number at or below the last one (outside the duplicates a replay can
+//!   leave): the publisher started again, so the replica restarted and its
+//!   cache is empty ([`EventSink::restarted`]).
+//!
+//! On connecting, a subscriber with a replay endpoint first asks for the
+//! whole history the replica still buffers; a complete one (starting at
+//! sequence 0) makes the view known ([`EventSink::caught_up`]) even before
+//! the replica publishes again. Without replay, a first message numbered 0
+//! means llmlb saw the replica's whole life; any other first number means it
+//! did not.
+//!
+//! Replay protocol (vLLM's): a DEALER sends `["", start_seq]`; the ROUTER
+//! answers `["", topic, seq, payload]` per buffered batch from `start_seq`
+//! on, then `["", "", ffffffffffffffff, ""]`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+use super::wire::{self, END_OF_REPLAY, EventBatch, Message};
+
+/// What the subscriber keeps up to date.
+pub trait EventSink: Send + Sync {
+    /// A connection was made and the subscription sent.
+    fn subscribed(&self) {}
+    /// One batch, in sequence order.
+    fn apply(&self, batch: &EventBatch);
+    /// The replica restarted: its cache is empty, and nothing was missed since.
+    fn restarted(&self);
+    /// Some events were missed: the view is incomplete until it refills.
+    fn lost(&self);
+    /// Every event since the replica's cache was empty has been applied.
+    fn caught_up(&self);
+}
+
+/// Where one replica publishes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoints {
+    /// `tcp://host:port` of the PUB socket.
+    pub events: String,
+    /// `tcp://host:port` of the replay ROUTER socket.
+    pub replay: Option<String>,
+}
+
+/// How long a replay may take before it counts as failed.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Wait before connecting again after a failure.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What to do with a message, given the sequence numbers seen so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Apply,
+    /// A duplicate of what a replay already applied.
+    Skip,
+    /// Events from `from` up to this one were missed.
+    Gap {
+        from: u64,
+    },
+    /// The publisher's numbering started again.
+    Restart,
+}
+
+/// Sequence bookkeeping, pure.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    /// The last sequence number applied.
+    pub last: Option<u64>,
+    /// After a replay, live messages up to `last` are duplicates, not a restart.
+    after_replay: bool,
+}
+
+impl Tracker {
+    pub fn classify(&self, seq: u64) -> Action {
+        match self.last {
+            None if seq == 0 => Action::Apply,
+            None => Action::Gap { from: 0 },
+            Some(last) if seq == last + 1 => Action::Apply,
+            Some(last) if seq > last => Action::Gap { from: last + 1 },
+            Some(_) if self.after_replay => Action::Skip,
+            Some(_) => Action::Restart,
+        }
+    }
+
+    pub fn applied(&mut self, seq: u64) {
+        self.last = Some(seq);
+        self.after_replay = false;
+    }
+
+    pub fn replayed(&mut self, seq: u64) {
+        self.last = Some(seq);
+        self.after_replay = true;
+    }
+
+    pub fn restart(&mut self) {
+        *self = Tracker::default();
+    }
+}
+
+/// Runs the subscription until `shutdown` turns true.
+pub async fn run(
+    endpoints: Endpoints,
+    sink: Arc<dyn EventSink>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut sub = Subscription {
+        endpoints,
+        sink,
+        tracker: Tracker::default(),
+    };
+    loop {
+        tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return,
+            done = sub.session() => {
+                if let Err(e) = done {
+                    tracing::debug!(endpoint = %sub.endpoints.events, error = %e, "kv events: connection failed");
+                }
+            }
+        }
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Subscription {
+    endpoints: Endpoints,
+    sink: Arc<dyn EventSink>,
+    tracker: Tracker,
+}
+
+impl Subscription {
+    /// One connection: connect, catch up, then follow until an error.
+    async fn session(&mut self) -> Result<(), zeromq::ZmqError> {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(Duration::from_secs(2));
+        let mut socket = SubSocket::with_options(options);
+        // A lost connection ends the session; the next one starts afresh
+        // (and catches up through replay when it can).
+        let mut monitor = socket.monitor();
+        socket.connect(&self.endpoints.events).await?;
+        socket.subscribe("").await?;
+        tracing::info!(endpoint = %self.endpoints.events, "kv events: subscribed");
+        self.sink.subscribed();
+        if self.endpoints.replay.is_some() {
+            let from = self.tracker.last.map_or(0, |l| l + 1);
+            self.catch_up(from).await;
+        }
+        loop {
+            let frames = tokio::select! {
+                m = socket.recv() => m?.into_vec(),
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) | None => {
+                        tracing::info!(endpoint = %self.endpoints.events, "kv events: disconnected");
+                        return Ok(());
+                    }
+                    Some(_) => continue,
+                },
+            };
+            match wire::decode_frames(&frames) {
+                Ok(m) => self.on_message(m).await,
+                Err(e) => {
+                    tracing::warn!(endpoint = %self.endpoints.events, error = %e, "kv events: undecodable message");
+                    // Whatever it said is lost.
+                    self.sink.lost();
+                }
+            }
+        }
+    }
+
+    async fn on_message(&mut self, m: Message) {
+        match self.tracker.classify(m.seq) {
+            Action::Skip => return,
+            Action::Apply => {
+                if self.tracker.last.is_none() {
+                    self.sink.caught_up();
+                }
+            }
+            Action::Restart => {
+                tracing::info!(endpoint = %self.endpoints.events, seq = m.seq, "kv events: sequence started again (replica restart)");
+                self.tracker.restart();
+                self.sink.restarted();
+                if m.seq != 0 {
+                    self.gap(0, m.seq).await;
+                }
+            }
+            Action::Gap { from } => self.gap(from, m.seq).await,
+        }
+        if self.tracker.last.is_none_or(|l| m.seq > l) {
+            self.sink.apply(&m.batch);
+            self.tracker.applied(m.seq);
+        }
+    }
+
+    /// Events `from..upto` were missed.
+    async fn gap(&mut self, from: u64, upto: u64) {
+        if self.endpoints.replay.is_some() && self.catch_up(from).await >= upto {
+            return;
+        }
+        tracing::info!(endpoint = %self.endpoints.events, from, upto, "kv events: missed events; view incomplete");
+        self.sink.lost();
+    }
+
+    /// Applies what the replay endpoint holds from `from` on; returns the
+    /// next sequence number still missing (`from` when nothing came).
+    async fn catch_up(&mut self, from: u64) -> u64 {
+        let Some(replay) = self.endpoints.replay.clone() else {
+            return from;
+        };
+        let mut next = from;
+        let mut complete = true;
+        let result = tokio::time::timeout(REPLAY_TIMEOUT, async {
+            let mut dealer = DealerSocket::new();
+            dealer.connect(&replay).await?;
+            let request = vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
+            dealer
+                .send(ZmqMessage::try_from(request).expect("two frames"))
+                .await?;
+            loop {
+                let mut frames = dealer.recv().await?.into_vec();
+                if frames.first().is_some_and(|f| f.is_empty()) {
+                    frames.remove(0);
+                }
+                if frames.get(1).is_some_and(|s| s[..] == END_OF_REPLAY) {
+                    return Ok::<(), zeromq::ZmqError>(());
+                }
+                let Ok(m) = wire::decode_frames(&frames) else {
+                    complete = false;
+                    continue;
+                };
+                if m.seq < next {
+                    continue;
+                }
+                if m.seq > next {
+                    // The replica's buffer no longer reaches back to `next`.
+                    complete = false;
+                }
+                if next == from && from == 0 && m.seq == 0 && self.tracker.last.is_none() {
+                    self.sink.caught_up();
+                }
+                self.sink.apply(&m.batch);
+                self.tracker.replayed(m.seq);
+                next = m.seq + 1;
+            }
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {
+                tracing::info!(endpoint = %replay, from, upto = next, "kv events: replayed");
+                if from == 0 && next == 0 && self.tracker.last.is_none() {
+                    // Nothing published yet: the replica's cache is empty.
+                    self.sink.caught_up();
+                }
+                if complete { next } else { from }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(endpoint = %replay, error = %e, "kv events: replay failed");
+                from
+            }
+            Err(_) => {
+                tracing::warn!(endpoint = %replay, "kv events: replay timed out");
+                from
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_follows_the_sequence() {
+        let mut t = Tracker::default();
+        assert_eq!(t.classify(0), Action::Apply);
+        assert_eq!(t.classify(4), Action::Gap { from: 0 });
+        t.applied(0);
+        assert_eq!(t.classify(1), Action::Apply);
+        t.applied(1);
+        assert_eq!(t.classify(5), Action::Gap { from: 2 });
+        assert_eq!(t.classify(1), Action::Restart);
+        assert_eq!(t.classify(0), Action::Restart);
+        t.replayed(7);
+        assert_eq!(
+            t.classify(6),
+            Action::Skip,
+            "a live duplicate after a replay"
+        );
+        assert_eq!(t.classify(8), Action::Apply);
+        t.applied(8);
+        assert_eq!(t.classify(3), Action::Restart);
+    }
+}

@@ -1,0 +1,400 @@
+//! `exact` mode's record of what one replica really holds in its prefix
+//! cache, built from the replica's own KV-cache events
+//! ([`crate::kv_events`]), not from what llmlb sent it.
+//!
+//! Every stored block is keyed by llmlb's own chained hash of its token ids
+//! ([`super::blocks::chain`], seeded by [`super::blocks::exact_seed`]), so a
+//! prompt routed later is hashed the same way and vLLM's hash algorithm and
+//! seed never have to match. vLLM's hash is kept only in a map to llmlb's,
+//! to apply `BlockRemoved`. Blocks stored under a LoRA adapter are skipped
+//! (a base-model prompt must not match them), as are blocks whose parent is
+//! not known (they cannot be chained, and a prefix match could not reach
+//! them anyway).
+//!
+//! **Known or not.** The record is *known* when llmlb has seen every event
+//! since the replica's cache was empty (the first message had sequence 0, a
+//! replay filled the history, `AllBlocksCleared`, or a restart). After a
+//! missed stretch (a sequence gap or a late start without replay) it is a
+//! lower bound only: it turns *unknown* until the replica has stored as many
+//! blocks as the record held at most before (or `capacity` when it never
+//! held any), by which time its LRU cache has turned over. The router scores
+//! unknown replicas from its `cache`-mode estimate instead (see
+//! `routing::router`). A replica restart (its scraped prefix-cache counter
+//! goes down, or its event sequence starts again) empties the record, which
+//! is then known: a fresh replica's cache is empty.
+//!
+//! **Just sent.** The blocks of a prompt llmlb has just sent to a replica
+//! count as held there for [`PENDING_MS`] (or until the replica's
+//! `BlockStored` confirms them), so that a burst of requests sharing a new
+//! prefix follows the first one instead of scattering during the moment
+//! the first one's prefill and event are in flight. They are kept apart from
+//! the reported blocks ([`HeldBlocks::snapshot`] does not list them), expire
+//! on their own, and are bounded by `capacity` too.
+//!
+//! Memory: at most `capacity` blocks (two hash-map entries each, about 64
+//! bytes); stores beyond it are dropped and counted, which keeps the record
+//! a correct lower bound. Concurrency: one mutex per replica, held for one
+//! event batch (by the subscriber task) or one prompt's lookups (by a
+//! request), never across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// How long blocks llmlb just sent count as held before the replica reports
+/// them: several prefills' worth of time, far below a cache's lifetime.
+pub const PENDING_MS: u64 = 2_000;
+
+use super::blocks::{chain, exact_seed};
+use super::cache_index::counter_went_down;
+use crate::kv_events::subscriber::EventSink;
+use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+
+#[derive(Debug)]
+pub struct HeldBlocks {
+    inner: Mutex<Held>,
+}
+
+/// A copy of the record's state, for status, tests and comparisons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSummary {
+    pub known: bool,
+    pub blocks: usize,
+    pub block_size: Option<usize>,
+    /// Stores dropped because the record was full.
+    pub dropped: u64,
+    /// Event batches applied.
+    pub batches: u64,
+    /// Subscriptions made (1 after the first connection, more after reconnects).
+    pub subscriptions: u64,
+}
+
+#[derive(Debug)]
+struct Held {
+    seed: u64,
+    /// llmlb hash → how many of the replica's blocks carry it.
+    ours: HashMap<u64, u32>,
+    /// The replica's hash → llmlb's.
+    theirs: HashMap<BlockKey, u64>,
+    block_size: Option<usize>,
+    /// Blocks just sent and not yet reported → when they stop counting (ms).
+    pending: HashMap<u64, u64>,
+    capacity: usize,
+    /// `None`: known. `Some(n)`: unknown until `n` more blocks are stored.
+    refill: Option<usize>,
+    high_water: usize,
+    dropped: u64,
+    batches: u64,
+    subscriptions: u64,
+    last_counter: Option<f64>,
+}
+
+impl HeldBlocks {
+    /// An empty record, unknown until the first events say otherwise.
+    pub fn new(capacity: usize) -> HeldBlocks {
+        let capacity = capacity.max(1);
+        HeldBlocks {
+            inner: Mutex::new(Held {
+                seed: exact_seed(),
+                ours: HashMap::new(),
+                theirs: HashMap::new(),
+                block_size: None,
+                pending: HashMap::new(),
+                capacity,
+                refill: Some(capacity),
+                high_water: 0,
+                dropped: 0,
+                batches: 0,
+                subscriptions: 0,
+                last_counter: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // Worst case after a panic under the lock: a half-applied batch,
+        // which the next gap or restart repairs.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the record is complete (see the module docs).
+    pub fn known(&self) -> bool {
+        self.lock().refill.is_none()
+    }
+
+    /// The replica's block size, once an event told it.
+    pub fn block_size(&self) -> Option<usize> {
+        self.lock().block_size
+    }
+
+    /// How many leading blocks of `hashes` (exact-mode hashes) the replica holds.
+    pub fn matched(&self, hashes: &[u64]) -> usize {
+        let held = self.lock();
+        hashes
+            .iter()
+            .take_while(|h| held.ours.contains_key(h))
+            .count()
+    }
+
+    /// Like [`matched`](Self::matched), also counting blocks just sent that
+    /// are still pending at `now_ms`.
+    pub fn matched_at(&self, hashes: &[u64], now_ms: u64) -> usize {
+        let held = self.lock();
+        hashes
+            .iter()
+            .take_while(|h| {
+                held.ours.contains_key(h)
+                    || held.pending.get(h).is_some_and(|&until| until > now_ms)
+            })
+            .count()
+    }
+
+    /// Records that a prompt with these blocks was just sent to the replica.
+    pub fn expect(&self, hashes: &[u64], now_ms: u64) {
+        let mut held = self.lock();
+        if held.pending.len() + hashes.len() > held.capacity {
+            held.pending.retain(|_, until| *until > now_ms);
+        }
+        for &h in hashes {
+            if held.pending.len() >= held.capacity {
+                break;
+            }
+            if !held.ours.contains_key(&h) {
+                held.pending.insert(h, now_ms + PENDING_MS);
+            }
+        }
+    }
+
+    pub fn summary(&self) -> HeldSummary {
+        let h = self.lock();
+        HeldSummary {
+            known: h.refill.is_none(),
+            blocks: h.theirs.len(),
+            block_size: h.block_size,
+            dropped: h.dropped,
+            batches: h.batches,
+            subscriptions: h.subscriptions,
+        }
+    }
+
+    /// Every llmlb hash held, sorted: two records hold the same view exactly
+    /// when these are equal.
+    pub fn snapshot(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.lock().ours.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Feeds the replica's latest `prefix_cache_queries` counter; a value
+    /// lower than the last one means the replica restarted: the record is
+    /// emptied (and known). Returns whether it was.
+    pub fn observe_counter(&self, value: Option<f64>) -> bool {
+        let mut held = self.lock();
+        let reset = counter_went_down(&mut held.last_counter, value);
+        if reset {
+            held.clear();
+        }
+        reset
+    }
+}
+
+impl EventSink for HeldBlocks {
+    fn subscribed(&self) {
+        self.lock().subscriptions += 1;
+    }
+
+    fn apply(&self, batch: &EventBatch) {
+        let mut held = self.lock();
+        held.batches += 1;
+        for e in &batch.events {
+            held.apply(e);
+        }
+    }
+
+    fn restarted(&self) {
+        self.lock().clear();
+    }
+
+    fn lost(&self) {
+        let mut held = self.lock();
+        let need = if held.high_water > 0 {
+            held.high_water
+        } else {
+            held.capacity
+        };
+        held.refill = Some(need.max(1));
+    }
+
+    fn caught_up(&self) {
+        self.lock().refill = None;
+    }
+}
+
+impl Held {
+    fn clear(&mut self) {
+        self.ours.clear();
+        self.theirs.clear();
+        self.pending.clear();
+        self.refill = None;
+    }
+
+    fn apply(&mut self, e: &KvEvent) {
+        match e {
+            KvEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_name,
+                ..
+            } => {
+                if *block_size == 0 {
+                    return;
+                }
+                self.block_size = Some(*block_size);
+                if let Some(n) = self.refill {
+                    let left = n.saturating_sub(block_hashes.len());
+                    self.refill = (left > 0).then_some(left);
+                }
+                if lora_name.is_some() {
+                    return;
+                }
+                let parent = match parent_block_hash {
+                    None => Some(self.seed),
+                    Some(p) => self.theirs.get(p).copied(),
+                };
+                let Some(mut parent) = parent else {
+                    return;
+                };
+                for (key, block) in block_hashes.iter().zip(token_ids.chunks_exact(*block_size)) {
+                    let ours = chain(parent, block);
+                    parent = ours;
+                    if self.theirs.contains_key(key) {
+                        continue;
+                    }
+                    if self.theirs.len() >= self.capacity {
+                        self.dropped += 1;
+                        continue;
+                    }
+                    self.theirs.insert(*key, ours);
+                    self.pending.remove(&ours);
+                    *self.ours.entry(ours).or_insert(0) += 1;
+                }
+                self.high_water = self.high_water.max(self.theirs.len());
+            }
+            KvEvent::BlockRemoved { block_hashes, .. } => {
+                for key in block_hashes {
+                    let Some(ours) = self.theirs.remove(key) else {
+                        continue;
+                    };
+                    if let Some(n) = self.ours.get_mut(&ours) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.ours.remove(&ours);
+                        }
+                    }
+                }
+            }
+            KvEvent::AllBlocksCleared => self.clear(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::prefix::blocks::chained_hashes;
+
+    fn stored(keys: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
+        KvEvent::BlockStored {
+            block_hashes: keys.iter().map(|&k| BlockKey(k)).collect(),
+            parent_block_hash: parent.map(BlockKey),
+            token_ids: tokens.to_vec(),
+            block_size: bs,
+            lora_name: None,
+            medium: None,
+        }
+    }
+
+    fn batch(events: Vec<KvEvent>) -> EventBatch {
+        EventBatch {
+            ts: 0.0,
+            events,
+            dp_rank: Some(0),
+        }
+    }
+
+    #[test]
+    fn stored_chains_match_the_prompt_hashes_and_removal_applies() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let tokens: Vec<u32> = (0..10).collect();
+        // Stored in two events, the second chained on the first by vLLM's hash.
+        h.apply(&batch(vec![stored(&[501, 502], None, &tokens[..4], 2)]));
+        h.apply(&batch(vec![stored(&[503], Some(502), &tokens[4..6], 2)]));
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        assert_eq!(h.matched(&want), 3);
+        assert_eq!(h.block_size(), Some(2));
+        h.apply(&batch(vec![KvEvent::BlockRemoved {
+            block_hashes: vec![BlockKey(502)],
+            medium: None,
+        }]));
+        assert_eq!(h.matched(&want), 1, "the run stops at the removed block");
+        h.apply(&batch(vec![KvEvent::AllBlocksCleared]));
+        assert_eq!(h.matched(&want), 0);
+        assert!(h.known());
+    }
+
+    #[test]
+    fn unknown_parent_and_lora_blocks_are_skipped() {
+        let h = HeldBlocks::new(100);
+        let mut lora = stored(&[1], None, &[1, 2], 2);
+        if let KvEvent::BlockStored { lora_name, .. } = &mut lora {
+            *lora_name = Some("adapter".into());
+        }
+        h.apply(&batch(vec![lora, stored(&[2], Some(999), &[3, 4], 2)]));
+        assert_eq!(h.summary().blocks, 0);
+    }
+
+    #[test]
+    fn a_gap_makes_it_unknown_until_it_turned_over() {
+        let h = HeldBlocks::new(100);
+        assert!(!h.known(), "nothing seen yet");
+        h.caught_up();
+        let tokens: Vec<u32> = (0..8).collect();
+        h.apply(&batch(vec![stored(&[1, 2, 3, 4], None, &tokens, 2)]));
+        h.lost();
+        assert!(!h.known());
+        h.apply(&batch(vec![stored(&[5, 6, 7], None, &[9; 6], 2)]));
+        assert!(!h.known(), "3 of the 4 blocks it held");
+        h.apply(&batch(vec![stored(&[8], None, &[7, 7], 2)]));
+        assert!(h.known());
+    }
+
+    #[test]
+    fn just_sent_blocks_count_until_reported_or_expired() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let tokens: Vec<u32> = (0..6).collect();
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        h.expect(&want[..2], 1_000);
+        assert_eq!(h.matched(&want), 0, "not reported yet");
+        assert_eq!(h.matched_at(&want, 1_500), 2);
+        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "expired");
+        h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
+        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 3, "confirmed");
+        assert!(h.lock().pending.is_empty());
+    }
+
+    #[test]
+    fn bounded_and_restart_clears() {
+        let h = HeldBlocks::new(2);
+        h.caught_up();
+        h.apply(&batch(vec![stored(&[1, 2, 3], None, &[1, 2, 3], 1)]));
+        let s = h.summary();
+        assert_eq!((s.blocks, s.dropped), (2, 1));
+        assert!(!h.observe_counter(Some(10.0)));
+        assert!(h.observe_counter(Some(1.0)));
+        assert_eq!(h.summary().blocks, 0);
+        assert!(h.known());
+    }
+}
