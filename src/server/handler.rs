@@ -80,6 +80,7 @@ async fn handle_counted(
     access_log::wrap(&state, access, fields, resp)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn route(
     state: &AppState,
     peer: SocketAddr,

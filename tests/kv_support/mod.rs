@@ -6,8 +6,9 @@
 
 use std::net::SocketAddr;
 
-use llmlb::routing::prefix::blocks::{Prompt, chained_hashes, exact_seed, prompt_tokens};
+use llmlb::routing::prefix::blocks::{Prompt, chained_hashes, exact_seed, prompt_token_ids};
 use llmlb::sim::{KvEventsAddrs, SimConfig, SimHandle};
+use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 use tokio::net::TcpListener;
 
 use crate::common;
@@ -61,12 +62,12 @@ pub async fn chat(addr: SocketAddr, model: &str, system: &str, user: &str) -> Op
 /// `exact` mode's block hashes of a chat prompt.
 pub fn prompt_hashes(system: &str, user: &str, block_size: usize) -> Vec<u64> {
     let messages = vec![
-        ("system".to_string(), system.to_string()),
-        ("user".to_string(), user.to_string()),
+        ChatMessage::new("system", system),
+        ChatMessage::new("user", user),
     ];
     chained_hashes(
         exact_seed(),
-        &prompt_tokens(Prompt::Chat(&messages)),
+        &prompt_token_ids(&PromptTokenizer::StandIn, Prompt::Chat(&messages)),
         block_size,
     )
 }
