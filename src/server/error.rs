@@ -67,6 +67,9 @@ impl ApiError {
     pub fn log_message(&self) -> String {
         match self {
             ApiError::BadRequest(m) => m.split(": ").next().unwrap_or_default().to_string(),
+            // The reason may quote the offending value (prompt text): log
+            // only which field was wrong.
+            ApiError::InvalidParam { param, .. } => format!("invalid `{param}`"),
             other => other.to_string(),
         }
     }

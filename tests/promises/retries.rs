@@ -11,7 +11,8 @@ async fn a_request_the_replica_read_is_not_retried_elsewhere() {
     let lb = start_llmlb(&one_pool(
         "round_robin",
         &[(&closer.url(), 1), (&good.url(), 1)],
-        "retries = 2",
+        // No health probes: the closing replica counts every request it reads.
+        "retries = 2\n[pools.health]\nenabled = false",
     ))
     .await;
     // Round robin starts with the first replica: the one that closes.
