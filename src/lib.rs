@@ -22,5 +22,6 @@ pub mod routing;
 pub mod server;
 pub mod signals;
 pub mod sim;
+pub mod simulate;
 pub mod telemetry;
 pub mod tokenizer;

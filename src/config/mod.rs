@@ -20,6 +20,7 @@ pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
 pub use upstream_tls::UpstreamTlsConfig;
+pub use validate::validate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

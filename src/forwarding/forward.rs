@@ -14,7 +14,8 @@ use http_body_util::{BodyExt, Full};
 use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
-use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
+use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
+use crate::telemetry::clock::now_millis;
 use crate::routing::{Decision, Failure, Pool};
 use crate::server::ApiError;
 use crate::telemetry::Metrics;
@@ -48,22 +49,9 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     let mut tried: Vec<ReplicaId> = Vec::new();
     let max_attempts = pool.retries + 1;
     loop {
-        let untried: Vec<Arc<Replica>> = pool
-            .eligible()
-            .into_iter()
-            .filter(|r| !tried.contains(&r.id))
-            .collect();
-        let candidates = req.route.narrow(untried);
-        // Under a concurrency limit, prefer replicas with a free slot.
-        let free: Vec<Arc<Replica>> = candidates
-            .iter()
-            .filter(|r| r.has_free_slot())
-            .cloned()
-            .collect();
-        let candidates = if free.is_empty() { candidates } else { free };
-        let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
-        let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
-            Ok(pick) => pick,
+        let choice = crate::routing::choose(pool, req.route, &tried, &req.info, now_millis());
+        let (replica, pick) = match choice {
+            Ok(choice) => choice,
             Err(branch) => {
                 pool.record_branch(branch, req.metrics);
                 return Err(if tried.is_empty() {
@@ -79,7 +67,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             }
         };
         pool.record_branch(pick.branch, req.metrics);
-        let replica = &candidates[pick.index];
+        let replica = &replica;
         tried.push(replica.id);
         req.route.dispatched(replica);
         let seq = req.recent.record(

@@ -36,7 +36,6 @@ use super::saturation::is_saturated;
 use super::tiers::PoolTiers;
 use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::{Config, HashKey, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
-use crate::tokenizer::tokenize;
 
 type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
 
@@ -296,7 +295,7 @@ impl Router {
         match (self.prefix.key, input.prompt.system()) {
             (HashKey::System, Some(system)) => bytes.extend_from_slice(system.as_bytes()),
             _ => {
-                let tokens = tokenize(&input.prompt.render());
+                let tokens = input.prompt.tokens();
                 if tokens.is_empty() {
                     return None;
                 }

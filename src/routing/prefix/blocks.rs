@@ -20,6 +20,9 @@ pub enum Prompt<'a> {
     Chat(&'a [(String, String)]),
     /// A completion prompt, used as is.
     Text(&'a str),
+    /// A prompt already in token ids (`llmlb simulate`, which feeds the
+    /// replicas and the router the same ids without rendering text).
+    Tokens(&'a [u32]),
 }
 
 impl Prompt<'_> {
@@ -30,6 +33,15 @@ impl Prompt<'_> {
                 render_chat(messages.iter().map(|(r, c)| (r.as_str(), c.as_str())))
             }
             Prompt::Text(t) => (*t).to_string(),
+            Prompt::Tokens(_) => String::new(),
+        }
+    }
+
+    /// The prompt's tokens: tokenized from the rendered text, or as given.
+    pub fn tokens(&self) -> std::borrow::Cow<'_, [u32]> {
+        match self {
+            Prompt::Tokens(t) => std::borrow::Cow::Borrowed(t),
+            _ => std::borrow::Cow::Owned(tokenize(&self.render())),
         }
     }
 
@@ -66,7 +78,7 @@ pub fn block_hashes(model: &str, tokens: &[u32], block_size: usize) -> Vec<u64> 
 
 /// Chained block hashes of a prompt, with its token count.
 pub fn prompt_blocks(model: &str, prompt: Prompt<'_>, block_size: usize) -> (Vec<u64>, usize) {
-    let tokens = tokenize(&prompt.render());
+    let tokens = prompt.tokens();
     (block_hashes(model, &tokens, block_size), tokens.len())
 }
 
