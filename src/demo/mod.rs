@@ -6,7 +6,7 @@
 //! comparable. Everything listens on `127.0.0.1` port 0, runs in this
 //! process, and is stopped before the command returns.
 
-mod fleet;
+pub mod fleet;
 pub mod priority;
 mod table;
 

@@ -71,6 +71,9 @@ pub struct SimulateArgs {
     /// Engine profile of every replica (fast, h100-8b, vllm-cpu-tiny).
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
+    /// Override the profile's context length (e.g. 131072 for a 128k model).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
     /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,least_connections,jsq,hash,cache")]
@@ -125,7 +128,14 @@ pub struct Output {
 
 /// Runs the command; returns the table text to print.
 pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
-    let profile = super::fleet::profile(&args.profile)?;
+    let mut profile = super::fleet::profile(&args.profile)?;
+    if let Some(len) = args.max_model_len {
+        profile.engine.max_model_len = len;
+        profile
+            .engine
+            .validate()
+            .map_err(|e| SimulateError::Invalid(format!("--max-model-len: {e}")))?;
+    }
     let policies = args
         .policies
         .iter()

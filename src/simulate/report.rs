@@ -19,6 +19,10 @@ pub struct Outcomes {
     pub output_tokens: u64,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// The replicas' prefix-cache counters summed (`vllm:prefix_cache_queries`
+    /// and `_hits`, in tokens; a preempted request is looked up again).
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
     pub preemptions: u64,
     /// 429: refused by admission (the pool queue; not modelled yet, so 0).
     pub rejected_429: u64,
@@ -58,7 +62,8 @@ pub struct RunResult {
     pub goodput_rps: f64,
     pub goodput_ttft_s: f64,
     pub output_tokens_per_s: f64,
-    /// Prompt tokens served from the replicas' prefix caches ÷ prompt tokens.
+    /// The fleet's prefix-cache hit rate: hit tokens ÷ queried tokens, as
+    /// the replicas count them.
     pub prefix_hit_rate: f64,
     /// Requests dispatched to the busiest replica ÷ the mean per replica.
     pub busiest_over_mean: f64,
@@ -102,10 +107,10 @@ impl RunResult {
             goodput_rps: outcomes.within_objective as f64 / duration,
             goodput_ttft_s: goodput_ttft,
             output_tokens_per_s: outcomes.output_tokens as f64 / duration,
-            prefix_hit_rate: if outcomes.prompt_tokens == 0 {
+            prefix_hit_rate: if outcomes.prefix_queries == 0 {
                 0.0
             } else {
-                outcomes.cached_tokens as f64 / outcomes.prompt_tokens as f64
+                outcomes.prefix_hits as f64 / outcomes.prefix_queries as f64
             },
             busiest_over_mean: if mean > 0.0 { busiest / mean } else { 0.0 },
             events,

@@ -125,6 +125,10 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     let events = sim.queue.handled();
     let end = sim.queue.now();
     sim.out.unfinished = sim.open as u64;
+    for slot in &sim.slots {
+        sim.out.prefix_queries += slot.engine.stats().prefix_queries;
+        sim.out.prefix_hits += slot.engine.stats().prefix_hits;
+    }
     Ok(RunResult::new(
         policy,
         n,
