@@ -111,7 +111,10 @@ async fn simulate_agrees_with_the_real_time_path() {
         let model = fleet.model().to_string();
         fleet.stop().await;
 
-        let config = policy.parse::<Policy>().unwrap().apply(&sim_config(&model, policy));
+        let config = policy
+            .parse::<Policy>()
+            .unwrap()
+            .apply(&sim_config(&model, policy));
         let sim = run(
             &RunSpec {
                 workload: &workload,
@@ -132,7 +135,10 @@ async fn simulate_agrees_with_the_real_time_path() {
             real_failed: f.failed,
             real_hit: cache.hit_rate().unwrap_or(0.0),
             // Wall time on the replicas' scaled clock → simulated time.
-            real_ttft: (f.ttft_ms.p50 * SIM_TIME_SCALE, f.ttft_ms.p99 * SIM_TIME_SCALE),
+            real_ttft: (
+                f.ttft_ms.p50 * SIM_TIME_SCALE,
+                f.ttft_ms.p99 * SIM_TIME_SCALE,
+            ),
             real_tput: f.output_throughput / SIM_TIME_SCALE,
             sim_completed: sim.outcomes.completed,
             sim_failed: sim.outcomes.errors(),
@@ -143,7 +149,14 @@ async fn simulate_agrees_with_the_real_time_path() {
     }
     println!(
         "{:<18} {:>9} {:>9} {:>8} {:>8} {:>16} {:>16} {:>14}",
-        "policy", "done r/s", "fail r/s", "hit % r", "hit % s", "TTFT p50 r/s ms", "TTFT p99 r/s ms", "tok/s r/s"
+        "policy",
+        "done r/s",
+        "fail r/s",
+        "hit % r",
+        "hit % s",
+        "TTFT p50 r/s ms",
+        "TTFT p99 r/s ms",
+        "tok/s r/s"
     );
     for r in &rows {
         println!(

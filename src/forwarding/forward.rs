@@ -15,10 +15,10 @@ use super::body::{Completion, ProxyBody, ResponseBody};
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
-use crate::telemetry::clock::now_millis;
 use crate::routing::{Decision, Failure, Pool};
 use crate::server::ApiError;
 use crate::telemetry::Metrics;
+use crate::telemetry::clock::now_millis;
 
 /// Everything needed to send one client request upstream.
 pub struct ForwardRequest<'a> {

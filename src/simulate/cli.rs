@@ -76,7 +76,11 @@ pub struct SimulateArgs {
     pub max_model_len: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
     /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
-    #[arg(long, value_delimiter = ',', default_value = "round_robin,least_connections,jsq,hash,cache")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,least_connections,jsq,hash,cache"
+    )]
     pub policies: Vec<String>,
     /// An llmlb config: its pool serving --model is simulated (scrape,
     /// health, timeouts, prefix settings as written). Default: one generated pool.
@@ -142,14 +146,16 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         .map(|p| p.trim().parse::<Policy>().map_err(SimulateError::Invalid))
         .collect::<Result<Vec<_>, _>>()?;
     let base: Option<Config> = match &args.config {
-        Some(path) => Some(crate::config::load(path).map_err(|e| SimulateError::Config {
-            file: path.display().to_string(),
-            issues: e
-                .issues
-                .iter()
-                .map(|i| format!("{}: {}", i.key, i.reason))
-                .collect::<Vec<_>>()
-                .join("; "),
+        Some(path) => Some(crate::config::load(path).map_err(|e| {
+            SimulateError::Config {
+                file: path.display().to_string(),
+                issues: e
+                    .issues
+                    .iter()
+                    .map(|i| format!("{}: {}", i.key, i.reason))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }
         })?),
         None => None,
     };
@@ -293,14 +299,17 @@ fn parallel<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sy
         return items.iter().map(&f).collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| Default::default()).collect();
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| Default::default()).collect();
     std::thread::scope(|s| {
         for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = f(item);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
             });
         }
     });

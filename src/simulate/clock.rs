@@ -73,7 +73,11 @@ impl EventQueue {
 
     /// Schedules `event` at `at` (clamped to now: nothing happens in the past).
     pub fn push(&mut self, at: f64, event: Event) {
-        let at = if at.is_finite() { at.max(self.now) } else { self.now };
+        let at = if at.is_finite() {
+            at.max(self.now)
+        } else {
+            self.now
+        };
         self.seq += 1;
         self.heap.push(Entry {
             at,

@@ -111,8 +111,12 @@ pub fn resized(config: &Config, model: &str, replicas: usize) -> Result<Config, 
         .find(|p| p.models.iter().any(|m| m == model))
         .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
     let first = pc.replicas.first().cloned();
-    let text = format!("[[pools]]\nname = \"x\"\nmodels = [\"x\"]\n{}", placeholder_replicas(replicas, first.as_ref()));
-    let parsed = crate::config::parse(&text).map_err(|i| SimulateError::config("(generated)", &i))?;
+    let text = format!(
+        "[[pools]]\nname = \"x\"\nmodels = [\"x\"]\n{}",
+        placeholder_replicas(replicas, first.as_ref())
+    );
+    let parsed =
+        crate::config::parse(&text).map_err(|i| SimulateError::config("(generated)", &i))?;
     pc.replicas = parsed.pools[0].replicas.clone();
     Ok(c)
 }
@@ -257,7 +261,12 @@ mod tests {
             "jsq".parse::<Policy>(),
             Ok(Policy::Balancer(BalancerKind::Jsq))
         );
-        assert!("exact".parse::<Policy>().unwrap_err().contains("not available"));
+        assert!(
+            "exact"
+                .parse::<Policy>()
+                .unwrap_err()
+                .contains("not available")
+        );
         assert!("nope".parse::<Policy>().is_err());
         let c = generated_config("m", 3).unwrap();
         let cache = Policy::Prefix(PrefixMode::Cache).apply(&c);

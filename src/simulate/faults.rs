@@ -65,7 +65,9 @@ impl FromStr for Fault {
                         v.parse::<f64>()
                             .ok()
                             .filter(|f| f.is_finite() && *f > 0.0)
-                            .ok_or_else(|| format!("fault {s:?}: factor must be a positive number"))?,
+                            .ok_or_else(|| {
+                                format!("fault {s:?}: factor must be a positive number")
+                            })?,
                     )
                 }
                 _ => return Err(format!("fault {s:?}: unknown key {k:?}")),
@@ -132,10 +134,24 @@ mod tests {
             })
         );
         let z: Fault = "zone:replicas=0-2;8,at=10m".parse().unwrap();
-        assert_eq!((z.kind.clone(), z.replicas.clone(), z.at), (FaultKind::Kill, vec![0, 1, 2, 8], 600.0));
+        assert_eq!(
+            (z.kind.clone(), z.replicas.clone(), z.at),
+            (FaultKind::Kill, vec![0, 1, 2, 8], 600.0)
+        );
         assert_eq!(z.out_of_range(8), Some(8));
-        assert_eq!("hang:replica=1,at=1500ms".parse::<Fault>().unwrap().kind, FaultKind::Hang);
-        for bad in ["slow:replica=1,at=1s", "kill:at=1s", "kill:replica=1", "melt:replica=1,at=1s", "kill:replica=x,at=1s", "kill:replica=1,at=1s,factor=2", "kill"] {
+        assert_eq!(
+            "hang:replica=1,at=1500ms".parse::<Fault>().unwrap().kind,
+            FaultKind::Hang
+        );
+        for bad in [
+            "slow:replica=1,at=1s",
+            "kill:at=1s",
+            "kill:replica=1",
+            "melt:replica=1,at=1s",
+            "kill:replica=x,at=1s",
+            "kill:replica=1,at=1s,factor=2",
+            "kill",
+        ] {
             assert!(bad.parse::<Fault>().is_err(), "{bad}");
         }
     }

@@ -58,3 +58,6 @@ impl SimulateError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

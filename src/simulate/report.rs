@@ -137,8 +137,20 @@ pub fn table(runs: &[RunResult]) -> String {
     let _ = writeln!(
         out,
         "{:<18} {:>5} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>9} {:>6} {:>7} {:>8} {:>5} {:>6}",
-        "policy", "N", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99",
-        "goodput/s", "hit %", "max/avg", "preempt", "429", "errors"
+        "policy",
+        "N",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "E2E p50",
+        "E2E p99",
+        "goodput/s",
+        "hit %",
+        "max/avg",
+        "preempt",
+        "429",
+        "errors"
     );
     for r in runs {
         let _ = writeln!(

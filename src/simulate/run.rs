@@ -30,14 +30,14 @@ use crate::routing::{Failure, Prompt};
 use crate::sim::config::SimConfig;
 use crate::sim::engine::{NewRequest, StepOutcome};
 
+use super::SimulateError;
 use super::clock::{Event, EventQueue, millis};
 use super::decide::Decider;
 use super::faults::{Fault, FaultKind};
 use super::fleet::{self, Slot, State};
 use super::report::{Outcomes, RunResult};
 use super::stats::LogHistogram;
-use super::workload::{Source, as_route_prompt, SimWorkload};
-use super::SimulateError;
+use super::workload::{SimWorkload, Source, as_route_prompt};
 
 /// A request's progress.
 #[derive(Debug, Default)]
@@ -105,7 +105,8 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         prompt: Vec::new(),
         tried: Vec::new(),
     };
-    sim.queue.push(spec.workload.requests[0].at, Event::Arrival(0));
+    sim.queue
+        .push(spec.workload.requests[0].at, Event::Arrival(0));
     if sim.decider.pool().scrape.is_some() {
         sim.queue.push(0.0, Event::Scrape);
     }
@@ -174,7 +175,8 @@ impl Sim<'_> {
         let retries = self.decider.pool().retries as usize;
         loop {
             let info = self.decider.info(r.input, r.output);
-            let (replica, _pick) = match self.decider.choose(&decision, &self.tried, &info, now_ms) {
+            let (replica, _pick) = match self.decider.choose(&decision, &self.tried, &info, now_ms)
+            {
                 Ok(c) => c,
                 Err(_) if self.tried.is_empty() => return self.out.no_replica += 1,
                 Err(_) => return self.out.upstream += 1,
@@ -188,7 +190,12 @@ impl Sim<'_> {
                 State::Dead => {
                     drop(guard);
                     let pool = self.decider.pool();
-                    pool.record_failure_at(&replica, Failure::Connect, self.decider.metrics(), now_ms);
+                    pool.record_failure_at(
+                        &replica,
+                        Failure::Connect,
+                        self.decider.metrics(),
+                        now_ms,
+                    );
                     if self.tried.len() > retries {
                         return self.out.upstream += 1;
                     }
@@ -305,7 +312,10 @@ impl Sim<'_> {
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
-            if self.live[i].first.is_some_and(|t| t - arrivals[i].at <= self.spec.goodput_ttft) {
+            if self.live[i]
+                .first
+                .is_some_and(|t| t - arrivals[i].at <= self.spec.goodput_ttft)
+            {
                 self.out.within_objective += 1;
             }
             self.close(i);
@@ -323,7 +333,8 @@ impl Sim<'_> {
         if self.work_left()
             && let Some(s) = &pool.scrape
         {
-            self.queue.push(now + s.interval.as_secs_f64().max(1e-3), Event::Scrape);
+            self.queue
+                .push(now + s.interval.as_secs_f64().max(1e-3), Event::Scrape);
         }
     }
 
@@ -365,7 +376,8 @@ impl Sim<'_> {
                     } else {
                         timeouts.first_byte
                     };
-                    self.queue.push(now + wait.as_secs_f64(), Event::Timeout(i as u32));
+                    self.queue
+                        .push(now + wait.as_secs_f64(), Event::Timeout(i as u32));
                 }
             }
         }
@@ -382,7 +394,12 @@ impl Sim<'_> {
         }
         let r = self.live[i].replica as usize;
         let pool = std::sync::Arc::clone(self.decider.pool());
-        pool.record_failure_at(&pool.replicas[r], Failure::Timeout, self.decider.metrics(), millis(now));
+        pool.record_failure_at(
+            &pool.replicas[r],
+            Failure::Timeout,
+            self.decider.metrics(),
+            millis(now),
+        );
         self.out.timeout += 1;
         self.close(i);
     }

@@ -46,7 +46,9 @@ impl LogHistogram {
         if self.total == 0 {
             return 0.0;
         }
-        let rank = ((p / 100.0).clamp(0.0, 1.0) * self.total as f64).ceil().max(1.0) as u64;
+        let rank = ((p / 100.0).clamp(0.0, 1.0) * self.total as f64)
+            .ceil()
+            .max(1.0) as u64;
         let mut seen = 0;
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;

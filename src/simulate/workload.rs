@@ -88,7 +88,8 @@ impl SimWorkload {
             if line.trim().is_empty() {
                 continue;
             }
-            let r: TraceRecord = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+            let r: TraceRecord =
+                serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
             let origin = *origin.get_or_insert(r.timestamp);
             let n = r.hash_ids.len();
             let scaled = (r.input_length as f64 * length_scale).round() as usize;
