@@ -147,7 +147,7 @@ pub fn svg(runs: &[(String, RunReport)]) -> String {
                 name: name.clone(),
                 ttft_ms: ok().filter_map(|q| q.ttft_ms).collect(),
                 e2e_ms: ok().map(|q| q.e2e_ms).collect(),
-                completed: r.figures.completed as u64,
+                completed: r.figures.completed,
             }
         })
         .collect();
