@@ -23,6 +23,7 @@ pub mod routing;
 pub mod server;
 pub mod signals;
 pub mod sim;
+pub mod simulate;
 pub mod telemetry;
 pub mod tokenize;
 pub mod tokenizer;

@@ -47,6 +47,10 @@ enum Command {
     Bench(Box<llmlb::bench::cli::BenchArgs>),
     /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
     Sim(Box<llmlb::sim::cli::SimArgs>),
+    /// Simulate a whole fleet on a virtual clock with llmlb's own routing
+    /// and balancing: compare policies, size a fleet, inject faults (see
+    /// docs/SIMULATOR.md and docs/CAPACITY.md).
+    Simulate(Box<llmlb::simulate::cli::SimulateArgs>),
     /// Start a simulated fleet and the proxy, run the same short workload
     /// through each balancer, and print a comparison table.
     Demo(Box<llmlb::demo::DemoArgs>),
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
         Command::Sim(args) => sim(*args),
+        Command::Simulate(args) => simulate(&args),
         Command::Demo(args) => demo(*args),
     };
     match result {
@@ -163,6 +168,12 @@ fn serve(path: &Path) -> anyhow::Result<()> {
 fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(llmlb::demo::run(args))?;
+    Ok(())
+}
+
+fn simulate(args: &llmlb::simulate::cli::SimulateArgs) -> anyhow::Result<()> {
+    let text = llmlb::simulate::cli::execute(args)?;
+    print!("{text}");
     Ok(())
 }
 

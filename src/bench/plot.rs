@@ -128,8 +128,34 @@ fn decade_label(e: i32) -> String {
     }
 }
 
+/// One curve's data: latencies of completed requests, in ms.
+#[derive(Debug, Clone, Default)]
+pub struct Curves {
+    pub name: String,
+    pub ttft_ms: Vec<f64>,
+    pub e2e_ms: Vec<f64>,
+    pub completed: u64,
+}
+
 /// The SVG text for `runs`.
 pub fn svg(runs: &[(String, RunReport)]) -> String {
+    let curves: Vec<Curves> = runs
+        .iter()
+        .map(|(name, r)| {
+            let ok = || r.requests.iter().filter(|q| q.outcome.is_ok());
+            Curves {
+                name: name.clone(),
+                ttft_ms: ok().filter_map(|q| q.ttft_ms).collect(),
+                e2e_ms: ok().map(|q| q.e2e_ms).collect(),
+                completed: r.figures.completed,
+            }
+        })
+        .collect();
+    svg_of(&curves)
+}
+
+/// The SVG text for any set of latency samples (`bench` runs, `simulate` policies).
+pub fn svg_of(runs: &[Curves]) -> String {
     let width = MARGIN_L * 2.0 + PANEL_W * 2.0 + 40.0;
     let legend_h = 20.0 * runs.len() as f64;
     let height = MARGIN_T + PANEL_H + 40.0 + legend_h + 10.0;
@@ -141,10 +167,9 @@ pub fn svg(runs: &[(String, RunReport)]) -> String {
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let mut ttft = Vec::new();
     let mut e2e = Vec::new();
-    for (i, (_, r)) in runs.iter().enumerate() {
-        let ok = || r.requests.iter().filter(|q| q.outcome.is_ok());
-        ttft.push((i, sorted(ok().filter_map(|q| q.ttft_ms))));
-        e2e.push((i, sorted(ok().map(|q| q.e2e_ms))));
+    for (i, r) in runs.iter().enumerate() {
+        ttft.push((i, sorted(r.ttft_ms.iter().copied())));
+        e2e.push((i, sorted(r.e2e_ms.iter().copied())));
     }
     panel(&mut out, MARGIN_L, "Time to first token (CDF)", &ttft);
     panel(
@@ -153,7 +178,7 @@ pub fn svg(runs: &[(String, RunReport)]) -> String {
         "End-to-end latency (CDF)",
         &e2e,
     );
-    for (i, (name, r)) in runs.iter().enumerate() {
+    for (i, r) in runs.iter().enumerate() {
         let y = MARGIN_T + PANEL_H + 40.0 + 20.0 * i as f64;
         let _ = writeln!(
             out,
@@ -163,8 +188,8 @@ pub fn svg(runs: &[(String, RunReport)]) -> String {
             y - 4.0,
             COLORS[i % COLORS.len()],
             MARGIN_L + 30.0,
-            escape(name),
-            r.figures.completed
+            escape(&r.name),
+            r.completed
         );
     }
     out.push_str("</svg>\n");

@@ -27,6 +27,7 @@ pub use schema::*;
 pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
 pub use tokenizer::TokenizerConfig;
 pub use upstream_tls::UpstreamTlsConfig;
+pub use validate::validate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! process, and is stopped before the command returns.
 
 mod bound;
-mod fleet;
+pub mod fleet;
 pub mod priority;
 mod table;
 

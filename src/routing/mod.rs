@@ -9,6 +9,7 @@
 
 pub mod branch;
 pub mod canary;
+mod dispatch;
 pub mod metrics;
 pub mod model_map;
 mod outcome;
@@ -19,6 +20,7 @@ pub mod tiers;
 mod topology;
 
 pub use branch::RouteBranch;
+pub use dispatch::choose;
 pub use metrics::{RoutingMetrics, VersionRecord};
 pub use outcome::Failure;
 pub use prefix::blocks::Prompt;

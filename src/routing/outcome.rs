@@ -34,7 +34,18 @@ impl Pool {
     /// ambiguity: a replica that cannot be reached cannot serve, so
     /// [`Failure::Connect`] ejects regardless of the share.
     pub fn record_failure(&self, replica: &Replica, failure: Failure, metrics: &Metrics) {
-        let now = now_millis();
+        self.record_failure_at(replica, failure, metrics, now_millis());
+    }
+
+    /// [`Pool::record_failure`] at `now` (ms on the process clock, or a
+    /// simulation's virtual clock).
+    pub fn record_failure_at(
+        &self,
+        replica: &Replica,
+        failure: Failure,
+        metrics: &Metrics,
+        now: u64,
+    ) {
         let outcome = replica.outlier.on_failure(now, &self.outlier, || {
             if failure == Failure::Connect {
                 return true;

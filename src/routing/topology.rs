@@ -50,9 +50,15 @@ pub struct Pool {
 impl Pool {
     /// Replicas that may receive new work now.
     pub fn eligible(&self) -> Vec<Arc<Replica>> {
+        self.eligible_at(now_millis())
+    }
+
+    /// Replicas that may receive new work at `now_ms` (process clock, or a
+    /// simulation's virtual one).
+    pub fn eligible_at(&self, now_ms: u64) -> Vec<Arc<Replica>> {
         self.replicas
             .iter()
-            .filter(|r| r.is_eligible())
+            .filter(|r| r.is_eligible_at(now_ms))
             .cloned()
             .collect()
     }

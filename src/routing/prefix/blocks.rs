@@ -22,6 +22,9 @@ pub enum Prompt<'a> {
     Chat(&'a [ChatMessage]),
     /// A completion prompt, used as is.
     Text(&'a str),
+    /// A prompt already in token ids (`llmlb simulate`, which feeds the
+    /// replicas and the router the same ids without rendering text).
+    Tokens(&'a [u32]),
 }
 
 impl Prompt<'_> {
@@ -57,6 +60,7 @@ pub fn prompt_token_ids(tokenizer: &PromptTokenizer, prompt: Prompt<'_>) -> Vec<
     let ids = match prompt {
         Prompt::Chat(messages) => tokenizer.encode_chat(messages),
         Prompt::Text(text) => tokenizer.encode_text(text),
+        Prompt::Tokens(ids) => Ok(ids.to_vec()),
     };
     ids.unwrap_or_else(|e| {
         tracing::debug!(error = %e, "prompt not tokenizable with the pool's tokenizer; using the stand-in");

@@ -1,0 +1,324 @@
+//! The `llmlb simulate` command line: flags → workload, fleet config,
+//! policies; run each policy (on up to `--jobs` threads) or search the
+//! smallest fleet; print the table, write JSON and SVG.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use super::decide::{self, Policy};
+use super::faults::Fault;
+use super::report::{self, RunResult};
+use super::run::{RunSpec, run};
+use super::search::{self, Objective};
+use super::{SimWorkload, SimulateError};
+use crate::bench::workload::{LenRange, RandomOptions, SharedPrefixOptions, WorkloadSpec};
+use crate::config::Config;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BuiltIn {
+    Random,
+    SharedPrefix,
+}
+
+/// Flags of `llmlb simulate`.
+#[derive(Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// A Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids).
+    #[arg(long, conflicts_with = "workload")]
+    pub trace: Option<PathBuf>,
+    /// A built-in `llmlb bench` workload instead of a trace (needs --rate).
+    #[arg(long, value_enum)]
+    pub workload: Option<BuiltIn>,
+    /// Built-in workloads: requests per second.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Built-in workloads: requests (default: shared-prefix's size, random 1000).
+    #[arg(long)]
+    pub num_requests: Option<usize>,
+    /// random: prompt tokens, `N` or `MIN..MAX`.
+    #[arg(long, default_value = "1024")]
+    pub input_len: LenRange,
+    /// random, shared-prefix: output tokens (`N` or `MIN..MAX`; shared-prefix takes MIN).
+    #[arg(long)]
+    pub output_len: Option<LenRange>,
+    /// shared-prefix: groups sharing one system prompt.
+    #[arg(long, default_value_t = 64)]
+    pub groups: usize,
+    /// shared-prefix: prompts per group.
+    #[arg(long, default_value_t = 16)]
+    pub prompts_per_group: usize,
+    /// shared-prefix: system prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub system_len: usize,
+    /// shared-prefix: question tokens.
+    #[arg(long, default_value_t = 128)]
+    pub question_len: usize,
+    /// Trace: replay only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Trace: multiply block size, prompt and output lengths.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_scale: f64,
+    /// Multiply the arrival rate (2 = the same requests in half the time).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate_scale: f64,
+    /// Replicas in the generated fleet (or the --config pool, resized).
+    #[arg(long)]
+    pub replicas: Option<usize>,
+    /// Engine profile of every replica (fast, h100-8b, vllm-cpu-tiny).
+    #[arg(long, default_value = "h100-8b")]
+    pub profile: String,
+    /// Override the profile's context length (e.g. 131072 for a 128k model).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
+    /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,least_connections,jsq,hash,cache"
+    )]
+    pub policies: Vec<String>,
+    /// An llmlb config: its pool serving --model is simulated (scrape,
+    /// health, timeouts, prefix settings as written). Default: one generated pool.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Model name of the requests (default: the profile's, or the config's first).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Goodput counts requests whose TTFT is at most this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub goodput_ttft: Duration,
+    /// A fault on the virtual clock (repeatable), e.g. `kill:replica=3,at=60s`,
+    /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`, `zone:replicas=0-63,at=10m`.
+    #[arg(long = "fault")]
+    pub faults: Vec<Fault>,
+    /// Search the smallest fleet meeting --objective, per policy.
+    #[arg(long, requires = "objective")]
+    pub find_replicas: bool,
+    /// e.g. `p99_ttft=2s` or `p99_ttft=2s,p99_itl=100ms`.
+    #[arg(long)]
+    pub objective: Option<Objective>,
+    /// Largest fleet --find-replicas tries.
+    #[arg(long, default_value_t = 4096)]
+    pub max_replicas: usize,
+    /// Policies simulated at once (default: the machine's cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write every figure as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write TTFT and end-to-end CDFs as SVG.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// What `--json` holds.
+#[derive(Debug, Serialize)]
+pub struct Output {
+    pub workload: String,
+    pub requests: usize,
+    pub profile: String,
+    pub runs: Vec<RunResult>,
+    /// `--find-replicas`: every probe per policy, (replicas, met).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<(String, Vec<(usize, bool)>)>,
+}
+
+/// Runs the command; returns the table text to print.
+pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let mut profile = super::fleet::profile(&args.profile)?;
+    if let Some(len) = args.max_model_len {
+        profile.engine.max_model_len = len;
+        profile
+            .engine
+            .validate()
+            .map_err(|e| SimulateError::Invalid(format!("--max-model-len: {e}")))?;
+    }
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| p.trim().parse::<Policy>().map_err(SimulateError::Invalid))
+        .collect::<Result<Vec<_>, _>>()?;
+    let base: Option<Config> = match &args.config {
+        Some(path) => Some(crate::config::load(path).map_err(|e| {
+            SimulateError::Config {
+                file: path.display().to_string(),
+                issues: e
+                    .issues
+                    .iter()
+                    .map(|i| format!("{}: {}", i.key, i.reason))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }
+        })?),
+        None => None,
+    };
+    let model = match (&args.model, &base) {
+        (Some(m), _) => m.clone(),
+        (None, Some(c)) => c
+            .pools
+            .first()
+            .and_then(|p| p.models.first())
+            .cloned()
+            .ok_or_else(|| SimulateError::Invalid("the config has no pool with a model".into()))?,
+        (None, None) => profile.model.clone(),
+    };
+    let workload = load_workload(args)?;
+    let fleet = |n: Option<usize>| -> Result<Config, SimulateError> {
+        match (&base, n) {
+            (Some(c), Some(n)) => decide::resized(c, &model, n),
+            (Some(c), None) => Ok(c.clone()),
+            (None, n) => decide::generated_config(&model, n.unwrap_or(4)),
+        }
+    };
+    let spec_for = |config: &Config, policy: &Policy| -> Result<RunResult, SimulateError> {
+        let applied = policy.apply(config);
+        let spec = RunSpec {
+            workload: &workload,
+            config: &applied,
+            model: &model,
+            profile: &profile,
+            faults: &args.faults,
+            goodput_ttft: args.goodput_ttft.as_secs_f64(),
+            seed: args.seed,
+        };
+        run(&spec, &policy.name())
+    };
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, policies.len().max(1));
+    let mut probes = Vec::new();
+    let runs: Vec<RunResult> = if args.find_replicas {
+        let objective = args.objective.as_ref().expect("clap requires --objective");
+        let start = args.replicas.unwrap_or(4);
+        let found = parallel(&policies, jobs, |policy| {
+            search::find(objective, start, args.max_replicas, |n| {
+                spec_for(&fleet(Some(n))?, policy)
+            })
+        });
+        let mut runs = Vec::new();
+        for (policy, r) in policies.iter().zip(found) {
+            let (run, p) = r?;
+            probes.push((policy.name(), p));
+            runs.push(run);
+        }
+        runs
+    } else {
+        let config = fleet(args.replicas)?;
+        parallel(&policies, jobs, |policy| spec_for(&config, policy))
+            .into_iter()
+            .collect::<Result<_, _>>()?
+    };
+    let mut text = format!(
+        "{} requests from {}, profile {}\n",
+        workload.requests.len(),
+        workload.name,
+        args.profile
+    );
+    text.push_str(&report::table(&runs));
+    for (policy, p) in &probes {
+        let list: Vec<String> = p
+            .iter()
+            .map(|(n, ok)| format!("{n}{}", if *ok { "✓" } else { "✗" }))
+            .collect();
+        text.push_str(&format!("{policy}: tried {}\n", list.join(" ")));
+    }
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    let wall: f64 = runs.iter().map(|r| r.wall_s).sum();
+    text.push_str(&format!(
+        "simulated {events} events in {wall:.1} s of thread time ({:.0} ns per event)\n",
+        wall * 1e9 / events.max(1) as f64
+    ));
+    if let Some(path) = &args.svg {
+        report::write_svg(path, &runs)?;
+    }
+    if let Some(path) = &args.json {
+        let out = Output {
+            workload: workload.name.clone(),
+            requests: workload.requests.len(),
+            profile: args.profile.clone(),
+            runs,
+            probes,
+        };
+        report::write_json(path, &out)?;
+    }
+    Ok(text)
+}
+
+fn load_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
+    if let Some(path) = &args.trace {
+        return SimWorkload::trace(path, args.length_scale, args.rate_scale, args.max_requests);
+    }
+    let Some(kind) = args.workload else {
+        return Err(SimulateError::Invalid(
+            "give --trace FILE or --workload random|shared-prefix".into(),
+        ));
+    };
+    let rate = args
+        .rate
+        .ok_or_else(|| SimulateError::Invalid("--workload needs --rate".into()))?;
+    let (spec, size) = match kind {
+        BuiltIn::Random => (
+            WorkloadSpec::Random(RandomOptions {
+                input_len: args.input_len,
+                output_len: args.output_len.unwrap_or(LenRange::fixed(128)),
+            }),
+            1000,
+        ),
+        BuiltIn::SharedPrefix => {
+            let o = SharedPrefixOptions {
+                groups: args.groups,
+                prompts_per_group: args.prompts_per_group,
+                system_len: args.system_len,
+                question_len: args.question_len,
+                output_len: args.output_len.map_or(256, |r| r.min),
+            };
+            let size = o.groups * o.prompts_per_group;
+            (WorkloadSpec::SharedPrefix(o), size)
+        }
+    };
+    SimWorkload::builtin(
+        &spec,
+        args.num_requests.unwrap_or(size),
+        rate,
+        args.rate_scale,
+        args.seed,
+    )
+}
+
+/// `f` over `items` on up to `jobs` threads, results in order.
+fn parallel<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if jobs <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every item ran")
+        })
+        .collect()
+}

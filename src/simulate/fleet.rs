@@ -1,0 +1,84 @@
+//! The simulated replicas: one [`Engine`] per replica on the shared virtual
+//! clock, with what a fault did to it, and the `/metrics` scrape a replica
+//! would answer, as the [`LoadSnapshot`] llmlb's scrape loop would store.
+
+use crate::signals::LoadSnapshot;
+use crate::sim::engine::{Engine, StepOutcome};
+use crate::sim::profile;
+
+use super::SimulateError;
+use crate::sim::config::SimConfig;
+
+/// Whether a replica serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Up,
+    /// Process gone: connections refused.
+    Dead,
+    /// Accepts connections, never answers.
+    Hung,
+}
+
+#[derive(Debug)]
+pub struct Slot {
+    pub engine: Engine,
+    pub state: State,
+    /// Bumped when a fault stops the replica: step ends of an older epoch
+    /// are dropped.
+    pub epoch: u32,
+    /// A step is under way; its outcome is due at `pending.end`.
+    pub pending: Option<StepOutcome>,
+    /// Requests dispatched to it (completed or not).
+    pub dispatched: u64,
+    /// Output tokens it produced.
+    pub tokens: u64,
+}
+
+/// The engine settings of a named profile.
+pub fn profile(name: &str) -> Result<SimConfig, SimulateError> {
+    profile::named(name).ok_or_else(|| {
+        SimulateError::Invalid(format!(
+            "unknown profile {name:?}: expected one of {}",
+            profile::NAMES.join(", ")
+        ))
+    })
+}
+
+/// `n` idle replicas of `profile`, each engine seeded by its position.
+pub fn build(profile: &SimConfig, n: usize) -> Vec<Slot> {
+    (0..n)
+        .map(|i| Slot {
+            engine: Engine::new(
+                profile.engine.clone(),
+                profile.cost.clone(),
+                profile.seed.wrapping_add(i as u64),
+            ),
+            state: State::Up,
+            epoch: 0,
+            pending: None,
+            dispatched: 0,
+            tokens: 0,
+        })
+        .collect()
+}
+
+impl Slot {
+    /// What a scrape of this replica returns at `now_ms`.
+    pub fn snapshot(&self, now_ms: u64) -> LoadSnapshot {
+        let s = self.engine.stats();
+        let p = self.engine.params();
+        LoadSnapshot {
+            running: Some(s.num_running as u64),
+            waiting: Some(s.num_waiting as u64),
+            kv_usage: Some(s.kv_usage),
+            kv_capacity_tokens: Some((p.usable_blocks() * p.block_size) as u64),
+            prefix_cache_queries: Some(s.prefix_queries as f64),
+            prefix_cache_hits: Some(s.prefix_hits as f64),
+            prefix_cache_hit_gauge: None,
+            // Timing histograms are not modelled: learned rates stay at the
+            // pool's priors in a simulation.
+            timing: Default::default(),
+            taken_at_ms: now_ms,
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The event loop end to end on small fleets: determinism, accounting,
+//! staleness-free basics and each fault kind.
+
+use super::decide::{Policy, generated_config};
+use super::faults::Fault;
+use super::report::RunResult;
+use super::run::{RunSpec, run};
+use super::workload::SimWorkload;
+use crate::bench::workload::{LenRange, RandomOptions, WorkloadSpec};
+use crate::sim::SimConfig;
+
+fn workload(count: usize, rate: f64) -> SimWorkload {
+    let spec = WorkloadSpec::Random(RandomOptions {
+        input_len: LenRange::fixed(64),
+        output_len: LenRange::fixed(8),
+    });
+    SimWorkload::builtin(&spec, count, rate, 1.0, 7).unwrap()
+}
+
+fn simulate(w: &SimWorkload, replicas: usize, policy: &str, faults: &[Fault]) -> RunResult {
+    let profile = SimConfig::profile("fast").unwrap();
+    let mut config = generated_config(&profile.model, replicas).unwrap();
+    // Retry once on a refused connection, as a production pool would.
+    config.pools[0].retries = 1;
+    let config = policy.parse::<Policy>().unwrap().apply(&config);
+    let spec = RunSpec {
+        workload: w,
+        config: &config,
+        model: &profile.model,
+        profile: &profile,
+        faults,
+        goodput_ttft: 1.0,
+        seed: 0,
+    };
+    run(&spec, policy).unwrap()
+}
+
+#[test]
+fn every_request_completes_once_and_runs_are_deterministic() {
+    let w = workload(60, 100.0);
+    let a = simulate(&w, 3, "least_connections", &[]);
+    let b = simulate(&w, 3, "least_connections", &[]);
+    assert_eq!(a.outcomes.completed, 60);
+    assert_eq!(a.outcomes.errors() + a.outcomes.unfinished, 0);
+    assert_eq!(a.outcomes.output_tokens, 60 * 8);
+    assert_eq!(a.ttft_samples, b.ttft_samples);
+    assert_eq!(a.events, b.events);
+    // A request's first token comes after a prefill step: never at once.
+    assert!(a.ttft_s.p50 > 0.0 && a.ttft_s.p50 <= a.e2e_s.p50);
+    // Round-robin spreads dispatches evenly.
+    let rr = simulate(&w, 3, "round_robin", &[]);
+    assert!(
+        (rr.busiest_over_mean - 1.0).abs() < 1e-9,
+        "{}",
+        rr.busiest_over_mean
+    );
+}
+
+#[test]
+fn more_replicas_lower_the_latency_of_a_saturating_load() {
+    let w = workload(300, 2_000.0);
+    let one = simulate(&w, 1, "jsq", &[]);
+    let four = simulate(&w, 4, "jsq", &[]);
+    assert_eq!(one.outcomes.completed, 300);
+    assert_eq!(four.outcomes.completed, 300);
+    assert!(
+        four.ttft_s.p99 < one.ttft_s.p99,
+        "{:?} vs {:?}",
+        four.ttft_s,
+        one.ttft_s
+    );
+}
+
+#[test]
+fn a_killed_replica_fails_its_requests_and_traffic_moves_on() {
+    let w = workload(200, 1_000.0);
+    let kill: Fault = "kill:replica=0,at=100ms".parse().unwrap();
+    let r = simulate(&w, 2, "round_robin", &[kill]);
+    let o = &r.outcomes;
+    // Some in flight on replica 0 at the kill fail; afterwards, refused
+    // connections are retried on replica 1 and eject replica 0.
+    assert!(o.upstream >= 1, "{o:?}");
+    assert_eq!(o.completed + o.errors() + o.unfinished, 200);
+    // Only the requests on replica 0 at the kill are lost (~1/2 of the few
+    // in flight), not the half of all later arrivals that round-robin sends it.
+    assert!(o.upstream < 40, "{o:?}");
+}
+
+#[test]
+fn a_hung_replica_times_out_its_requests() {
+    let w = workload(100, 100.0);
+    let hang: Fault = "hang:replica=1,at=200ms".parse().unwrap();
+    let r = simulate(&w, 2, "round_robin", &[hang]);
+    let o = &r.outcomes;
+    assert!(o.timeout >= 1, "{o:?}");
+    assert_eq!(o.completed + o.timeout, 100, "{o:?}");
+}
+
+#[test]
+fn a_slow_replica_slows_what_it_serves() {
+    let w = workload(100, 50.0);
+    let base = simulate(&w, 2, "round_robin", &[]);
+    let slow: Fault = "slow:replica=0,at=0s,factor=5".parse().unwrap();
+    let slowed = simulate(&w, 2, "round_robin", &[slow]);
+    assert_eq!(slowed.outcomes.completed, 100);
+    assert!(
+        slowed.e2e_s.p99 > base.e2e_s.p99 * 2.0,
+        "{:?} vs {:?}",
+        slowed.e2e_s,
+        base.e2e_s
+    );
+}
+
+#[test]
+fn a_fault_beyond_the_fleet_is_an_error() {
+    let w = workload(5, 10.0);
+    let profile = SimConfig::profile("fast").unwrap();
+    let config = generated_config(&profile.model, 2).unwrap();
+    let spec = RunSpec {
+        workload: &w,
+        config: &config,
+        model: &profile.model,
+        profile: &profile,
+        faults: &["kill:replica=5,at=1s".parse().unwrap()],
+        goodput_ttft: 1.0,
+        seed: 0,
+    };
+    let err = run(&spec, "config").err().unwrap();
+    assert!(err.to_string().contains("replica 5"), "{err}");
+}
+
+#[test]
+fn prefix_affinity_raises_the_fleet_hit_rate_on_shared_prefixes() {
+    use crate::bench::workload::SharedPrefixOptions;
+    let spec = WorkloadSpec::SharedPrefix(SharedPrefixOptions {
+        groups: 8,
+        prompts_per_group: 16,
+        system_len: 512,
+        question_len: 32,
+        output_len: 4,
+    });
+    let w = SimWorkload::builtin(&spec, 128, 50.0, 1.0, 1).unwrap();
+    let rr = simulate(&w, 4, "round_robin", &[]);
+    let cache = simulate(&w, 4, "cache", &[]);
+    assert!(
+        cache.prefix_hit_rate > rr.prefix_hit_rate,
+        "cache {} vs round_robin {}",
+        cache.prefix_hit_rate,
+        rr.prefix_hit_rate
+    );
+}

@@ -1,0 +1,259 @@
+//! The requests of a simulation, loaded once and shared by every policy run.
+//!
+//! - **Trace** (Mooncake JSONL: `timestamp` ms, `input_length`,
+//!   `output_length`, `hash_ids`): each hash id names a block of 512 prompt
+//!   tokens and everything before it. Block `h` becomes 512 deterministic
+//!   token ids drawn from a generator seeded by `h` ([`fill_prompt`]), so two
+//!   requests that share k leading ids share exactly their first k × 512
+//!   tokens, for the engine's prefix cache and for the router's prefix modes
+//!   alike (both are handed the same ids: the router as
+//!   [`Prompt::Tokens`](crate::routing::Prompt)). Nothing is rendered as text;
+//!   only the ids of a request in flight are held in memory. `length_scale`
+//!   scales block size, input and output the way `llmlb bench` does (the
+//!   input stays inside its last block).
+//! - **Built-in** workloads of `llmlb bench` (`random`, `shared-prefix`): the
+//!   same generator and seed as `bench`, arrivals from its seeded Gamma gaps
+//!   at `--rate`; the prompt is kept as text and chat messages, so the router
+//!   sees exactly what `serve` would, and is tokenized once for the engine.
+//!
+//! `rate_scale` divides every arrival time (2 = twice the traffic).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::bench::arrivals::GapSampler;
+use crate::bench::workload::{self, TraceRecord, Workload, WorkloadSpec};
+
+use super::SimulateError;
+
+/// Tokens per hash id in a Mooncake trace.
+pub const TRACE_BLOCK_TOKENS: usize = 512;
+
+/// Where a request's prompt comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// Hash ids `ids[start..start + len]` of the workload's id table.
+    Blocks { start: u32, len: u32 },
+    /// A built-in workload's prompt and its tokens.
+    Text(Arc<(workload::Prompt, Vec<u32>)>),
+}
+
+#[derive(Debug, Clone)]
+pub struct SimRequest {
+    /// Arrival, seconds from the start.
+    pub at: f64,
+    /// Prompt tokens.
+    pub input: u32,
+    /// Output tokens (`max_tokens`, with `ignore_eos`).
+    pub output: u32,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone)]
+pub struct SimWorkload {
+    pub name: String,
+    pub requests: Vec<SimRequest>,
+    ids: Vec<u64>,
+    block_tokens: usize,
+}
+
+impl SimWorkload {
+    /// Reads a Mooncake trace. `max_requests` keeps the first ones.
+    pub fn trace(
+        path: &Path,
+        length_scale: f64,
+        rate_scale: f64,
+        max_requests: Option<usize>,
+    ) -> Result<SimWorkload, SimulateError> {
+        check_scale("--length-scale", length_scale)?;
+        check_scale("--rate-scale", rate_scale)?;
+        let bad = |line: usize, reason: String| SimulateError::Trace {
+            path: path.display().to_string(),
+            line,
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(0, e.to_string()))?;
+        let block_tokens = ((TRACE_BLOCK_TOKENS as f64 * length_scale).round() as usize).max(2);
+        let mut w = SimWorkload {
+            name: format!("trace {}", path.display()),
+            requests: Vec::new(),
+            ids: Vec::new(),
+            block_tokens,
+        };
+        let mut origin = None;
+        for (i, line) in text.lines().enumerate() {
+            if max_requests.is_some_and(|m| w.requests.len() >= m) {
+                break;
+            }
+            if line.trim().is_empty() {
+                continue;
+            }
+            let r: TraceRecord =
+                serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+            let origin = *origin.get_or_insert(r.timestamp);
+            let n = r.hash_ids.len();
+            let scaled = (r.input_length as f64 * length_scale).round() as usize;
+            let input = if n == 0 {
+                scaled.max(1)
+            } else {
+                scaled.clamp((n - 1) * block_tokens + 1, n * block_tokens)
+            };
+            let start = w.ids.len() as u32;
+            w.ids.extend_from_slice(&r.hash_ids);
+            if n == 0 {
+                // One private block, named by the line.
+                w.ids.push(u64::MAX - i as u64);
+            }
+            w.requests.push(SimRequest {
+                at: r.timestamp.saturating_sub(origin) as f64 / 1000.0 / rate_scale,
+                input: input as u32,
+                output: ((r.output_length as f64 * length_scale).round() as u32).max(1),
+                source: Source::Blocks {
+                    start,
+                    len: (w.ids.len() as u32 - start),
+                },
+            });
+        }
+        if w.requests.is_empty() {
+            return Err(bad(0, "no requests in the trace".into()));
+        }
+        Ok(w)
+    }
+
+    /// A built-in `llmlb bench` workload, `count` requests at `rate` per second.
+    pub fn builtin(
+        spec: &WorkloadSpec,
+        count: usize,
+        rate: f64,
+        rate_scale: f64,
+        seed: u64,
+    ) -> Result<SimWorkload, SimulateError> {
+        check_scale("--rate", rate)?;
+        check_scale("--rate-scale", rate_scale)?;
+        let mut source: Box<dyn Workload> = spec
+            .build(seed)
+            .map_err(|e| SimulateError::Invalid(e.to_string()))?;
+        let mut gaps = GapSampler::new(rate * rate_scale, 1.0, seed);
+        let mut at = 0.0;
+        let mut requests = Vec::with_capacity(count);
+        while requests.len() < count {
+            let Some(conv) = source.next_conversation() else {
+                break;
+            };
+            let Some(first) = conv.turns.into_iter().next() else {
+                continue;
+            };
+            let tokens = stand_in_tokens(&first.prompt);
+            requests.push(SimRequest {
+                at,
+                input: tokens.len() as u32,
+                output: first.output_tokens.max(1),
+                source: Source::Text(Arc::new((first.prompt, tokens))),
+            });
+            at += gaps.next_secs();
+        }
+        Ok(SimWorkload {
+            name: spec.name().to_string(),
+            requests,
+            ids: Vec::new(),
+            block_tokens: TRACE_BLOCK_TOKENS,
+        })
+    }
+
+    /// Writes request `r`'s prompt tokens into `out` (cleared first).
+    pub fn fill_prompt(&self, r: &SimRequest, out: &mut Vec<u32>) {
+        out.clear();
+        match &r.source {
+            Source::Blocks { start, len } => {
+                let ids = &self.ids[*start as usize..(*start + *len) as usize];
+                let mut left = r.input as usize;
+                for &id in ids {
+                    let take = left.min(self.block_tokens);
+                    push_block(out, id, take);
+                    left -= take;
+                }
+            }
+            Source::Text(p) => out.extend_from_slice(&p.1),
+        }
+    }
+
+    /// The time span of the arrivals, seconds.
+    pub fn span(&self) -> f64 {
+        self.requests.last().map_or(0.0, |r| r.at)
+    }
+}
+
+/// `llmlb bench`'s prompt in the stand-in tokenizer's ids (what the
+/// simulated engines and the router both see).
+fn stand_in_tokens(p: &workload::Prompt) -> Vec<u32> {
+    match p {
+        workload::Prompt::Text(t) => crate::tokenizer::tokenize(t),
+        workload::Prompt::Chat(m) => crate::tokenizer::tokenize(&crate::tokenizer::render_chat(
+            m.iter().map(|(r, c)| (r.as_str(), c.as_str())),
+        )),
+    }
+}
+
+fn check_scale(flag: &str, v: f64) -> Result<(), SimulateError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(SimulateError::Invalid(format!(
+            "{flag} must be a positive number, not {v}"
+        )))
+    }
+}
+
+/// The first `take` tokens of block `id`: ids from a SplitMix64 stream
+/// seeded by the block id, in a 100k vocabulary.
+fn push_block(out: &mut Vec<u32>, id: u64, take: usize) {
+    let mut state = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed_b10c;
+    out.extend((0..take).map(|_| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % 100_000) as u32
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace file in the temp dir, unique per test.
+    pub(crate) fn write(name: &str, lines: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "llmlb-simulate-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        std::fs::write(&path, lines).unwrap();
+        path
+    }
+
+    #[test]
+    fn shared_hash_ids_share_exactly_their_blocks() {
+        let f = write(
+            "shared",
+            "{\"timestamp\": 1000, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [0, 1, 2]}\n\
+             {\"timestamp\": 3000, \"input_length\": 1500, \"output_length\": 7, \"hash_ids\": [0, 1, 9]}\n",
+        );
+        let w = SimWorkload::trace(&f, 1.0, 2.0, None).unwrap();
+        assert_eq!(w.requests.len(), 2);
+        assert_eq!((w.requests[0].at, w.requests[1].at), (0.0, 1.0));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        w.fill_prompt(&w.requests[0], &mut a);
+        w.fill_prompt(&w.requests[1], &mut b);
+        assert_eq!((a.len(), b.len()), (1100, 1500));
+        let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        assert_eq!(shared, 1024);
+    }
+
+    #[test]
+    fn bad_line_is_named() {
+        let f = write("bad", "{\"timestamp\": 0}\n");
+        let err = SimWorkload::trace(&f, 1.0, 1.0, None).unwrap_err();
+        assert!(err.to_string().contains(":1:"), "{err}");
+        assert!(SimWorkload::trace(&f, 0.0, 1.0, None).is_err());
+    }
+}
