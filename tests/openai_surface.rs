@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Mode, Upstream, call, chat_request, error_code, one_pool, start_llmlb};
+use common::{Mode, Upstream, call, chat_request, error_code, get_request, one_pool, start_llmlb};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
@@ -70,10 +70,7 @@ async fn every_vllm_endpoint_is_routed_by_model() {
 }
 
 fn get(path: &str) -> Request<Full<Bytes>> {
-    Request::get(path)
-        .header("host", "llmlb.test")
-        .body(Full::new(Bytes::new()))
-        .unwrap()
+    get_request(path, "llmlb.test")
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
+use common::{Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb};
 use http::StatusCode;
 
 fn config(a: &Upstream, b: &Upstream, weights: &str) -> String {
@@ -51,8 +51,7 @@ async fn send(
 /// standard deviation 6.9; accept ±4 standard deviations (33..=87).
 #[tokio::test]
 async fn split_over_users_within_tolerance_and_sticky() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::Json).await;
     let lb = start_llmlb(&config(&a, &b, "v1 = 80, v2 = 20")).await;
     let mut first = Vec::new();
     for u in 0..300 {
@@ -91,8 +90,7 @@ async fn split_over_users_within_tolerance_and_sticky() {
 
 #[tokio::test]
 async fn session_and_api_key_are_sticky_when_no_user() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::Json).await;
     let lb = start_llmlb(&config(&a, &b, "v1 = 50, v2 = 50")).await;
     for s in 0..20 {
         let session = format!("conversation-{s}");
@@ -113,8 +111,7 @@ async fn session_and_api_key_are_sticky_when_no_user() {
 
 #[tokio::test]
 async fn header_forces_a_version_and_unknown_is_400() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::Json).await;
     // v2 gets no traffic by weight, only when forced.
     let lb = start_llmlb(&config(&a, &b, "v1 = 100, v2 = 0")).await;
     for u in 0..20 {
@@ -138,10 +135,9 @@ async fn header_forces_a_version_and_unknown_is_400() {
     assert_eq!(common::error_code(&bytes), "invalid_request");
     let m = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "version_forced")]
+            r#"llmlb_routing_decisions_total{branch="version_forced"}"#
         ),
         20.0
     );
@@ -169,10 +165,9 @@ async fn canary_errors_are_counted_per_version() {
         0.0
     );
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_version_requests_total",
-            &[("version", "v1"), ("status", "200")]
+            r#"llmlb_version_requests_total{version="v1",status="200"}"#
         ),
         3.0
     );

@@ -90,6 +90,16 @@ impl Upstream {
         up
     }
 
+    /// Replicas with these names, all answering in `mode`.
+    pub async fn many<const N: usize>(names: [&str; N], mode: Mode) -> [Upstream; N] {
+        let mut out = Vec::with_capacity(N);
+        for name in names {
+            out.push(Upstream::start(name, mode.clone()).await);
+        }
+        out.try_into()
+            .unwrap_or_else(|_| unreachable!("N replicas"))
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -361,10 +371,7 @@ pub fn error_code(body: &[u8]) -> String {
 
 /// Reads the admin `/metrics` text.
 pub async fn metrics_text(admin: SocketAddr) -> String {
-    let req = Request::get("/metrics")
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = get_request("/metrics", "admin");
     let (status, _, body) = call(admin, req).await;
     assert_eq!(status, StatusCode::OK);
     String::from_utf8(body.to_vec()).unwrap()
@@ -432,10 +439,7 @@ pub fn raw_status(response: &[u8]) -> Option<u16> {
 
 /// Sends an admin `POST` and returns status and JSON body.
 pub async fn admin_post(admin: SocketAddr, path: &str) -> (StatusCode, serde_json::Value) {
-    let req = Request::post(path)
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = post_request(path, "admin");
     let (status, _, body) = call(admin, req).await;
     (
         status,
@@ -445,10 +449,7 @@ pub async fn admin_post(admin: SocketAddr, path: &str) -> (StatusCode, serde_jso
 
 /// `GET` on the admin listener: status and body text.
 pub async fn admin_get(admin: SocketAddr, path: &str) -> (StatusCode, String) {
-    let req = Request::get(path)
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = get_request(path, "admin");
     let (status, _, body) = call(admin, req).await;
     (status, String::from_utf8_lossy(&body).into_owned())
 }
@@ -472,4 +473,240 @@ pub fn queue_depths(lb: &llmlb::server::Running) -> Vec<usize> {
         .expect("the pool queues")
         .queue
         .depths()
+}
+
+/// One replica named `a` answering in `mode`, behind a round-robin pool
+/// with the extra pool keys `pool`; `server` is TOML placed before the pool
+/// (a `[server]` table, or nothing).
+pub async fn one_replica(
+    mode: Mode,
+    server: &str,
+    pool: &str,
+) -> (Upstream, llmlb::server::Running) {
+    let up = Upstream::start("a", mode).await;
+    let config = format!(
+        "{server}\n{}",
+        one_pool("round_robin", &[(&up.url(), 1)], pool)
+    );
+    (up, start_llmlb(&config).await)
+}
+
+/// Sends a streaming chat on a connection of its own and returns the
+/// connection and the response, unread.
+pub async fn open_stream(addr: SocketAddr) -> (Conn, Response<Incoming>) {
+    let mut conn = Conn::open(addr).await;
+    let resp = conn
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    (conn, resp)
+}
+
+/// A streaming chat held open: the first chunk has arrived, the rest waits
+/// for the replica (or the test) to let it go.
+pub async fn held_stream(addr: SocketAddr) -> (Conn, Incoming) {
+    let (conn, resp) = open_stream(addr).await;
+    let mut body = resp.into_body();
+    body.frame()
+        .await
+        .expect("a first chunk")
+        .expect("the first chunk reads");
+    (conn, body)
+}
+
+/// The value of one Prometheus selector in `text`, written
+/// `name{label="value",...}` (or a bare name): the sum of the samples
+/// whose labels include every one given.
+pub fn sample(text: &str, selector: &str) -> f64 {
+    let (name, labels) = match selector.split_once('{') {
+        Some((name, rest)) => (name, rest.strip_suffix('}').expect("selector ends in }")),
+        None => (selector, ""),
+    };
+    let pairs: Vec<(&str, &str)> = labels
+        .split(',')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("label=\"value\"");
+            (k.trim(), v.trim().trim_matches('"'))
+        })
+        .collect();
+    metric_value(text, name, &pairs)
+}
+
+/// Asserts the status of a raw HTTP/1.1 response, showing it when it differs.
+pub fn assert_raw_status(response: &[u8], want: u16) {
+    assert_eq!(
+        raw_status(response),
+        Some(want),
+        "{}",
+        String::from_utf8_lossy(response)
+    );
+}
+
+/// Polls the async `cond` every 10 ms until it holds, panicking with `what`
+/// after `limit`.
+pub async fn until_async(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what}"));
+}
+
+/// A file in a directory of its own under the system temp dir, named for
+/// the test and this process; the directory goes when this drops.
+pub struct TempFile {
+    pub dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
+}
+
+impl TempFile {
+    pub fn new(tag: &str, name: &str, text: &str) -> TempFile {
+        let dir = std::env::temp_dir().join(format!("llmlb-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        TempFile { dir, path }
+    }
+
+    /// `llmlb.toml` holding `text`.
+    pub fn config(tag: &str, text: &str) -> TempFile {
+        TempFile::new(tag, "llmlb.toml", text)
+    }
+
+    pub fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A config for `llmlb serve`: both listeners on port 0, the further
+/// `[server]` keys `server`, then `rest`.
+pub fn serve_config(server: &str, rest: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{server}\n{rest}")
+}
+
+/// `llmlb serve` as a child process (killed when this drops), logging JSON
+/// lines at `info` on a pipe; its first line names the bound addresses.
+pub struct ServeProcess {
+    pub child: ChildGuard,
+    pub lines: std::io::Lines<std::io::BufReader<std::process::ChildStderr>>,
+    /// The first log line.
+    pub first: serde_json::Value,
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+}
+
+impl ServeProcess {
+    /// Starts `llmlb serve --config config` with `env` added.
+    pub fn start(config: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
+        use std::io::BufRead;
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_llmlb"))
+            .args(["--log-format", "json", "serve", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = ChildGuard(child);
+        let mut lines = std::io::BufReader::new(child.0.stderr.take().unwrap()).lines();
+        let line = lines.next().expect("a first log line").unwrap();
+        let first: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let addr = |key: &str| -> SocketAddr {
+            let text = first[key].as_str();
+            text.and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        let (addr, admin_addr) = (addr("addr"), addr("admin_addr"));
+        ServeProcess {
+            child,
+            lines,
+            first,
+            addr,
+            admin_addr,
+        }
+    }
+
+    /// Sends a signal (`-TERM`, `-HUP`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([signal, &self.child.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill {signal} failed");
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the process to exit.
+    pub async fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        self.signal("-TERM");
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "llmlb did not exit within {limit:?} of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The string `field` of every element of the array `v[array]` (the model
+/// ids of a `/v1/models` listing, the keys of config issues, ...).
+pub fn strings_of<'a>(v: &'a serde_json::Value, array: &str, field: &str) -> Vec<&'a str> {
+    let items = v[array]
+        .as_array()
+        .unwrap_or_else(|| panic!("no array {array} in {v}"));
+    items
+        .iter()
+        .map(|item| {
+            item[field]
+                .as_str()
+                .unwrap_or_else(|| panic!("no string {field} in {item}"))
+        })
+        .collect()
+}
+
+/// The replica named `name` in an admin `/admin/replicas` (or status) document.
+pub fn replica_entry<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doc["pools"][0]["replicas"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no replicas in {doc}"))
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no replica {name} in {doc}"))
+}
+
+/// A `GET` of `path` with an empty body.
+pub fn get_request(path: &str, host: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// A `POST` to `path` with an empty body.
+pub fn post_request(path: &str, host: &str) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// llmlb in front of an address that refuses connections and then `good`,
+/// round-robin, with the extra pool keys `pool`.
+pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::server::Running {
+    let (refused, good) = (format!("http://{}", refused_addr().await), good.url());
+    let replicas = [(refused.as_str(), 1), (good.as_str(), 1)];
+    start_llmlb(&one_pool("round_robin", &replicas, pool)).await
 }
