@@ -80,18 +80,22 @@ async fn next_access(s: &mut Serve) -> Value {
     panic!("no access-log line among 50");
 }
 
-fn pool(sim: &llmlb::sim::SimHandle, model: &str) -> String {
-    format!(
-        "[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nbalancer = \"least_connections\"\n[[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
+/// A `fast` simulated replica named `gpu-a`, its model, and `llmlb serve`
+/// in front of it with `extra` config before the pool.
+async fn serve_sim(tag: &str, format: &str, extra: &str) -> (llmlb::sim::SimHandle, String, Serve) {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let config = format!(
+        "{extra}\n[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nbalancer = \"least_connections\"\n[[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
         sim.addr
-    )
+    );
+    let s = serve(tag, format, &config).await;
+    (sim, model, s)
 }
 
 #[tokio::test]
 async fn one_json_line_per_request_with_tokens_and_timing() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let mut s = serve("json", "json", &pool(&sim, &model)).await;
+    let (_sim, model, mut s) = serve_sim("json", "json", "").await;
 
     let body = json!({"model": model, "prompt": "one two three four", "max_tokens": 5});
     let (status, _) = sim_support::complete(s.addr, body).await;
@@ -140,9 +144,7 @@ async fn one_json_line_per_request_with_tokens_and_timing() {
 
 #[tokio::test]
 async fn text_lines_have_no_colour_codes_on_a_pipe() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let mut s = serve("text", "text", &pool(&sim, &model)).await;
+    let (_sim, model, mut s) = serve_sim("text", "text", "").await;
     let body = json!({"model": model, "prompt": "x", "max_tokens": 2});
     assert_eq!(sim_support::complete(s.addr, body).await.0, 200);
     let line = loop {
@@ -161,13 +163,8 @@ async fn text_lines_have_no_colour_codes_on_a_pipe() {
 
 #[tokio::test]
 async fn fields_and_sampling_follow_the_config() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let config = format!(
-        "[telemetry.access_log]\nsample = 0.0\nfields = [\"path\", \"status\"]\n{}",
-        pool(&sim, &model)
-    );
-    let mut s = serve("sampled", "json", &config).await;
+    let access = "[telemetry.access_log]\nsample = 0.0\nfields = [\"path\", \"status\"]";
+    let (_sim, model, mut s) = serve_sim("sampled", "json", access).await;
     // Sample 0: the success is not logged, the failure after it is.
     let ok = json!({"model": model, "prompt": "x", "max_tokens": 2});
     assert_eq!(sim_support::complete(s.addr, ok).await.0, 200);

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use http_body_util::BodyExt;
 
 struct Dir(PathBuf);
 
@@ -86,12 +85,7 @@ async fn replicas_follow_the_dns_records() {
     let (st, _, body_bytes) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(error_code(&body_bytes), "no_healthy_replica");
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(
-        rest.ends_with(b"data: [DONE]\n\n"),
-        "the running stream finishes"
-    );
+    finish_stream(&up, body, "the running stream finishes").await;
 
     // The record comes back.
     up.set_mode(Mode::Json);

@@ -46,9 +46,7 @@ async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
     );
     // The admin listener still answers while the client listener drains.
     assert_eq!(admin_get(admin, "/readyz").await.0, 503);
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"), "stream completes");
+    finish_stream(&up, body, "stream completes").await;
     tokio::time::timeout(LIMIT, stopping)
         .await
         .expect("drain ends once the stream is done")
@@ -108,9 +106,7 @@ async fn admin_drain_stops_new_work_and_lets_streams_finish() {
     }
     assert_eq!(busy.requests(), 1, "a drained replica gets no new work");
     assert_eq!(other.requests(), 4);
-    busy.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"), "its stream finishes");
+    finish_stream(&busy, body, "its stream finishes").await;
 
     let (status, _) = admin_post(lb.admin_addr, &format!("/admin/replicas/{name}/undrain")).await;
     assert_eq!(status, 200);

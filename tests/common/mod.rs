@@ -710,3 +710,15 @@ pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::server::Running
     let replicas = [(refused.as_str(), 1), (good.as_str(), 1)];
     start_llmlb(&one_pool("round_robin", &replicas, pool)).await
 }
+
+/// Lets `up` finish one held stream and checks that `body` then ends with
+/// `[DONE]`; `what` names the stream in the failure.
+pub async fn finish_stream(up: &Upstream, body: Incoming, what: &str) {
+    up.release_one();
+    let rest = body.collect().await.expect("the stream reads").to_bytes();
+    assert!(
+        rest.ends_with(b"data: [DONE]\n\n"),
+        "{what}: {}",
+        String::from_utf8_lossy(&rest)
+    );
+}
