@@ -106,7 +106,7 @@ async fn admin_drain_stops_new_work_and_lets_streams_finish() {
     }
     assert_eq!(busy.requests(), 1, "a drained replica gets no new work");
     assert_eq!(other.requests(), 4);
-    finish_stream(&busy, body, "its stream finishes").await;
+    finish_stream(busy, body, "its stream finishes").await;
 
     let (status, _) = admin_post(lb.admin_addr, &format!("/admin/replicas/{name}/undrain")).await;
     assert_eq!(status, 200);
