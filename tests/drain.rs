@@ -14,12 +14,8 @@ const LIMIT: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
-    let (up, lb) = one_replica(
-        Mode::StreamHeld,
-        "[server]\ndrain_delay = \"1500ms\"\ndrain_timeout = \"10s\"\n",
-        "",
-    )
-    .await;
+    let server = "[server]\ndrain_delay = \"1500ms\"\ndrain_timeout = \"10s\"\n";
+    let (up, lb) = one_replica(Mode::StreamHeld, server, "").await;
     let (addr, admin) = (lb.addr, lb.admin_addr);
     assert_eq!(admin_get(admin, "/readyz").await.0, 200);
 
@@ -55,12 +51,8 @@ async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
 
 #[tokio::test]
 async fn drain_timeout_closes_streams_that_do_not_finish() {
-    let (up, lb) = one_replica(
-        Mode::StreamHeld,
-        "[server]\ndrain_delay = \"0s\"\ndrain_timeout = \"200ms\"\n",
-        "",
-    )
-    .await;
+    let server = "[server]\ndrain_delay = \"0s\"\ndrain_timeout = \"200ms\"\n";
+    let (up, lb) = one_replica(Mode::StreamHeld, server, "").await;
     let (_conn, body) = held_stream(lb.addr).await;
     tokio::time::timeout(LIMIT, lb.drain())
         .await

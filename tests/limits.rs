@@ -69,12 +69,8 @@ async fn too_many_header_fields_get_431() {
 
 #[tokio::test]
 async fn slow_head_is_cut_off_by_the_header_read_timeout() {
-    let (up, lb) = one_replica(
-        Mode::Json,
-        "[server]\nheader_read_timeout = \"200ms\"\nclient_idle_timeout = \"60s\"\n",
-        "",
-    )
-    .await;
+    let server = "[server]\nheader_read_timeout = \"200ms\"\nclient_idle_timeout = \"60s\"\n";
+    let (up, lb) = one_replica(Mode::Json, server, "").await;
     let mut s = TcpStream::connect(lb.addr).await.unwrap();
     s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: llmlb.test\r\nX-Slow: ")
         .await
@@ -119,16 +115,8 @@ async fn slow_head_is_cut_off_by_the_header_read_timeout() {
 
 #[tokio::test]
 async fn idle_keep_alive_connection_is_closed_but_a_quiet_stream_is_not() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nclient_idle_timeout = \"300ms\"\n{}",
-        one_pool(
-            "round_robin",
-            &[(&up.url(), 1)],
-            "[pools.timeouts]\nidle = \"30s\"\n"
-        )
-    ))
-    .await;
+    let server = "[server]\nclient_idle_timeout = \"300ms\"";
+    let (up, lb) = one_replica(Mode::Json, server, "[pools.timeouts]\nidle = \"30s\"").await;
     // A keep-alive connection that did one request and then says nothing.
     let mut c = Conn::open(lb.addr).await;
     let resp = c.send(chat_request("/v1/chat/completions", CHAT)).await;
