@@ -303,7 +303,7 @@ fn route_within(
 ) -> Result<(Decision, bytes::Bytes), ApiError> {
     let pool = resolved.pool;
     let body = match resolved.rewrite {
-        Some(model) => rewrite_model(bytes, model).map_err(ApiError::BadRequest)?,
+        Some(model) => rewrite_model(bytes, model)?,
         None => bytes.clone(),
     };
     let input = RouteInput {
@@ -316,14 +316,7 @@ fn route_within(
     };
     let decision = pool
         .router
-        .route(
-            &pool.replicas,
-            &input,
-            rand::random(),
-            now_millis(),
-            &state.routing_metrics,
-        )
-        .map_err(ApiError::BadRequest)?;
+        .route(&pool.replicas, &input, rand::random(), now_millis())?;
     state
         .routing_metrics
         .record_branches(&pool.name, &resolved.branches);

@@ -13,6 +13,7 @@ pub mod pending;
 mod prompt_tokens;
 pub mod reload;
 pub mod request;
+mod stage_errors;
 pub mod surface;
 pub mod tls;
 

@@ -3,7 +3,9 @@
 //! the cadence), each bounded by `scrape.timeout`, until told to stop.
 //!
 //! A good scrape replaces the replica's [`LoadSnapshot`] whole and restarts
-//! its since-scrape counts. A failed one (timeout, refused, non-2xx, no known
+//! its since-scrape counts; a scrape whose prefix-cache counter went down
+//! is a replica restart ([`super::restart`]), logged and counted in
+//! `llmlb_replica_restarts_total`. A failed one (timeout, refused, non-2xx, no known
 //! metric in the page) is counted in `llmlb_scrape_errors_total` and leaves
 //! the old snapshot to age: once older than `scrape.staleness` the balancers
 //! stop using it. Logged once when a replica starts failing and once when it
@@ -95,7 +97,18 @@ fn record(
                     gauges.with_label_values(&[pool, name, signal]).set(v);
                 }
             }
-            target.replica.store_load(snapshot);
+            if target.replica.store_load(snapshot) {
+                metrics
+                    .signals
+                    .restarts
+                    .with_label_values(&[pool, name])
+                    .inc();
+                tracing::info!(
+                    pool,
+                    replica = name,
+                    "replica restarted: llmlb forgets what its prefix cache held"
+                );
+            }
             let learned = target.replica.learned.rates();
             let s = &metrics.signals;
             for (gauge, value) in [

@@ -19,8 +19,8 @@
 //! blocks as the record held at most before (or `capacity` when it never
 //! held any), by which time its LRU cache has turned over. The router scores
 //! unknown replicas from its `cache`-mode estimate instead (see
-//! `routing::router`). A replica restart (its scraped prefix-cache counter
-//! goes down, or its event sequence starts again) empties the record, which
+//! `routing::cache`). A replica restart (the scrape loop saw its prefix-cache
+//! counter go down, or its event sequence starts again) empties the record, which
 //! is then known: a fresh replica's cache is empty.
 //!
 //! **Just sent.** The blocks of a prompt llmlb has just sent to a replica
@@ -45,7 +45,7 @@ use std::sync::Mutex;
 pub const PENDING_MS: u64 = 2_000;
 
 use super::blocks::{chain, exact_seed};
-use super::cache_index::counter_went_down;
+use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent};
 
@@ -85,7 +85,7 @@ struct Held {
     dropped: u64,
     batches: u64,
     subscriptions: u64,
-    last_counter: Option<f64>,
+    restarts_seen: Option<u64>,
 }
 
 impl HeldBlocks {
@@ -105,7 +105,7 @@ impl HeldBlocks {
                 dropped: 0,
                 batches: 0,
                 subscriptions: 0,
-                last_counter: None,
+                restarts_seen: None,
             }),
         }
     }
@@ -184,12 +184,12 @@ impl HeldBlocks {
         v
     }
 
-    /// Feeds the replica's latest `prefix_cache_queries` counter; a value
-    /// lower than the last one means the replica restarted: the record is
-    /// emptied (and known). Returns whether it was.
-    pub fn observe_counter(&self, value: Option<f64>) -> bool {
+    /// Feeds the replica's restart count (kept by the scrape loop); a
+    /// change since the last check means the replica restarted: the record
+    /// is emptied (and known). Returns whether it was.
+    pub fn observe_restarts(&self, count: u64) -> bool {
         let mut held = self.lock();
-        let reset = counter_went_down(&mut held.last_counter, value);
+        let reset = restart_seen(&mut held.restarts_seen, count);
         if reset {
             held.clear();
         }
@@ -392,8 +392,8 @@ mod tests {
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &[1, 2, 3], 1)]));
         let s = h.summary();
         assert_eq!((s.blocks, s.dropped), (2, 1));
-        assert!(!h.observe_counter(Some(10.0)));
-        assert!(h.observe_counter(Some(1.0)));
+        assert!(!h.observe_restarts(0));
+        assert!(h.observe_restarts(1));
         assert_eq!(h.summary().blocks, 0);
         assert!(h.known());
     }

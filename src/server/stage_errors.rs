@@ -1,0 +1,34 @@
+//! How the stages' own errors become llmlb's HTTP answer: one `From` impl
+//! per stage error, so the status mapping stays at the edge
+//! ([`ApiError::status`]) and the stages never build an HTTP error.
+//!
+//! Status and body are exactly those the stages produced before they had
+//! their own types: a routing refusal is a 400 with the refusal's message.
+
+use super::ApiError;
+use crate::routing::RouteError;
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> ApiError {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    #[test]
+    fn a_routing_refusal_is_a_bad_request_with_its_message() {
+        let e = ApiError::from(RouteError::UnknownVersion {
+            version: "v9".into(),
+            known: vec!["v1".into(), "v2".into()],
+        });
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.to_string(),
+            "unknown version \"v9\"; this pool runs v1, v2"
+        );
+    }
+}
