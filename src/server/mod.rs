@@ -7,6 +7,7 @@ mod connection;
 mod error;
 mod guarded;
 mod handler;
+mod limit_headers;
 mod listener;
 mod multipart;
 pub mod pending;

@@ -3,10 +3,29 @@
 //! ([`ApiError::status`]) and the stages never build an HTTP error.
 //!
 //! Status and body are exactly those the stages produced before they had
-//! their own types: a routing refusal is a 400 with the refusal's message.
+//! their own types: an authentication refusal is a 401, a rate limit a 429
+//! with `Retry-After`, a routing refusal a 400 with the refusal's message.
 
 use super::ApiError;
+use crate::gateway::{AuthError, RateLimited};
 use crate::routing::RouteError;
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> ApiError {
+        ApiError::Unauthorized(e.message())
+    }
+}
+
+/// The `x-ratelimit-*` state travels separately
+/// ([`super::limit_headers`]); the error keeps the kind and the wait.
+impl From<RateLimited> for ApiError {
+    fn from(e: RateLimited) -> ApiError {
+        ApiError::RateLimited {
+            kind: e.kind.as_str(),
+            retry_after: e.retry_after,
+        }
+    }
+}
 
 impl From<RouteError> for ApiError {
     fn from(e: RouteError) -> ApiError {
