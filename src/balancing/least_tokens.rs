@@ -18,16 +18,37 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+use super::load::{Load, scan};
+use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
 
 #[derive(Debug, Default)]
 pub struct LeastTokens {
     cursor: AtomicUsize,
 }
 
-/// Outstanding tokens per unit of weight.
-pub(super) fn token_load(v: &ReplicaView) -> f64 {
-    v.outstanding_tokens as f64 / f64::from(v.weight.max(1))
+/// Least-tokens' measure: `(outstanding tokens per unit of weight, in
+/// flight)`, from this proxy's own counts (never stale).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutstandingTokens;
+
+impl Load for OutstandingTokens {
+    type Metric = (f64, u64);
+    type Local = (f64, u64);
+
+    fn load(&self, v: &ReplicaView, _req: &RequestInfo<'_>) -> Option<(f64, u64)> {
+        Some(self.local(v))
+    }
+
+    fn local(&self, v: &ReplicaView) -> (f64, u64) {
+        (
+            v.outstanding_tokens as f64 / f64::from(v.weight.max(1)),
+            v.in_flight,
+        )
+    }
+
+    fn branch(&self, _winner: &(f64, u64)) -> Branch {
+        Branch::LeastTokens
+    }
 }
 
 impl Balancer for LeastTokens {
@@ -35,15 +56,9 @@ impl Balancer for LeastTokens {
         "least_tokens"
     }
 
-    fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
+    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let index = argmin_from(replicas.len(), start, |i| {
-            (token_load(&replicas[i]), replicas[i].in_flight)
-        })?;
-        Some(Pick {
-            index,
-            branch: Branch::LeastTokens,
-        })
+        scan(&OutstandingTokens, req, replicas, start)
     }
 }
 
