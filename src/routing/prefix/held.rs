@@ -47,7 +47,7 @@ pub const PENDING_MS: u64 = 2_000;
 use super::blocks::{chain, exact_seed};
 use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
-use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
 
 #[derive(Debug)]
 pub struct HeldBlocks {
@@ -230,6 +230,42 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
+    fn store(&mut self, stored: StoredBlocks<'_>) {
+        if stored.block_size == 0 {
+            return;
+        }
+        self.block_size = Some(stored.block_size);
+        if let Some(n) = self.refill {
+            let left = n.saturating_sub(stored.block_hashes.len());
+            self.refill = (left > 0).then_some(left);
+        }
+        if stored.lora_name.is_some() {
+            return;
+        }
+        let parent = match stored.parent_block_hash {
+            None => Some(self.seed),
+            Some(p) => self.theirs.get(&p).copied(),
+        };
+        let Some(mut parent) = parent else {
+            return;
+        };
+        for (key, block) in stored.blocks() {
+            let ours = chain(parent, block);
+            parent = ours;
+            if self.theirs.contains_key(&key) {
+                continue;
+            }
+            if self.theirs.len() >= self.capacity {
+                self.dropped += 1;
+                continue;
+            }
+            self.theirs.insert(key, ours);
+            self.pending.remove(&ours);
+            *self.ours.entry(ours).or_insert(0) += 1;
+        }
+        self.high_water = self.high_water.max(self.theirs.len());
+    }
+
     fn clear(&mut self) {
         self.ours.clear();
         self.theirs.clear();
@@ -239,47 +275,10 @@ impl Held {
 
     fn apply(&mut self, e: &KvEvent) {
         match e {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_name,
-                ..
-            } => {
-                if *block_size == 0 {
-                    return;
+            KvEvent::BlockStored { .. } => {
+                if let Some(stored) = e.stored() {
+                    self.store(stored);
                 }
-                self.block_size = Some(*block_size);
-                if let Some(n) = self.refill {
-                    let left = n.saturating_sub(block_hashes.len());
-                    self.refill = (left > 0).then_some(left);
-                }
-                if lora_name.is_some() {
-                    return;
-                }
-                let parent = match parent_block_hash {
-                    None => Some(self.seed),
-                    Some(p) => self.theirs.get(p).copied(),
-                };
-                let Some(mut parent) = parent else {
-                    return;
-                };
-                for (key, block) in block_hashes.iter().zip(token_ids.chunks_exact(*block_size)) {
-                    let ours = chain(parent, block);
-                    parent = ours;
-                    if self.theirs.contains_key(key) {
-                        continue;
-                    }
-                    if self.theirs.len() >= self.capacity {
-                        self.dropped += 1;
-                        continue;
-                    }
-                    self.theirs.insert(*key, ours);
-                    self.pending.remove(&ours);
-                    *self.ours.entry(ours).or_insert(0) += 1;
-                }
-                self.high_water = self.high_water.max(self.theirs.len());
             }
             KvEvent::BlockRemoved { block_hashes, .. } => {
                 for key in block_hashes {
