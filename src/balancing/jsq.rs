@@ -15,25 +15,11 @@
 //! candidates are compared by this proxy's in-flight counts instead (branch
 //! `fallback_stale_metrics`): scraped and local units are never mixed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
 
-use super::load::{Load, scan};
-use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo};
-
-#[derive(Debug)]
-pub struct JoinShortestQueue {
-    load: QueueLength,
-    cursor: AtomicUsize,
-}
-
-impl JoinShortestQueue {
-    pub fn new(params: BalancerParams) -> JoinShortestQueue {
-        JoinShortestQueue {
-            load: QueueLength::new(params),
-            cursor: AtomicUsize::new(0),
-        }
-    }
-}
+/// JSQ: every candidate compared by [`QueueLength`].
+pub type JoinShortestQueue = Scan<QueueLength>;
 
 /// JSQ's measure: `(queue, in system, in flight)` per unit of weight from a
 /// fresh scrape; locally, `(in flight, outstanding tokens)` per unit of weight.
@@ -72,23 +58,16 @@ impl Load for QueueLength {
     fn branch(&self, _winner: &(f64, f64, f64)) -> Branch {
         Branch::Jsq
     }
-}
 
-impl Balancer for JoinShortestQueue {
     fn name(&self) -> &'static str {
         "jsq"
-    }
-
-    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        scan(&self.load, req, replicas, start)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
+    use crate::balancing::{Balancer, Pick, ScrapedLoad};
 
     fn view(id: u64, waiting: u64, running: u64, age_ms: u64, in_flight: u64) -> ReplicaView {
         ReplicaView {
@@ -107,10 +86,10 @@ mod tests {
     }
 
     fn jsq() -> JoinShortestQueue {
-        JoinShortestQueue::new(BalancerParams {
+        Scan::new(QueueLength::new(BalancerParams {
             max_age_ms: 1_000,
             ..BalancerParams::default()
-        })
+        }))
     }
 
     #[test]

@@ -24,25 +24,11 @@
 //! are compared by this proxy's outstanding tokens (branch
 //! `fallback_stale_metrics`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
 
-use super::load::{Load, scan};
-use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo};
-
-#[derive(Debug)]
-pub struct KvAware {
-    load: KvHeadroom,
-    cursor: AtomicUsize,
-}
-
-impl KvAware {
-    pub fn new(params: BalancerParams) -> KvAware {
-        KvAware {
-            load: KvHeadroom { params },
-            cursor: AtomicUsize::new(0),
-        }
-    }
-}
+/// KV-aware: every candidate compared by [`KvHeadroom`].
+pub type KvAware = Scan<KvHeadroom>;
 
 /// KV-aware's measure, smaller is better: `(over threshold, primary,
 /// secondary)`. Under the threshold the primary is the projected usage and
@@ -82,23 +68,16 @@ impl Load for KvHeadroom {
             Branch::KvAware
         }
     }
-}
 
-impl Balancer for KvAware {
     fn name(&self) -> &'static str {
         "kv_aware"
-    }
-
-    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        scan(&self.load, req, replicas, start)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
+    use crate::balancing::{Balancer, Pick, ScrapedLoad};
 
     fn view(id: u64, usage: f64, waiting: u64, age_ms: u64) -> ReplicaView {
         ReplicaView {
@@ -119,11 +98,13 @@ mod tests {
     }
 
     fn kv() -> KvAware {
-        KvAware::new(BalancerParams {
-            max_age_ms: 1_000,
-            kv_threshold: 0.8,
-            default_max_tokens: 100,
-            ..BalancerParams::default()
+        Scan::new(KvHeadroom {
+            params: BalancerParams {
+                max_age_ms: 1_000,
+                kv_threshold: 0.8,
+                default_max_tokens: 100,
+                ..BalancerParams::default()
+            },
         })
     }
 

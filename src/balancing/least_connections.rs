@@ -7,16 +7,13 @@
 //! Cost per pick: O(n) and one atomic increment. Uses only the proxy's own
 //! counts, which are never stale.
 
-use std::cmp::Ordering as Cmp;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cmp::Ordering;
 
-use super::load::{Load, scan};
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
+use super::load::{Load, Scan};
+use super::{Branch, ReplicaView, RequestInfo};
 
-#[derive(Debug, Default)]
-pub struct LeastConnections {
-    cursor: AtomicUsize,
-}
+/// Least-connections: every candidate compared by [`InFlight`].
+pub type LeastConnections = Scan<InFlight>;
 
 /// Least-connections' measure: in flight per unit of weight, from this
 /// proxy's own counts (never stale).
@@ -47,7 +44,7 @@ impl PartialEq for PerWeight {
 }
 
 impl PartialOrd for PerWeight {
-    fn partial_cmp(&self, other: &PerWeight) -> Option<Cmp> {
+    fn partial_cmp(&self, other: &PerWeight) -> Option<Ordering> {
         let (a, b) = self.cross(other);
         Some(a.cmp(&b))
     }
@@ -71,22 +68,16 @@ impl Load for InFlight {
     fn branch(&self, _winner: &PerWeight) -> Branch {
         Branch::LeastConnections
     }
-}
 
-impl Balancer for LeastConnections {
     fn name(&self) -> &'static str {
         "least_connections"
-    }
-
-    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        scan(&InFlight, req, replicas, start)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancing::Balancer;
 
     fn view(id: u64, in_flight: u64, weight: u32) -> ReplicaView {
         ReplicaView {

@@ -16,15 +16,11 @@
 //! other clients also load is not seen (pair with `jsq` or `kv_aware` when
 //! the fleet is shared).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{Branch, ReplicaView, RequestInfo};
 
-use super::load::{Load, scan};
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
-
-#[derive(Debug, Default)]
-pub struct LeastTokens {
-    cursor: AtomicUsize,
-}
+/// Least-tokens: every candidate compared by [`OutstandingTokens`].
+pub type LeastTokens = Scan<OutstandingTokens>;
 
 /// Least-tokens' measure: `(outstanding tokens per unit of weight, in
 /// flight)`, from this proxy's own counts (never stale).
@@ -49,22 +45,16 @@ impl Load for OutstandingTokens {
     fn branch(&self, _winner: &(f64, u64)) -> Branch {
         Branch::LeastTokens
     }
-}
 
-impl Balancer for LeastTokens {
     fn name(&self) -> &'static str {
         "least_tokens"
-    }
-
-    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        scan(&OutstandingTokens, req, replicas, start)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancing::{Balancer, Pick};
 
     fn view(id: u64, tokens: u64, in_flight: u64, weight: u32) -> ReplicaView {
         ReplicaView {

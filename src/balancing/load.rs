@@ -13,7 +13,9 @@
 //!
 //! Cost of a scan: one key per candidate (O(n)) and one small vector.
 
-use super::{Branch, Pick, ReplicaView, RequestInfo};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
 
 /// How loaded a candidate is; smaller keys are less loaded.
 pub trait Load: std::fmt::Debug + Send + Sync {
@@ -31,6 +33,37 @@ pub trait Load: std::fmt::Debug + Send + Sync {
 
     /// The branch a scan records when `winner`'s key decided.
     fn branch(&self, winner: &Self::Metric) -> Branch;
+
+    /// The balancer's name when this measure is scanned.
+    fn name(&self) -> &'static str;
+}
+
+/// The balancer that compares every candidate by one measure ([`scan`]),
+/// starting each scan one candidate further so ties rotate.
+#[derive(Debug, Default)]
+pub struct Scan<L> {
+    load: L,
+    cursor: AtomicUsize,
+}
+
+impl<L: Load> Scan<L> {
+    pub fn new(load: L) -> Scan<L> {
+        Scan {
+            load,
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<L: Load> Balancer for Scan<L> {
+    fn name(&self) -> &'static str {
+        self.load.name()
+    }
+
+    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        scan(&self.load, req, replicas, start)
+    }
 }
 
 /// Compares every candidate by `load` and picks the smallest key; ties go
@@ -102,6 +135,9 @@ mod tests {
         }
         fn branch(&self, _: &u64) -> Branch {
             Branch::Jsq
+        }
+        fn name(&self) -> &'static str {
+            "waiting"
         }
     }
 

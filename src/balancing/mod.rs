@@ -28,7 +28,7 @@ pub use kv_aware::{KvAware, KvHeadroom};
 pub use learned::{LearnedRates, Rates};
 pub use least_connections::{InFlight, LeastConnections};
 pub use least_tokens::{LeastTokens, OutstandingTokens};
-pub use load::Load;
+pub use load::{Load, Scan};
 pub use p2c::PowerOfTwo;
 pub use replica::{InFlightGuard, Replica, ReplicaId};
 pub use round_robin::WeightedRoundRobin;
@@ -116,8 +116,8 @@ pub fn build(kind: BalancerKind, params: BalancerParams) -> Box<dyn Balancer> {
         BalancerKind::RoundRobin => Box::new(WeightedRoundRobin::default()),
         BalancerKind::LeastConnections => Box::new(LeastConnections::default()),
         BalancerKind::LeastTokens => Box::new(LeastTokens::default()),
-        BalancerKind::Jsq => Box::new(JoinShortestQueue::new(params)),
-        BalancerKind::KvAware => Box::new(KvAware::new(params)),
+        BalancerKind::Jsq => Box::new(Scan::new(QueueLength::new(params))),
+        BalancerKind::KvAware => Box::new(Scan::new(KvHeadroom { params })),
         BalancerKind::P2c => match params.p2c_metric {
             P2cMetric::LeastConnections => Box::new(PowerOfTwo::new(InFlight, params.seed)),
             P2cMetric::LeastTokens => Box::new(PowerOfTwo::new(OutstandingTokens, params.seed)),

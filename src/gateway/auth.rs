@@ -178,6 +178,12 @@ pub(super) mod tests {
         )
     }
 
+    /// The configured key's caller, authenticated by a Bearer header.
+    pub fn acme(g: &Gateway) -> Caller {
+        g.authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
+            .unwrap()
+    }
+
     pub fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
@@ -188,10 +194,7 @@ pub(super) mod tests {
 
     #[test]
     fn key_maps_to_tenant_tier_and_priority() {
-        let g = gateway(true);
-        let c = g
-            .authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
-            .unwrap();
+        let c = acme(&gateway(true));
         assert_eq!(c.tenant.as_deref(), Some("acme"));
         assert_eq!(c.tier.as_deref(), Some("paid"));
         assert_eq!(c.level, 0);

@@ -146,14 +146,11 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::auth::tests::{gateway, headers};
+    use crate::gateway::auth::tests::{acme, gateway};
 
     #[test]
     fn request_and_token_limits() {
-        let g = gateway(true);
-        let c = g
-            .authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
-            .unwrap();
+        let c = acme(&gateway(true));
         let now = Instant::now();
         let h = c.charge_local(40, now).unwrap();
         assert_eq!(h.requests.unwrap().remaining, 1);
@@ -171,9 +168,7 @@ mod tests {
 
     #[test]
     fn a_refund_gives_the_request_and_tokens_back() {
-        let c = gateway(true)
-            .authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
-            .unwrap();
+        let c = acme(&gateway(true));
         let now = Instant::now();
         c.charge_local(70, now).unwrap();
         c.refund(70, now);

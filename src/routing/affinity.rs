@@ -91,17 +91,16 @@ pub fn session_key(value: Option<&str>) -> Option<u64> {
 mod tests {
     use http::HeaderMap;
 
-    use crate::routing::test_fleet::{input, replicas, route, topology};
+    use crate::routing::test_fleet::{input, pool_of, route};
     use crate::routing::{Prompt, RouteBranch};
 
     #[test]
     fn session_sticks_and_overflows_when_its_replica_is_saturated() {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.session]\naffinity = true\n\
-             [pools.saturation]\nmax_in_flight = 1\n[pools.prefix]\nmode = \"hash\"\n{}",
-            replicas(4, |_| String::new())
+        let t = pool_of(
+            "[pools.session]\naffinity = true\n\
+             [pools.saturation]\nmax_in_flight = 1\n[pools.prefix]\nmode = \"hash\"",
+            4,
         );
-        let t = topology(&text);
         let pool = &t.pools[0];
         let mut headers = HeaderMap::new();
         headers.insert("x-session-id", "conversation-9".parse().unwrap());

@@ -185,17 +185,13 @@ mod tests {
     use http::HeaderMap;
 
     use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::test_fleet::{dispatch_chat, input, replicas, route, topology};
+    use crate::routing::test_fleet::{dispatch_chat, input, pool_of, route};
     use crate::routing::{Prompt, RouteBranch};
     use crate::tokenize::ChatMessage;
 
     #[test]
     fn cache_mode_prefers_warm_until_its_queue_costs_more_than_the_prefill() {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n{}",
-            replicas(2, |_| String::new())
-        );
-        let t = topology(&text);
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
         let pool = &t.pools[0];
         let headers = HeaderMap::new();
         let long = "All answers must be in formal English and cite the policy section. ".repeat(60);
@@ -244,11 +240,7 @@ mod tests {
     /// mean in-flight load, and the prompt lives on every replica.
     #[test]
     fn dominant_system_prompt_is_no_hot_spot() {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n{}",
-            replicas(8, |_| String::new())
-        );
-        let t = topology(&text);
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 8);
         let pool = &t.pools[0];
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
@@ -281,11 +273,7 @@ mod tests {
 
     #[test]
     fn cache_mode_skips_a_warm_replica_at_its_concurrency_limit() {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nmax_inflight = 1\n[pools.prefix]\nmode = \"cache\"\n{}",
-            replicas(2, |_| String::new())
-        );
-        let t = topology(&text);
+        let t = pool_of("max_inflight = 1\n[pools.prefix]\nmode = \"cache\"", 2);
         let pool = &t.pools[0];
         let headers = HeaderMap::new();
         let prompt = "Summarise the attached contract clause by clause. ".repeat(30);

@@ -103,15 +103,11 @@ pub(super) fn contains(sorted: &[ReplicaId], id: ReplicaId) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::test_fleet::{replicas, topology};
+    use crate::routing::test_fleet::pool_of;
 
     #[test]
     fn narrow_prefers_then_falls_back_to_allowed() {
-        let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
-            replicas(3, |_| String::new())
-        );
-        let t = topology(&text);
+        let t = pool_of("", 3);
         let ids: Vec<ReplicaId> = t.pools[0].replicas.iter().map(|r| r.id).collect();
         let d = Decision {
             allowed: Some(vec![ids[0], ids[1]]),

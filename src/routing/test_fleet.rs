@@ -33,6 +33,15 @@ pub fn replicas(n: usize, extra: impl Fn(usize) -> String) -> String {
         .collect()
 }
 
+/// The topology of one pool `p` serving `m`: its `settings` lines, then
+/// `n` plain replicas.
+pub fn pool_of(settings: &str, n: usize) -> Topology {
+    topology(&format!(
+        "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{settings}\n{}",
+        replicas(n, |_| String::new())
+    ))
+}
+
 /// A request for model `m` with no tier and no pre-computed tokens.
 pub fn input<'a>(
     headers: &'a HeaderMap,
