@@ -15,6 +15,7 @@ pub mod charging;
 mod error;
 pub mod key_state;
 pub mod keys;
+mod lua;
 pub mod rate_limit;
 pub mod shared_limits;
 
