@@ -39,6 +39,7 @@ fn routing(c: &mut Criterion) {
     let input = RouteInput {
         model: "m",
         user: Some("user-42"),
+        api_key: None,
         headers: &headers,
         tier: None,
         prompt: Prompt::Chat(&chat),

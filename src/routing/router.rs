@@ -70,6 +70,9 @@ pub struct Router {
 pub struct RouteInput<'a> {
     pub model: &'a str,
     pub user: Option<&'a str>,
+    /// The API key the request presents (a canary sticky key), found by
+    /// the gateway.
+    pub api_key: Option<&'a str>,
     pub headers: &'a HeaderMap,
     pub tier: Option<&'a str>,
     pub prompt: Prompt<'a>,
@@ -173,7 +176,7 @@ impl Router {
             let keys = StickyKeys {
                 user: input.user,
                 session,
-                api_key: crate::gateway::keys::presented_key(input.headers),
+                api_key: input.api_key,
             };
             let forced = header(input.headers, &c.canary.header);
             c.narrow(forced, &keys, random, replicas, &mut cands, &mut d)?;

@@ -51,6 +51,7 @@ pub fn input<'a>(
     RouteInput {
         model: "m",
         user,
+        api_key: None,
         headers,
         tier: None,
         prompt,

@@ -309,6 +309,7 @@ fn route_within(
     let input = RouteInput {
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
+        api_key: crate::gateway::keys::presented_key(headers),
         headers,
         tier,
         prompt: prompt(meta),

@@ -220,6 +220,7 @@ impl Decider {
         let input = RouteInput {
             model: &self.model,
             user: None,
+            api_key: None,
             headers: &headers,
             tier: None,
             prompt,
