@@ -8,7 +8,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
 use llmlb::admission::AdmissionMetrics;
 use llmlb::routing::prefix::blocks::{block_hashes, prompt_token_ids};
-use llmlb::routing::{Prompt, RouteInput, RoutingMetrics, Topology};
+use llmlb::routing::{Prompt, RouteInput, Topology};
 use llmlb::telemetry::Metrics;
 use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 
@@ -39,12 +39,12 @@ fn routing(c: &mut Criterion) {
     let input = RouteInput {
         model: "m",
         user: Some("user-42"),
+        api_key: None,
         headers: &headers,
         tier: None,
         prompt: Prompt::Chat(&chat),
         tokens: None,
     };
-    let metrics = RoutingMetrics::new(&prometheus::Registry::new());
     let mut group = c.benchmark_group("route");
     let cases: [(&str, &str); 3] = [
         ("hash", "[pools.prefix]\nmode = \"hash\""),
@@ -56,16 +56,13 @@ fn routing(c: &mut Criterion) {
             let t = topology(n, extra, |i| format!("version = \"v{}\"", 1 + i % 2));
             let pool = &t.pools[0];
             // Warm the cache index: the prompt was sent to one replica.
-            let warm = pool
-                .router
-                .route(&pool.replicas, &input, 7, 1, &metrics)
-                .unwrap();
+            let warm = pool.router.route(&pool.replicas, &input, 7, 1).unwrap();
             warm.dispatched(&pool.replicas[n / 2]);
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 b.iter(|| {
                     black_box(
                         pool.router
-                            .route(&pool.replicas, black_box(&input), 7, 1, &metrics)
+                            .route(&pool.replicas, black_box(&input), 7, 1)
                             .unwrap(),
                     )
                 })

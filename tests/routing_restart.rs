@@ -57,9 +57,6 @@ async fn counter_reset_clears_the_prefix_index() {
     let m = metrics_text(lb.admin_addr).await;
     let branch = |b| metric_value(&m, "llmlb_routing_decisions_total", &[("branch", b)]);
     assert_eq!((branch("prefix_miss"), branch("prefix_hit")), (2.0, 2.0));
-    assert_eq!(
-        metric_value(&m, "llmlb_prefix_index_resets_total", &[]),
-        1.0
-    );
+    assert_eq!(metric_value(&m, "llmlb_replica_restarts_total", &[]), 1.0);
     lb.shutdown().await;
 }

@@ -156,3 +156,16 @@ async fn pool_tokenizer_counts_feed_the_token_rate_limit() {
         count + 10
     );
 }
+
+/// A request without `max_tokens` is charged its prompt plus the pool's
+/// `balancing.default_max_tokens`.
+#[tokio::test]
+async fn the_token_charge_uses_the_pools_default_output_allowance() {
+    let body = r#"{"model":"llama-3-8b","messages":[{"role":"user","content":"how many pallets are left?"}]}"#;
+    let default = charged("", body).await;
+    let small = charged("[pools.balancing]\ndefault_max_tokens = 40", body).await;
+    // Same prompt: the charges differ by the two allowances (256 and 40),
+    // give or take what the bucket refills between charge and header.
+    let difference = default as i64 - small as i64;
+    assert!((211..=221).contains(&difference), "{difference}");
+}

@@ -15,68 +15,59 @@
 //! candidates are compared by this proxy's in-flight counts instead (branch
 //! `fallback_stale_metrics`): scraped and local units are never mixed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
 
-use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+/// JSQ: every candidate compared by [`QueueLength`].
+pub type JoinShortestQueue = Scan<QueueLength>;
 
-#[derive(Debug)]
-pub struct JoinShortestQueue {
-    params: BalancerParams,
-    cursor: AtomicUsize,
+/// JSQ's measure: `(queue, in system, in flight)` per unit of weight from a
+/// fresh scrape; locally, `(in flight, outstanding tokens)` per unit of weight.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLength {
+    max_age_ms: u64,
 }
 
-impl JoinShortestQueue {
-    pub fn new(params: BalancerParams) -> JoinShortestQueue {
-        JoinShortestQueue {
-            params,
-            cursor: AtomicUsize::new(0),
+impl QueueLength {
+    pub fn new(params: BalancerParams) -> QueueLength {
+        QueueLength {
+            max_age_ms: params.max_age_ms,
         }
     }
 }
 
-const WORST: (f64, f64, f64) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+impl Load for QueueLength {
+    type Metric = (f64, f64, f64);
+    type Local = (f64, f64);
 
-/// `(queue, in system, in flight)` per unit of weight, when fresh.
-pub(super) fn queue_key(v: &ReplicaView, max_age_ms: u64) -> Option<(f64, f64, f64)> {
-    let l = v.fresh_load(max_age_ms)?;
-    let w = f64::from(v.weight.max(1));
-    Some((
-        l.queue_now()? as f64 / w,
-        l.in_system_now().unwrap_or(0) as f64 / w,
-        v.in_flight as f64 / w,
-    ))
-}
-
-/// Local fallback: in flight per unit of weight.
-pub(super) fn local_key(v: &ReplicaView) -> (f64, f64) {
-    let w = f64::from(v.weight.max(1));
-    (v.in_flight as f64 / w, v.outstanding_tokens as f64 / w)
-}
-
-impl Balancer for JoinShortestQueue {
-    fn name(&self) -> &'static str {
-        "jsq"
+    fn load(&self, v: &ReplicaView, _req: &RequestInfo<'_>) -> Option<(f64, f64, f64)> {
+        let l = v.fresh_load(self.max_age_ms)?;
+        let w = f64::from(v.weight.max(1));
+        Some((
+            l.queue_now()? as f64 / w,
+            l.in_system_now().unwrap_or(0) as f64 / w,
+            v.in_flight as f64 / w,
+        ))
     }
 
-    fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let max_age = self.params.max_age_ms;
-        let n = replicas.len();
-        let (index, branch) = if replicas.iter().all(|v| queue_key(v, max_age).is_some()) {
-            let key = |i: usize| queue_key(&replicas[i], max_age).unwrap_or(WORST);
-            (argmin_from(n, start, key)?, Branch::Jsq)
-        } else {
-            let key = |i: usize| local_key(&replicas[i]);
-            (argmin_from(n, start, key)?, Branch::FallbackStaleMetrics)
-        };
-        Some(Pick { index, branch })
+    fn local(&self, v: &ReplicaView) -> (f64, f64) {
+        let w = f64::from(v.weight.max(1));
+        (v.in_flight as f64 / w, v.outstanding_tokens as f64 / w)
+    }
+
+    fn branch(&self, _winner: &(f64, f64, f64)) -> Branch {
+        Branch::Jsq
+    }
+
+    fn name(&self) -> &'static str {
+        "jsq"
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
+    use crate::balancing::{Balancer, Pick, ScrapedLoad};
 
     fn view(id: u64, waiting: u64, running: u64, age_ms: u64, in_flight: u64) -> ReplicaView {
         ReplicaView {
@@ -95,10 +86,10 @@ mod tests {
     }
 
     fn jsq() -> JoinShortestQueue {
-        JoinShortestQueue::new(BalancerParams {
+        Scan::new(QueueLength::new(BalancerParams {
             max_age_ms: 1_000,
             ..BalancerParams::default()
-        })
+        }))
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! For each candidate, projected usage = scraped usage
 //! (`vllm:kv_cache_usage_perc`, or `gpu_cache_usage_perc` before vLLM 0.9.2)
 //! plus (tokens dispatched since that scrape plus this request's prompt and
-//! expected output) divided by the KV capacity in tokens. The capacity comes
+//! expected output) divided by the KV capacity in tokens
+//! ([`KvRoom::projected_usage`](super::view::KvRoom::projected_usage), the
+//! same KV model cache-aware routing reads free tokens from). The capacity comes
 //! from the replica's `vllm:cache_config_info` (`num_gpu_blocks × block_size`),
 //! else the pool's `kv_capacity_tokens`. Candidates at or under
 //! `kv_threshold` win by lowest projected usage, then shortest queue (branch
@@ -22,82 +24,60 @@
 //! are compared by this proxy's outstanding tokens (branch
 //! `fallback_stale_metrics`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
 
-use super::{Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+/// KV-aware: every candidate compared by [`KvHeadroom`].
+pub type KvAware = Scan<KvHeadroom>;
 
-#[derive(Debug)]
-pub struct KvAware {
-    params: BalancerParams,
-    cursor: AtomicUsize,
+/// KV-aware's measure, smaller is better: `(over threshold, primary,
+/// secondary)`. Under the threshold the primary is the projected usage and
+/// the secondary the queue; over it, the other way round. Locally:
+/// `(outstanding tokens, in flight)`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvHeadroom {
+    pub params: BalancerParams,
 }
 
-impl KvAware {
-    pub fn new(params: BalancerParams) -> KvAware {
-        KvAware {
-            params,
-            cursor: AtomicUsize::new(0),
-        }
-    }
-}
+impl Load for KvHeadroom {
+    type Metric = (bool, f64, f64);
+    type Local = (u64, u64);
 
-/// Ordering key, smaller is better: `(over threshold, primary, secondary)`.
-/// Under the threshold the primary is the projected usage and the secondary
-/// the queue; over it, the other way round. `None` when data is missing or stale.
-pub(super) fn kv_key(
-    v: &ReplicaView,
-    req: &RequestInfo<'_>,
-    p: &BalancerParams,
-) -> Option<(bool, f64, f64)> {
-    let l = v.fresh_load(p.max_age_ms)?;
-    let usage = l.kv_usage?;
-    let capacity = l.kv_capacity_tokens.unwrap_or(p.kv_capacity_tokens).max(1) as f64;
-    let need = (l.tokens_since + req.expected_tokens(p.default_max_tokens)) as f64;
-    let projected = usage + need / capacity;
-    let queue = l.queue_now().unwrap_or(0) as f64;
-    Some(if projected <= p.kv_threshold {
-        (false, projected, queue)
-    } else {
-        (true, queue, projected)
-    })
-}
-
-/// Local fallback: outstanding tokens, then in flight.
-pub(super) fn local_key(v: &ReplicaView) -> (u64, u64) {
-    (v.outstanding_tokens, v.in_flight)
-}
-
-impl Balancer for KvAware {
-    fn name(&self) -> &'static str {
-        "kv_aware"
-    }
-
-    fn pick(&self, req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+    fn load(&self, v: &ReplicaView, req: &RequestInfo<'_>) -> Option<(bool, f64, f64)> {
         let p = &self.params;
-        if !replicas.iter().all(|v| kv_key(v, req, p).is_some()) {
-            let index = argmin_from(replicas.len(), start, |i| local_key(&replicas[i]))?;
-            return Some(Pick {
-                index,
-                branch: Branch::FallbackStaleMetrics,
-            });
-        }
-        let key =
-            |i: usize| kv_key(&replicas[i], req, p).unwrap_or((true, f64::INFINITY, f64::INFINITY));
-        let index = argmin_from(replicas.len(), start, key)?;
-        let branch = if key(index).0 {
+        let l = v.fresh_load(p.max_age_ms)?;
+        let projected = l
+            .kv_room(Some(p.kv_capacity_tokens))?
+            .projected_usage(req.expected_tokens(p.default_max_tokens));
+        let queue = l.queue_now().unwrap_or(0) as f64;
+        Some(if projected <= p.kv_threshold {
+            (false, projected, queue)
+        } else {
+            (true, queue, projected)
+        })
+    }
+
+    fn local(&self, v: &ReplicaView) -> (u64, u64) {
+        (v.outstanding_tokens, v.in_flight)
+    }
+
+    fn branch(&self, winner: &(bool, f64, f64)) -> Branch {
+        if winner.0 {
             Branch::KvSaturated
         } else {
             Branch::KvAware
-        };
-        Some(Pick { index, branch })
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "kv_aware"
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
+    use crate::balancing::{Balancer, Pick, ScrapedLoad};
 
     fn view(id: u64, usage: f64, waiting: u64, age_ms: u64) -> ReplicaView {
         ReplicaView {
@@ -118,11 +98,13 @@ mod tests {
     }
 
     fn kv() -> KvAware {
-        KvAware::new(BalancerParams {
-            max_age_ms: 1_000,
-            kv_threshold: 0.8,
-            default_max_tokens: 100,
-            ..BalancerParams::default()
+        Scan::new(KvHeadroom {
+            params: BalancerParams {
+                max_age_ms: 1_000,
+                kv_threshold: 0.8,
+                default_max_tokens: 100,
+                ..BalancerParams::default()
+            },
         })
     }
 

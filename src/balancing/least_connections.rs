@@ -7,49 +7,77 @@
 //! Cost per pick: O(n) and one atomic increment. Uses only the proxy's own
 //! counts, which are never stale.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cmp::Ordering;
 
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
+use super::load::{Load, Scan};
+use super::{Branch, ReplicaView, RequestInfo};
 
-#[derive(Debug, Default)]
-pub struct LeastConnections {
-    cursor: AtomicUsize,
+/// Least-connections: every candidate compared by [`InFlight`].
+pub type LeastConnections = Scan<InFlight>;
+
+/// Least-connections' measure: in flight per unit of weight, from this
+/// proxy's own counts (never stale).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InFlight;
+
+/// `count / weight`, compared exactly (cross-multiplied, no division).
+#[derive(Debug, Clone, Copy)]
+pub struct PerWeight {
+    count: u64,
+    weight: u32,
 }
 
-impl Balancer for LeastConnections {
+impl PerWeight {
+    fn cross(&self, other: &PerWeight) -> (u128, u128) {
+        (
+            u128::from(self.count) * u128::from(other.weight.max(1)),
+            u128::from(other.count) * u128::from(self.weight.max(1)),
+        )
+    }
+}
+
+impl PartialEq for PerWeight {
+    fn eq(&self, other: &PerWeight) -> bool {
+        let (a, b) = self.cross(other);
+        a == b
+    }
+}
+
+impl PartialOrd for PerWeight {
+    fn partial_cmp(&self, other: &PerWeight) -> Option<Ordering> {
+        let (a, b) = self.cross(other);
+        Some(a.cmp(&b))
+    }
+}
+
+impl Load for InFlight {
+    type Metric = PerWeight;
+    type Local = PerWeight;
+
+    fn load(&self, v: &ReplicaView, _req: &RequestInfo<'_>) -> Option<PerWeight> {
+        Some(self.local(v))
+    }
+
+    fn local(&self, v: &ReplicaView) -> PerWeight {
+        PerWeight {
+            count: v.in_flight,
+            weight: v.weight,
+        }
+    }
+
+    fn branch(&self, _winner: &PerWeight) -> Branch {
+        Branch::LeastConnections
+    }
+
     fn name(&self) -> &'static str {
         "least_connections"
     }
-
-    fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let n = replicas.len();
-        if n == 0 {
-            return None;
-        }
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best = start;
-        for step in 1..n {
-            let i = (start + step) % n;
-            if less_loaded(&replicas[i], &replicas[best]) {
-                best = i;
-            }
-        }
-        Some(Pick {
-            index: best,
-            branch: Branch::LeastConnections,
-        })
-    }
-}
-
-/// `a.in_flight / a.weight < b.in_flight / b.weight`, compared without division.
-fn less_loaded(a: &ReplicaView, b: &ReplicaView) -> bool {
-    u128::from(a.in_flight) * u128::from(b.weight.max(1))
-        < u128::from(b.in_flight) * u128::from(a.weight.max(1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancing::Balancer;
 
     fn view(id: u64, in_flight: u64, weight: u32) -> ReplicaView {
         ReplicaView {

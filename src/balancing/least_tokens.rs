@@ -16,40 +16,45 @@
 //! other clients also load is not seen (pair with `jsq` or `kv_aware` when
 //! the fleet is shared).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use super::load::{Load, Scan};
+use super::{Branch, ReplicaView, RequestInfo};
 
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo, argmin_from};
+/// Least-tokens: every candidate compared by [`OutstandingTokens`].
+pub type LeastTokens = Scan<OutstandingTokens>;
 
-#[derive(Debug, Default)]
-pub struct LeastTokens {
-    cursor: AtomicUsize,
-}
+/// Least-tokens' measure: `(outstanding tokens per unit of weight, in
+/// flight)`, from this proxy's own counts (never stale).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutstandingTokens;
 
-/// Outstanding tokens per unit of weight.
-pub(super) fn token_load(v: &ReplicaView) -> f64 {
-    v.outstanding_tokens as f64 / f64::from(v.weight.max(1))
-}
+impl Load for OutstandingTokens {
+    type Metric = (f64, u64);
+    type Local = (f64, u64);
 
-impl Balancer for LeastTokens {
-    fn name(&self) -> &'static str {
-        "least_tokens"
+    fn load(&self, v: &ReplicaView, _req: &RequestInfo<'_>) -> Option<(f64, u64)> {
+        Some(self.local(v))
     }
 
-    fn pick(&self, _req: &RequestInfo<'_>, replicas: &[ReplicaView]) -> Option<Pick> {
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let index = argmin_from(replicas.len(), start, |i| {
-            (token_load(&replicas[i]), replicas[i].in_flight)
-        })?;
-        Some(Pick {
-            index,
-            branch: Branch::LeastTokens,
-        })
+    fn local(&self, v: &ReplicaView) -> (f64, u64) {
+        (
+            v.outstanding_tokens as f64 / f64::from(v.weight.max(1)),
+            v.in_flight,
+        )
+    }
+
+    fn branch(&self, _winner: &(f64, u64)) -> Branch {
+        Branch::LeastTokens
+    }
+
+    fn name(&self) -> &'static str {
+        "least_tokens"
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancing::{Balancer, Pick};
 
     fn view(id: u64, tokens: u64, in_flight: u64, weight: u32) -> ReplicaView {
         ReplicaView {

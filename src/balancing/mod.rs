@@ -5,29 +5,36 @@
 //! decided before the balancer runs (the slice holds only eligible replicas), so
 //! balancers never re-check them. Each pick says why it was made ([`Branch`]),
 //! which becomes a metric label and a tracing field.
+//!
+//! The load-aware balancers are a measure and a selection kept apart
+//! ([`load`]): a [`Load`] gives each candidate a comparable key (with its
+//! stale-metrics fallback), and a scan ([`load::scan`]) or two random
+//! choices ([`PowerOfTwo`]) compare those keys.
 
 mod jsq;
 mod kv_aware;
 mod learned;
 mod least_connections;
 mod least_tokens;
+pub mod load;
 pub mod outlier;
 mod p2c;
 pub mod replica;
 mod round_robin;
 mod view;
 
-pub use jsq::JoinShortestQueue;
-pub use kv_aware::KvAware;
+pub use jsq::{JoinShortestQueue, QueueLength};
+pub use kv_aware::{KvAware, KvHeadroom};
 pub use learned::{LearnedRates, Rates};
-pub use least_connections::LeastConnections;
-pub use least_tokens::LeastTokens;
+pub use least_connections::{InFlight, LeastConnections};
+pub use least_tokens::{LeastTokens, OutstandingTokens};
+pub use load::{Load, Scan};
 pub use p2c::PowerOfTwo;
 pub use replica::{InFlightGuard, Replica, ReplicaId};
 pub use round_robin::WeightedRoundRobin;
-pub use view::{BalancerParams, ReplicaView, ScrapedLoad};
+pub use view::{BalancerParams, KvRoom, ReplicaView, ScrapedLoad};
 
-use crate::config::BalancerKind;
+use crate::config::{BalancerKind, P2cMetric};
 
 /// What a balancer may know about the request being placed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,34 +116,15 @@ pub fn build(kind: BalancerKind, params: BalancerParams) -> Box<dyn Balancer> {
         BalancerKind::RoundRobin => Box::new(WeightedRoundRobin::default()),
         BalancerKind::LeastConnections => Box::new(LeastConnections::default()),
         BalancerKind::LeastTokens => Box::new(LeastTokens::default()),
-        BalancerKind::Jsq => Box::new(JoinShortestQueue::new(params)),
-        BalancerKind::KvAware => Box::new(KvAware::new(params)),
-        BalancerKind::P2c => Box::new(PowerOfTwo::new(params)),
+        BalancerKind::Jsq => Box::new(Scan::new(QueueLength::new(params))),
+        BalancerKind::KvAware => Box::new(Scan::new(KvHeadroom { params })),
+        BalancerKind::P2c => match params.p2c_metric {
+            P2cMetric::LeastConnections => Box::new(PowerOfTwo::new(InFlight, params.seed)),
+            P2cMetric::LeastTokens => Box::new(PowerOfTwo::new(OutstandingTokens, params.seed)),
+            P2cMetric::Jsq => Box::new(PowerOfTwo::new(QueueLength::new(params), params.seed)),
+            P2cMetric::KvAware => Box::new(PowerOfTwo::new(KvHeadroom { params }, params.seed)),
+        },
     }
-}
-
-/// Index of the smallest key, scanning from `start` and wrapping, so ties go
-/// to a rotating replica instead of always the first.
-pub(crate) fn argmin_from<K: PartialOrd>(
-    n: usize,
-    start: usize,
-    key: impl Fn(usize) -> K,
-) -> Option<usize> {
-    if n == 0 {
-        return None;
-    }
-    let start = start % n;
-    let mut best = start;
-    let mut best_key = key(start);
-    for step in 1..n {
-        let i = (start + step) % n;
-        let k = key(i);
-        if k < best_key {
-            best = i;
-            best_key = k;
-        }
-    }
-    Some(best)
 }
 
 /// Picks among candidates, answering `Single` without consulting the balancer

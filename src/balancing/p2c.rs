@@ -1,6 +1,7 @@
 //! Power of two choices: sample two distinct candidates at random and keep
-//! the less loaded one, by any of the other balancers' measures
-//! (`p2c_metric`: least_connections, least_tokens, jsq, kv_aware).
+//! the less loaded one, by any [`Load`] measure (`p2c_metric` names the
+//! balancer whose measure it uses: least_connections, least_tokens, jsq,
+//! kv_aware). The selection knows nothing of the measure but its keys.
 //!
 //! Mitzenmacher (2001) showed that two random choices bring the maximum load
 //! from Θ(log n / log log n) down to Θ(log log n); in practice p2c also
@@ -10,30 +11,28 @@
 //!
 //! Sampling uses a lock-free SplitMix64 sequence seeded from the pool's
 //! `seed`, so a run is reproducible. Cost per pick: O(1) beyond building the
-//! view slice. For scraped measures, when either sampled candidate lacks
-//! fresh data both are compared by local counts instead (branch
-//! `fallback_stale_metrics`).
+//! view slice. When either sampled candidate lacks the data a scraped
+//! measure needs, both are compared by the measure's local key instead
+//! (branch `fallback_stale_metrics`). Ties keep the first sampled.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{
-    Balancer, BalancerParams, Branch, Pick, ReplicaView, RequestInfo, jsq, kv_aware, least_tokens,
-};
-use crate::config::P2cMetric;
+use super::{Balancer, Branch, Load, Pick, ReplicaView, RequestInfo};
 
 #[derive(Debug)]
-pub struct PowerOfTwo {
-    params: BalancerParams,
+pub struct PowerOfTwo<L> {
+    load: L,
     state: AtomicU64,
 }
 
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
-impl PowerOfTwo {
-    pub fn new(params: BalancerParams) -> PowerOfTwo {
+impl<L: Load> PowerOfTwo<L> {
+    /// Two random choices compared by `load`; `seed` starts the sequence.
+    pub fn new(load: L, seed: u64) -> PowerOfTwo<L> {
         PowerOfTwo {
-            params,
-            state: AtomicU64::new(params.seed),
+            load,
+            state: AtomicU64::new(seed),
         }
     }
 
@@ -57,40 +56,17 @@ impl PowerOfTwo {
 
     /// Whether `b` is strictly less loaded than `a`, and the branch that decided.
     fn prefer_b(&self, req: &RequestInfo<'_>, a: &ReplicaView, b: &ReplicaView) -> (bool, Branch) {
-        let p = &self.params;
-        let local = || {
-            (
-                jsq::local_key(b) < jsq::local_key(a),
+        match (self.load.load(a, req), self.load.load(b, req)) {
+            (Some(ka), Some(kb)) => (kb < ka, Branch::P2c),
+            _ => (
+                self.load.local(b) < self.load.local(a),
                 Branch::FallbackStaleMetrics,
-            )
-        };
-        match p.p2c_metric {
-            P2cMetric::LeastConnections => (jsq::local_key(b) < jsq::local_key(a), Branch::P2c),
-            P2cMetric::LeastTokens => (
-                least_tokens::token_load(b) < least_tokens::token_load(a),
-                Branch::P2c,
             ),
-            P2cMetric::Jsq => match (
-                jsq::queue_key(a, p.max_age_ms),
-                jsq::queue_key(b, p.max_age_ms),
-            ) {
-                (Some(ka), Some(kb)) => (kb < ka, Branch::P2c),
-                _ => local(),
-            },
-            P2cMetric::KvAware => {
-                match (kv_aware::kv_key(a, req, p), kv_aware::kv_key(b, req, p)) {
-                    (Some(ka), Some(kb)) => (kb < ka, Branch::P2c),
-                    _ => (
-                        kv_aware::local_key(b) < kv_aware::local_key(a),
-                        Branch::FallbackStaleMetrics,
-                    ),
-                }
-            }
         }
     }
 }
 
-impl Balancer for PowerOfTwo {
+impl<L: Load> Balancer for PowerOfTwo<L> {
     fn name(&self) -> &'static str {
         "p2c"
     }
@@ -117,12 +93,14 @@ impl Balancer for PowerOfTwo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
+    use crate::balancing::{BalancerParams, InFlight, OutstandingTokens, QueueLength, ScrapedLoad};
 
-    fn p2c(metric: P2cMetric, seed: u64) -> PowerOfTwo {
-        PowerOfTwo::new(BalancerParams {
-            p2c_metric: metric,
-            seed,
+    fn p2c<L: Load>(load: L, seed: u64) -> PowerOfTwo<L> {
+        PowerOfTwo::new(load, seed)
+    }
+
+    fn queue() -> QueueLength {
+        QueueLength::new(BalancerParams {
             max_age_ms: 1_000,
             ..BalancerParams::default()
         })
@@ -145,7 +123,7 @@ mod tests {
 
     #[test]
     fn samples_are_distinct_and_in_range() {
-        let b = p2c(P2cMetric::LeastTokens, 42);
+        let b = p2c(OutstandingTokens, 42);
         for n in 2..40 {
             for _ in 0..50 {
                 let (x, y) = b.sample(n);
@@ -156,7 +134,7 @@ mod tests {
 
     #[test]
     fn never_picks_the_most_loaded_of_many() {
-        let b = p2c(P2cMetric::LeastTokens, 7);
+        let b = p2c(OutstandingTokens, 7);
         let v = views(&[100, 200, 300, 400, 10_000]);
         for _ in 0..200 {
             let p = b.pick(&RequestInfo::default(), &v).unwrap();
@@ -169,7 +147,7 @@ mod tests {
     fn same_seed_same_sequence() {
         let v = views(&[0; 16]);
         let run = |seed| {
-            let b = p2c(P2cMetric::LeastConnections, seed);
+            let b = p2c(InFlight, seed);
             (0..32)
                 .map(|_| b.pick(&RequestInfo::default(), &v).unwrap().index)
                 .collect::<Vec<_>>()
@@ -180,7 +158,7 @@ mod tests {
 
     #[test]
     fn spreads_over_an_idle_pool() {
-        let b = p2c(P2cMetric::LeastTokens, 1);
+        let b = p2c(OutstandingTokens, 1);
         let v = views(&[0; 8]);
         let mut seen = [0u32; 8];
         for _ in 0..800 {
@@ -191,7 +169,7 @@ mod tests {
 
     #[test]
     fn scraped_metric_without_data_falls_back() {
-        let b = p2c(P2cMetric::Jsq, 9);
+        let b = p2c(queue(), 9);
         let mut v = views(&[0, 0]);
         v[0].load = Some(ScrapedLoad {
             waiting: Some(0),

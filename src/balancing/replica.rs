@@ -17,7 +17,7 @@ use super::learned::LearnedRates;
 use super::outlier::Outlier;
 use super::view::ScrapedLoad;
 use crate::health::ActiveHealth;
-use crate::signals::LoadSnapshot;
+use crate::signals::{LoadSnapshot, RestartWatch};
 use crate::telemetry::clock::now_millis;
 
 /// Process-unique identity of a replica, stable across config reloads while the
@@ -189,7 +189,10 @@ impl Replica {
     }
 
     /// Stores a new scrape and restarts the since-scrape counts.
-    pub fn store_load(&self, snapshot: LoadSnapshot) {
+    /// Returns whether the scrape shows the replica restarted since the
+    /// last one ([`RestartWatch`]).
+    pub fn store_load(&self, snapshot: LoadSnapshot) -> bool {
+        let restarted = self.counts.restarts.observe(snapshot.prefix_cache_queries);
         if let Some(previous) = self.load.load().as_deref() {
             self.learned.observe(previous, &snapshot);
         }
@@ -197,6 +200,12 @@ impl Replica {
         self.dispatched_since_scrape.store(0, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);
         self.tokens_since_scrape.store(0, Ordering::Relaxed);
+        restarted
+    }
+
+    /// How many restarts the scrapes have shown (carried across reloads).
+    pub fn restarts(&self) -> u64 {
+        self.counts.restarts.restarts()
     }
 
     /// The last stored scrape, if any.
@@ -255,6 +264,8 @@ struct Counts {
     outstanding_tokens: AtomicU64,
     /// Woken whenever an in-flight request ends.
     freed: Notify,
+    /// Restarts seen in the replica's scrapes.
+    restarts: RestartWatch,
 }
 
 /// One unit of in-flight load on a replica, released on drop.

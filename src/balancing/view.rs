@@ -70,11 +70,54 @@ impl ScrapedLoad {
             .map(|w| (w + self.dispatched_since).saturating_sub(self.completed_since))
     }
 
+    /// The replica's KV cache as the scrape left it, with what llmlb sent
+    /// since: `None` when the usage is unknown, or the capacity is (the
+    /// replica's reported capacity, else `fallback_capacity`).
+    pub fn kv_room(&self, fallback_capacity: Option<u64>) -> Option<KvRoom> {
+        Some(KvRoom {
+            usage: self.kv_usage?,
+            capacity: self.kv_capacity_tokens.or(fallback_capacity)?,
+            tokens_since: self.tokens_since,
+        })
+    }
+
     /// Requests in the replica now, running or waiting, estimated likewise.
     pub fn in_system_now(&self) -> Option<u64> {
         let base = self.waiting.unwrap_or(0) + self.running.unwrap_or(0);
         (self.waiting.is_some() || self.running.is_some())
             .then(|| (base + self.dispatched_since).saturating_sub(self.completed_since))
+    }
+}
+
+/// One model of a replica's KV cache, read two ways: as free tokens (by
+/// cache-aware routing, to tell whether a prompt's uncached blocks fit) and
+/// as projected usage (by `kv_aware`, against its threshold).
+///
+/// Every token llmlb sent since the scrape (prompt and expected output)
+/// counts as still held, which overestimates use slightly until the next
+/// scrape; vLLM counts blocks holding only a cached prefix as free, and so
+/// does this model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvRoom {
+    /// Fraction in use at the scrape.
+    pub usage: f64,
+    /// Capacity in tokens.
+    pub capacity: u64,
+    /// Tokens llmlb sent since the scrape.
+    pub tokens_since: u64,
+}
+
+impl KvRoom {
+    /// Free tokens now: `capacity × (1 − usage) − tokens since`, at least 0.
+    pub fn free_tokens(&self) -> u64 {
+        let free = (self.capacity as f64 * (1.0 - self.usage)).max(0.0) as u64;
+        free.saturating_sub(self.tokens_since)
+    }
+
+    /// Fraction in use once `extra` more tokens are placed:
+    /// `usage + (tokens since + extra) / capacity` (a capacity of 0 counts as 1).
+    pub fn projected_usage(&self, extra: u64) -> f64 {
+        self.usage + (self.tokens_since + extra) as f64 / self.capacity.max(1) as f64
     }
 }
 
@@ -115,5 +158,40 @@ impl Default for BalancerParams {
             p2c_metric: b.p2c_metric,
             seed: b.seed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_tokens_and_projected_usage_read_one_model() {
+        let load = ScrapedLoad {
+            kv_usage: Some(0.25),
+            kv_capacity_tokens: Some(10_000),
+            tokens_since: 500,
+            ..ScrapedLoad::default()
+        };
+        let room = load.kv_room(Some(1)).unwrap();
+        assert_eq!(room.free_tokens(), 7_000);
+        assert!((room.projected_usage(1_000) - 0.4).abs() < 1e-12);
+        // Placing exactly the free tokens fills the cache.
+        assert!((room.projected_usage(room.free_tokens()) - 1.0).abs() < 1e-12);
+        // No reported capacity: the fallback, or nothing.
+        let bare = ScrapedLoad {
+            kv_capacity_tokens: None,
+            ..load
+        };
+        assert_eq!(bare.kv_room(None), None);
+        assert_eq!(bare.kv_room(Some(2_000)).unwrap().free_tokens(), 1_000);
+        // More sent than was free: none left, usage past 1.
+        let full = KvRoom {
+            usage: 0.9,
+            capacity: 1_000,
+            tokens_since: 400,
+        };
+        assert_eq!(full.free_tokens(), 0);
+        assert!(full.projected_usage(0) > 1.0);
     }
 }

@@ -10,82 +10,33 @@
 //! `limits.timeout`, the caller falls back to its local buckets for that
 //! request, the fallback is counted (`llmlb_rate_limit_fallbacks_total`) and
 //! logged, and the connection is re-established at most once a second.
+//!
+//! Refunds and settlements run in the background on the runtime that took
+//! the charge (remembered at the first charge), so a charge dropped outside
+//! a runtime is still settled; with no runtime at all the adjustment is
+//! lost, and that is logged and counted (`llmlb_rate_limit_adjustments_lost_total`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use prometheus::{IntCounter, IntGaugeVec, Registry};
 use redis::aio::MultiplexedConnection;
 
+use super::LimitKind;
+use super::lua::{ADJUST, TAKE};
 use super::rate_limit::BucketStatus;
 use crate::config::LimitsConfig;
 use crate::telemetry::clock::now_millis;
-
-/// Refills both buckets with Redis's clock, then charges one request and
-/// `ARGV[3]` tokens if both allow it. A capacity of 0 means "no limit".
-/// Returns `{denied (0 none, 1 requests, 2 tokens), request level, token
-/// level, seconds to wait}` (numbers as strings: Redis truncates Lua floats).
-const TAKE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 'level', 'ts')
-  local l = tonumber(v[1]) or cap
-  local ts = tonumber(v[2]) or now
-  return math.min(cap, l + math.max(0, now - ts) * cap / 60)
-end
-local rcap, tcap, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local rl, tl = -1, -1
-if rcap > 0 then rl = level(KEYS[1], rcap) end
-if tcap > 0 then tl = level(KEYS[2], tcap) end
-local denied, wait = 0, 0
-if rcap > 0 and rl < 1 then
-  denied = 1
-  wait = (1 - rl) * 60 / rcap
-end
-if denied == 0 and tcap > 0 then
-  local need = math.min(cost, tcap)
-  if tl < need then
-    denied = 2
-    wait = (need - tl) * 60 / tcap
-  end
-end
-if denied == 0 then
-  if rcap > 0 then rl = rl - 1 end
-  if tcap > 0 then tl = tl - cost end
-end
-if rcap > 0 then
-  redis.call('HSET', KEYS[1], 'level', rl, 'ts', now)
-  redis.call('PEXPIRE', KEYS[1], 120000)
-end
-if tcap > 0 then
-  redis.call('HSET', KEYS[2], 'level', tl, 'ts', now)
-  redis.call('PEXPIRE', KEYS[2], 120000)
-end
-return {denied, tostring(rl), tostring(tl), tostring(wait)}
-"#;
-
-/// Adds `ARGV[2]` (may be negative) to a bucket of capacity `ARGV[1]`.
-const ADJUST: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local cap, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
-local v = redis.call('HMGET', KEYS[1], 'level', 'ts')
-local l = tonumber(v[1]) or cap
-local ts = tonumber(v[2]) or now
-l = math.min(cap, math.min(cap, l + math.max(0, now - ts) * cap / 60) + delta)
-redis.call('HSET', KEYS[1], 'level', l, 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 120000)
-return tostring(l)
-"#;
 
 /// Shared limiter metrics, registered once per process.
 #[derive(Debug, Clone)]
 pub struct SharedLimitMetrics {
     /// Requests whose limits were checked locally because Redis failed.
     pub fallbacks: IntCounter,
+    /// Refunds and settlements that found no runtime to run on.
+    pub lost_adjustments: IntCounter,
     /// 1 while the last Redis call succeeded; labelled `backend="redis"`
     /// and exported only once a shared backend is configured (no series at
     /// all without one, rather than a 0 that reads as "down").
@@ -97,6 +48,11 @@ impl SharedLimitMetrics {
         let fallbacks = IntCounter::new(
             "llmlb_rate_limit_fallbacks_total",
             "Rate-limit checks done with local buckets because the shared backend failed.",
+        )
+        .expect("metric");
+        let lost_adjustments = IntCounter::new(
+            "llmlb_rate_limit_adjustments_lost_total",
+            "Shared rate-limit refunds and settlements dropped because no runtime could run them.",
         )
         .expect("metric");
         let up = IntGaugeVec::new(
@@ -111,9 +67,16 @@ impl SharedLimitMetrics {
             .register(Box::new(fallbacks.clone()))
             .expect("unique metric names");
         registry
+            .register(Box::new(lost_adjustments.clone()))
+            .expect("unique metric names");
+        registry
             .register(Box::new(up.clone()))
             .expect("unique metric names");
-        SharedLimitMetrics { fallbacks, up }
+        SharedLimitMetrics {
+            fallbacks,
+            lost_adjustments,
+            up,
+        }
     }
 }
 
@@ -125,7 +88,7 @@ pub enum SharedCharge {
         tokens: Option<BucketStatus>,
     },
     Denied {
-        kind: &'static str,
+        kind: LimitKind,
         wait: Duration,
         requests: Option<BucketStatus>,
         tokens: Option<BucketStatus>,
@@ -160,6 +123,8 @@ pub struct SharedLimits {
     take: redis::Script,
     adjust: redis::Script,
     metrics: SharedLimitMetrics,
+    /// The runtime charges run on, for adjustments made outside one.
+    runtime: OnceLock<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -196,6 +161,7 @@ impl SharedLimits {
             take: redis::Script::new(TAKE),
             adjust: redis::Script::new(ADJUST),
             metrics: metrics.clone(),
+            runtime: OnceLock::new(),
         }))
     }
 
@@ -252,6 +218,9 @@ impl SharedLimits {
         tokens_per_minute: Option<u32>,
         tokens: u64,
     ) -> Result<SharedCharge, SharedError> {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            self.runtime.get_or_init(|| handle);
+        }
         let result = self
             .try_charge(key_id, requests_per_minute, tokens_per_minute, tokens)
             .await;
@@ -296,12 +265,48 @@ impl SharedLimits {
         Ok(match denied {
             0 => SharedCharge::Admitted { requests, tokens },
             kind => SharedCharge::Denied {
-                kind: if kind == 1 { "requests" } else { "tokens" },
+                kind: if kind == 1 {
+                    LimitKind::Requests
+                } else {
+                    LimitKind::Tokens
+                },
                 wait: Duration::from_secs_f64(wait.parse::<f64>().unwrap_or(1.0).max(0.0)),
                 requests,
                 tokens,
             },
         })
+    }
+
+    /// Runs [`SharedLimits::adjust`] in the background: on the current
+    /// runtime, else on the one charges ran on. Without either the
+    /// adjustment is lost, logged and counted.
+    pub fn adjust_later(
+        self: &Arc<Self>,
+        key_id: &str,
+        requests_per_minute: Option<u32>,
+        tokens_per_minute: Option<u32>,
+        token_delta: i64,
+        refund_request: bool,
+    ) {
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.get().cloned());
+        let Some(handle) = handle else {
+            self.metrics.lost_adjustments.inc();
+            tracing::warn!(url = %self.shown, "no runtime to settle a shared rate-limit charge; the adjustment is lost");
+            return;
+        };
+        let (me, key_id) = (Arc::clone(self), key_id.to_string());
+        handle.spawn(async move {
+            me.adjust(
+                &key_id,
+                requests_per_minute,
+                tokens_per_minute,
+                token_delta,
+                refund_request,
+            )
+            .await;
+        });
     }
 
     /// Gives back (`delta > 0`) or charges more tokens after the fact; also
@@ -337,5 +342,46 @@ impl SharedLimits {
         if let Err(e) = result {
             tracing::debug!(error = %e, "shared rate-limit settlement skipped");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(metrics: &SharedLimitMetrics) -> Arc<SharedLimits> {
+        // Port 9 on loopback: nothing listens, so every Redis call fails fast.
+        let config: LimitsConfig =
+            toml::from_str("backend = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"").unwrap();
+        SharedLimits::new(&config, metrics).unwrap()
+    }
+
+    #[test]
+    fn an_adjustment_outside_a_runtime_uses_the_charging_one_or_is_counted_lost() {
+        let metrics = SharedLimitMetrics::new(&Registry::new());
+        let never_charged = limiter(&metrics);
+        never_charged.adjust_later("k", Some(10), Some(100), 5, true);
+        assert_eq!(metrics.lost_adjustments.get(), 1);
+        let charged = limiter(&metrics);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let result = rt.block_on(charged.charge("k", Some(10), Some(100), 5));
+        assert!(result.is_err(), "nothing listens on port 9");
+        assert_eq!(metrics.fallbacks.get(), 1);
+        // Dropped outside the runtime, the refund still goes to it.
+        charged.adjust_later("k", Some(10), Some(100), 5, true);
+        assert_eq!(metrics.lost_adjustments.get(), 1);
+        rt.block_on(tokio::task::yield_now());
+    }
+
+    #[test]
+    fn redacts_the_password_only() {
+        assert_eq!(
+            redact_url("redis://user:secret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
     }
 }

@@ -3,10 +3,12 @@
 //!
 //! A low module shared by both sides: the simulator publishes with
 //! [`publisher`], llmlb subscribes with [`subscriber`]; both speak the wire
-//! format of [`wire`]. Nothing here knows about routing or the proxy.
+//! format of [`wire`], and read a `BlockStored` through [`StoredBlocks`]. Nothing here knows about routing or the proxy.
 
 pub mod publisher;
+mod stored;
 pub mod subscriber;
 pub mod wire;
 
+pub use stored::StoredBlocks;
 pub use wire::{BlockKey, EventBatch, KvEvent, Message, WireError};

@@ -267,36 +267,32 @@ fn block_key(v: &Value) -> Result<BlockKey, WireError> {
 
 /// Encodes one batch in vLLM's tagged-array layout.
 pub fn encode_payload(batch: &EventBatch) -> Vec<u8> {
-    let opt_str = |s: &Option<String>| s.as_deref().map_or(Value::Nil, Value::from);
+    let opt_str = |s: Option<&str>| s.map_or(Value::Nil, Value::from);
     let keys = |hs: &[BlockKey]| Value::Array(hs.iter().map(|h| Value::from(h.0)).collect());
     let events = batch
         .events
         .iter()
         .map(|e| match e {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_name,
-                medium,
-            } => Value::Array(vec![
-                Value::from("BlockStored"),
-                keys(block_hashes),
-                parent_block_hash.map_or(Value::Nil, |p| Value::from(p.0)),
-                Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
-                Value::from(*block_size as u64),
-                Value::Nil,
-                opt_str(medium),
-                opt_str(lora_name),
-            ]),
+            KvEvent::BlockStored { .. } => {
+                let s = e.stored().expect("a BlockStored");
+                Value::Array(vec![
+                    Value::from("BlockStored"),
+                    keys(s.block_hashes),
+                    s.parent_block_hash.map_or(Value::Nil, |p| Value::from(p.0)),
+                    Value::Array(s.token_ids.iter().map(|&t| Value::from(t)).collect()),
+                    Value::from(s.block_size as u64),
+                    Value::Nil,
+                    opt_str(s.medium),
+                    opt_str(s.lora_name),
+                ])
+            }
             KvEvent::BlockRemoved {
                 block_hashes,
                 medium,
             } => Value::Array(vec![
                 Value::from("BlockRemoved"),
                 keys(block_hashes),
-                opt_str(medium),
+                opt_str(medium.as_deref()),
             ]),
             KvEvent::AllBlocksCleared => Value::Array(vec![Value::from("AllBlocksCleared")]),
         })

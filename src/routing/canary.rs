@@ -11,14 +11,24 @@
 //! moves only the users between the old and the new boundary. Requests with no sticky key are split at
 //! random by weight. The version header forces a version (unknown: 400).
 //!
-//! Cost: one SHA-256 of the key per request. API keys are hashed, never kept.
+//! As a routing step ([`PoolCanary::narrow`]), the chosen version's
+//! replicas become a hard limit of the [`Decision`]: retries stay on that
+//! version. When none of them is eligible the request falls back to any
+//! replica (branch `canary_fallback`), unless the version was forced.
+//!
+//! Cost: one SHA-256 of the key per request, plus O(replicas) to keep the
+//! version's replicas. API keys are hashed, never kept.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::HeaderName;
 
+use super::decision::{Decision, contains};
 use super::prefix::rendezvous::{hash64, mix};
-use crate::config::{CanaryConfig, StickySource};
+use super::{RouteBranch, RouteError};
+use crate::balancing::{Replica, ReplicaId};
+use crate::config::{CanaryConfig, Config, PoolConfig, StickySource};
 
 #[derive(Debug)]
 pub struct Canary {
@@ -81,16 +91,16 @@ impl Canary {
         forced: Option<&str>,
         keys: &StickyKeys<'_>,
         random: u64,
-    ) -> Result<Choice, String> {
+    ) -> Result<Choice, RouteError> {
         if let Some(f) = forced {
             return self
                 .versions
                 .iter()
                 .find(|(v, _)| &**v == f)
                 .map(|(v, _)| Choice::Forced(Arc::clone(v)))
-                .ok_or_else(|| {
-                    let known: Vec<&str> = self.versions.iter().map(|(v, _)| &**v).collect();
-                    format!("unknown version {f:?}; this pool runs {}", known.join(", "))
+                .ok_or_else(|| RouteError::UnknownVersion {
+                    version: f.to_string(),
+                    known: self.versions.iter().map(|(v, _)| v.to_string()).collect(),
                 });
         }
         for source in &self.sticky {
@@ -121,9 +131,76 @@ impl Canary {
     }
 }
 
+/// A pool's canary split, with the version each replica runs.
+#[derive(Debug)]
+pub struct PoolCanary {
+    pub canary: Canary,
+    versions: HashMap<ReplicaId, Arc<str>>,
+}
+
+impl PoolCanary {
+    /// The pool's split, when it has `[pools.canary]`.
+    pub fn build(
+        config: &Config,
+        pc: &PoolConfig,
+        replicas: &[Arc<Replica>],
+    ) -> Option<PoolCanary> {
+        let c = pc.canary.as_ref()?;
+        let mut canary = Canary::new(c, &pc.name);
+        canary.trusted = config.trusts_version_header();
+        let versions = replicas
+            .iter()
+            .zip(&pc.replicas)
+            .filter_map(|(r, rc)| rc.version.as_deref().map(|v| (r.id, Arc::from(v))))
+            .collect();
+        Some(PoolCanary { canary, versions })
+    }
+
+    /// Step 1 of routing: chooses the request's version and keeps only its
+    /// replicas in `cands` and in the decision's allowed set. `header` is
+    /// the version header's value, if sent. Err: a forced version that does
+    /// not exist.
+    pub fn narrow(
+        &self,
+        header: Option<&str>,
+        keys: &StickyKeys<'_>,
+        random: u64,
+        replicas: &[Arc<Replica>],
+        cands: &mut Vec<Arc<Replica>>,
+        d: &mut Decision,
+    ) -> Result<(), RouteError> {
+        let forced = header.filter(|v| !v.is_empty() && self.canary.trusted);
+        let choice = self.canary.choose(forced, keys, random)?;
+        let version = Arc::clone(choice.version());
+        let mut ids: Vec<ReplicaId> = replicas
+            .iter()
+            .filter(|r| self.versions.get(&r.id) == Some(&version))
+            .map(|r| r.id)
+            .collect();
+        ids.sort_unstable();
+        let forced = matches!(choice, Choice::Forced(_));
+        if forced || cands.iter().any(|r| contains(&ids, r.id)) {
+            cands.retain(|r| contains(&ids, r.id));
+            d.allow_only(ids);
+            d.version = Some(version);
+            d.branches.push(match choice {
+                Choice::Forced(_) => RouteBranch::VersionForced,
+                Choice::Sticky(..) => RouteBranch::Canary,
+                Choice::Random(_) => RouteBranch::CanaryRandom,
+            });
+        } else {
+            d.branches.push(RouteBranch::CanaryFallback);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routing::Prompt;
+    use crate::routing::test_fleet::{input, replicas, route, topology};
+    use http::HeaderMap;
 
     fn canary(v1: u32, v2: u32) -> Canary {
         let config: CanaryConfig =
@@ -187,10 +264,9 @@ mod tests {
             c.choose(Some("v2"), &user("anyone"), 0).unwrap(),
             Choice::Forced(Arc::from("v2"))
         );
-        assert!(
-            c.choose(Some("v9"), &user("x"), 0)
-                .unwrap_err()
-                .contains("v9")
+        assert_eq!(
+            c.choose(Some("v9"), &user("x"), 0).unwrap_err().to_string(),
+            "unknown version \"v9\"; this pool runs v1, v2"
         );
         // Weight 0: never chosen unless forced.
         for i in 0..500 {
@@ -212,5 +288,31 @@ mod tests {
                 assert_eq!(&**a.version(), "v2", "{u} left the canary");
             }
         }
+    }
+
+    #[test]
+    fn canary_falls_back_when_the_version_is_down_but_forced_does_not() {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.canary]\nweights = {{ v1 = 0, v2 = 100 }}\n{}",
+            replicas(2, |i| format!("version = \"v{}\"", i + 1))
+        );
+        let t = topology(&text);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let plain = input(&headers, Some("u"), Prompt::Text("x"));
+        let d = route(pool, &plain);
+        assert_eq!(d.branches, vec![RouteBranch::Canary]);
+        assert_eq!(d.allowed, Some(vec![pool.replicas[1].id]));
+        for _ in 0..3 {
+            pool.replicas[1].health.record(false, 3, 2);
+        }
+        let d = route(pool, &plain);
+        assert_eq!(d.branches, vec![RouteBranch::CanaryFallback]);
+        assert_eq!(d.allowed, None);
+        let mut forced = HeaderMap::new();
+        forced.insert("x-llmlb-version", "v2".parse().unwrap());
+        let d = route(pool, &input(&forced, Some("u"), Prompt::Text("x")));
+        assert_eq!(d.branches, vec![RouteBranch::VersionForced]);
+        assert!(d.narrow(pool.eligible()).is_empty());
     }
 }

@@ -22,8 +22,6 @@ pub struct RoutingMetrics {
     pub version_errors: IntCounterVec,
     /// Arrival to end of response, by pool and version.
     pub version_duration: HistogramVec,
-    /// Prefix indexes cleared because a replica restarted.
-    pub index_resets: IntCounterVec,
 }
 
 impl RoutingMetrics {
@@ -61,20 +59,11 @@ impl RoutingMetrics {
             &["pool", "version"],
         )
         .expect("metric");
-        let index_resets = IntCounterVec::new(
-            Opts::new(
-                "llmlb_prefix_index_resets_total",
-                "Prefix-cache indexes cleared because the replica's counters went down (a restart).",
-            ),
-            &["pool", "replica"],
-        )
-        .expect("metric");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(version_requests.clone()),
             Box::new(version_errors.clone()),
             Box::new(version_duration.clone()),
-            Box::new(index_resets.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -83,7 +72,6 @@ impl RoutingMetrics {
             version_requests,
             version_errors,
             version_duration,
-            index_resets,
         }
     }
 

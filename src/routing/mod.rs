@@ -4,25 +4,36 @@
 //! an `ArcSwap`, so a reload replaces it whole without stopping traffic. Model
 //! names resolve to pools ([`model_map`], with aliases and a default pool, and
 //! tier pools from [`tiers`]); each pool's [`Router`] then narrows the
-//! replicas by canary version ([`canary`]), tier, and session or prefix
-//! affinity ([`prefix`]) before the balancer picks.
+//! replicas step by step (canary version ([`canary`]), tier ([`tiers`]),
+//! session or `hash` affinity ([`affinity`]), cache scoring) into a
+//! [`Decision`] before the balancer picks. Refusals are a [`RouteError`].
 
+pub mod affinity;
 pub mod branch;
+mod cache;
 pub mod canary;
+mod carry_over;
+mod decision;
 mod dispatch;
+mod error;
+pub mod hash_key;
 pub mod metrics;
 pub mod model_map;
 mod outcome;
 pub mod prefix;
 mod router;
 pub mod saturation;
+#[cfg(test)]
+mod test_fleet;
 pub mod tiers;
 mod topology;
 
 pub use branch::RouteBranch;
+pub use decision::Decision;
 pub use dispatch::choose;
+pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};
 pub use outcome::Failure;
 pub use prefix::blocks::Prompt;
-pub use router::{Decision, RouteInput, Router};
+pub use router::{RouteInput, Router};
 pub use topology::{Pool, Resolution, Topology};

@@ -93,13 +93,13 @@ impl ModelMap {
 
 /// The request body with its top-level `model` replaced. Other fields keep
 /// their values (key order may change).
-pub fn rewrite_model(body: &[u8], model: &str) -> Result<Bytes, String> {
-    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
-        .map_err(|e| format!("request body is not a JSON object: {e}"))?;
+pub fn rewrite_model(body: &[u8], model: &str) -> Result<Bytes, super::RouteError> {
+    let mut v: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(super::RouteError::BodyNotObject)?;
     v.insert("model".into(), serde_json::Value::String(model.into()));
     serde_json::to_vec(&v)
         .map(Bytes::from)
-        .map_err(|e| e.to_string())
+        .map_err(super::RouteError::Rewrite)
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //! above `saturation.max_queue`. A stale or missing scrape says nothing, so
 //! without scraping only the local bounds apply.
 
+use std::sync::Arc;
+
 use crate::balancing::{Replica, ReplicaView};
 use crate::config::SaturationConfig;
 
@@ -23,6 +25,20 @@ pub fn is_saturated(
             .fresh_load(max_age_ms)
             .and_then(|l| l.queue_now())
             .is_some_and(|q| q > config.max_queue)
+}
+
+/// Whether no eligible replica among `replicas` has room at `now_ms` (or
+/// none is eligible): a tier pool's cue to overflow.
+pub fn all_saturated(
+    replicas: &[Arc<Replica>],
+    config: &SaturationConfig,
+    max_age_ms: u64,
+    now_ms: u64,
+) -> bool {
+    !replicas.iter().any(|r| {
+        r.is_eligible_at(now_ms)
+            && !is_saturated(r, &ReplicaView::at(r, now_ms), config, max_age_ms)
+    })
 }
 
 #[cfg(test)]

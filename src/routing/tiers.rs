@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
+use super::decision::{Decision, contains};
 use crate::balancing::{Replica, ReplicaId};
 use crate::config::Config;
 
@@ -136,11 +137,30 @@ impl PoolTiers {
         };
         (Some(set), Some(RouteBranch::TierOverflow))
     }
+
+    /// Step 2 of routing: keeps only the replicas the request's tier may
+    /// use in `cands` and in the decision's allowed set.
+    pub fn narrow(
+        &self,
+        tier: Option<&str>,
+        cands: &mut Vec<Arc<Replica>>,
+        saturated: impl Fn(&Replica) -> bool,
+        d: &mut Decision,
+    ) {
+        let (ids, branch) = self.select(tier, cands, saturated);
+        if let Some(mut ids) = ids {
+            ids.sort_unstable();
+            cands.retain(|r| contains(&ids, r.id));
+            d.allow_only(ids);
+        }
+        d.branches.extend(branch);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routing::test_fleet::{replicas, topology};
 
     fn setup(overflow: bool) -> (PoolTiers, Vec<Arc<Replica>>) {
         let text = format!(
@@ -218,6 +238,32 @@ mod tests {
         assert_eq!(
             (names(&s.unwrap(), &rs), b),
             (vec!["a".into(), "b".into()], Some(RouteBranch::Tier))
+        );
+    }
+
+    #[test]
+    fn tier_pool_overflows_to_the_model_pool_only_when_saturated() {
+        let text = format!(
+            "[[tiers]]\nname = \"paid\"\npriority = \"high\"\npool = \"reserved\"\noverflow = true\n\
+             [[tiers]]\nname = \"free\"\npriority = \"low\"\n\
+             [[pools]]\nname = \"shared\"\nmodels = [\"m\"]\n{}\
+             [[pools]]\nname = \"reserved\"\nmodels = [\"m-reserved\"]\n[pools.saturation]\nmax_in_flight = 1\n\
+             [[pools.replicas]]\nurl = \"http://127.0.0.1:9\"\nname = \"gold\"\n",
+            replicas(1, |_| String::new())
+        );
+        let t = topology(&text);
+        let r = t.resolve("m", Some("paid")).unwrap();
+        assert_eq!(
+            (r.pool.name.as_str(), r.branches.clone()),
+            ("reserved", vec![RouteBranch::Tier])
+        );
+        assert_eq!(t.resolve("m", Some("free")).unwrap().pool.name, "shared");
+        assert!(t.resolve("unknown", Some("paid")).is_none());
+        let _busy = t.pools[1].replicas[0].acquire();
+        let r = t.resolve("m", Some("paid")).unwrap();
+        assert_eq!(
+            (r.pool.name.as_str(), r.branches),
+            ("shared", vec![RouteBranch::TierOverflow])
         );
     }
 }

@@ -21,7 +21,7 @@ use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop, strip_private,
 };
-use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
+use crate::gateway::{Charge, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
@@ -74,7 +74,7 @@ async fn handle_counted(
             err.into_response()
         }
     };
-    rate.apply(resp.headers_mut());
+    super::limit_headers::apply(&rate, resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
     surface::apply_cors(&state, origin.as_ref(), &mut resp);
     access_log::wrap(&state, access, fields, resp)
@@ -174,13 +174,13 @@ async fn route(
         .saturating_sub(prompt_tokens)
         .max(1);
     let max_tokens = meta.max_tokens.map(|m| m.min(room));
-    let estimated =
-        u64::from(prompt_tokens) + u64::from(max_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS.min(room)));
+    let estimated = u64::from(prompt_tokens)
+        + u64::from(max_tokens.unwrap_or(pool.balancing.default_max_tokens.min(room)));
     match caller.charge(estimated, Instant::now()).await {
         Ok(headers) => *rate = headers,
-        Err((err, headers)) => {
-            *rate = headers;
-            return Err(err);
+        Err(limited) => {
+            *rate = limited.headers.clone();
+            return Err(limited.into());
         }
     }
     // Refunded on every early return, and when the client goes away.
@@ -303,12 +303,13 @@ fn route_within(
 ) -> Result<(Decision, bytes::Bytes), ApiError> {
     let pool = resolved.pool;
     let body = match resolved.rewrite {
-        Some(model) => rewrite_model(bytes, model).map_err(ApiError::BadRequest)?,
+        Some(model) => rewrite_model(bytes, model)?,
         None => bytes.clone(),
     };
     let input = RouteInput {
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
+        api_key: crate::gateway::keys::presented_key(headers),
         headers,
         tier,
         prompt: prompt(meta),
@@ -316,14 +317,7 @@ fn route_within(
     };
     let decision = pool
         .router
-        .route(
-            &pool.replicas,
-            &input,
-            rand::random(),
-            now_millis(),
-            &state.routing_metrics,
-        )
-        .map_err(ApiError::BadRequest)?;
+        .route(&pool.replicas, &input, rand::random(), now_millis())?;
     state
         .routing_metrics
         .record_branches(&pool.name, &resolved.branches);

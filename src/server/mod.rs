@@ -7,12 +7,14 @@ mod connection;
 mod error;
 mod guarded;
 mod handler;
+mod limit_headers;
 mod listener;
 mod multipart;
 pub mod pending;
 mod prompt_tokens;
 pub mod reload;
 pub mod request;
+mod stage_errors;
 pub mod surface;
 pub mod tls;
 

@@ -3,7 +3,9 @@
 //! the cadence), each bounded by `scrape.timeout`, until told to stop.
 //!
 //! A good scrape replaces the replica's [`LoadSnapshot`] whole and restarts
-//! its since-scrape counts. A failed one (timeout, refused, non-2xx, no known
+//! its since-scrape counts; a scrape whose prefix-cache counter went down
+//! is a replica restart ([`super::restart`]), logged and counted in
+//! `llmlb_replica_restarts_total`. A failed one (timeout, refused, non-2xx, no known
 //! metric in the page) is counted in `llmlb_scrape_errors_total` and leaves
 //! the old snapshot to age: once older than `scrape.staleness` the balancers
 //! stop using it. Logged once when a replica starts failing and once when it
@@ -15,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::{LoadSnapshot, MetricNames};
-use crate::background::{Prober, stopped};
+use crate::background::{ProbeError, Prober, stopped};
 use crate::balancing::Replica;
 use crate::config::ScrapeConfig;
 use crate::telemetry::Metrics;
@@ -58,16 +60,40 @@ pub async fn run(
     }
 }
 
+/// Why a scrape gave no load.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The page could not be fetched (timeout, refused, non-2xx, ...).
+    #[error("{kind}: {0}", kind = .0.kind())]
+    Fetch(ProbeError),
+    /// The page names none of the configured metrics.
+    #[error("no_metrics: none of the configured metric names is present")]
+    NoMetrics,
+}
+
+impl ScrapeError {
+    /// The `kind` label of `llmlb_scrape_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ScrapeError::Fetch(e) => e.kind(),
+            ScrapeError::NoMetrics => "no_metrics",
+        }
+    }
+}
+
 /// One scrape, parsed.
-pub async fn scrape_once(target: &ScrapeTarget, prober: &Prober) -> Result<LoadSnapshot, String> {
+pub async fn scrape_once(
+    target: &ScrapeTarget,
+    prober: &Prober,
+) -> Result<LoadSnapshot, ScrapeError> {
     let body = prober
         .get_from(&target.replica, &target.config.path, target.config.timeout)
         .await
-        .map_err(|e| format!("{}: {e}", e.kind()))?;
+        .map_err(ScrapeError::Fetch)?;
     let text = String::from_utf8_lossy(&body);
     let snapshot = LoadSnapshot::from_text(&text, &target.names, now_millis());
     if snapshot.is_empty() {
-        return Err("no_metrics: none of the configured metric names is present".into());
+        return Err(ScrapeError::NoMetrics);
     }
     Ok(snapshot)
 }
@@ -75,7 +101,7 @@ pub async fn scrape_once(target: &ScrapeTarget, prober: &Prober) -> Result<LoadS
 fn record(
     target: &ScrapeTarget,
     metrics: &Metrics,
-    result: Result<LoadSnapshot, String>,
+    result: Result<LoadSnapshot, ScrapeError>,
     failing: &mut bool,
 ) {
     let (pool, name) = (&*target.pool, target.replica.name.as_str());
@@ -95,7 +121,18 @@ fn record(
                     gauges.with_label_values(&[pool, name, signal]).set(v);
                 }
             }
-            target.replica.store_load(snapshot);
+            if target.replica.store_load(snapshot) {
+                metrics
+                    .signals
+                    .restarts
+                    .with_label_values(&[pool, name])
+                    .inc();
+                tracing::info!(
+                    pool,
+                    replica = name,
+                    "replica restarted: llmlb forgets what its prefix cache held"
+                );
+            }
             let learned = target.replica.learned.rates();
             let s = &metrics.signals;
             for (gauge, value) in [
@@ -112,7 +149,7 @@ fn record(
             }
         }
         Err(reason) => {
-            let kind = reason.split(':').next().unwrap_or("error");
+            let kind = reason.kind();
             metrics
                 .signals
                 .scrape_errors

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::admission::AdmissionMetrics;
 use crate::balancing::{Branch, Pick, Replica, ReplicaId, RequestInfo};
 use crate::config::{BalancerKind, Config, PrefixMode, ReplicaConfig};
-use crate::routing::{Decision, Pool, Prompt, RouteInput, RoutingMetrics, Topology};
+use crate::routing::{Decision, Pool, Prompt, RouteError, RouteInput, Topology};
 use crate::telemetry::Metrics;
 
 use super::SimulateError;
@@ -149,7 +149,6 @@ pub struct Decider {
     pool: usize,
     model: String,
     metrics: Metrics,
-    routing: RoutingMetrics,
     index: HashMap<ReplicaId, u32>,
     rng: u64,
 }
@@ -162,7 +161,6 @@ impl Decider {
         }
         let metrics = Metrics::new();
         let admission = AdmissionMetrics::new(metrics.registry());
-        let routing = RoutingMetrics::new(metrics.registry());
         let topology = Topology::build(config, &metrics, &admission, None);
         let pool = topology
             .resolve(model, None)
@@ -187,7 +185,6 @@ impl Decider {
             pool,
             model: model.to_string(),
             metrics,
-            routing,
             index,
             rng: seed ^ 0x0dec_1de5,
         })
@@ -217,20 +214,20 @@ impl Decider {
 
     /// The routing stage, as `serve` runs it for a request without headers,
     /// user or tier.
-    pub fn route(&mut self, prompt: Prompt<'_>, now_ms: u64) -> Result<Decision, String> {
+    pub fn route(&mut self, prompt: Prompt<'_>, now_ms: u64) -> Result<Decision, RouteError> {
         self.rng = splitmix(self.rng);
         let headers = http::HeaderMap::new();
         let input = RouteInput {
             model: &self.model,
             user: None,
+            api_key: None,
             headers: &headers,
             tier: None,
             prompt,
             tokens: None,
         };
         let pool = &self.topology.pools[self.pool];
-        pool.router
-            .route(&pool.replicas, &input, self.rng, now_ms, &self.routing)
+        pool.router.route(&pool.replicas, &input, self.rng, now_ms)
     }
 
     /// The forwarder's pick for the next attempt.

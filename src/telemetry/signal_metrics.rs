@@ -7,6 +7,8 @@ use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 pub struct SignalMetrics {
     /// Failed scrapes of a replica's `/metrics`, by kind.
     pub scrape_errors: IntCounterVec,
+    /// Restarts seen in a replica's scrapes (a cumulative counter went down).
+    pub restarts: IntCounterVec,
     /// The last scraped load per replica, by signal (`running`, `waiting`, `kv_usage`).
     pub scraped: GaugeVec,
     /// Picks that fell back to local counts because scraped load was missing or stale.
@@ -36,6 +38,11 @@ impl SignalMetrics {
             "llmlb_scrape_errors_total",
             "Failed scrapes of a replica's metrics endpoint, by kind.",
             &["pool", "replica", "kind"],
+        );
+        let restarts = counter(
+            "llmlb_replica_restarts_total",
+            "Replica restarts seen in scrapes (its prefix-cache counter went down); llmlb forgets what it held.",
+            &["pool", "replica"],
         );
         let stale_fallbacks = counter(
             "llmlb_stale_metrics_fallbacks_total",
@@ -95,6 +102,7 @@ impl SignalMetrics {
             .expect("unique metric name");
         SignalMetrics {
             scrape_errors,
+            restarts,
             scraped,
             stale_fallbacks,
             health_check_failures,

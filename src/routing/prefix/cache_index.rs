@@ -7,8 +7,10 @@
 //! the replica's KV capacity keeps the first error small; the scoring treats
 //! a match as "probably cached", never as a promise.
 //!
-//! A replica that restarts loses its cache: the scraper sees its cumulative
-//! `prefix_cache_queries` counter go down, and the index is cleared. A
+//! A replica that restarts loses its cache: the scrape loop sees its
+//! cumulative `prefix_cache_queries` counter go down and counts a restart
+//! ([`crate::signals::restart`]), and the index clears itself at its next
+//! check. A
 //! replica removed from the config takes its index with it; one that stays
 //! across a reload keeps it (the topology carries the `Arc` over).
 //!
@@ -34,8 +36,8 @@ struct Lru {
     order: VecDeque<(u64, u64)>,
     next: u64,
     capacity: usize,
-    /// The replica's `prefix_cache_queries` counter at the last check.
-    last_counter: Option<f64>,
+    /// The replica's restart count at the last check.
+    restarts_seen: Option<u64>,
 }
 
 impl BlockIndex {
@@ -46,7 +48,7 @@ impl BlockIndex {
                 order: VecDeque::new(),
                 next: 0,
                 capacity: capacity.max(1),
-                last_counter: None,
+                restarts_seen: None,
             }),
         }
     }
@@ -83,12 +85,12 @@ impl BlockIndex {
         self.len() == 0
     }
 
-    /// Feeds the replica's latest `prefix_cache_queries` counter; a value
-    /// lower than the last one means the replica restarted, and the index is
-    /// cleared. Returns whether it was.
-    pub fn observe_counter(&self, value: Option<f64>) -> bool {
+    /// Feeds the replica's restart count (kept by the scrape loop); a
+    /// change since the last check means the replica restarted, and the
+    /// index is cleared. Returns whether it was.
+    pub fn observe_restarts(&self, count: u64) -> bool {
         let mut lru = self.lock();
-        let reset = counter_went_down(&mut lru.last_counter, value);
+        let reset = restart_seen(&mut lru.restarts_seen, count);
         if reset {
             lru.stamps.clear();
             lru.order.clear();
@@ -97,14 +99,11 @@ impl BlockIndex {
     }
 }
 
-/// Feeds a cumulative counter's new reading into `last`: whether it went
-/// down (the replica restarted). A missing reading changes nothing.
-pub fn counter_went_down(last: &mut Option<f64>, value: Option<f64>) -> bool {
-    let Some(v) = value else {
-        return false;
-    };
-    let reset = last.is_some_and(|l| v < l);
-    *last = Some(v);
+/// Feeds a replica's restart count into `seen`: whether it changed since
+/// the last check. The first check only sets the reference.
+pub fn restart_seen(seen: &mut Option<u64>, count: u64) -> bool {
+    let reset = seen.is_some_and(|s| s != count);
+    *seen = Some(count);
     reset
 }
 
@@ -169,14 +168,13 @@ mod tests {
     }
 
     #[test]
-    fn counter_going_down_clears_the_index() {
+    fn a_restart_clears_the_index() {
         let idx = BlockIndex::new(16);
         idx.record(&[1, 2]);
-        assert!(!idx.observe_counter(Some(100.0)));
-        assert!(!idx.observe_counter(None));
-        assert!(!idx.observe_counter(Some(250.0)));
+        assert!(!idx.observe_restarts(0));
+        assert!(!idx.observe_restarts(0));
         assert_eq!(idx.len(), 2);
-        assert!(idx.observe_counter(Some(3.0)));
+        assert!(idx.observe_restarts(1));
         assert!(idx.is_empty());
     }
 }

@@ -19,8 +19,8 @@
 //! blocks as the record held at most before (or `capacity` when it never
 //! held any), by which time its LRU cache has turned over. The router scores
 //! unknown replicas from its `cache`-mode estimate instead (see
-//! `routing::router`). A replica restart (its scraped prefix-cache counter
-//! goes down, or its event sequence starts again) empties the record, which
+//! `routing::cache`). A replica restart (the scrape loop saw its prefix-cache
+//! counter go down, or its event sequence starts again) empties the record, which
 //! is then known: a fresh replica's cache is empty.
 //!
 //! **Just sent.** The blocks of a prompt llmlb has just sent to a replica
@@ -45,9 +45,9 @@ use std::sync::Mutex;
 pub const PENDING_MS: u64 = 2_000;
 
 use super::blocks::{chain, exact_seed};
-use super::cache_index::counter_went_down;
+use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
-use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
 
 #[derive(Debug)]
 pub struct HeldBlocks {
@@ -85,7 +85,7 @@ struct Held {
     dropped: u64,
     batches: u64,
     subscriptions: u64,
-    last_counter: Option<f64>,
+    restarts_seen: Option<u64>,
 }
 
 impl HeldBlocks {
@@ -105,7 +105,7 @@ impl HeldBlocks {
                 dropped: 0,
                 batches: 0,
                 subscriptions: 0,
-                last_counter: None,
+                restarts_seen: None,
             }),
         }
     }
@@ -184,12 +184,12 @@ impl HeldBlocks {
         v
     }
 
-    /// Feeds the replica's latest `prefix_cache_queries` counter; a value
-    /// lower than the last one means the replica restarted: the record is
-    /// emptied (and known). Returns whether it was.
-    pub fn observe_counter(&self, value: Option<f64>) -> bool {
+    /// Feeds the replica's restart count (kept by the scrape loop); a
+    /// change since the last check means the replica restarted: the record
+    /// is emptied (and known). Returns whether it was.
+    pub fn observe_restarts(&self, count: u64) -> bool {
         let mut held = self.lock();
-        let reset = counter_went_down(&mut held.last_counter, value);
+        let reset = restart_seen(&mut held.restarts_seen, count);
         if reset {
             held.clear();
         }
@@ -230,6 +230,42 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
+    fn store(&mut self, stored: StoredBlocks<'_>) {
+        if stored.block_size == 0 {
+            return;
+        }
+        self.block_size = Some(stored.block_size);
+        if let Some(n) = self.refill {
+            let left = n.saturating_sub(stored.block_hashes.len());
+            self.refill = (left > 0).then_some(left);
+        }
+        if stored.lora_name.is_some() {
+            return;
+        }
+        let parent = match stored.parent_block_hash {
+            None => Some(self.seed),
+            Some(p) => self.theirs.get(&p).copied(),
+        };
+        let Some(mut parent) = parent else {
+            return;
+        };
+        for (key, block) in stored.blocks() {
+            let ours = chain(parent, block);
+            parent = ours;
+            if self.theirs.contains_key(&key) {
+                continue;
+            }
+            if self.theirs.len() >= self.capacity {
+                self.dropped += 1;
+                continue;
+            }
+            self.theirs.insert(key, ours);
+            self.pending.remove(&ours);
+            *self.ours.entry(ours).or_insert(0) += 1;
+        }
+        self.high_water = self.high_water.max(self.theirs.len());
+    }
+
     fn clear(&mut self) {
         self.ours.clear();
         self.theirs.clear();
@@ -239,47 +275,10 @@ impl Held {
 
     fn apply(&mut self, e: &KvEvent) {
         match e {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_name,
-                ..
-            } => {
-                if *block_size == 0 {
-                    return;
+            KvEvent::BlockStored { .. } => {
+                if let Some(stored) = e.stored() {
+                    self.store(stored);
                 }
-                self.block_size = Some(*block_size);
-                if let Some(n) = self.refill {
-                    let left = n.saturating_sub(block_hashes.len());
-                    self.refill = (left > 0).then_some(left);
-                }
-                if lora_name.is_some() {
-                    return;
-                }
-                let parent = match parent_block_hash {
-                    None => Some(self.seed),
-                    Some(p) => self.theirs.get(p).copied(),
-                };
-                let Some(mut parent) = parent else {
-                    return;
-                };
-                for (key, block) in block_hashes.iter().zip(token_ids.chunks_exact(*block_size)) {
-                    let ours = chain(parent, block);
-                    parent = ours;
-                    if self.theirs.contains_key(key) {
-                        continue;
-                    }
-                    if self.theirs.len() >= self.capacity {
-                        self.dropped += 1;
-                        continue;
-                    }
-                    self.theirs.insert(*key, ours);
-                    self.pending.remove(&ours);
-                    *self.ours.entry(ours).or_insert(0) += 1;
-                }
-                self.high_water = self.high_water.max(self.theirs.len());
             }
             KvEvent::BlockRemoved { block_hashes, .. } => {
                 for key in block_hashes {
@@ -392,8 +391,8 @@ mod tests {
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &[1, 2, 3], 1)]));
         let s = h.summary();
         assert_eq!((s.blocks, s.dropped), (2, 1));
-        assert!(!h.observe_counter(Some(10.0)));
-        assert!(h.observe_counter(Some(1.0)));
+        assert!(!h.observe_restarts(0));
+        assert!(h.observe_restarts(1));
         assert_eq!(h.summary().blocks, 0);
         assert!(h.known());
     }

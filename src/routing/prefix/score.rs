@@ -19,6 +19,10 @@
 //! free KV tokens = capacity × (1 − kv_usage) − tokens sent since the scrape
 //! ```
 //!
+//! (free KV tokens: [`KvRoom::free_tokens`](crate::balancing::KvRoom), the
+//! model `kv_aware` reads projected usage from; only a capacity the replica
+//! reports counts here.)
+//!
 //! The rates are the replica's own, learned from its timing histograms
 //! ([`crate::balancing::LearnedRates`]); until a replica has produced a
 //! sample, the pool's `prefill_tokens_per_second` and
@@ -124,13 +128,7 @@ pub fn requests_ahead(views: &[ReplicaView], max_age_ms: u64) -> Vec<Ahead> {
             let l = v.fresh_load(max_age_ms)?;
             let in_system = l.in_system_now()?;
             let waiting = l.queue_now().unwrap_or(0).min(in_system);
-            let free_kv_tokens = match (l.kv_capacity_tokens, l.kv_usage) {
-                (Some(cap), Some(usage)) => {
-                    let free = (cap as f64 * (1.0 - usage)).max(0.0) as u64;
-                    Some(free.saturating_sub(l.tokens_since))
-                }
-                _ => None,
-            };
+            let free_kv_tokens = l.kv_room(None).map(|k| k.free_tokens());
             Some(Ahead::Scraped {
                 waiting,
                 running: in_system - waiting,

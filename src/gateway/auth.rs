@@ -1,0 +1,236 @@
+//! Who is calling: the API key (Bearer or `x-api-key`) names a tenant, a
+//! tier and a priority level; without auth, a trusted tier header or the
+//! default tier does.
+//!
+//! The [`Gateway`] is built once per config: key digests, each key's live
+//! state ([`super::key_state`]), the tiers' priority levels, and the shared
+//! (Redis) limiter when `[limits] backend = "redis"`. A key is looked up by
+//! hashing it once and comparing every digest in constant time
+//! ([`super::keys`]). Cost per request: one SHA-256 and one comparison per
+//! configured key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::HeaderMap;
+
+use super::AuthError;
+use super::key_state::KeyState;
+use super::keys;
+use super::shared_limits::{SharedLimitMetrics, SharedLimits};
+use crate::config::{Config, LimitsBackend};
+
+/// Who a request is from, after authentication.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub tenant: Option<Arc<str>>,
+    pub tier: Option<Arc<str>>,
+    /// Priority level index (0 = highest).
+    pub level: usize,
+    pub key: Option<Arc<KeyState>>,
+    /// Shared buckets (Redis), when configured.
+    pub shared: Option<Arc<SharedLimits>>,
+}
+
+#[derive(Debug)]
+pub struct Gateway {
+    shared: Option<Arc<SharedLimits>>,
+    auth: bool,
+    tier_header: Option<String>,
+    tiers: HashMap<String, usize>,
+    default_level: usize,
+    digests: Vec<[u8; 32]>,
+    keys: Vec<Arc<KeyState>>,
+    /// Names of the priority levels, highest first.
+    pub levels: Vec<String>,
+}
+
+impl Gateway {
+    /// Builds the gateway for a validated config. Buckets of keys present in
+    /// `previous` (same digest) are carried over.
+    pub fn build(
+        config: &Config,
+        previous: Option<&Gateway>,
+        now: Instant,
+        shared_metrics: &SharedLimitMetrics,
+    ) -> Gateway {
+        let shared = match config.limits.backend {
+            LimitsBackend::Local => None,
+            LimitsBackend::Redis => previous
+                .and_then(|g| g.shared.clone())
+                .filter(|s| s.same_settings(&config.limits))
+                .or_else(|| SharedLimits::new(&config.limits, shared_metrics)),
+        };
+        let levels: Vec<String> = config.priorities.iter().map(|p| p.name.clone()).collect();
+        let level_of = |name: &str| {
+            levels
+                .iter()
+                .position(|l| l == name)
+                .unwrap_or(levels.len() - 1)
+        };
+        let tiers: HashMap<String, usize> = config
+            .tiers
+            .iter()
+            .map(|t| (t.name.clone(), level_of(&t.priority)))
+            .collect();
+        let default_level = config
+            .gateway
+            .default_tier
+            .as_ref()
+            .and_then(|t| tiers.get(t).copied())
+            .unwrap_or(levels.len().saturating_sub(1));
+        let mut digests = Vec::new();
+        let mut keys = Vec::new();
+        for k in &config.keys {
+            let digest = keys::parse_digest(&k.sha256.to_ascii_lowercase())
+                .expect("key digests checked by config validation");
+            let kept = previous.and_then(|g| {
+                g.digests
+                    .iter()
+                    .position(|d| *d == digest)
+                    .map(|i| Arc::clone(&g.keys[i]))
+            });
+            digests.push(digest);
+            keys.push(KeyState::build(k, kept, &tiers, default_level, now));
+        }
+        Gateway {
+            shared,
+            auth: config.gateway.auth,
+            tier_header: config
+                .gateway
+                .tier_header
+                .clone()
+                .filter(|_| config.trusts_tier_header()),
+            tiers,
+            default_level,
+            digests,
+            keys,
+            levels,
+        }
+    }
+
+    /// Identifies the caller. With auth on, a missing or unknown key is
+    /// refused. With auth off, a known key still names its tenant and tier,
+    /// and otherwise the tier header (when configured) picks the tier.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, AuthError> {
+        let presented = keys::presented_key(headers);
+        let key = presented
+            .and_then(|k| keys::find(&self.digests, k))
+            .map(|i| Arc::clone(&self.keys[i]));
+        if let Some(key) = key {
+            return Ok(Caller {
+                tenant: Some(Arc::clone(&key.tenant)),
+                tier: Some(Arc::clone(&key.tier)),
+                level: key.level,
+                key: Some(key),
+                shared: self.shared.clone(),
+            });
+        }
+        if self.auth {
+            return Err(if presented.is_some() {
+                AuthError::InvalidKey
+            } else {
+                AuthError::MissingKey
+            });
+        }
+        let tier = self
+            .tier_header
+            .as_ref()
+            .and_then(|h| headers.get(h.as_str()))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|t| self.tiers.get_key_value(t));
+        let (tier, level) = match tier {
+            Some((name, &level)) => (Some(Arc::from(name.as_str())), level),
+            None => (None, self.default_level),
+        };
+        Ok(Caller {
+            tenant: None,
+            tier,
+            level,
+            key: None,
+            shared: None,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub fn gateway(auth: bool) -> Gateway {
+        gateway_with(&format!("auth = {auth}"))
+    }
+
+    pub fn gateway_with(settings: &str) -> Gateway {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
+             [gateway]\n{settings}\n\
+             [[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n\
+             [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\ntier = \"paid\"\nrequests_per_minute = 2\ntokens_per_minute = 100\n",
+            keys::hash_key("sk-acme")
+        );
+        Gateway::build(
+            &crate::config::parse(&text).unwrap(),
+            None,
+            Instant::now(),
+            &SharedLimitMetrics::new(&prometheus::Registry::new()),
+        )
+    }
+
+    /// The configured key's caller, authenticated by a Bearer header.
+    pub fn acme(g: &Gateway) -> Caller {
+        g.authenticate(&headers(&[("authorization", "Bearer sk-acme")]))
+            .unwrap()
+    }
+
+    pub fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn key_maps_to_tenant_tier_and_priority() {
+        let c = acme(&gateway(true));
+        assert_eq!(c.tenant.as_deref(), Some("acme"));
+        assert_eq!(c.tier.as_deref(), Some("paid"));
+        assert_eq!(c.level, 0);
+    }
+
+    #[test]
+    fn auth_on_rejects_missing_and_unknown_keys() {
+        let g = gateway(true);
+        assert_eq!(
+            g.authenticate(&HeaderMap::new()).unwrap_err(),
+            AuthError::MissingKey
+        );
+        assert_eq!(
+            g.authenticate(&headers(&[("x-api-key", "sk-guess")]))
+                .unwrap_err(),
+            AuthError::InvalidKey
+        );
+    }
+
+    #[test]
+    fn auth_off_uses_tier_header_then_lowest_level() {
+        // With keys configured the header is ignored unless trusted.
+        let c = gateway(false)
+            .authenticate(&headers(&[("x-llmlb-tier", "paid")]))
+            .unwrap();
+        assert_eq!((c.tier.as_deref(), c.level), (None, 1));
+        let g = gateway_with("auth = false\ntrust_tier_header = true");
+        let c = g
+            .authenticate(&headers(&[("x-llmlb-tier", "paid")]))
+            .unwrap();
+        assert_eq!((c.tier.as_deref(), c.level), (Some("paid"), 0));
+        let c = g.authenticate(&HeaderMap::new()).unwrap();
+        assert_eq!((c.tier.as_deref(), c.level), (None, 1));
+        let c = g
+            .authenticate(&headers(&[("x-llmlb-tier", "platinum")]))
+            .unwrap();
+        assert_eq!(c.level, 1);
+    }
+}

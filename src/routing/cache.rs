@@ -1,0 +1,290 @@
+//! `cache` and `exact` modes' step: prefer the candidate with the lowest
+//! expected time to first token, given the prompt tokens each probably
+//! holds in its prefix cache and the requests queued ahead of it
+//! ([`super::prefix::score`]).
+//!
+//! What a replica holds comes from its KV events in `exact` mode when its
+//! record is known ([`super::prefix::held`]), else from what llmlb sent it
+//! ([`super::prefix::cache_index`]); a pick made on that estimate in `exact`
+//! mode records `prefix_estimated`. A replica at its concurrency limit is
+//! skipped while another has a free slot, however warm. Ties go by
+//! rendezvous rank on the prompt's leading blocks, so cold instances agree
+//! per prefix. The branch says whether the most-cached replica won
+//! (`prefix_hit`), lost to its queue (`prefix_overflow`), or nothing was
+//! cached (`prefix_miss`); a prompt shorter than a block scores nothing
+//! (`prefix_none`).
+//!
+//! A replica that restarted (its restart count, kept by the scrape loop,
+//! moved) has its index and record emptied before they are read.
+//!
+//! Cost: hashing the prompt's blocks once per block size in use, one index
+//! lookup per candidate, O(candidates) scoring.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::RouteBranch;
+use super::decision::Decision;
+use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::rendezvous;
+use super::prefix::score::{self, Candidate};
+use super::router::Router;
+use crate::balancing::{Replica, ReplicaId, ReplicaView};
+use crate::config::PrefixMode;
+
+/// Sets the decision's preference among `cands` for a prompt of `tokens`.
+pub(super) fn prefer(
+    router: &Router,
+    d: &mut Decision,
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+    model: &str,
+    tokens: Cow<'_, [u32]>,
+    now_ms: u64,
+) {
+    let prefix = &router.prefix;
+    let block = prefix.block_size;
+    let blocks = block_hashes(model, &tokens, block);
+    if blocks.is_empty() {
+        d.branches.push(RouteBranch::PrefixNone);
+        return;
+    }
+    let holdings = Holdings::new(router, &tokens, &blocks, cands, now_ms);
+    // A replica at its concurrency limit cannot take the request now,
+    // however warm: score only those with a free slot, if any has one.
+    let with_slot: Vec<Arc<Replica>> = cands
+        .iter()
+        .filter(|r| r.has_free_slot())
+        .cloned()
+        .collect();
+    // What the full replicas hold, to tell an overflow from a miss.
+    let held_by_full = if with_slot.is_empty() {
+        0
+    } else {
+        cands
+            .iter()
+            .filter(|r| !r.has_free_slot())
+            .map(|r| holdings.cached_tokens(r.id).0)
+            .max()
+            .unwrap_or(0)
+    };
+    let cands: &[Arc<Replica>] = if with_slot.is_empty() {
+        cands
+    } else {
+        &with_slot
+    };
+    let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
+    let ahead = score::requests_ahead(&ordered, router.max_age_ms);
+    let nodes = router.affinity.nodes(cands);
+    // Tie-break order: rendezvous on the chained hash of the prompt's
+    // first `prefix.tokens` tokens, so cold instances agree per prefix
+    // and prefixes that share only the chat template still spread.
+    let lead = (prefix.tokens / block).clamp(1, blocks.len());
+    let order = rendezvous::order(blocks[lead - 1], &nodes);
+    let mut rank = vec![0; cands.len()];
+    for (pos, &i) in order.iter().enumerate() {
+        rank[i] = pos;
+    }
+    let cached: Vec<(u64, bool)> = cands.iter().map(|r| holdings.cached_tokens(r.id)).collect();
+    let scored: Vec<Candidate> = (0..cands.len())
+        .map(|i| Candidate {
+            ahead: ahead[i],
+            rates: ordered[i].rates,
+            cached_tokens: cached[i].0,
+            rank: rank[i],
+        })
+        .collect();
+    let Some((i, _)) = score::best(&router.cost, tokens.len() as u64, &scored) else {
+        return;
+    };
+    let most = cached
+        .iter()
+        .map(|c| c.0)
+        .max()
+        .unwrap_or(0)
+        .max(held_by_full);
+    d.branches.push(if most == 0 {
+        RouteBranch::PrefixMiss
+    } else if cached[i].0 == most {
+        RouteBranch::PrefixHit
+    } else {
+        RouteBranch::PrefixOverflow
+    });
+    if cached[i].1 {
+        d.branches.push(RouteBranch::PrefixEstimated);
+    }
+    d.preferred = Some(vec![cands[i].id]);
+    d.record = Some((Arc::clone(&router.state.indexes), blocks));
+    if prefix.mode == PrefixMode::Exact {
+        d.expect = Some((Arc::clone(&router.state.held), tokens.into_owned()));
+    }
+}
+
+/// The prompt tokens each candidate probably holds: from its KV events in
+/// `exact` mode when they are known, else from what llmlb sent it.
+struct Holdings {
+    /// Replica → (cached tokens, estimated rather than reported).
+    by_replica: HashMap<ReplicaId, (u64, bool)>,
+}
+
+impl Holdings {
+    fn new(
+        router: &Router,
+        tokens: &[u32],
+        blocks: &[u64],
+        cands: &[Arc<Replica>],
+        now_ms: u64,
+    ) -> Holdings {
+        let exact = router.prefix.mode == PrefixMode::Exact;
+        // Exact-mode hashes, once per block size the replicas report.
+        let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut by_replica = HashMap::new();
+        for r in cands {
+            let held = router.state.held.get(&r.id);
+            let index = router.state.indexes.get(&r.id);
+            // The scrape loop counts restarts; what they held is gone.
+            let restarts = r.restarts();
+            if let Some(h) = held {
+                h.observe_restarts(restarts);
+            }
+            if let Some(i) = index {
+                i.observe_restarts(restarts);
+            }
+            let reported = held
+                .filter(|h| h.known())
+                .and_then(|h| Some((h, h.block_size()?)));
+            let value = match reported {
+                Some((h, bs)) => {
+                    let pos = match by_size.iter().position(|(s, _)| *s == bs) {
+                        Some(p) => p,
+                        None => {
+                            by_size.push((bs, chained_hashes(exact_seed(), tokens, bs)));
+                            by_size.len() - 1
+                        }
+                    };
+                    ((h.matched_at(&by_size[pos].1, now_ms) * bs) as u64, false)
+                }
+                None => {
+                    let matched = index.map_or(0, |i| i.matched(blocks));
+                    ((matched * router.prefix.block_size) as u64, exact)
+                }
+            };
+            by_replica.insert(r.id, value);
+        }
+        Holdings { by_replica }
+    }
+
+    fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {
+        self.by_replica.get(&id).copied().unwrap_or((0, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderMap;
+
+    use crate::routing::prefix::blocks::block_hashes;
+    use crate::routing::test_fleet::{dispatch_chat, input, pool_of, route};
+    use crate::routing::{Prompt, RouteBranch};
+    use crate::tokenize::ChatMessage;
+
+    #[test]
+    fn cache_mode_prefers_warm_until_its_queue_costs_more_than_the_prefill() {
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let long = "All answers must be in formal English and cite the policy section. ".repeat(60);
+        let chat = vec![
+            ChatMessage::new("system", long),
+            ChatMessage::new("user", "hello"),
+        ];
+        let go = || route(pool, &input(&headers, None, Prompt::Chat(&chat)));
+        let first = go();
+        assert_eq!(first.branches, vec![RouteBranch::PrefixMiss]);
+        let home = first.preferred.clone().unwrap()[0];
+        let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        first.dispatched(home_replica);
+        let d = go();
+        assert_eq!(
+            (d.branches.clone(), d.preferred.clone()),
+            (vec![RouteBranch::PrefixHit], Some(vec![home]))
+        );
+        // Load the warm replica until a cold one is faster.
+        let mut guards = Vec::new();
+        let overflowed = loop {
+            guards.push(home_replica.acquire());
+            let d = go();
+            if d.preferred != Some(vec![home]) {
+                break d;
+            }
+            assert!(guards.len() < 200, "never overflowed");
+        };
+        assert_eq!(overflowed.branches, vec![RouteBranch::PrefixOverflow]);
+        // The cached blocks save `cached / 10,000` s of prefill; each request
+        // ahead costs 0.02 s: the warm replica loses at the first count whose
+        // queue costs at least that much (ties go by rendezvous rank).
+        let tokens = pool.router.prompt_tokens(Prompt::Chat(&chat));
+        let blocks = block_hashes("m", &tokens, 16);
+        let saving = (blocks.len() * 16) as f64 / 10_000.0;
+        let n = guards.len() as f64;
+        assert!(
+            (n - 1.0) * 0.02 <= saving + 1e-9 && n * 0.02 >= saving - 1e-9,
+            "{n} vs {saving}"
+        );
+    }
+
+    /// The whole routing stage (real indexes, real in-flight guards) under
+    /// one dominant system prompt: 8 replicas, each request held for the
+    /// time of 80 arrivals. Once warm, no replica holds more than 1.5× the
+    /// mean in-flight load, and the prompt lives on every replica.
+    #[test]
+    fn dominant_system_prompt_is_no_hot_spot() {
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 8);
+        let pool = &t.pools[0];
+        let system =
+            "You are the assistant of a large online shop; follow the policy. ".repeat(120);
+        let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
+            std::collections::VecDeque::new();
+        let mut worst: f64 = 0.0;
+        for i in 0..1_200 {
+            if held.len() == 80 {
+                held.pop_front();
+            }
+            let chat = vec![
+                ChatMessage::new("system", system.clone()),
+                ChatMessage::new("user", format!("Question number {i}?")),
+            ];
+            let r = dispatch_chat(pool, &chat);
+            held.push_back(r.acquire());
+            if i >= 400 {
+                let loads: Vec<u64> = pool.replicas.iter().map(|r| r.in_flight()).collect();
+                let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
+                worst = worst.max(*loads.iter().max().unwrap() as f64 / mean);
+            }
+        }
+        assert!(worst <= 1.5, "max/mean in flight {worst}");
+        assert!(
+            pool.replicas
+                .iter()
+                .all(|r| !pool.router.index(r.id).unwrap().is_empty())
+        );
+    }
+
+    #[test]
+    fn cache_mode_skips_a_warm_replica_at_its_concurrency_limit() {
+        let t = pool_of("max_inflight = 1\n[pools.prefix]\nmode = \"cache\"", 2);
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let prompt = "Summarise the attached contract clause by clause. ".repeat(30);
+        let go = || route(pool, &input(&headers, None, Prompt::Text(&prompt)));
+        let first = go();
+        let home = first.preferred.clone().unwrap()[0];
+        let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        first.dispatched(home_replica);
+        let _full = home_replica.acquire();
+        let d = go();
+        assert_ne!(d.preferred, Some(vec![home]));
+        assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
+    }
+}

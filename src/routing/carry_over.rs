@@ -1,0 +1,94 @@
+//! A pool's prefix state and how it survives a reload: each replica's
+//! prefix index (`cache` mode, and `exact` mode's estimate) and, in `exact`
+//! mode, the record of what each event-publishing replica reports holding.
+//!
+//! A reload builds a new router; a replica that stays (same id) keeps its
+//! index, and keeps its record while its event endpoints stay the same (its
+//! subscriber writes into that record). Removed replicas' state is dropped.
+//! A change of `max_blocks_per_replica` starts every index afresh.
+//!
+//! Cost: O(replicas) per reload; nothing on the request path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::decision::{Held, Indexes};
+use super::prefix::cache_index::BlockIndex;
+use super::prefix::held::HeldBlocks;
+use crate::balancing::{Replica, ReplicaId};
+use crate::config::{PoolConfig, PrefixMode};
+use crate::kv_events::subscriber::Endpoints;
+
+/// What a pool's routing learns about its replicas' prefix caches.
+#[derive(Debug, Default)]
+pub struct PrefixState {
+    capacity: usize,
+    pub indexes: Indexes,
+    /// `exact` mode: what each replica reports holding.
+    pub held: Held,
+    /// `exact` mode: where each event-publishing replica reports.
+    pub kv_sources: Vec<(ReplicaId, Endpoints)>,
+}
+
+impl PrefixState {
+    /// The state for `pc`'s `replicas`, carrying over from `previous` what
+    /// still applies.
+    pub fn build(
+        pc: &PoolConfig,
+        replicas: &[Arc<Replica>],
+        previous: Option<&PrefixState>,
+    ) -> PrefixState {
+        let capacity = pc.prefix.max_blocks_per_replica;
+        let mode = pc.prefix.mode;
+        let previous = previous.filter(|p| p.capacity == capacity);
+        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> =
+            if matches!(mode, PrefixMode::Cache | PrefixMode::Exact) {
+                replicas
+                    .iter()
+                    .map(|r| {
+                        let kept = previous.and_then(|p| p.indexes.get(&r.id).cloned());
+                        (
+                            r.id,
+                            kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
+                        )
+                    })
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        // The subscriber tasks (started by the background supervisor) write
+        // into these; a replica that stays with the same event source keeps
+        // its record across a reload.
+        let kv_sources: Vec<(ReplicaId, Endpoints)> = if mode == PrefixMode::Exact {
+            replicas
+                .iter()
+                .zip(&pc.replicas)
+                .filter_map(|(r, rc)| {
+                    let events = rc.kv_events.clone()?;
+                    let replay = rc.kv_events_replay.clone();
+                    Some((r.id, Endpoints { events, replay }))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let held: HashMap<ReplicaId, Arc<HeldBlocks>> = kv_sources
+            .iter()
+            .map(|(id, ep)| {
+                let kept = previous
+                    .filter(|p| p.kv_sources.iter().any(|(pid, pep)| pid == id && pep == ep))
+                    .and_then(|p| p.held.get(id).cloned());
+                (
+                    *id,
+                    kept.unwrap_or_else(|| Arc::new(HeldBlocks::new(capacity))),
+                )
+            })
+            .collect();
+        PrefixState {
+            capacity,
+            indexes: Arc::new(indexes),
+            held: Arc::new(held),
+            kv_sources,
+        }
+    }
+}

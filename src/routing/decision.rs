@@ -1,0 +1,137 @@
+//! The routing stage's answer for one request, and how retries use it.
+//!
+//! A [`Decision`] holds the hard limits (`allowed`: canary version and tier),
+//! the preference (`preferred`: session or prefix affinity), the branches
+//! that acted, and what to remember once the request is sent (the prompt's
+//! blocks in `cache` mode, its tokens in `exact` mode).
+//!
+//! [`Decision::narrow`] is the retry rule: candidates stay inside the
+//! allowed set, and the preferred replicas are tried first while any of them
+//! is left. Cost: O(candidates × log allowed) per narrowing (sorted ids,
+//! binary search).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::RouteBranch;
+use super::prefix::blocks::{chained_hashes, exact_seed};
+use super::prefix::cache_index::BlockIndex;
+use super::prefix::held::HeldBlocks;
+use crate::balancing::{Replica, ReplicaId};
+
+/// Each replica's prefix index (`cache` mode, and `exact` mode's estimate).
+pub(super) type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
+/// What each event-publishing replica reports holding (`exact` mode).
+pub(super) type Held = Arc<HashMap<ReplicaId, Arc<HeldBlocks>>>;
+
+/// The routing stage's answer for one request.
+#[derive(Debug, Default)]
+pub struct Decision {
+    /// Only these replicas may serve the request (`None`: any). Sorted.
+    pub allowed: Option<Vec<ReplicaId>>,
+    /// Try these first (`None`: no preference). Sorted.
+    pub preferred: Option<Vec<ReplicaId>>,
+    /// Every step that acted, in order.
+    pub branches: Vec<RouteBranch>,
+    /// The canary version chosen, when the pool splits by version.
+    pub version: Option<Arc<str>>,
+    /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
+    pub(super) record: Option<(Indexes, Vec<u64>)>,
+    /// `exact` mode: the prompt's tokens, expected on the replica it is sent
+    /// to until its events report them.
+    pub(super) expect: Option<(Held, Vec<u32>)>,
+}
+
+impl Decision {
+    /// The candidates the balancer may see: `eligible` limited to the
+    /// allowed set, then to the preferred ones when any of them is left.
+    pub fn narrow(&self, eligible: Vec<Arc<Replica>>) -> Vec<Arc<Replica>> {
+        let allowed: Vec<Arc<Replica>> = match &self.allowed {
+            Some(ids) => eligible
+                .into_iter()
+                .filter(|r| contains(ids, r.id))
+                .collect(),
+            None => eligible,
+        };
+        if let Some(pref) = &self.preferred
+            && allowed.iter().any(|r| contains(pref, r.id))
+        {
+            return allowed
+                .into_iter()
+                .filter(|r| contains(pref, r.id))
+                .collect();
+        }
+        allowed
+    }
+
+    /// Limits the allowed set to `ids` (sorted), intersecting with any
+    /// limit an earlier step set.
+    pub(super) fn allow_only(&mut self, ids: Vec<ReplicaId>) {
+        self.allowed = Some(match self.allowed.take() {
+            Some(prev) => prev.into_iter().filter(|id| contains(&ids, *id)).collect(),
+            None => ids,
+        });
+    }
+
+    /// The request is being sent to `replica`: remember its prompt blocks there.
+    pub fn dispatched(&self, replica: &Replica) {
+        if let Some((indexes, blocks)) = &self.record
+            && let Some(index) = indexes.get(&replica.id)
+        {
+            index.record(blocks);
+        }
+        if let Some((held, tokens)) = &self.expect
+            && let Some(h) = held.get(&replica.id)
+            && let Some(bs) = h.block_size()
+        {
+            let hashes = chained_hashes(exact_seed(), tokens, bs);
+            h.expect(&hashes, crate::telemetry::clock::now_millis());
+        }
+    }
+
+    /// The branches as one tracing field.
+    pub fn route_label(&self) -> String {
+        super::branch::join(&self.branches)
+    }
+}
+
+/// Membership in a sorted id list.
+pub(super) fn contains(sorted: &[ReplicaId], id: ReplicaId) -> bool {
+    sorted.binary_search(&id).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::test_fleet::pool_of;
+
+    #[test]
+    fn narrow_prefers_then_falls_back_to_allowed() {
+        let t = pool_of("", 3);
+        let ids: Vec<ReplicaId> = t.pools[0].replicas.iter().map(|r| r.id).collect();
+        let d = Decision {
+            allowed: Some(vec![ids[0], ids[1]]),
+            preferred: Some(vec![ids[1]]),
+            ..Decision::default()
+        };
+        let pick = |eligible: Vec<Arc<Replica>>| -> Vec<ReplicaId> {
+            d.narrow(eligible).iter().map(|r| r.id).collect()
+        };
+        assert_eq!(pick(t.pools[0].eligible()), vec![ids[1]]);
+        // The preferred replica was tried: the rest of the allowed set.
+        let untried: Vec<Arc<Replica>> = t.pools[0]
+            .eligible()
+            .into_iter()
+            .filter(|r| r.id != ids[1])
+            .collect();
+        assert_eq!(pick(untried), vec![ids[0]]);
+    }
+
+    #[test]
+    fn allow_only_intersects_with_an_earlier_limit() {
+        let mut d = Decision::default();
+        d.allow_only(vec![1, 2, 3]);
+        d.allow_only(vec![2, 3, 4]);
+        assert_eq!(d.allowed, Some(vec![2, 3]));
+    }
+}
