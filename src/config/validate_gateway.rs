@@ -83,7 +83,7 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
                         "limits.url",
                         &format!(
                             "invalid Redis URL {:?}: {e}",
-                            crate::gateway::redact_url(url)
+                            super::redact_url(url)
                         ),
                     );
                 }

@@ -22,7 +22,7 @@ mod topology;
 pub use branch::RouteBranch;
 pub use dispatch::choose;
 pub use metrics::{RoutingMetrics, VersionRecord};
-pub use outcome::Failure;
+pub use outcome::{Failure, StreamBroken};
 pub use prefix::blocks::Prompt;
 pub use router::{Decision, RouteInput, Router};
 pub use topology::{Pool, Resolution, Topology};

@@ -13,17 +13,19 @@ use http_body_util::BodyExt;
 
 use super::closed::ClientClosed;
 use super::prompt_tokens::{PromptTokens, prompt};
-use super::request::{RequestMeta, content_length, read_body};
+use super::request::{RequestMeta, content_length};
+use crate::net::read_body;
 use super::{ApiError, AppState};
 use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop, strip_private,
+    ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private,
 };
 use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
+use crate::net::ResponseBody;
 use crate::telemetry::clock::now_millis;
 
 /// Handles one request. The client-closed record is made when hyper hands
@@ -262,6 +264,7 @@ async fn route(
     let resp = match forwarded {
         Ok(resp) => resp,
         Err(err) => {
+            let err = ApiError::from(err);
             if let Some(v) = &decision.version {
                 state
                     .routing_metrics
@@ -275,7 +278,7 @@ async fn route(
         None => resp,
     };
     let resp = match pending {
-        Some(guard) => resp.map(|body| super::guarded::Guarded::wrap(body, guard)),
+        Some(guard) => resp.map(|body| crate::net::Guarded::wrap(body, guard)),
         None => resp,
     };
     charge.commit();
@@ -350,7 +353,7 @@ fn with_version(
         start,
         broken: resp
             .extensions()
-            .get::<crate::forwarding::StreamBroken>()
+            .get::<crate::routing::StreamBroken>()
             .cloned(),
     };
     let (mut parts, body) = resp.into_parts();

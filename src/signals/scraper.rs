@@ -15,7 +15,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::{LoadSnapshot, MetricNames};
-use crate::background::{Prober, stopped};
+use crate::health::Prober;
+use crate::net::stopped;
 use crate::balancing::Replica;
 use crate::config::ScrapeConfig;
 use crate::telemetry::Metrics;
