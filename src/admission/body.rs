@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::{AdmissionMetrics, Permit};
-use crate::net::{BoxError, ResponseBody, usage_tokens};
 use crate::gateway::Caller;
+use crate::net::{BoxError, ResponseBody, usage_tokens};
 
 /// What to settle when the response ends.
 #[derive(Debug)]

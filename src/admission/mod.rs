@@ -16,7 +16,6 @@ pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 /// A pool's queue with its timeout and metric handles.
 #[derive(Debug)]
 pub struct Admission {

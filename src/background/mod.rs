@@ -19,8 +19,8 @@ use tokio::task::JoinHandle;
 use crate::balancing::ReplicaId;
 use crate::health::checker::{self, CheckTarget};
 use crate::kv_events::subscriber::{self, EventSink};
-use crate::routing::Topology;
 use crate::net::stopped;
+use crate::routing::Topology;
 use crate::signals::scraper::{self, ScrapeTarget};
 use crate::telemetry::Metrics;
 

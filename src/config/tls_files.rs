@@ -165,7 +165,7 @@ mod tests {
             cert: "/nonexistent/cert.pem".into(),
             key: "/nonexistent/key.pem".into(),
         };
-        let err = server_tls(&tls, true).err().expect("no files");
+        let err = server_tls(&tls, true).expect_err("no files");
         assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
     }
 

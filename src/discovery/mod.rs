@@ -176,19 +176,13 @@ where
                         .set(addrs.len() as i64);
                     if ctx.discovered.set(&pool.name, addrs.clone()) {
                         tracing::info!(pool = %pool.name, dns = %d.dns, replicas = ?addrs, "discovered replicas changed");
-                        ctx.metrics
-                            .updates
-                            .with_label_values(&[&pool.name])
-                            .inc();
+                        ctx.metrics.updates.with_label_values(&[&pool.name]).inc();
                         changed = true;
                     }
                 }
                 Err(e) => {
                     tracing::warn!(pool = %pool.name, error = %e, "discovery failed; keeping the last known replicas");
-                    ctx.metrics
-                        .errors
-                        .with_label_values(&[&pool.name])
-                        .inc();
+                    ctx.metrics.errors.with_label_values(&[&pool.name]).inc();
                 }
             }
         }

@@ -18,8 +18,8 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::balancing::InFlightGuard;
-use crate::routing::{Failure, Pool, StreamBroken};
 use crate::net::{BoxError, usage_tokens};
+use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::Metrics;
 
 /// The status label of a response whose stream broke midway.

@@ -12,12 +12,12 @@ use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody};
-use crate::net::ResponseBody;
-use crate::routing::StreamBroken;
 use super::error::ForwardError;
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
+use crate::net::ResponseBody;
+use crate::routing::StreamBroken;
 use crate::routing::{Decision, Failure, Pool};
 use crate::telemetry::Metrics;
 

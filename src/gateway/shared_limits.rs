@@ -20,8 +20,8 @@ use prometheus::{IntCounter, IntGaugeVec, Registry};
 use redis::aio::MultiplexedConnection;
 
 use super::rate_limit::BucketStatus;
-pub use crate::config::redact_url;
 use crate::config::LimitsConfig;
+pub use crate::config::redact_url;
 use crate::telemetry::clock::now_millis;
 
 /// Refills both buckets with Redis's clock, then charges one request and

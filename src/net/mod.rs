@@ -21,7 +21,9 @@ pub mod upstream_tls;
 mod usage;
 
 pub use accept::{ConnMetrics, Limits};
-pub use body::{BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body};
+pub use body::{
+    BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
+};
 pub use guarded::Guarded;
 pub use shutdown::stopped;
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};

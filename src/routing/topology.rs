@@ -8,12 +8,12 @@ use std::sync::atomic::AtomicBool;
 use super::model_map::ModelMap;
 use super::{RouteBranch, Router};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
-use crate::health::Prober;
 use crate::balancing::{self, Balancer, BalancerParams, Replica};
 use crate::config::{
     BalancingConfig, Config, HealthConfig, OutlierConfig, PoolConfig, ScrapeConfig, TimeoutConfig,
     UpstreamTlsConfig,
 };
+use crate::health::Prober;
 use crate::net::{UpstreamClient, UpstreamTls};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;

@@ -14,18 +14,16 @@ use http_body_util::BodyExt;
 use super::closed::ClientClosed;
 use super::prompt_tokens::{PromptTokens, prompt};
 use super::request::{RequestMeta, content_length};
-use crate::net::read_body;
 use super::{ApiError, AppState};
 use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private,
-};
+use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
 use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
+use crate::net::ResponseBody;
+use crate::net::read_body;
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
-use crate::net::ResponseBody;
 use crate::telemetry::clock::now_millis;
 
 /// Handles one request. The client-closed record is made when hyper hands
