@@ -19,6 +19,7 @@ pub mod forwarding;
 pub mod gateway;
 pub mod health;
 pub mod kv_events;
+pub mod net;
 pub mod routing;
 pub mod server;
 pub mod signals;

@@ -13,7 +13,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::forwarding::{ResponseBody, full_body};
+use crate::net::{ResponseBody, full_body};
 use crate::server::{AppState, error_response};
 
 pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<ResponseBody> {

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::{AdmissionMetrics, Permit};
-use crate::forwarding::{BoxError, ResponseBody, usage_tokens};
 use crate::gateway::Caller;
+use crate::net::{BoxError, ResponseBody, usage_tokens};
 
 /// What to settle when the response ends.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ impl Drop for AdmittedBody {
         // already free.
         drop(std::mem::replace(
             &mut self.inner,
-            crate::forwarding::full_body(Bytes::new()),
+            crate::net::full_body(Bytes::new()),
         ));
         self.finish();
     }

@@ -4,17 +4,17 @@
 //! could not start within their level's objective.
 
 mod body;
+mod error;
 mod metrics;
 pub mod queue;
 
 pub use body::{AdmittedBody, Settlement};
+pub use error::AdmitError;
 pub use metrics::AdmissionMetrics;
 pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use crate::server::ApiError;
 
 /// A pool's queue with its timeout and metric handles.
 #[derive(Debug)]
@@ -42,7 +42,7 @@ impl Admission {
 
     /// Waits for a slot at `level`. Dropping the future (the client went
     /// away) leaves the queue at once.
-    pub async fn acquire(&self, level: usize) -> Result<Permit, ApiError> {
+    pub async fn acquire(&self, level: usize) -> Result<Permit, AdmitError> {
         let start = Instant::now();
         let ticket = match self.queue.admit(level, start) {
             Admit::Now(permit) => {
@@ -50,13 +50,13 @@ impl Admission {
                 return Ok(permit);
             }
             Admit::Refused(Refusal::QueueFull { retry_after }) => {
-                return Err(ApiError::QueueFull { retry_after });
+                return Err(AdmitError::QueueFull { retry_after });
             }
             Admit::Refused(Refusal::OverObjective {
                 estimated,
                 retry_after,
             }) => {
-                return Err(ApiError::OverObjective {
+                return Err(AdmitError::OverObjective {
                     estimated,
                     retry_after,
                 });
@@ -75,12 +75,12 @@ impl Admission {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) | Err(_) => {
                 if self.queue.cancel(ticket.id, ticket.level) {
-                    Err(ApiError::QueueTimeout {
+                    Err(AdmitError::QueueTimeout {
                         retry_after: self.queue.backlog_drain_time(),
                     })
                 } else {
                     // Granted at the last moment: take the slot after all.
-                    rx.try_recv().map_err(|_| ApiError::QueueTimeout {
+                    rx.try_recv().map_err(|_| AdmitError::QueueTimeout {
                         retry_after: self.queue.backlog_drain_time(),
                     })
                 }

@@ -2,16 +2,12 @@
 //! prefix mode) one KV-event subscriber per replica that needs them, kept in
 //! step with the live topology.
 //!
-//! [`supervise`] is started by the server with its shutdown signal (never from
-//! a constructor). Every tick it compares the loops that run with the loops
+//! [`supervise`] is started by the server with a handle on the live topology,
+//! the metrics and its shutdown signal (never from a constructor). Every tick it compares the loops that run with the loops
 //! the current topology asks for (a reload may add or remove replicas or
 //! change a pool's settings), stops the extra ones, starts the missing ones,
 //! and refreshes the per-replica eligibility gauge. On shutdown it stops every
 //! loop and waits for them.
-
-mod probe;
-
-pub use probe::{ProbeError, Prober};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,25 +19,13 @@ use tokio::task::JoinHandle;
 use crate::balancing::ReplicaId;
 use crate::health::checker::{self, CheckTarget};
 use crate::kv_events::subscriber::{self, EventSink};
+use crate::net::stopped;
 use crate::routing::Topology;
-use crate::server::AppState;
 use crate::signals::scraper::{self, ScrapeTarget};
 use crate::telemetry::Metrics;
 
 /// How often the supervisor reconciles loops with the topology.
 const TICK: Duration = Duration::from_millis(500);
-
-/// Resolves once `rx` holds `true` or its sender is gone.
-pub async fn stopped(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Kind {
@@ -62,9 +46,13 @@ type Key = (Kind, String, ReplicaId);
 /// Starts a loop given its stop signal.
 type Starter = Box<dyn FnOnce(watch::Receiver<bool>) -> JoinHandle<()>>;
 
-/// Runs the per-replica loops until `shutdown` turns true.
-pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
-    let metrics = Arc::clone(&state.metrics);
+/// Runs the per-replica loops until `shutdown` turns true; `topology` gives
+/// the topology in force now (a reload swaps it).
+pub async fn supervise(
+    topology: impl Fn() -> Arc<Topology>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut loops: HashMap<Key, Loop> = HashMap::new();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -73,7 +61,7 @@ pub async fn supervise(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>
             _ = tick.tick() => {}
             _ = stopped(&mut shutdown) => break,
         }
-        let topo = state.topology.load();
+        let topo = topology();
         reconcile(&topo, &mut loops, &metrics);
         refresh_gauges(&topo, &metrics);
     }

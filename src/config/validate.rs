@@ -40,7 +40,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         }
     }
     if let Some(tls) = &server.tls
-        && let Err(e) = crate::server::tls::acceptor(tls, server.http2)
+        && let Err(e) = super::server_tls(tls, server.http2)
     {
         push(&mut out, "server.tls", &e.to_string());
     }
@@ -169,7 +169,7 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be at least 1",
         );
     }
-    if let Err(e) = crate::forwarding::UpstreamTls::new(&pool.tls) {
+    if let Err(e) = super::UpstreamTrust::read(&pool.tls) {
         push(out, &format!("{key}.tls.{}", e.key()), &e.to_string());
     }
     if let Some(t) = &pool.tokenizer

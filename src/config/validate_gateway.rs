@@ -81,10 +81,7 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
                     push(
                         out,
                         "limits.url",
-                        &format!(
-                            "invalid Redis URL {:?}: {e}",
-                            crate::gateway::redact_url(url)
-                        ),
+                        &format!("invalid Redis URL {:?}: {e}", super::redact_url(url)),
                     );
                 }
             }

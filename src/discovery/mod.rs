@@ -20,7 +20,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{Config, ReplicaConfig};
-use crate::server::AppState;
 
 /// How often the loop looks for pools due for resolution.
 const TICK: Duration = Duration::from_millis(100);
@@ -130,8 +129,23 @@ impl Discovered {
     }
 }
 
+/// What the discovery loop reads and writes.
+pub struct DiscoveryContext<C, R> {
+    /// The config in force now.
+    pub config: C,
+    pub discovered: Arc<Discovered>,
+    pub metrics: DiscoveryMetrics,
+    /// Rebuilds the topology from the config and the discovered replicas
+    /// (the reload path); called after a change.
+    pub rebuild: R,
+}
+
 /// Resolves every discovery pool when due, until `shutdown` turns true.
-pub async fn run(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run<C, R>(ctx: DiscoveryContext<C, R>, mut shutdown: watch::Receiver<bool>)
+where
+    C: Fn() -> Arc<Config>,
+    R: Fn(),
+{
     let mut due: HashMap<String, Instant> = HashMap::new();
     let mut next = Instant::now();
     loop {
@@ -144,7 +158,7 @@ pub async fn run(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
             }
         }
         next += TICK;
-        let config = state.config.load_full();
+        let config = (ctx.config)();
         let now = Instant::now();
         let mut changed = false;
         for pool in &config.pools {
@@ -156,35 +170,26 @@ pub async fn run(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
             let timeout = d.interval.min(Duration::from_secs(5));
             match resolve::resolve(d, timeout).await {
                 Ok(addrs) => {
-                    state
-                        .discovery_metrics
+                    ctx.metrics
                         .replicas
                         .with_label_values(&[&pool.name])
                         .set(addrs.len() as i64);
-                    if state.discovered.set(&pool.name, addrs.clone()) {
+                    if ctx.discovered.set(&pool.name, addrs.clone()) {
                         tracing::info!(pool = %pool.name, dns = %d.dns, replicas = ?addrs, "discovered replicas changed");
-                        state
-                            .discovery_metrics
-                            .updates
-                            .with_label_values(&[&pool.name])
-                            .inc();
+                        ctx.metrics.updates.with_label_values(&[&pool.name]).inc();
                         changed = true;
                     }
                 }
                 Err(e) => {
                     tracing::warn!(pool = %pool.name, error = %e, "discovery failed; keeping the last known replicas");
-                    state
-                        .discovery_metrics
-                        .errors
-                        .with_label_values(&[&pool.name])
-                        .inc();
+                    ctx.metrics.errors.with_label_values(&[&pool.name]).inc();
                 }
             }
         }
         // Forget pools that left the config.
         due.retain(|name, _| config.pools.iter().any(|p| &p.name == name));
         if changed {
-            crate::server::reload::rebuild(&state);
+            (ctx.rebuild)();
         }
     }
 }

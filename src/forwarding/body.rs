@@ -9,47 +9,18 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::usage::usage_tokens;
 use crate::balancing::InFlightGuard;
-use crate::routing::{Failure, Pool};
+use crate::net::{BoxError, usage_tokens};
+use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::Metrics;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// A body of known bytes.
-pub fn full_body(bytes: impl Into<Bytes>) -> ResponseBody {
-    http_body_util::Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-/// Set when the replica's stream broke midway (an error or the idle
-/// timeout after the headers were sent). Travels in the response's
-/// extensions so the records around the body (canary versions) see it.
-#[derive(Debug, Clone, Default)]
-pub struct StreamBroken(Arc<AtomicBool>);
-
-impl StreamBroken {
-    pub fn is_set(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-
-    fn set(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
 
 /// The status label of a response whose stream broke midway.
 pub const STREAM_ERROR: &str = "stream_error";

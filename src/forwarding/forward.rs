@@ -11,12 +11,14 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 
-use super::body::{Completion, ProxyBody, ResponseBody, StreamBroken};
+use super::body::{Completion, ProxyBody};
+use super::error::ForwardError;
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
+use crate::net::ResponseBody;
+use crate::routing::StreamBroken;
 use crate::routing::{Decision, Failure, Pool};
-use crate::server::ApiError;
 use crate::telemetry::Metrics;
 
 /// Everything needed to send one client request upstream.
@@ -41,7 +43,7 @@ pub struct ForwardRequest<'a> {
     pub recent: &'a RecentDispatches,
 }
 
-pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ApiError> {
+pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ForwardError> {
     let pool = req.pool;
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
@@ -74,11 +76,11 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             Err(branch) => {
                 pool.record_branch(branch, req.metrics);
                 return Err(if tried.is_empty() {
-                    ApiError::NoHealthyReplica {
+                    ForwardError::NoHealthyReplica {
                         pool: pool.name.clone(),
                     }
                 } else {
-                    ApiError::UpstreamUnavailable {
+                    ForwardError::UpstreamUnavailable {
                         pool: pool.name.clone(),
                         attempts: tried.len() as u32,
                     }
@@ -125,7 +127,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.recent.settle(seq, "timeout".into());
                 count_upstream_error(req.metrics, pool, replica, "timeout");
                 pool.record_failure(replica, Failure::Timeout, req.metrics);
-                return Err(ApiError::UpstreamTimeout {
+                return Err(ForwardError::UpstreamTimeout {
                     pool: pool.name.clone(),
                     timeout: crate::config::format_duration(pool.timeouts.first_byte),
                 });
@@ -144,10 +146,10 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.recent.settle(seq, kind.into());
                 count_upstream_error(req.metrics, pool, replica, kind);
                 pool.record_failure(replica, failure, req.metrics);
-                tracing::info!(pool = %pool.name, replica = %replica.name, error = %super::error_chain(&err), "upstream attempt failed");
+                tracing::info!(pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(&err), "upstream attempt failed");
                 drop(guard);
                 if !not_sent || tried.len() as u32 >= max_attempts {
-                    return Err(ApiError::UpstreamUnavailable {
+                    return Err(ForwardError::UpstreamUnavailable {
                         pool: pool.name.clone(),
                         attempts: tried.len() as u32,
                     });
@@ -180,7 +182,7 @@ async fn wait_for_slot(
     pool: &Pool,
     candidates: &[Arc<Replica>],
     deadline: &mut Option<tokio::time::Instant>,
-) -> Result<(), ApiError> {
+) -> Result<(), ForwardError> {
     let timeout = pool
         .admission
         .as_ref()
@@ -200,7 +202,7 @@ async fn wait_for_slot(
     let any = futures_util::future::select_all(freed);
     match tokio::time::timeout_at(until, any).await {
         Ok(_) => Ok(()),
-        Err(_) => Err(ApiError::QueueTimeout {
+        Err(_) => Err(ForwardError::SlotTimeout {
             retry_after: pool
                 .admission
                 .as_ref()
@@ -235,10 +237,10 @@ fn build_request(
     path_and_query: &str,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<Request<Full<Bytes>>, ApiError> {
+) -> Result<Request<Full<Bytes>>, ForwardError> {
     let uri = replica
         .uri(path_and_query)
-        .map_err(|e| ApiError::BadRequest(format!("invalid request path: {e}")))?;
+        .map_err(|e| ForwardError::InvalidPath(e.to_string()))?;
     let mut req = Request::new(Full::new(body.clone()));
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;

@@ -3,19 +3,15 @@
 //! back frame by frame.
 
 mod body;
-mod client;
 mod dispatched;
+mod error;
 mod forward;
 mod headers;
 mod recent;
-mod tls;
-mod usage;
 
-pub use body::{BoxError, ProxyBody, ResponseBody, STREAM_ERROR, StreamBroken, full_body};
-pub use client::{UpstreamClient, client, error_chain, tls_client};
+pub use body::{ProxyBody, STREAM_ERROR};
 pub use dispatched::Dispatched;
+pub use error::ForwardError;
 pub use forward::{ForwardRequest, forward};
 pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};
 pub use recent::{Dispatch, RecentDispatches};
-pub use tls::{UpstreamTls, UpstreamTlsError};
-pub use usage::usage_tokens;

@@ -28,6 +28,7 @@ use super::LimitKind;
 use super::lua::{ADJUST, TAKE};
 use super::rate_limit::BucketStatus;
 use crate::config::LimitsConfig;
+pub use crate::config::redact_url;
 use crate::telemetry::clock::now_millis;
 
 /// Shared limiter metrics, registered once per process.
@@ -93,22 +94,6 @@ pub enum SharedCharge {
         requests: Option<BucketStatus>,
         tokens: Option<BucketStatus>,
     },
-}
-
-/// `url` with the password of its user-info part replaced by `***`
-/// (`redis://user:***@host:6379/0`), for logs and error messages.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_string();
-    };
-    match rest[..at].split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        None => url.to_string(),
-    }
 }
 
 pub struct SharedLimits {

@@ -12,7 +12,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::Transition;
-use crate::background::{Prober, stopped};
+use crate::net::stopped;
+
+use super::Prober;
 use crate::balancing::Replica;
 use crate::config::HealthConfig;
 use crate::telemetry::Metrics;

@@ -3,6 +3,8 @@
 //! with the replica state in `balancing::outlier`.
 
 pub mod checker;
+mod probe;
 mod state;
 
+pub use probe::{ProbeError, Prober};
 pub use state::{ActiveHealth, Transition};

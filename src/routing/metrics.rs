@@ -108,7 +108,7 @@ pub struct VersionRecord {
     pub status: u16,
     pub start: Instant,
     /// Set when the stream broke midway: the request counts as a 502.
-    pub broken: Option<crate::forwarding::StreamBroken>,
+    pub broken: Option<super::StreamBroken>,
 }
 
 impl Drop for VersionRecord {

@@ -33,7 +33,7 @@ pub use decision::Decision;
 pub use dispatch::choose;
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};
-pub use outcome::Failure;
+pub use outcome::{Failure, StreamBroken};
 pub use prefix::blocks::Prompt;
 pub use router::{RouteInput, Router};
 pub use topology::{Pool, Resolution, Topology};

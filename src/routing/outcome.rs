@@ -2,7 +2,8 @@
 //! pool's `max_ejection_percent`) and the balancer's branch, with the
 //! staleness fallback counted and logged when it starts and stops.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::Pool;
 use crate::balancing::outlier::{Outcome, ejection_allowed};
@@ -22,6 +23,22 @@ pub enum Failure {
     Reset,
     /// The replica answered a 5xx other than 503.
     ServerError,
+}
+
+/// Set when the replica's stream broke midway (an error or the idle
+/// timeout after the headers were sent). Travels in the response's
+/// extensions so the records around the body (canary versions) see it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamBroken(Arc<AtomicBool>);
+
+impl StreamBroken {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 impl Pool {

@@ -8,13 +8,13 @@ use std::sync::atomic::AtomicBool;
 use super::model_map::ModelMap;
 use super::{RouteBranch, Router};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
-use crate::background::Prober;
 use crate::balancing::{self, Balancer, BalancerParams, Replica};
 use crate::config::{
     BalancingConfig, Config, HealthConfig, OutlierConfig, PoolConfig, ScrapeConfig, TimeoutConfig,
     UpstreamTlsConfig,
 };
-use crate::forwarding::{UpstreamClient, UpstreamTls};
+use crate::health::Prober;
+use crate::net::{UpstreamClient, UpstreamTls};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 
@@ -247,7 +247,7 @@ fn build_pool(
         scrape: pc.scrape_enabled().then(|| pc.scrape.clone()),
         health: pc.health.clone(),
         stale_fallback: AtomicBool::new(false),
-        client: crate::forwarding::tls_client(&pc.timeouts, &tls),
+        client: crate::net::tls_client(&pc.timeouts, &tls),
         prober: Prober::new(&tls),
         tls,
         admission,

@@ -24,7 +24,8 @@ use http_body_util::BodyExt;
 use serde::Deserialize;
 
 use super::AppState;
-use crate::forwarding::{BoxError, Dispatched, ResponseBody};
+use crate::forwarding::Dispatched;
+use crate::net::{BoxError, ResponseBody};
 use crate::telemetry::ModelMetrics;
 
 /// How much of the end of a body is kept to find `usage` in.

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use http::{Response, StatusCode, header};
 
-use crate::forwarding::{ResponseBody, full_body};
+use crate::admission::AdmitError;
+use crate::forwarding::ForwardError;
+use crate::net::{ReadError, ResponseBody, json_error};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -53,6 +55,47 @@ pub enum ApiError {
     BodyTimeout(String),
     #[error("llmlb holds too many request bodies right now; retry shortly")]
     ServerBusy,
+}
+
+impl From<ReadError> for ApiError {
+    fn from(e: ReadError) -> ApiError {
+        match e {
+            ReadError::TooLarge { limit } => ApiError::PayloadTooLarge { limit },
+            e @ ReadError::Broken(_) => ApiError::BadRequest(e.to_string()),
+        }
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> ApiError {
+        match e {
+            AdmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
+            AdmitError::OverObjective {
+                estimated,
+                retry_after,
+            } => ApiError::OverObjective {
+                estimated,
+                retry_after,
+            },
+            AdmitError::QueueTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
+        }
+    }
+}
+
+impl From<ForwardError> for ApiError {
+    fn from(e: ForwardError) -> ApiError {
+        match e {
+            ForwardError::NoHealthyReplica { pool } => ApiError::NoHealthyReplica { pool },
+            ForwardError::UpstreamUnavailable { pool, attempts } => {
+                ApiError::UpstreamUnavailable { pool, attempts }
+            }
+            ForwardError::UpstreamTimeout { pool, timeout } => {
+                ApiError::UpstreamTimeout { pool, timeout }
+            }
+            ForwardError::SlotTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
+            e @ ForwardError::InvalidPath(_) => ApiError::BadRequest(e.to_string()),
+        }
+    }
 }
 
 /// Whole seconds for `Retry-After`, at least 1.
@@ -153,7 +196,7 @@ impl ApiError {
             ApiError::InvalidParam { param, .. } => Some(param.as_str()),
             _ => None,
         };
-        let mut resp = error_with_param(
+        let mut resp = json_error(
             self.status(),
             self.kind(),
             self.code(),
@@ -174,33 +217,4 @@ impl ApiError {
         }
         resp
     }
-}
-
-/// An OpenAI-style error: `{"error":{"message","type","param","code"}}`.
-pub fn error_response(
-    status: StatusCode,
-    kind: &str,
-    code: &str,
-    message: &str,
-) -> Response<ResponseBody> {
-    error_with_param(status, kind, code, message, None)
-}
-
-fn error_with_param(
-    status: StatusCode,
-    kind: &str,
-    code: &str,
-    message: &str,
-    param: Option<&str>,
-) -> Response<ResponseBody> {
-    let body = serde_json::json!({
-        "error": {"message": message, "type": kind, "param": param, "code": code}
-    });
-    let mut resp = Response::new(full_body(body.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
 }

@@ -13,15 +13,14 @@ use http_body_util::BodyExt;
 
 use super::closed::ClientClosed;
 use super::prompt_tokens::{PromptTokens, prompt};
-use super::request::{RequestMeta, content_length, read_body};
+use super::request::{RequestMeta, content_length};
 use super::{ApiError, AppState};
 use super::{access_log, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{
-    ForwardRequest, REQUEST_ID, ResponseBody, forward, strip_hop_by_hop, strip_private,
-};
+use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
 use crate::gateway::{Charge, RateHeaders};
+use crate::net::{ResponseBody, read_body};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
@@ -262,6 +261,7 @@ async fn route(
     let resp = match forwarded {
         Ok(resp) => resp,
         Err(err) => {
+            let err = ApiError::from(err);
             if let Some(v) = &decision.version {
                 state
                     .routing_metrics
@@ -275,7 +275,7 @@ async fn route(
         None => resp,
     };
     let resp = match pending {
-        Some(guard) => resp.map(|body| super::guarded::Guarded::wrap(body, guard)),
+        Some(guard) => resp.map(|body| crate::net::Guarded::wrap(body, guard)),
         None => resp,
     };
     charge.commit();
@@ -344,7 +344,7 @@ fn with_version(
         start,
         broken: resp
             .extensions()
-            .get::<crate::forwarding::StreamBroken>()
+            .get::<crate::routing::StreamBroken>()
             .cloned(),
     };
     let (mut parts, body) = resp.into_parts();

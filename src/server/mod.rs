@@ -3,12 +3,9 @@
 pub mod access_log;
 mod budget;
 mod closed;
-mod connection;
 mod error;
-mod guarded;
 mod handler;
 mod limit_headers;
-mod listener;
 mod multipart;
 pub mod pending;
 mod prompt_tokens;
@@ -16,9 +13,9 @@ pub mod reload;
 pub mod request;
 mod stage_errors;
 pub mod surface;
-pub mod tls;
 
-pub use error::{ApiError, error_response};
+pub use crate::net::error_response;
+pub use error::ApiError;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::admission::AdmissionMetrics;
 use crate::config::Config;
 use crate::gateway::Gateway;
+use crate::net::{ConnMetrics, Limits, accept};
 use crate::routing::Topology;
 use crate::telemetry::Metrics;
 
@@ -54,7 +52,7 @@ pub struct AppState {
     pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     pub routing_metrics: crate::routing::RoutingMetrics,
     /// Replicas found by DNS discovery, per pool.
-    pub discovered: crate::discovery::Discovered,
+    pub discovered: Arc<crate::discovery::Discovered>,
     pub discovery_metrics: crate::discovery::DiscoveryMetrics,
     /// Per-pool circuit breakers (`max_pending`).
     pub pending: pending::Gates,
@@ -73,7 +71,7 @@ impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::new());
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
-        let discovered = crate::discovery::Discovered::default();
+        let discovered = Arc::new(crate::discovery::Discovered::default());
         let discovery_metrics = crate::discovery::DiscoveryMetrics::new(metrics.registry());
         let topology = Topology::build(
             &discovered.effective(&config),
@@ -178,38 +176,52 @@ pub fn start(
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
     let server = &state.config.load().server;
-    let mut limits = listener::Limits::from_config(server);
-    let admin_limits = listener::Limits {
+    let mut limits = Limits::from_config(server);
+    let admin_limits = Limits {
         http2: false,
         ..limits.clone()
     };
     if let Some(tls) = &server.tls {
-        let acceptor = tls::acceptor(tls, server.http2)
+        let acceptor = crate::net::client_tls::acceptor(tls, server.http2)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         limits.tls = Some(acceptor);
     }
 
-    let (client_metrics, admin_metrics) = listener::ConnMetrics::register(state.metrics.registry());
+    let (client_metrics, admin_metrics) = ConnMetrics::register(state.metrics.registry());
     let s = Arc::clone(&state);
-    let client = tokio::spawn(listener::run(
+    let client = tokio::spawn(accept::run(
         listener,
         move |peer, req| handler::handle(Arc::clone(&s), peer, req),
         rx,
         limits,
-        client_metrics,
+        Some(client_metrics),
     ));
     let s = Arc::clone(&state);
-    let admin_task = tokio::spawn(listener::run(
+    let admin_task = tokio::spawn(accept::run(
         admin,
         move |_peer, req| crate::admin::handle(Arc::clone(&s), req),
         admin_rx,
         admin_limits,
-        admin_metrics,
+        Some(admin_metrics),
     ));
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn({
-        let supervise = crate::background::supervise(Arc::clone(&state), background_rx.clone());
-        let discovery = crate::discovery::run(Arc::clone(&state), background_rx);
+        let s = Arc::clone(&state);
+        let supervise = crate::background::supervise(
+            move || s.topology.load_full(),
+            Arc::clone(&state.metrics),
+            background_rx.clone(),
+        );
+        let (s, r) = (Arc::clone(&state), Arc::clone(&state));
+        let discovery = crate::discovery::run(
+            crate::discovery::DiscoveryContext {
+                config: move || s.config.load_full(),
+                discovered: Arc::clone(&state.discovered),
+                metrics: state.discovery_metrics.clone(),
+                rebuild: move || reload::rebuild(&r),
+            },
+            background_rx,
+        );
         async move {
             tokio::join!(supervise, discovery);
         }

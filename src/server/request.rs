@@ -1,10 +1,7 @@
 //! Reading the client's request: the body once, under a size limit, and the few
 //! fields routing needs. The original bytes are kept and forwarded unchanged.
 
-use bytes::Bytes;
 use http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use serde::Deserialize;
 
 use super::ApiError;
@@ -39,30 +36,6 @@ pub fn content_length(headers: &HeaderMap) -> Option<usize> {
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok())
-}
-
-/// Reads the whole body, answering 413 as soon as it exceeds `limit`.
-pub async fn read_body(
-    headers: &HeaderMap,
-    body: Incoming,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::PayloadTooLarge { limit })
-        }
-        Err(e) => Err(ApiError::BadRequest(format!(
-            "could not read request body: {e}"
-        ))),
-    }
 }
 
 #[derive(Deserialize)]

@@ -10,7 +10,7 @@ use super::multipart;
 use super::request::{RequestMeta, extract};
 use super::{ApiError, AppState, error_response};
 use crate::config::CorsConfig;
-use crate::forwarding::{ResponseBody, full_body};
+use crate::net::{ResponseBody, full_body};
 use crate::routing::Topology;
 
 /// Endpoints forwarded to a replica of the pool serving the body's `model`

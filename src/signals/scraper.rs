@@ -17,9 +17,10 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::{LoadSnapshot, MetricNames};
-use crate::background::{ProbeError, Prober, stopped};
 use crate::balancing::Replica;
 use crate::config::ScrapeConfig;
+use crate::health::{ProbeError, Prober};
+use crate::net::stopped;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 

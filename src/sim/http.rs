@@ -26,8 +26,7 @@ use super::faults::{FaultPatch, Faults};
 use super::openai::{self, Api, ParseError};
 use super::responses::Meta;
 use super::stream::{AbortGuard, SseBody};
-use crate::forwarding::{ResponseBody, full_body};
-use crate::server::{error_response, request::read_body};
+use crate::net::{ReadError, ResponseBody, error_response, full_body, read_body};
 use crate::tokenize::PromptTokenizer;
 
 /// Largest request body accepted.
@@ -78,6 +77,8 @@ enum ReplicaError {
     Stopped,
     #[error("injected failure (llmlb sim error_rate)")]
     Injected,
+    #[error(transparent)]
+    Read(#[from] ReadError),
 }
 
 impl ReplicaError {
@@ -111,6 +112,16 @@ impl ReplicaError {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalServerError",
                 "injected_fault",
+            ),
+            ReplicaError::Read(ReadError::TooLarge { .. }) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "payload_too_large",
+            ),
+            ReplicaError::Read(ReadError::Broken(_)) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_request",
             ),
         };
         error_response(status, kind, code, &self.to_string())
@@ -169,10 +180,7 @@ async fn infer(
         return Err(ReplicaError::Injected);
     }
     let (parts, body) = req.into_parts();
-    let body = match read_body(&parts.headers, body, BODY_LIMIT).await {
-        Ok(b) => b,
-        Err(e) => return Ok(e.into_response()),
-    };
+    let body = read_body(&parts.headers, body, BODY_LIMIT).await?;
     let parsed = openai::parse(api, &body, &r.config.model, &r.tokenizer).map_err(|e| match e {
         ParseError::Bad(m) => ReplicaError::BadRequest(m),
         e @ ParseError::UnknownModel(_) => ReplicaError::NotFound(e.to_string()),
@@ -275,7 +283,7 @@ async fn set_faults(r: &Replica, req: Request<Incoming>) -> Response<ResponseBod
     let (parts, body) = req.into_parts();
     let body = match read_body(&parts.headers, body, 64 * 1024).await {
         Ok(b) => b,
-        Err(e) => return e.into_response(),
+        Err(e) => return ReplicaError::from(e).into_response(),
     };
     let patch: FaultPatch = match serde_json::from_slice(&body) {
         Ok(p) => p,

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::driver::{Command, TokenOut};
 use super::responses::Meta;
-use crate::forwarding::BoxError;
+use crate::net::BoxError;
 
 /// Aborts request `id` in the engine on drop, unless disarmed.
 pub struct AbortGuard {

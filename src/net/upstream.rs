@@ -10,7 +10,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::tls::UpstreamTls;
+use super::upstream_tls::UpstreamTls;
 use crate::config::TimeoutConfig;
 
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;

@@ -1,5 +1,5 @@
-//! Accept loop shared by the client and admin listeners: HTTP/1.1 and h2c on
-//! one port, `TCP_NODELAY` on every accepted socket, a cap on connections
+//! The accept loop of every llmlb listener (the proxy's client and admin
+//! listeners, each simulated replica): HTTP/1.1 and h2c on one port, `TCP_NODELAY` on every accepted socket, a cap on connections
 //! served at once, header limits, and graceful shutdown.
 //!
 //! Connections beyond `max_connections` are not accepted: they wait in the
@@ -21,11 +21,12 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+use super::body::ResponseBody;
+use super::client_tls::ClientIo;
 use super::connection::{Activity, Ended, Phase, TrackedIo, drive};
 use super::guarded::Guarded;
-use super::tls::ClientIo;
+use super::shutdown::stopped;
 use crate::config::ServerConfig;
-use crate::forwarding::ResponseBody;
 
 /// Connection-level limits of one listener, and its TLS acceptor if any.
 #[derive(Clone)]
@@ -51,6 +52,23 @@ impl Limits {
             client_idle_timeout: server.client_idle_timeout,
             max_connections: server.max_connections,
             drain_timeout: server.drain_timeout,
+            tls: None,
+        }
+    }
+
+    /// No limit worth the name (hyper's default head size, a day for the
+    /// timeouts): a listener that trusts its clients, such as a simulated
+    /// replica behind llmlb. `drain` bounds the wait for open connections.
+    pub fn lenient(drain: Duration) -> Limits {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        Limits {
+            http2: true,
+            max_header_bytes: 8192 + 4096 * 100,
+            max_headers: 100,
+            header_read_timeout: DAY,
+            client_idle_timeout: DAY,
+            max_connections: 100_000,
+            drain_timeout: drain,
             tls: None,
         }
     }
@@ -100,22 +118,30 @@ impl ConnMetrics {
         (series("client"), series("admin"))
     }
 
-    fn closed(&self, why: Ended) {
-        self.closed
-            .with_label_values(&[self.listener, why.label()])
-            .inc();
+    fn opened(this: Option<&Self>) {
+        if let Some(m) = this {
+            m.open.inc();
+        }
+    }
+
+    fn closed(this: Option<&Self>, why: Ended) {
+        if let Some(m) = this {
+            m.open.dec();
+            m.closed.with_label_values(&[m.listener, why.label()]).inc();
+        }
     }
 }
 
 /// Serves `listener` until `shutdown` turns true, then stops accepting and
 /// waits up to the drain timeout for open connections to finish their
-/// requests; connections still open then are closed.
+/// requests; connections still open then are closed. `metrics`, when
+/// given, counts the connections open and closed.
 pub async fn run<H, F>(
     listener: TcpListener,
     handler: H,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
-    metrics: ConnMetrics,
+    metrics: Option<ConnMetrics>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
@@ -164,7 +190,7 @@ pub async fn run<H, F>(
         let (builder, tls) = (builder.clone(), limits.tls.clone());
         let handshake_limit = limits.header_read_timeout;
         let metrics = metrics.clone();
-        metrics.open.inc();
+        ConnMetrics::opened(metrics.as_ref());
         tokio::spawn(async move {
             let tracked = TrackedIo::new(stream, Arc::clone(&activity));
             let io = match tls {
@@ -174,14 +200,12 @@ pub async fn run<H, F>(
                         Ok(Ok(s)) => ClientIo::Tls(Box::new(s)),
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, %peer, "TLS handshake failed");
-                            metrics.open.dec();
-                            metrics.closed(Ended::Handshake);
+                            ConnMetrics::closed(metrics.as_ref(), Ended::Handshake);
                             return;
                         }
                         Err(_) => {
                             tracing::debug!(%peer, "TLS handshake timed out");
-                            metrics.open.dec();
-                            metrics.closed(Ended::Handshake);
+                            ConnMetrics::closed(metrics.as_ref(), Ended::Handshake);
                             return;
                         }
                     }
@@ -197,8 +221,7 @@ pub async fn run<H, F>(
                 peer,
             )
             .await;
-            metrics.open.dec();
-            metrics.closed(ended);
+            ConnMetrics::closed(metrics.as_ref(), ended);
             drop(permit);
         });
     }
@@ -212,9 +235,4 @@ pub async fn run<H, F>(
             let _ = phase.send(Phase::Force);
         }
     }
-}
-
-/// Resolves once `shutdown` is true (or its sender is gone).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }

@@ -17,38 +17,12 @@
 
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
-use crate::config::UpstreamTlsConfig;
-use crate::server::tls::{TlsError, load_certs};
-
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamTlsError {
-    #[error(transparent)]
-    CaFile(TlsError),
-    #[error("certificate {index} of {path} is not a usable CA: {reason}")]
-    BadCa {
-        index: usize,
-        path: String,
-        reason: String,
-    },
-    #[error("{0:?} is neither a DNS name nor an IP address")]
-    ServerName(String),
-}
-
-impl UpstreamTlsError {
-    /// The `[pools.tls]` key the problem is about.
-    pub fn key(&self) -> &'static str {
-        match self {
-            UpstreamTlsError::ServerName(_) => "server_name",
-            UpstreamTlsError::CaFile(_) | UpstreamTlsError::BadCa { .. } => "ca_file",
-        }
-    }
-}
+use crate::config::{UpstreamTlsConfig, UpstreamTlsError, UpstreamTrust};
 
 /// A pool's client-side TLS settings, read once, ready to build connectors.
 #[derive(Debug, Clone)]
@@ -61,47 +35,22 @@ pub struct UpstreamTls {
 impl Default for UpstreamTls {
     /// Built-in roots only, names from the URLs.
     fn default() -> Self {
-        UpstreamTls {
-            config: client_config(builtin_roots()),
-            server_name: None,
-            fingerprint: "builtin".into(),
-        }
+        UpstreamTls::from_trust(UpstreamTrust::builtin())
     }
 }
 
 impl UpstreamTls {
     /// Reads the CA bundle (if any) and checks the name override.
     pub fn new(cfg: &UpstreamTlsConfig) -> Result<UpstreamTls, UpstreamTlsError> {
-        let mut roots = builtin_roots();
-        let mut digest = Sha256::new();
-        if let Some(path) = &cfg.ca_file {
-            let certs = load_certs("CA bundle", path).map_err(UpstreamTlsError::CaFile)?;
-            for (index, cert) in certs.into_iter().enumerate() {
-                digest.update(cert.as_ref());
-                roots.add(cert).map_err(|e| UpstreamTlsError::BadCa {
-                    index,
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-            }
+        UpstreamTrust::read(cfg).map(UpstreamTls::from_trust)
+    }
+
+    fn from_trust(trust: UpstreamTrust) -> UpstreamTls {
+        UpstreamTls {
+            config: client_config(trust.roots),
+            server_name: trust.server_name,
+            fingerprint: trust.fingerprint,
         }
-        let server_name = match &cfg.server_name {
-            Some(name) => Some(
-                ServerName::try_from(name.clone())
-                    .map_err(|_| UpstreamTlsError::ServerName(name.clone()))?,
-            ),
-            None => None,
-        };
-        digest.update(format!("{:?}", cfg.server_name).as_bytes());
-        let fingerprint = digest.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(UpstreamTls {
-            config: client_config(roots),
-            server_name,
-            fingerprint,
-        })
     }
 
     /// Identifies the trusted CA certificates and the name override, so a
@@ -123,12 +72,6 @@ impl UpstreamTls {
     }
 }
 
-fn builtin_roots() -> RootCertStore {
-    RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    }
-}
-
 fn client_config(roots: RootCertStore) -> ClientConfig {
     ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
         .with_safe_default_protocol_versions()
@@ -140,31 +83,6 @@ fn client_config(roots: RootCertStore) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn missing_ca_file_is_named() {
-        let cfg = UpstreamTlsConfig {
-            ca_file: Some("/nonexistent/ca.pem".into()),
-            server_name: None,
-        };
-        let err = UpstreamTls::new(&cfg).expect_err("no file");
-        assert_eq!(err.key(), "ca_file");
-        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
-    }
-
-    #[test]
-    fn server_name_must_be_a_name_or_address() {
-        let mut cfg = UpstreamTlsConfig {
-            ca_file: None,
-            server_name: Some("vllm.internal".into()),
-        };
-        assert!(UpstreamTls::new(&cfg).is_ok());
-        cfg.server_name = Some("10.0.0.7".into());
-        assert!(UpstreamTls::new(&cfg).is_ok());
-        cfg.server_name = Some("not a name".into());
-        let err = UpstreamTls::new(&cfg).expect_err("spaces");
-        assert_eq!(err.key(), "server_name");
-    }
 
     #[test]
     fn fingerprint_follows_the_settings() {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use crate::forwarding::{BoxError, ResponseBody};
+use super::body::{BoxError, ResponseBody};
 
 pub struct Guarded<G> {
     inner: ResponseBody,
@@ -58,7 +58,7 @@ impl<G> Unpin for Guarded<G> {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::forwarding::full_body;
+    use crate::net::full_body;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

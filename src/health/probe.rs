@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::balancing::Replica;
-use crate::forwarding::{UpstreamTls, error_chain};
+use crate::net::{UpstreamTls, error_chain};
 
 /// Largest body a probe reads (a vLLM `/metrics` page is ~100 KiB).
 const MAX_BODY: usize = 8 * 1024 * 1024;

@@ -1,0 +1,31 @@
+//! HTTP plumbing shared by the proxy, its admin listener and the simulated
+//! replica, below every stage of the request path: body types and the JSON
+//! error body ([`body`]), one accept loop with its connection watcher and
+//! optional TLS ([`accept`], [`connection`], [`client_tls`]), a body that
+//! holds a guard until it ends ([`guarded`]), and the pooled client that
+//! reaches replicas ([`upstream`], [`upstream_tls`]); reading `usage` token
+//! counts from a response's bytes ([`usage_tokens`]) and waiting for a stop
+//! signal ([`stopped`]).
+//!
+//! It imports only `config` (the settings it is built from); nothing here
+//! knows about pools, routing or the daemon's state.
+
+pub mod accept;
+pub mod body;
+pub mod client_tls;
+pub mod connection;
+pub mod guarded;
+mod shutdown;
+pub mod upstream;
+pub mod upstream_tls;
+mod usage;
+
+pub use accept::{ConnMetrics, Limits};
+pub use body::{
+    BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
+};
+pub use guarded::Guarded;
+pub use shutdown::stopped;
+pub use upstream::{UpstreamClient, client, error_chain, tls_client};
+pub use upstream_tls::UpstreamTls;
+pub use usage::usage_tokens;
