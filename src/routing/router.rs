@@ -38,6 +38,7 @@ use super::metrics::RoutingMetrics;
 use super::prefix::blocks::{Prompt, block_hashes, chained_hashes, exact_seed, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
+use super::prefix::predict;
 use super::prefix::rendezvous::{self, Node, hash64};
 use super::prefix::score::{self, Candidate, CostModel};
 use super::saturation::is_saturated;
@@ -100,6 +101,8 @@ pub struct Decision {
     /// `exact` mode: the prompt's tokens, expected on the replica it is sent
     /// to until its events report them.
     expect: Option<(Held, Vec<u32>)>,
+    /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
+    predicted: Vec<(ReplicaId, u64)>,
 }
 
 impl Decision {
@@ -140,6 +143,11 @@ impl Decision {
         }
     }
 
+    /// The cached prompt tokens predicted for `id`, if it was a candidate.
+    pub fn predicted_for(&self, id: ReplicaId) -> Option<u64> {
+        self.predicted.iter().find(|(r, _)| *r == id).map(|p| p.1)
+    }
+
     /// The branches as one tracing field.
     pub fn route_label(&self) -> String {
         super::branch::join(&self.branches)
@@ -158,23 +166,25 @@ impl Router {
         let capacity = pc.prefix.max_blocks_per_replica;
         let mode = pc.prefix.mode;
         let same_capacity = |p: &&Router| p.prefix.max_blocks_per_replica == capacity;
-        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> =
-            if matches!(mode, PrefixMode::Cache | PrefixMode::Exact) {
-                replicas
-                    .iter()
-                    .map(|r| {
-                        let kept = previous
-                            .filter(same_capacity)
-                            .and_then(|p| p.indexes.get(&r.id).cloned());
-                        (
-                            r.id,
-                            kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
-                        )
-                    })
-                    .collect()
-            } else {
-                HashMap::new()
-            };
+        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> = if matches!(
+            mode,
+            PrefixMode::Hash | PrefixMode::Cache | PrefixMode::Exact
+        ) {
+            replicas
+                .iter()
+                .map(|r| {
+                    let kept = previous
+                        .filter(same_capacity)
+                        .and_then(|p| p.indexes.get(&r.id).cloned());
+                    (
+                        r.id,
+                        kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
+                    )
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         // The subscriber tasks (started by the background supervisor) write
         // into these; a replica that stays with the same event source keeps
         // its record across a reload.
@@ -376,16 +386,22 @@ impl Router {
         }
         match self.prefix.mode {
             PrefixMode::Off => {}
-            PrefixMode::Hash => match self.hash_key(input) {
-                Some(key) => self.prefer_by_rendezvous(
-                    &mut d,
-                    &cands,
-                    key,
-                    &saturated,
-                    RouteBranch::PrefixHit,
-                ),
-                None => d.branches.push(RouteBranch::PrefixNone),
-            },
+            PrefixMode::Hash => {
+                match self.hash_key(input) {
+                    Some(key) => self.prefer_by_rendezvous(
+                        &mut d,
+                        &cands,
+                        key,
+                        &saturated,
+                        RouteBranch::PrefixHit,
+                    ),
+                    None => d.branches.push(RouteBranch::PrefixNone),
+                }
+                let (bs, tokens) = (self.prefix.block_size, self.tokens(input));
+                let blocks = block_hashes(input.model, &tokens, bs);
+                d.predicted = predict::from_sent(&self.indexes, &cands, &blocks, tokens.len(), bs);
+                d.record = Some((Arc::clone(&self.indexes), blocks));
+            }
             PrefixMode::Cache | PrefixMode::Exact => {
                 self.prefer_by_cache(&mut d, &cands, &views, input, now_ms, metrics)
             }
@@ -455,6 +471,7 @@ impl Router {
             return;
         }
         let holdings = Holdings::new(self, &tokens, &blocks, cands, now_ms, metrics);
+        d.predicted = holdings.predicted.clone();
         // A replica at its concurrency limit cannot take the request now,
         // however warm: score only those with a free slot, if any has one.
         let with_slot: Vec<Arc<Replica>> = cands
@@ -532,6 +549,8 @@ impl Router {
 struct Holdings {
     /// Replica → (cached tokens, estimated rather than reported).
     by_replica: HashMap<ReplicaId, (u64, bool)>,
+    /// What each replica should report cached (see [`predict::cap`]).
+    predicted: Vec<(ReplicaId, u64)>,
 }
 
 impl Holdings {
@@ -547,6 +566,7 @@ impl Holdings {
         // Exact-mode hashes, once per block size the replicas report.
         let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
         let mut by_replica = HashMap::new();
+        let mut predicted = Vec::with_capacity(cands.len());
         for r in cands {
             let counter = r.load_snapshot().and_then(|s| s.prefix_cache_queries);
             let held = router.held.get(&r.id);
@@ -572,16 +592,27 @@ impl Holdings {
                             by_size.len() - 1
                         }
                     };
-                    ((h.matched_at(&by_size[pos].1, now_ms) * bs) as u64, false)
+                    (
+                        (h.matched_at(&by_size[pos].1, now_ms) * bs) as u64,
+                        false,
+                        bs,
+                    )
                 }
                 None => {
-                    let matched = index.map_or(0, |i| i.matched(blocks));
-                    ((matched * router.prefix.block_size) as u64, exact)
+                    let (matched, bs) = (
+                        index.map_or(0, |i| i.matched(blocks)),
+                        router.prefix.block_size,
+                    );
+                    ((matched * bs) as u64, exact, bs)
                 }
             };
-            by_replica.insert(r.id, value);
+            predicted.push((r.id, predict::cap(value.0, tokens.len(), value.2)));
+            by_replica.insert(r.id, (value.0, value.1));
         }
-        Holdings { by_replica }
+        Holdings {
+            by_replica,
+            predicted,
+        }
     }
 
     fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {
