@@ -46,6 +46,12 @@ fn config(
     s
 }
 
+/// A `cache` pool over `sim` with the model tokenizer of the fixture.
+fn with_model_tokenizer(sim: &SimHandle) -> String {
+    let tokenizer = format!("[pools.tokenizer]\ndir = {TINY_LLAMA:?}");
+    config(&[sim], "cache", &tokenizer, |_| String::new())
+}
+
 fn events_of(sim: &SimHandle) -> String {
     format!(
         "kv_events = \"tcp://{}\"\nkv_events_replay = \"tcp://{}\"",
@@ -95,6 +101,15 @@ fn severity(report: &Report, topic: Topic) -> Option<Severity> {
         .max()
 }
 
+fn assert_ok(report: &Report, topic: Topic) {
+    assert_eq!(
+        severity(report, topic),
+        Some(Severity::Ok),
+        "{topic:?}: {}",
+        report.render()
+    );
+}
+
 #[tokio::test]
 async fn a_correct_setup_passes() {
     let a = sim_with_events(true, 400, None).await;
@@ -113,12 +128,7 @@ async fn a_correct_setup_passes() {
         Topic::Events,
         Topic::Replay,
     ] {
-        assert_eq!(
-            severity(&report, topic),
-            Some(Severity::Ok),
-            "{topic:?}: {}",
-            report.render()
-        );
+        assert_ok(&report, topic);
     }
     a.shutdown().await;
     b.shutdown().await;
@@ -135,34 +145,14 @@ async fn a_wrong_tokenizer_is_named_both_ways() {
     assert!(out.contains("set [pools.tokenizer] dir"), "{out}");
     // The reverse: llmlb with the model's tokenizer, replicas with the stand-in.
     let stand_in = sim_with_events(false, 400, None).await;
-    let text = config(
-        &[&stand_in],
-        "cache",
-        &format!("[pools.tokenizer]\ndir = {TINY_LLAMA:?}"),
-        |_| String::new(),
-    );
+    let text = with_model_tokenizer(&stand_in);
     let report = doctor(&text).await;
     assert!(report.has_error(Topic::Tokenizer), "{}", report.render());
-    assert_eq!(
-        severity(&report, Topic::PrefixCache),
-        Some(Severity::Ok),
-        "{}",
-        report.render()
-    );
+    assert_ok(&report, Topic::PrefixCache);
     // And with the right one on both sides, the tokenizer agrees.
-    let text = config(
-        &[&real],
-        "cache",
-        &format!("[pools.tokenizer]\ndir = {TINY_LLAMA:?}"),
-        |_| String::new(),
-    );
+    let text = with_model_tokenizer(&real);
     let report = doctor(&text).await;
-    assert_eq!(
-        severity(&report, Topic::Tokenizer),
-        Some(Severity::Ok),
-        "{}",
-        report.render()
-    );
+    assert_ok(&report, Topic::Tokenizer);
     real.shutdown().await;
     stand_in.shutdown().await;
 }
