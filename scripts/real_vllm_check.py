@@ -139,6 +139,9 @@ class Backend:
         self.ports = [args.replica_port, args.replica_port + 1]
         self.events = [args.events_port, args.events_port + 1]
         self.replays = [args.replay_port, args.replay_port + 1]
+        # Where llmlb subscribes: the replicas' own endpoints, or a relay's.
+        sub = args.subscribe_port or args.events_port
+        self.subscribe = [sub, sub + 1]
         self.procs = []
 
     def available(self):
@@ -225,7 +228,7 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append(f"block_size = {args.block_size}")
     if not stand_in:
         lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
-    for port, ev, rp in zip(backend.ports, backend.events, backend.replays):
+    for port, ev, rp in zip(backend.ports, backend.subscribe, backend.replays):
         lines += ["", "[[pools.replicas]]", f'url = "http://127.0.0.1:{port}"']
         if mode == "exact":
             lines.append(f'kv_events = "tcp://127.0.0.1:{ev}"')
@@ -332,6 +335,8 @@ def main():
     ap.add_argument("--replica-port", type=int, default=18000)
     ap.add_argument("--events-port", type=int, default=15557)
     ap.add_argument("--replay-port", type=int, default=15567)
+    ap.add_argument("--subscribe-port", type=int,
+                    help="where llmlb subscribes to events (a relay's ports; default --events-port)")
     ap.add_argument("--no-doctor", action="store_true", help="skip the llmlb doctor step")
     ap.add_argument("--proxy-port", type=int, default=18080)
     ap.add_argument("--run-timeout", type=int, default=600)
