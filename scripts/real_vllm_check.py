@@ -8,9 +8,13 @@ policy a fresh `llmlb serve` is started in front of them, the replicas' prefix
 caches are emptied, and `llmlb bench` sends one bounded shared-prefix
 workload. Per policy it reports, from the replicas' own /metrics (deltas over
 the run): the fleet prefix-cache hit rate, how many requests each replica
-served (busiest / mean), preemptions and the mean real prompt length; and
-from the load generator: TTFT p50 / p99 and throughput. Last, it says whether
-the two backends rank the policies the same way by p99 TTFT and by hit rate.
+served (busiest / mean), preemptions and the mean real prompt length; from
+llmlb's /metrics: the cached prompt tokens it predicted against those the
+replicas reported (the closed loop); and from the load generator: TTFT p50 /
+p99 and throughput. Before the policies, `llmlb doctor` checks the replicas
+twice: with the pool's tokenizer (should agree) and with the stand-in
+(should name the wrong tokenizer). Last, it says whether the two backends
+rank the policies the same way by p99 TTFT and by hit rate.
 
 Usage (from the repository root, after `cargo build --release`):
   scripts/real_vllm_check.py                         # both backends, every policy
@@ -105,6 +109,28 @@ def scrape(port):
     return out
 
 
+def metric_sum(text, name):
+    """The sum of every sample of `name` in a Prometheus text page."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def doctor(backend, args, tmp):
+    """`llmlb doctor` on the running replicas, with the pool's tokenizer
+    and with the stand-in; prints both reports."""
+    for label, stand_in in [("pool tokenizer", False), ("stand-in tokenizer", True)]:
+        path = os.path.join(tmp, f"{backend.kind}-doctor-{int(stand_in)}.toml")
+        with open(path, "w") as f:
+            f.write(proxy_config(backend, "exact", args, stand_in=stand_in))
+        done = subprocess.run([args.llmlb, "doctor", "--config", path], capture_output=True,
+                              text=True, timeout=300)
+        print(f"\n#### llmlb doctor on {backend.kind}, {label} (exit {done.returncode})\n")
+        print("```\n" + done.stdout.strip() + "\n```")
+
+
 class Backend:
     """Two replicas of one kind, started once for every policy."""
 
@@ -112,6 +138,10 @@ class Backend:
         self.kind, self.args, self.tmp = kind, args, tmp
         self.ports = [args.replica_port, args.replica_port + 1]
         self.events = [args.events_port, args.events_port + 1]
+        self.replays = [args.replay_port, args.replay_port + 1]
+        # Where llmlb subscribes: the replicas' own endpoints, or a relay's.
+        sub = args.subscribe_port or args.events_port
+        self.subscribe = [sub, sub + 1]
         self.procs = []
 
     def available(self):
@@ -130,9 +160,12 @@ class Backend:
 
     def start(self):
         if self.kind == "vllm":
-            for i, (port, ev) in enumerate(zip(self.ports, self.events)):
+            for i, (port, ev, rp) in enumerate(zip(self.ports, self.events, self.replays)):
+                # No spaces: the serve script splits EXTRA_ARGS on them.
                 cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                  "endpoint": f"tcp://127.0.0.1:{ev}", "topic": "kv"})
+                                  "endpoint": f"tcp://127.0.0.1:{ev}",
+                                  "replay_endpoint": f"tcp://127.0.0.1:{rp}", "topic": "kv"},
+                                 separators=(",", ":"))
                 env = dict(os.environ, PORT=str(port), CORE=str(i),
                            EXTRA_ARGS=f"--kv-events-config {cfg}", VLLM_SERVER_DEV_MODE="1")
                 subprocess.run(["bash", VLLM_SCRIPT, "serve"], env=env, check=True,
@@ -141,7 +174,8 @@ class Backend:
         cmd = [self.args.llmlb, "sim", "--replicas", "2", "--port", str(self.ports[0]),
                "--profile", "vllm-cpu-tiny", "--model", MODEL, "--seed", "1"]
         if not self.args.stand_in:
-            cmd += ["--tokenizer", self.tokenizer_dir(), "--kv-events-port", str(self.events[0])]
+            cmd += ["--tokenizer", self.tokenizer_dir(), "--kv-events-port", str(self.events[0]),
+                    "--kv-events-replay-port", str(self.replays[0])]
         self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                            stderr=open(os.path.join(self.tmp, "sim.log"), "w")))
         for p in self.ports:
@@ -175,8 +209,9 @@ class Backend:
         self.procs = []
 
 
-def proxy_config(backend, policy, args):
+def proxy_config(backend, policy, args, stand_in=None):
     balancer, mode = POLICIES[policy]
+    stand_in = args.stand_in if stand_in is None else stand_in
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{args.proxy_port}"',
@@ -191,12 +226,13 @@ def proxy_config(backend, policy, args):
         lines += ["", "[pools.prefix]", f'mode = "{mode}"']
         if mode == "cache":
             lines.append(f"block_size = {args.block_size}")
-    if not args.stand_in:
+    if not stand_in:
         lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
-    for port, ev in zip(backend.ports, backend.events):
+    for port, ev, rp in zip(backend.ports, backend.subscribe, backend.replays):
         lines += ["", "[[pools.replicas]]", f'url = "http://127.0.0.1:{port}"']
         if mode == "exact":
             lines.append(f'kv_events = "tcp://127.0.0.1:{ev}"')
+            lines.append(f'kv_events_replay = "tcp://127.0.0.1:{rp}"')
     return "\n".join(lines) + "\n"
 
 
@@ -225,6 +261,7 @@ def run_policy(backend, policy, args, tmp):
                        timeout=args.run_timeout)
         time.sleep(0.5)
         after = [scrape(p) for p in backend.ports]
+        _, own = http_get(args.proxy_port + 1, "/metrics")
     finally:
         proxy.send_signal(signal.SIGTERM)
         try:
@@ -249,20 +286,30 @@ def run_policy(backend, policy, args, tmp):
         if sum(served) else 0.0,
         "ttft_p50_ms": ttft.get("p50"), "ttft_p99_ms": ttft.get("p99"),
         "completed": report.get("completed"), "failed": report.get("failed"),
+        "cached_predicted": metric_sum(own, "llmlb_prefix_cached_tokens_predicted_total"),
+        "cached_reported": metric_sum(own, "llmlb_prefix_cached_tokens_reported_total"),
         "req_per_s": report.get("request_throughput"),
     }
 
 
 def table(rows):
-    head = "| policy | prefix hits | served per replica | busiest/mean | TTFT p50 ms | TTFT p99 ms | preemptions | prompt tokens (mean) |"
-    out = [head, "|" + "---|" * 8]
+    head = ("| policy | prefix hits | served per replica | busiest/mean | TTFT p50 ms | TTFT p99 ms "
+            "| preemptions | prompt tokens (mean) | cached tokens predicted / reported |")
+    out = [head, "|" + "---|" * 9]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.0f}"
         out.append(f"| {r['policy']} | {100 * r['hit_rate']:.1f} % | "
                    f"{' / '.join(str(int(s)) for s in r['served'])} | {r['busiest_over_mean']:.2f} | "
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
-                   f"{r['mean_prompt_tokens']:.0f} |")
+                   f"{r['mean_prompt_tokens']:.0f} | {loop(r)} |")
     return "\n".join(out)
+
+
+def loop(r):
+    p, q = r.get("cached_predicted", 0), r.get("cached_reported", 0)
+    if not p and not q:
+        return "-"
+    return f"{p:.0f} / {q:.0f}" + (f" ({100 * (p - q) / q:+.1f} %)" if q else "")
 
 
 def ranking(rows, key, reverse):
@@ -287,6 +334,10 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--replica-port", type=int, default=18000)
     ap.add_argument("--events-port", type=int, default=15557)
+    ap.add_argument("--replay-port", type=int, default=15567)
+    ap.add_argument("--subscribe-port", type=int,
+                    help="where llmlb subscribes to events (a relay's ports; default --events-port)")
+    ap.add_argument("--no-doctor", action="store_true", help="skip the llmlb doctor step")
     ap.add_argument("--proxy-port", type=int, default=18080)
     ap.add_argument("--run-timeout", type=int, default=600)
     ap.add_argument("--json")
@@ -314,6 +365,8 @@ def main():
         backend.start()
         rows = []
         try:
+            if not args.stand_in and not args.no_doctor:
+                doctor(backend, args, tmp)
             for p in policies:
                 log(f"== {kind}: {p}")
                 rows.append(run_policy(backend, p, args, tmp))

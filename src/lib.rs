@@ -15,6 +15,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod discovery;
+pub mod doctor;
 pub mod forwarding;
 pub mod gateway;
 pub mod health;

@@ -36,6 +36,19 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Probe each pool's running replicas: do the tokenizer, block size, KV
+    /// events and replay llmlb is configured with agree with what they do?
+    /// Exits 1 when something is wrong (see docs/ROUTING.md).
+    Doctor {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Seconds to listen for the probe's KV events after sending it.
+        #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+        events_wait: f64,
+        /// Seconds to wait for one probe answer.
+        #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+        timeout: f64,
+    },
     /// Print the SHA-256 of an API key, for `[[keys]] sha256 = ...`.
     /// Reads the key from standard input when not given.
     HashKey {
@@ -66,6 +79,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
+        Command::Doctor {
+            config,
+            events_wait,
+            timeout,
+        } => return doctor(&config, events_wait, timeout),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
         Command::Sim(args) => sim(*args),
@@ -111,6 +129,34 @@ fn check(path: &Path) -> ExitCode {
             eprintln!("{}: {} error(s)", path.display(), e.issues.len());
             ExitCode::FAILURE
         }
+    }
+}
+
+fn doctor(path: &Path, events_wait: f64, timeout: f64) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = llmlb::doctor::Options {
+        events_wait: std::time::Duration::from_secs_f64(events_wait.clamp(0.0, 600.0)),
+        request_timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
+        ..Default::default()
+    };
+    let report = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt.block_on(llmlb::doctor::run(&cfg, &opts)),
+        Err(e) => {
+            eprintln!("llmlb: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report.render());
+    if report.worst() == llmlb::doctor::Severity::Error {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

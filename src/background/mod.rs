@@ -116,7 +116,12 @@ fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metr
         // replaces the record (or the endpoints) restarts the subscriber.
         for (id, endpoints, held) in pool.router.kv_subscriptions() {
             let fingerprint = format!("{endpoints:?} {:p}", Arc::as_ptr(&held));
-            let sink: Arc<dyn EventSink> = held;
+            let name = pool
+                .replicas
+                .iter()
+                .find(|r| r.id == id)
+                .map_or("", |r| &r.name);
+            let sink: Arc<dyn EventSink> = metrics.kv_events.counting(&pool.name, name, held);
             wanted.insert(
                 (Kind::KvEvents, pool.name.clone(), id),
                 (
@@ -153,6 +158,15 @@ fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metr
 fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
     let now = crate::telemetry::clock::now_millis();
     for pool in &topo.pools {
+        let subscriptions = pool.router.kv_subscriptions();
+        if !subscriptions.is_empty() {
+            let unknown = subscriptions.iter().filter(|(_, _, h)| !h.known()).count();
+            metrics
+                .kv_events
+                .unknown
+                .with_label_values(&[&pool.name])
+                .set(unknown as i64);
+        }
         for r in &pool.replicas {
             metrics
                 .replica_down

@@ -11,4 +11,7 @@ pub struct Dispatched {
     pub branch: &'static str,
     /// Attempts made, this one included (1 = no retry).
     pub attempts: u32,
+    /// Cached prompt tokens the routing stage predicted for this replica
+    /// (prefix modes other than `off`).
+    pub predicted_cached: Option<u64>,
 }

@@ -169,6 +169,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                     replica: Arc::from(replica.name.as_str()),
                     branch: pick.branch.as_str(),
                     attempts: tried.len() as u32,
+                    predicted_cached: req.route.predicted_for(replica.id),
                 });
                 return Ok(resp);
             }

@@ -3,8 +3,10 @@
 //!
 //! A low module shared by both sides: the simulator publishes with
 //! [`publisher`], llmlb subscribes with [`subscriber`]; both speak the wire
-//! format of [`wire`], and read a `BlockStored` through [`StoredBlocks`]. Nothing here knows about routing or the proxy.
+//! format of [`wire`], read a `BlockStored` through [`StoredBlocks`]; [`metrics`]
+//! counts what the subscribers see. Nothing here knows about routing or the proxy.
 
+pub mod metrics;
 pub mod publisher;
 mod stored;
 pub mod subscriber;

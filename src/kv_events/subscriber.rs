@@ -47,6 +47,11 @@ pub trait EventSink: Send + Sync {
     fn lost(&self);
     /// Every event since the replica's cache was empty has been applied.
     fn caught_up(&self);
+    /// A jump in the sequence numbers: `missed` events never arrived live.
+    fn gap_seen(&self, _missed: u64) {}
+    /// A replay was asked and ended `complete`, `incomplete` (the replica's
+    /// buffer no longer reached back), `failed` or `timeout`.
+    fn replay_done(&self, _outcome: &'static str) {}
 }
 
 /// Where one replica publishes.
@@ -223,6 +228,7 @@ impl Subscription {
 
     /// Events `from..upto` were missed.
     async fn gap(&mut self, from: u64, upto: u64) {
+        self.sink.gap_seen(upto.saturating_sub(from));
         if self.endpoints.replay.is_some() && self.catch_up(from).await >= upto {
             return;
         }
@@ -276,6 +282,8 @@ impl Subscription {
         match result {
             Ok(Ok(())) => {
                 tracing::info!(endpoint = %replay, from, upto = next, "kv events: replayed");
+                let outcome = if complete { "complete" } else { "incomplete" };
+                self.sink.replay_done(outcome);
                 if from == 0 && next == 0 && self.tracker.last.is_none() {
                     // Nothing published yet: the replica's cache is empty.
                     self.sink.caught_up();
@@ -284,10 +292,12 @@ impl Subscription {
             }
             Ok(Err(e)) => {
                 tracing::warn!(endpoint = %replay, error = %e, "kv events: replay failed");
+                self.sink.replay_done("failed");
                 from
             }
             Err(_) => {
                 tracing::warn!(endpoint = %replay, "kv events: replay timed out");
+                self.sink.replay_done("timeout");
                 from
             }
         }

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use super::RouteBranch;
 use super::decision::Decision;
 use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::predict;
 use super::prefix::rendezvous;
 use super::prefix::score::{self, Candidate};
 use super::router::Router;
@@ -51,6 +52,7 @@ pub(super) fn prefer(
         return;
     }
     let holdings = Holdings::new(router, &tokens, &blocks, cands, now_ms);
+    d.predicted = holdings.predicted.clone();
     // A replica at its concurrency limit cannot take the request now,
     // however warm: score only those with a free slot, if any has one.
     let with_slot: Vec<Arc<Replica>> = cands
@@ -121,11 +123,34 @@ pub(super) fn prefer(
     }
 }
 
+/// `hash` mode: no scoring, but the prompt's blocks are recorded on the
+/// replica it goes to, and what each candidate will report cached is
+/// predicted from them (the closed-loop metrics).
+pub(super) fn record_for_prediction(
+    router: &Router,
+    d: &mut Decision,
+    cands: &[Arc<Replica>],
+    model: &str,
+    tokens: &[u32],
+) {
+    let bs = router.prefix.block_size;
+    let blocks = block_hashes(model, tokens, bs);
+    for r in cands {
+        if let Some(i) = router.state.indexes.get(&r.id) {
+            i.observe_restarts(r.restarts());
+        }
+    }
+    d.predicted = predict::from_sent(&router.state.indexes, cands, &blocks, tokens.len(), bs);
+    d.record = Some((Arc::clone(&router.state.indexes), blocks));
+}
+
 /// The prompt tokens each candidate probably holds: from its KV events in
 /// `exact` mode when they are known, else from what llmlb sent it.
 struct Holdings {
     /// Replica → (cached tokens, estimated rather than reported).
     by_replica: HashMap<ReplicaId, (u64, bool)>,
+    /// What each replica should report cached (see [`predict::cap`]).
+    predicted: Vec<(ReplicaId, u64)>,
 }
 
 impl Holdings {
@@ -140,6 +165,7 @@ impl Holdings {
         // Exact-mode hashes, once per block size the replicas report.
         let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
         let mut by_replica = HashMap::new();
+        let mut predicted = Vec::with_capacity(cands.len());
         for r in cands {
             let held = router.state.held.get(&r.id);
             let index = router.state.indexes.get(&r.id);
@@ -163,16 +189,23 @@ impl Holdings {
                             by_size.len() - 1
                         }
                     };
-                    ((h.matched_at(&by_size[pos].1, now_ms) * bs) as u64, false)
+                    let cached = (h.matched_at(&by_size[pos].1, now_ms) * bs) as u64;
+                    (cached, false, bs)
                 }
                 None => {
+                    let bs = router.prefix.block_size;
                     let matched = index.map_or(0, |i| i.matched(blocks));
-                    ((matched * router.prefix.block_size) as u64, exact)
+                    ((matched * bs) as u64, exact, bs)
                 }
             };
-            by_replica.insert(r.id, value);
+            let (cached, estimated, bs) = value;
+            predicted.push((r.id, predict::cap(cached, tokens.len(), bs)));
+            by_replica.insert(r.id, (cached, estimated));
         }
-        Holdings { by_replica }
+        Holdings {
+            by_replica,
+            predicted,
+        }
     }
 
     fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {

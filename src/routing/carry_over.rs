@@ -41,8 +41,10 @@ impl PrefixState {
         let capacity = pc.prefix.max_blocks_per_replica;
         let mode = pc.prefix.mode;
         let previous = previous.filter(|p| p.capacity == capacity);
+        // `hash` mode keeps an index too: it scores nothing with it, but
+        // predicts from it what each replica will report cached.
         let indexes: HashMap<ReplicaId, Arc<BlockIndex>> =
-            if matches!(mode, PrefixMode::Cache | PrefixMode::Exact) {
+            if matches!(mode, PrefixMode::Hash | PrefixMode::Cache | PrefixMode::Exact) {
                 replicas
                     .iter()
                     .map(|r| {

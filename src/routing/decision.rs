@@ -40,6 +40,8 @@ pub struct Decision {
     /// `exact` mode: the prompt's tokens, expected on the replica it is sent
     /// to until its events report them.
     pub(super) expect: Option<(Held, Vec<u32>)>,
+    /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
+    pub(super) predicted: Vec<(ReplicaId, u64)>,
 }
 
 impl Decision {
@@ -87,6 +89,11 @@ impl Decision {
             let hashes = chained_hashes(exact_seed(), tokens, bs);
             h.expect(&hashes, crate::telemetry::clock::now_millis());
         }
+    }
+
+    /// The cached prompt tokens predicted for `id`, if it was a candidate.
+    pub fn predicted_for(&self, id: ReplicaId) -> Option<u64> {
+        self.predicted.iter().find(|(r, _)| *r == id).map(|p| p.1)
     }
 
     /// The branches as one tracing field.

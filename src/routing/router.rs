@@ -212,6 +212,8 @@ impl Router {
                         .prefer(&mut d, &cands, key, &saturated, Key::Prefix),
                     None => d.branches.push(super::RouteBranch::PrefixNone),
                 }
+                let tokens = self.tokens(input);
+                cache::record_for_prediction(self, &mut d, &cands, input.model, &tokens);
             }
             PrefixMode::Cache | PrefixMode::Exact => {
                 let tokens = self.tokens(input);

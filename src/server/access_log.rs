@@ -252,6 +252,16 @@ fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
             .observe(t.duration_since(e.start.start).as_secs_f64());
     }
     let u = usage.unwrap_or_default();
+    if let Some(d) = &e.dispatched {
+        let reported = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
+        let o = crate::telemetry::prefix_loop::observation(
+            e.status,
+            d.predicted_cached,
+            u.prompt_tokens,
+            reported,
+        );
+        m.prefix_loop.observe(pool, &d.replica, o);
+    }
     for (kind, n) in [
         ("prompt", u.prompt_tokens),
         ("completion", u.completion_tokens),

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub signals: super::SignalMetrics,
     /// Per-model TTFT, requests and tokens; build info.
     pub models: super::ModelMetrics,
+    /// KV-event subscribers: gaps, replays, unknown records.
+    pub kv_events: crate::kv_events::metrics::KvEventMetrics,
 }
 
 impl Metrics {
@@ -127,7 +129,9 @@ impl Metrics {
         }
         let signals = super::SignalMetrics::register(&registry);
         let models = super::ModelMetrics::register(&registry);
+        let kv_events = crate::kv_events::metrics::KvEventMetrics::register(&registry);
         Metrics {
+            kv_events,
             signals,
             models,
             registry,

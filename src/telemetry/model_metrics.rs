@@ -18,6 +18,8 @@ pub struct ModelMetrics {
     pub requests: IntCounterVec,
     /// `llmlb_model_tokens_total{pool,model,kind}` (`prompt`, `completion`, `cached`).
     pub tokens: IntCounterVec,
+    /// Predicted against reported cached prompt tokens (prefix routing).
+    pub prefix_loop: super::PrefixLoopMetrics,
 }
 
 impl ModelMetrics {
@@ -69,6 +71,7 @@ impl ModelMetrics {
             ttft,
             requests,
             tokens,
+            prefix_loop: super::PrefixLoopMetrics::register(registry),
         }
     }
 }

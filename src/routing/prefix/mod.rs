@@ -6,10 +6,11 @@
 //! prefix's order when the preferred replica is saturated. `cache` mode
 //! ([`cache_index`], [`score`]) remembers which prompt blocks ([`blocks`])
 //! went where and picks the replica with the lowest expected time to first
-//! token.
+//! token. [`predict`] says what the chosen replica should report cached.
 
 pub mod blocks;
 pub mod cache_index;
 pub mod held;
+pub mod predict;
 pub mod rendezvous;
 pub mod score;

@@ -1,0 +1,188 @@
+//! `llmlb doctor`: checks, against the running replicas of each pool, that
+//! what llmlb assumes about them (tokenizer and chat template, KV block
+//! size, KV-event stream and replay) is what they really do, and says in
+//! plain words what is wrong.
+//!
+//! For each configured replica, one after the other: subscribe to its KV
+//! events when it names `kv_events`; send a probe prompt (a few hundred
+//! tokens opened by a tag unique to the run, [`probe`]) twice; read its
+//! `/metrics` for the block size; ask its replay endpoint when it names one
+//! ([`events`]). [`verdict::judge`] compares what came back with llmlb's own
+//! prediction (its token count with the pool's tokenizer, and on the second
+//! send the block-aligned cached count), and [`finding::Report`] renders the
+//! findings; the command exits 1 when any is an error.
+//!
+//! The probe is real traffic: two one-token generations per replica. DNS
+//! discovered replicas are not probed (only the configured list is).
+
+pub mod events;
+pub mod finding;
+pub mod probe;
+pub mod verdict;
+
+use std::time::Duration;
+
+use crate::config::{Config, PoolConfig, ReplicaConfig};
+use crate::net::UpstreamTls;
+use crate::tokenize::PromptTokenizer;
+
+pub use finding::{Finding, ReplicaReport, Report, Severity, Topic};
+use verdict::{EventsSeen, Expected, Observed, ReplaySeen};
+
+/// Bounds of one run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Longest wait for one probe answer.
+    pub request_timeout: Duration,
+    /// How long to listen for the probe's KV events after its sends.
+    pub events_wait: Duration,
+    /// Connecting to an event endpoint, and a replay's whole answer.
+    pub zmq_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            request_timeout: Duration::from_secs(60),
+            events_wait: Duration::from_secs(5),
+            zmq_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Probes every configured replica of every pool.
+pub async fn run(config: &Config, opts: &Options) -> Report {
+    let mut report = Report::default();
+    for pc in &config.pools {
+        if pc.discovery.is_some() {
+            report.notes.push(format!(
+                "pool {:?} discovers its replicas by DNS: not probed; run the doctor with a \
+                 config listing some of them under [[pools.replicas]]",
+                pc.name
+            ));
+            continue;
+        }
+        check_pool(pc, opts, &mut report).await;
+    }
+    report
+}
+
+async fn check_pool(pc: &PoolConfig, opts: &Options, report: &mut Report) {
+    let (tokenizer, described) = match &pc.tokenizer {
+        None => (
+            PromptTokenizer::StandIn,
+            "the stand-in tokenizer".to_string(),
+        ),
+        Some(t) => match PromptTokenizer::load(&t.dir) {
+            Ok(tok) => (tok, format!("the tokenizer in {}", t.dir.display())),
+            Err(e) => {
+                report.notes.push(format!(
+                    "pool {:?}: its tokenizer does not load ({e}); not probed",
+                    pc.name
+                ));
+                return;
+            }
+        },
+    };
+    let tls = match UpstreamTls::new(&pc.tls) {
+        Ok(t) => t,
+        Err(e) => {
+            report.notes.push(format!(
+                "pool {:?}: its TLS settings do not load ({e}); not probed",
+                pc.name
+            ));
+            return;
+        }
+    };
+    let client = crate::net::tls_client(&pc.timeouts, &tls);
+    let auth = pc.upstream_api_key.as_ref().map(|k| format!("Bearer {k}"));
+    let model = pc.models.first().map(String::as_str).unwrap_or_default();
+    for rc in &pc.replicas {
+        let target = probe::Target {
+            client: &client,
+            url: rc.url.trim_end_matches('/'),
+            auth: auth.as_deref(),
+            timeout: opts.request_timeout,
+        };
+        let findings = check_replica(pc, rc, &tokenizer, &described, model, &target, opts).await;
+        report.replicas.push(ReplicaReport {
+            pool: pc.name.clone(),
+            replica: rc.name.clone().unwrap_or_else(|| rc.url.clone()),
+            findings,
+        });
+    }
+}
+
+async fn check_replica(
+    pc: &PoolConfig,
+    rc: &ReplicaConfig,
+    tokenizer: &PromptTokenizer,
+    described: &str,
+    model: &str,
+    target: &probe::Target<'_>,
+    opts: &Options,
+) -> Vec<Finding> {
+    let tag = format!("{:016x}", rand::random::<u64>());
+    let messages = probe::messages(&tag);
+    let tokens = match tokenizer.encode_chat(&messages) {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![Finding::error(
+                Topic::Tokenizer,
+                format!("{described} cannot tokenize the probe: {e}"),
+            )];
+        }
+    };
+    let listening = match &rc.kv_events {
+        None => None,
+        Some(ep) => Some((ep, events::listen(ep, opts.zmq_timeout).await)),
+    };
+    if listening.is_some() {
+        // A new subscription reaches the publisher a moment after the
+        // connection: events published before that are not delivered.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let body = probe::body(model, &messages);
+    let first = target.chat(&body).await;
+    let second = match first {
+        Ok(_) => Some(target.chat(&body).await),
+        Err(_) => None,
+    };
+    let lead = &tokens[..tokens.len().min(verdict::LEAD_TOKENS)];
+    let events = match listening {
+        None => EventsSeen::NotConfigured,
+        Some((ep, Err(error))) => EventsSeen::Unreachable {
+            endpoint: ep.clone(),
+            error,
+        },
+        Some((ep, Ok(l))) => EventsSeen::Heard {
+            endpoint: ep.clone(),
+            heard: l.collect(opts.events_wait, lead).await,
+        },
+    };
+    let replay = match &rc.kv_events_replay {
+        None => ReplaySeen::NotConfigured,
+        Some(ep) => match events::replay(ep, opts.zmq_timeout).await {
+            Ok(batches) => ReplaySeen::Answered { batches },
+            Err(error) => ReplaySeen::Failed {
+                endpoint: ep.clone(),
+                error,
+            },
+        },
+    };
+    let observed = Observed {
+        first,
+        second,
+        metrics_block_size: target.metrics_block_size().await,
+        events,
+        replay,
+    };
+    let expected = Expected {
+        tokens,
+        tokenizer: described.to_string(),
+        stand_in: tokenizer.is_stand_in(),
+        mode: pc.prefix.mode,
+        block_size: pc.prefix.block_size,
+    };
+    verdict::judge(&expected, &observed)
+}

@@ -1,0 +1,137 @@
+//! The probe `llmlb doctor` sends to each replica: one chat request of a few
+//! hundred tokens, opened by a tag unique to the run (so its first send
+//! finds nothing cached), asking for a single output token; and the
+//! replica's `/metrics`, for the block size it reports.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+
+use crate::net::{UpstreamClient, error_chain};
+use crate::tokenize::ChatMessage;
+
+/// The probe's chat messages, tagged by `tag` at the very start.
+pub fn messages(tag: &str) -> Vec<ChatMessage> {
+    let system = format!(
+        "Probe {tag}. You answer questions about shipping parcels between warehouses. \
+         {}",
+        "Every parcel has a tracking number, a weight in kilograms, a sender, a receiver \
+         and a list of the depots it passed through on its way; answer in one sentence. "
+            .repeat(14)
+    );
+    vec![
+        ChatMessage::new("system", system),
+        ChatMessage::new("user", "Where is parcel 4471 now?"),
+    ]
+}
+
+/// The request body for `model`.
+pub fn body(model: &str, messages: &[ChatMessage]) -> String {
+    let messages: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.joined("")}))
+        .collect();
+    serde_json::json!({
+        "model": model,
+        "messages": messages,
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": false,
+    })
+    .to_string()
+}
+
+/// What a replica reported for one probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    /// `prompt_tokens_details.cached_tokens`, when reported (vLLM:
+    /// `--enable-prompt-tokens-details`).
+    pub cached_tokens: Option<u64>,
+}
+
+/// One replica as the doctor reaches it.
+pub struct Target<'a> {
+    pub client: &'a UpstreamClient,
+    /// The replica's base URL, without a trailing slash.
+    pub url: &'a str,
+    /// `Authorization` to send (the pool's `upstream_api_key`).
+    pub auth: Option<&'a str>,
+    pub timeout: Duration,
+}
+
+impl Target<'_> {
+    /// Sends the probe; the `usage` the replica reported.
+    pub async fn chat(&self, body: &str) -> Result<Usage, String> {
+        let (status, bytes) = self
+            .send(
+                Method::POST,
+                "/v1/chat/completions",
+                Bytes::from(body.to_owned()),
+            )
+            .await?;
+        if status != 200 {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err(format!(
+                "the replica answered {status}: {}",
+                text.chars().take(300).collect::<String>()
+            ));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("the answer is not JSON: {e}"))?;
+        let usage = &v["usage"];
+        let prompt_tokens = usage["prompt_tokens"]
+            .as_u64()
+            .ok_or_else(|| "the answer has no `usage.prompt_tokens`".to_string())?;
+        Ok(Usage {
+            prompt_tokens,
+            cached_tokens: usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        })
+    }
+
+    /// The block size in the replica's `vllm:cache_config_info`, if any.
+    pub async fn metrics_block_size(&self) -> Option<usize> {
+        let (status, bytes) = self
+            .send(Method::GET, "/metrics", Bytes::new())
+            .await
+            .ok()?;
+        if status != 200 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        crate::signals::parse::samples(&text)
+            .find(|s| s.name == "vllm:cache_config_info")
+            .and_then(|s| s.label("block_size")?.parse().ok())
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Bytes) -> Result<(u16, Bytes), String> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(auth) = self.auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let exchange = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| error_chain(&e))?;
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.timeout))?
+    }
+}

@@ -1,0 +1,139 @@
+//! Metrics of llmlb's KV-event subscribers: sequence gaps seen, replays
+//! asked and how they ended, and per pool how many replicas' records are
+//! unknown (events missed and not refilled yet, or never subscribed).
+//!
+//! [`CountingSink`] wraps a subscriber's sink and counts what the
+//! subscriber tells it; the unknown-records gauge is set by whoever can see
+//! the records (the background supervisor, each tick).
+
+use std::sync::Arc;
+
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::subscriber::EventSink;
+use super::wire::EventBatch;
+
+#[derive(Debug, Clone)]
+pub struct KvEventMetrics {
+    /// `llmlb_kv_events_gaps_total{pool,replica}`.
+    pub gaps: IntCounterVec,
+    /// `llmlb_kv_events_missed_total{pool,replica}`: events in those gaps.
+    pub missed: IntCounterVec,
+    /// `llmlb_kv_events_replays_total{pool,replica,outcome}`.
+    pub replays: IntCounterVec,
+    /// `llmlb_kv_events_unknown_replicas{pool}`.
+    pub unknown: IntGaugeVec,
+}
+
+impl KvEventMetrics {
+    pub fn register(registry: &Registry) -> KvEventMetrics {
+        let labels = ["pool", "replica"];
+        let gaps = IntCounterVec::new(
+            Opts::new(
+                "llmlb_kv_events_gaps_total",
+                "Jumps in a replica's KV-event sequence numbers (a reconnect, a late start, a slow subscriber).",
+            ),
+            &labels,
+        )
+        .expect("metric");
+        let missed = IntCounterVec::new(
+            Opts::new(
+                "llmlb_kv_events_missed_total",
+                "KV-event messages that did not arrive live (the sum of the gaps' lengths).",
+            ),
+            &labels,
+        )
+        .expect("metric");
+        let replays = IntCounterVec::new(
+            Opts::new(
+                "llmlb_kv_events_replays_total",
+                "Replays asked from a replica's replay endpoint, by outcome (complete, incomplete, failed, timeout).",
+            ),
+            &["pool", "replica", "outcome"],
+        )
+        .expect("metric");
+        let unknown = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_kv_events_unknown_replicas",
+                "Replicas of the pool whose record of cached blocks is unknown (scored from llmlb's estimate).",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(gaps.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(missed.clone()),
+            Box::new(replays.clone()),
+            Box::new(unknown.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        KvEventMetrics {
+            gaps,
+            missed,
+            replays,
+            unknown,
+        }
+    }
+
+    /// `inner`, counting into this pool's and replica's series.
+    pub fn counting(
+        &self,
+        pool: &str,
+        replica: &str,
+        inner: Arc<dyn EventSink>,
+    ) -> Arc<dyn EventSink> {
+        Arc::new(CountingSink {
+            inner,
+            gaps: self.gaps.with_label_values(&[pool, replica]),
+            missed: self.missed.with_label_values(&[pool, replica]),
+            replays: self.replays.clone(),
+            labels: [pool.to_string(), replica.to_string()],
+        })
+    }
+}
+
+/// A sink that counts gaps and replays, then passes everything on.
+struct CountingSink {
+    inner: Arc<dyn EventSink>,
+    gaps: IntCounter,
+    missed: IntCounter,
+    replays: IntCounterVec,
+    labels: [String; 2],
+}
+
+impl EventSink for CountingSink {
+    fn subscribed(&self) {
+        self.inner.subscribed();
+    }
+
+    fn apply(&self, batch: &EventBatch) {
+        self.inner.apply(batch);
+    }
+
+    fn restarted(&self) {
+        self.inner.restarted();
+    }
+
+    fn lost(&self) {
+        self.inner.lost();
+    }
+
+    fn caught_up(&self) {
+        self.inner.caught_up();
+    }
+
+    fn gap_seen(&self, missed: u64) {
+        self.gaps.inc();
+        self.missed.inc_by(missed);
+        self.inner.gap_seen(missed);
+    }
+
+    fn replay_done(&self, outcome: &'static str) {
+        let [pool, replica] = &self.labels;
+        self.replays
+            .with_label_values(&[pool, replica, outcome])
+            .inc();
+        self.inner.replay_done(outcome);
+    }
+}
