@@ -24,7 +24,7 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
-pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
+pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, OtlpConfig, TelemetryConfig};
 pub use tokenizer::TokenizerConfig;
 pub use upstream_tls::UpstreamTlsConfig;
 pub use validate::validate;

@@ -25,6 +25,7 @@ use crate::gateway::{Charge, DEFAULT_OUTPUT_TOKENS, RateHeaders};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
+use crate::telemetry::trace::RequestTrace;
 
 /// Handles one request. The client-closed record is made when hyper hands
 /// the request over, before the future first runs: hyper may drop a future
@@ -47,7 +48,8 @@ async fn handle_counted(
     let start = Instant::now();
     let request_id = request_id(req.headers());
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let access = access_log::AccessStart::new(&req, peer, &request_id, start);
+    let access =
+        access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
     let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
     let routed = route(
@@ -59,6 +61,7 @@ async fn handle_counted(
         &mut rate,
         &mut fields,
         &mut closed.pool,
+        access.trace(),
     )
     .await;
     closed.disarm();
@@ -90,6 +93,7 @@ async fn route(
     rate: &mut RateHeaders,
     fields: &mut access_log::RouteFields,
     pool_label: &mut Option<String>,
+    trace: Option<&RequestTrace>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
@@ -193,7 +197,10 @@ async fn route(
             .inc();
     }
     let permit = match &pool.admission {
-        Some(admission) => Some(admission.acquire(caller.level).await?),
+        Some(admission) => {
+            let _queued = trace.map(|t| t.stage("llmlb.queue"));
+            Some(admission.acquire(caller.level).await?)
+        }
         None => None,
     };
     // A reload may have happened while the request waited: the same pool,
@@ -216,6 +223,7 @@ async fn route(
     }
     let tokens = counted.as_ref().and_then(|c| c.for_pool(pool));
     fields.pool = Some(pool.name.clone());
+    let routing = trace.map(|t| t.stage("llmlb.route"));
     let routed = route_within(
         state,
         &resolved,
@@ -227,6 +235,10 @@ async fn route(
     );
     let (decision, body) = routed?;
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
+    if let Some(span) = routing {
+        span.set("llmlb.pool", pool.name.clone());
+        span.set("llmlb.route", decision.route_label().to_string());
+    }
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -257,6 +269,7 @@ async fn route(
         metrics: &state.metrics,
         expose_replica: config.server.replica_header,
         recent: &state.recent_dispatches,
+        trace,
     })
     .await;
     let resp = match forwarded {

@@ -1,10 +1,11 @@
-//! Logs and llmlb's own Prometheus metrics.
+//! Logs, llmlb's own Prometheus metrics and request traces.
 
 pub mod clock;
 mod logging;
 mod metrics;
 mod model_metrics;
 mod signal_metrics;
+pub mod trace;
 
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
