@@ -237,7 +237,10 @@ async fn route(
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
         span.set("llmlb.pool", pool.name.clone());
-        span.set("llmlb.route", decision.route_label().to_string());
+        let label = decision.route_label();
+        if !label.is_empty() {
+            span.set("llmlb.route", label.to_string());
+        }
     }
 
     let mut headers = parts.headers;
