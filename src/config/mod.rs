@@ -7,6 +7,7 @@ mod cors;
 mod discovery;
 mod duration;
 mod gateway;
+mod parse_all;
 mod routing;
 mod schema;
 mod telemetry;
@@ -98,7 +99,15 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {
     let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let key = if key == "." { String::new() } else { key };
-        vec![toml_issue(text, key, e.inner())]
+        // The first problem with its line; then every other section's.
+        let first = toml_issue(text, key, e.inner());
+        let mut issues = vec![first];
+        for issue in parse_all::section_issues(text) {
+            if issue.key != issues[0].key {
+                issues.push(issue);
+            }
+        }
+        issues
     })?;
     let issues = validate::validate(&config);
     if issues.is_empty() {
