@@ -7,8 +7,10 @@ use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 pub struct SignalMetrics {
     /// Failed scrapes of a replica's `/metrics`, by kind.
     pub scrape_errors: IntCounterVec,
-    /// The last scraped load per replica, by signal (`running`, `waiting`, `kv_usage`).
-    pub scraped: GaugeVec,
+    /// Requests the replica last reported, by `state` (`running`, `waiting`).
+    pub scraped_requests: GaugeVec,
+    /// The share of its KV cache the replica last reported in use (0..1).
+    pub scraped_kv_usage: GaugeVec,
     /// Picks that fell back to local counts because scraped load was missing or stale.
     pub stale_fallbacks: IntCounterVec,
     /// Failed active health checks, by kind.
@@ -52,16 +54,16 @@ impl SignalMetrics {
             "Replicas ejected after consecutive failures.",
             &["pool", "replica"],
         );
-        let scraped = GaugeVec::new(
+        let scraped_requests = GaugeVec::new(
             Opts::new(
-                "llmlb_replica_scraped_load",
-                "The last load a replica reported, by signal.",
+                "llmlb_replica_scraped_requests",
+                "Requests a replica last reported, by state (running, waiting).",
             ),
-            &["pool", "replica", "signal"],
+            &["pool", "replica", "state"],
         )
         .expect("metric");
         registry
-            .register(Box::new(scraped.clone()))
+            .register(Box::new(scraped_requests.clone()))
             .expect("unique metric name");
         let gauge = |name: &str, help: &str| {
             let g = GaugeVec::new(Opts::new(name, help), &["pool", "replica"]).expect("metric");
@@ -70,6 +72,10 @@ impl SignalMetrics {
                 .expect("unique metric name");
             g
         };
+        let scraped_kv_usage = gauge(
+            "llmlb_replica_scraped_kv_usage_ratio",
+            "Share of its KV cache a replica last reported in use (0 to 1).",
+        );
         let learned_prefill_rate = gauge(
             "llmlb_replica_prefill_tokens_per_second",
             "Prompt tokens per second a replica prefills, learned from its timing histograms.",
@@ -95,7 +101,8 @@ impl SignalMetrics {
             .expect("unique metric name");
         SignalMetrics {
             scrape_errors,
-            scraped,
+            scraped_requests,
+            scraped_kv_usage,
             stale_fallbacks,
             health_check_failures,
             health_up,
