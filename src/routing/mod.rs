@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod model_map;
 mod outcome;
 pub mod prefix;
+pub mod replica_models;
 mod router;
 pub mod saturation;
 pub mod tiers;

@@ -95,6 +95,14 @@ async fn route(
     pool_label: &mut Option<String>,
     trace: Option<&RequestTrace>,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    if req.uri().path().starts_with("/v1/models/")
+        && matches!(*req.method(), Method::GET | Method::HEAD)
+    {
+        // Same auth as the model list; the id may name a model only the
+        // replicas report.
+        state.gateway.load().authenticate(req.headers())?;
+        state.topology.load_full().refresh_reported().await;
+    }
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
     }
@@ -103,7 +111,7 @@ async fn route(
         // The model list follows the same auth as inference.
         state.gateway.load().authenticate(req.headers())?;
         return match *req.method() {
-            Method::GET => Ok(models(state)),
+            Method::GET => Ok(models(state).await),
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
         };
     }
@@ -148,9 +156,18 @@ async fn route(
     let tier = topology.tier(caller.tier.as_deref());
     // The pool is resolved once: the queue that admits the request is the
     // queue of the pool that serves it.
-    let first = topology
-        .resolve(&meta.model, tier)
-        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+    let first = match topology.resolve(&meta.model, tier) {
+        Some(first) if !first.by_default() || !topology.has_reported() => first,
+        by_default => {
+            // Not named in the config: maybe a name a pool's replicas
+            // report, which goes before the default pool.
+            topology.refresh_reported().await;
+            topology
+                .resolve_reported(&meta.model, tier)
+                .or(by_default)
+                .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
+        }
+    };
     let pool = first.pool;
     let admitted_pool = pool.name.clone();
     *pool_label = Some(admitted_pool.clone());
@@ -382,12 +399,16 @@ fn with_version(
     Response::from_parts(parts, body)
 }
 
-/// `GET /v1/models`, answered from the config.
-fn models(state: &AppState) -> Response<ResponseBody> {
-    let topology = state.topology.load();
+/// `GET /v1/models`: the config's models and aliases, then the names the
+/// replicas of `models_from_replicas` pools report.
+async fn models(state: &AppState) -> Response<ResponseBody> {
+    let topology = state.topology.load_full();
+    topology.refresh_reported().await;
+    let reported = topology.reported_models();
     let data: Vec<serde_json::Value> = topology
         .models()
         .chain(topology.aliases())
+        .chain(reported.iter().map(|(m, p)| (m.as_str(), *p)))
         .map(|(model, pool)| surface::model_object(model, &pool.name))
         .collect();
     surface::json(&serde_json::json!({"object": "list", "data": data}))
