@@ -200,6 +200,18 @@ impl Topology {
         Some(self.place(index, None, Vec::new(), tier))
     }
 
+    /// The pool a request will go to, when it is known before its body is
+    /// read: the only pool, or a tier's own pool that does not overflow.
+    pub fn pool_before_body(&self, tier: Option<&str>) -> Option<&Arc<Pool>> {
+        if let [only] = self.pools.as_slice() {
+            return Some(only);
+        }
+        match self.tier_pools.get(tier?) {
+            Some(&(index, false)) => Some(&self.pools[index]),
+            _ => None,
+        }
+    }
+
     /// Whether any pool serves the names its replicas report.
     pub fn has_reported(&self) -> bool {
         self.pools.iter().any(|p| p.replica_models.is_some())
@@ -413,4 +425,39 @@ fn queue_for(
         None => PoolQueue::new(params, capacity),
     };
     Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(text: &str) -> Topology {
+        let config = crate::config::parse(text).unwrap();
+        let metrics = Metrics::new();
+        let admission = AdmissionMetrics::new(metrics.registry());
+        Topology::build(&config, &metrics, &admission, None)
+    }
+
+    const TWO_POOLS: &str = "[[pools]]\nname = \"a\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
+        [[pools]]\nname = \"b\"\nmodels = [\"m-b\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:2\"\n";
+
+    #[test]
+    fn the_pool_is_known_before_the_body_only_when_nothing_else_can_serve() {
+        let name = |t: &Topology, tier| t.pool_before_body(tier).map(|p| p.name.clone());
+        let one = topology(
+            "[[pools]]\nname = \"only\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n",
+        );
+        assert_eq!(name(&one, None).as_deref(), Some("only"));
+        let two = topology(TWO_POOLS);
+        assert_eq!(name(&two, None), None, "the model decides");
+        let tiered = |overflow: bool| {
+            topology(&format!(
+                "[[tiers]]\nname = \"paid\"\npriority = \"high\"\npool = \"b\"\noverflow = {overflow}\n{TWO_POOLS}"
+            ))
+        };
+        assert_eq!(name(&tiered(false), Some("paid")).as_deref(), Some("b"));
+        assert_eq!(name(&tiered(false), Some("free")), None);
+        // A tier that may overflow can still end in the model's pool.
+        assert_eq!(name(&tiered(true), Some("paid")), None);
+    }
 }

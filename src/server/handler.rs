@@ -130,6 +130,22 @@ async fn route(
     // Authenticate before reading the body.
     let caller = state.gateway.load().authenticate(req.headers())?;
     let config = state.config.load();
+    let topology = state.topology.load();
+    let tier = topology.tier(caller.tier.as_deref());
+    // Shed load before reading the body when the pool is already known.
+    let mut early_pending = None;
+    if let Some(pool) = topology.pool_before_body(tier) {
+        if let Some(gate) = state.pending.get(&pool.name) {
+            let guard = gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+                pool: pool.name.clone(),
+                limit,
+            })?;
+            early_pending = Some((pool.name.clone(), guard));
+        }
+        if let Some(admission) = &pool.admission {
+            admission.check(caller.level)?;
+        }
+    }
     let (parts, body) = req.into_parts();
     let server = &config.server;
     let mut held = state.body_budget.empty();
@@ -152,8 +168,6 @@ async fn route(
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
     fields.model = Some(meta.model.clone());
     fields.stream = Some(meta.stream);
-    let topology = state.topology.load();
-    let tier = topology.tier(caller.tier.as_deref());
     // The pool is resolved once: the queue that admits the request is the
     // queue of the pool that serves it.
     let first = match topology.resolve(&meta.model, tier) {
@@ -171,12 +185,13 @@ async fn route(
     let pool = first.pool;
     let admitted_pool = pool.name.clone();
     *pool_label = Some(admitted_pool.clone());
-    let pending = match state.pending.get(&pool.name) {
-        Some(gate) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+    let pending = match (early_pending, state.pending.get(&pool.name)) {
+        (Some((name, guard)), _) if name == pool.name => Some(guard),
+        (_, Some(gate)) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
             pool: pool.name.clone(),
             limit,
         })?),
-        None => None,
+        (_, None) => None,
     };
 
     // With a model tokenizer, the real prompt token count feeds rate limits,
