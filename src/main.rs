@@ -16,7 +16,7 @@ use llmlb::telemetry::{LogFormat, init_logging};
     about = "A load balancer for LLM inference fleets"
 )]
 struct Cli {
-    /// Log line format on stderr (filter with RUST_LOG, default `info`).
+    /// Log line format on stderr (filter with RUST_LOG; default `info`, `error` for `demo`).
     #[arg(long, global = true, value_enum, default_value = "text")]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -58,7 +58,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let default_filter = match cli.command {
+        Command::Demo(_) => llmlb::demo::DEFAULT_LOG_FILTER,
+        _ => "info",
+    };
+    init_logging(cli.log_format, default_filter);
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),

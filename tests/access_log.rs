@@ -17,28 +17,22 @@ struct Serve {
     child: Child,
     lines: Lines<BufReader<ChildStderr>>,
     addr: std::net::SocketAddr,
-    dir: std::path::PathBuf,
+    /// The config file, removed on drop.
+    _file: common::TempFile,
 }
 
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 async fn serve(tag: &str, format: &str, config: &str) -> Serve {
-    let dir = std::env::temp_dir().join(format!("llmlb-access-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("llmlb.toml");
-    std::fs::write(
-        &path,
-        format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{config}"),
-    )
-    .unwrap();
+    let file =
+        common::TempFile::config(&format!("access-{tag}"), &common::serve_config("", config));
     let mut child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
         .args(["--log-format", format, "serve", "--config"])
-        .arg(&path)
+        .arg(&file.path)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -62,7 +56,7 @@ async fn serve(tag: &str, format: &str, config: &str) -> Serve {
         child,
         lines,
         addr,
-        dir,
+        _file: file,
     }
 }
 
@@ -86,21 +80,25 @@ async fn next_access(s: &mut Serve) -> Value {
     panic!("no access-log line among 50");
 }
 
-fn pool(sim: &llmlb::sim::SimHandle, model: &str) -> String {
-    format!(
-        "[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nbalancer = \"least_connections\"\n[[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
+/// A `fast` simulated replica named `gpu-a`, its model, and `llmlb serve`
+/// in front of it with `extra` config before the pool.
+async fn serve_sim(tag: &str, format: &str, extra: &str) -> (llmlb::sim::SimHandle, String, Serve) {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let config = format!(
+        "{extra}\n[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nbalancer = \"least_connections\"\n[[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
         sim.addr
-    )
+    );
+    let s = serve(tag, format, &config).await;
+    (sim, model, s)
 }
 
 #[tokio::test]
 async fn one_json_line_per_request_with_tokens_and_timing() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let mut s = serve("json", "json", &pool(&sim, &model)).await;
+    let (_sim, model, mut s) = serve_sim("json", "json", "").await;
 
     let body = json!({"model": model, "prompt": "one two three four", "max_tokens": 5});
-    let (status, _) = sim_support::post(s.addr, "/v1/completions", body).await;
+    let (status, _) = sim_support::complete(s.addr, body).await;
     assert_eq!(status, 200);
     let line = next_access(&mut s).await;
     assert_eq!(line["level"], "INFO");
@@ -128,7 +126,7 @@ async fn one_json_line_per_request_with_tokens_and_timing() {
 
     let stream = json!({"model": model, "prompt": "a b", "max_tokens": 4, "stream": true,
                         "stream_options": {"include_usage": true}});
-    let (status, _) = sim_support::post(s.addr, "/v1/completions", stream).await;
+    let (status, _) = sim_support::complete(s.addr, stream).await;
     assert_eq!(status, 200);
     let line = next_access(&mut s).await;
     assert_eq!(line["stream"], true);
@@ -136,12 +134,7 @@ async fn one_json_line_per_request_with_tokens_and_timing() {
     assert!(line["ttft_ms"].as_f64().unwrap() <= line["duration_ms"].as_f64().unwrap());
 
     // A request llmlb rejects itself is logged too, with what is known.
-    let (status, _) = sim_support::post(
-        s.addr,
-        "/v1/completions",
-        json!({"model": "nope", "prompt": "x"}),
-    )
-    .await;
+    let (status, _) = sim_support::complete(s.addr, json!({"model": "nope", "prompt": "x"})).await;
     assert_eq!(status, 404);
     let line = next_access(&mut s).await;
     assert_eq!(line["status"], 404);
@@ -151,14 +144,9 @@ async fn one_json_line_per_request_with_tokens_and_timing() {
 
 #[tokio::test]
 async fn text_lines_have_no_colour_codes_on_a_pipe() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let mut s = serve("text", "text", &pool(&sim, &model)).await;
+    let (_sim, model, mut s) = serve_sim("text", "text", "").await;
     let body = json!({"model": model, "prompt": "x", "max_tokens": 2});
-    assert_eq!(
-        sim_support::post(s.addr, "/v1/completions", body).await.0,
-        200
-    );
+    assert_eq!(sim_support::complete(s.addr, body).await.0, 200);
     let line = loop {
         let line = next_line(&mut s.lines).await;
         assert!(!line.contains('\u{1b}'), "colour code in {line:?}");
@@ -175,24 +163,13 @@ async fn text_lines_have_no_colour_codes_on_a_pipe() {
 
 #[tokio::test]
 async fn fields_and_sampling_follow_the_config() {
-    let sim = sim_support::start(sim_support::fast()).await;
-    let model = sim_support::fast().model;
-    let config = format!(
-        "[telemetry.access_log]\nsample = 0.0\nfields = [\"path\", \"status\"]\n{}",
-        pool(&sim, &model)
-    );
-    let mut s = serve("sampled", "json", &config).await;
+    let access = "[telemetry.access_log]\nsample = 0.0\nfields = [\"path\", \"status\"]";
+    let (_sim, model, mut s) = serve_sim("sampled", "json", access).await;
     // Sample 0: the success is not logged, the failure after it is.
     let ok = json!({"model": model, "prompt": "x", "max_tokens": 2});
-    assert_eq!(
-        sim_support::post(s.addr, "/v1/completions", ok).await.0,
-        200
-    );
+    assert_eq!(sim_support::complete(s.addr, ok).await.0, 200);
     let bad = json!({"model": "nope", "prompt": "x"});
-    assert_eq!(
-        sim_support::post(s.addr, "/v1/completions", bad).await.0,
-        404
-    );
+    assert_eq!(sim_support::complete(s.addr, bad).await.0, 404);
     let line = next_access(&mut s).await;
     assert_eq!(line["status"], 404, "the success was sampled out: {line}");
     let keys: Vec<&str> = line

@@ -51,15 +51,6 @@ fn user_of(seen: &Seen) -> String {
     v["user"].as_str().unwrap().to_string()
 }
 
-fn depths(lb: &llmlb::server::Running) -> Vec<usize> {
-    lb.state.topology.load().pools[0]
-        .admission
-        .as_ref()
-        .unwrap()
-        .queue
-        .depths()
-}
-
 #[tokio::test]
 async fn high_priority_is_dispatched_before_earlier_low_priority() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
@@ -67,11 +58,11 @@ async fn high_priority_is_dispatched_before_earlier_low_priority() {
     let first = spawn_call(lb.addr, tagged("first", Some(FREE_KEY)));
     until("first dispatched", || up.requests() == 1).await;
     let low_a = spawn_call(lb.addr, tagged("low-a", Some(FREE_KEY)));
-    until("low-a queued", || depths(&lb) == vec![0, 1]).await;
+    until("low-a queued", || queue_depths(&lb) == vec![0, 1]).await;
     let low_b = spawn_call(lb.addr, tagged("low-b", Some(FREE_KEY)));
-    until("low-b queued", || depths(&lb) == vec![0, 2]).await;
+    until("low-b queued", || queue_depths(&lb) == vec![0, 2]).await;
     let high = spawn_call(lb.addr, tagged("high", Some(PAID_KEY)));
-    until("high queued", || depths(&lb) == vec![1, 2]).await;
+    until("high queued", || queue_depths(&lb) == vec![1, 2]).await;
 
     for n in 2..=4 {
         up.release_one();
@@ -114,14 +105,14 @@ async fn aging_promotes_a_low_request_that_waited_too_long() {
     let first = spawn_call(lb.addr, tagged("first", None));
     until("first dispatched", || up.requests() == 1).await;
     let low = spawn_call(lb.addr, tagged("low", None));
-    until("low queued", || depths(&lb) == vec![0, 1]).await;
+    until("low queued", || queue_depths(&lb) == vec![0, 1]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut high_req = tagged("high", None);
     high_req
         .headers_mut()
         .insert("x-llmlb-tier", "paid".parse().unwrap());
     let high = spawn_call(lb.addr, high_req);
-    until("high queued", || depths(&lb) == vec![1, 1]).await;
+    until("high queued", || queue_depths(&lb) == vec![1, 1]).await;
     up.release_one();
     until("next dispatched", || up.requests() == 2).await;
     assert_eq!(
@@ -140,8 +131,7 @@ async fn aging_promotes_a_low_request_that_waited_too_long() {
 
 #[tokio::test]
 async fn overload_ends_every_request_with_a_response_or_a_clean_refusal() {
-    let a = Upstream::start("a", Mode::StreamHeld).await;
-    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::StreamHeld).await;
     let text = config(&a.url(), "[pools.queue]\nmax_depth = 3", "").replace(
         &format!("url = \"{}\"\n", a.url()),
         &format!(
@@ -158,7 +148,7 @@ async fn overload_ends_every_request_with_a_response_or_a_clean_refusal() {
     // Capacity 2 (two replicas × max_inflight 1) + 3 queued; the rest are refused at once.
     until("two dispatched, three queued, seven refused", || {
         a.requests() + b.requests() == 2
-            && depths(&lb) == vec![0, 3]
+            && queue_depths(&lb) == vec![0, 3]
             && calls.iter().filter(|c| c.is_finished()).count() == 7
     })
     .await;
@@ -216,11 +206,14 @@ async fn client_leaving_the_queue_frees_its_place() {
     let first = spawn_call(lb.addr, tagged("first", None));
     until("first dispatched", || up.requests() == 1).await;
     let leaver = spawn_call(lb.addr, tagged("leaver", None));
-    until("leaver queued", || depths(&lb) == vec![0, 1]).await;
+    until("leaver queued", || queue_depths(&lb) == vec![0, 1]).await;
     leaver.abort();
-    until("leaver gone from the queue", || depths(&lb) == vec![0, 0]).await;
+    until("leaver gone from the queue", || {
+        queue_depths(&lb) == vec![0, 0]
+    })
+    .await;
     let next = spawn_call(lb.addr, tagged("next", None));
-    until("next queued", || depths(&lb) == vec![0, 1]).await;
+    until("next queued", || queue_depths(&lb) == vec![0, 1]).await;
     up.release_one();
     until("next dispatched", || up.requests() == 2).await;
     up.release_one();
@@ -231,7 +224,9 @@ async fn client_leaving_the_queue_frees_its_place() {
     lb.shutdown().await;
 }
 
-#[tokio::test]
+/// On a paused clock: the queue timeout is llmlb's own tokio timer, so the
+/// runtime jumps to it as soon as every task waits, instead of sleeping.
+#[tokio::test(start_paused = true)]
 async fn waiting_past_the_queue_timeout_is_503_with_retry_after() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let lb = start_llmlb(&config(&up.url(), "[pools.queue]\ntimeout = \"200ms\"", "")).await;
@@ -270,11 +265,7 @@ async fn api_keys_are_required_when_auth_is_on() {
     assert_eq!(up.requests(), 1);
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_rejections_total",
-            &[("reason", "unauthorized")]
-        ),
+        sample(&text, r#"llmlb_rejections_total{reason="unauthorized"}"#),
         2.0
     );
     lb.shutdown().await;

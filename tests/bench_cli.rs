@@ -23,21 +23,27 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-#[tokio::test]
-async fn nothing_listening_exits_non_zero_with_the_first_error() {
-    let addr = common::refused_addr().await;
+/// Three prompts of `model` against `addr` that must all fail: checks the
+/// exit status and returns stderr.
+async fn three_failing(addr: std::net::SocketAddr, model: &str) -> String {
     let out = bench(strings(&[
         "--base-url",
         &format!("http://{addr}"),
         "--model",
-        "m",
+        model,
         "--num-prompts",
         "3",
         "--disable-tqdm",
     ]))
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "exit status {:?}", out.status);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn nothing_listening_exits_non_zero_with_the_first_error() {
+    let addr = common::refused_addr().await;
+    let stderr = three_failing(addr, "m").await;
     assert!(
         stderr.contains("none of the 3 requests succeeded") && stderr.contains("transport error"),
         "{stderr}"
@@ -47,18 +53,7 @@ async fn nothing_listening_exits_non_zero_with_the_first_error() {
 #[tokio::test]
 async fn unknown_model_exits_non_zero_and_says_why() {
     let sim = sim_support::start(sim_support::fast()).await;
-    let out = bench(strings(&[
-        "--base-url",
-        &format!("http://{}", sim.addr),
-        "--model",
-        "no-such-model",
-        "--num-prompts",
-        "3",
-        "--disable-tqdm",
-    ]))
-    .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = three_failing(sim.addr, "no-such-model").await;
     assert!(
         stderr.contains("HTTP 404") && stderr.contains("does not exist"),
         "{stderr}"

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{CHAT_STREAM, ChannelBody, Conn, admin_get, chat_request};
+use common::{ChannelBody, admin_get, open_stream, replica_entry};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::service::service_fn;
@@ -154,10 +154,7 @@ struct Counts {
 
 async fn one_request(addr: SocketAddr, counts: &Counts) {
     let outcome = tokio::time::timeout(WAIT_LIMIT, async {
-        let mut conn = Conn::open(addr).await;
-        let resp = conn
-            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-            .await;
+        let (_conn, resp) = open_stream(addr).await;
         let status = resp.status();
         let body = resp.into_body().collect().await.map(|b| b.to_bytes());
         (status, body)
@@ -196,13 +193,7 @@ fn is_json_error(body: &[u8]) -> bool {
 async fn eligible(admin: SocketAddr, name: &str) -> bool {
     let (_, text) = admin_get(admin, "/admin/replicas").await;
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["pools"][0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .map(|r| r["eligible"] == true)
-        .unwrap()
+    replica_entry(&v, name)["eligible"] == true
 }
 
 /// Waits until `name`'s eligibility is `want`; returns how long it took.

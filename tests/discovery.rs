@@ -7,10 +7,8 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
 
 struct Dir(PathBuf);
 
@@ -20,15 +18,7 @@ impl Drop for Dir {
     }
 }
 
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !cond().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
-}
+const LIMIT: Duration = Duration::from_secs(5);
 
 #[tokio::test]
 async fn replicas_follow_the_dns_records() {
@@ -53,7 +43,7 @@ async fn replicas_follow_the_dns_records() {
     };
 
     // The record appears: the pool gets its replica.
-    until("replica discovered", async || {
+    until_async("replica discovered", LIMIT, async || {
         status(lb.addr).await == StatusCode::OK
     })
     .await;
@@ -66,7 +56,7 @@ async fn replicas_follow_the_dns_records() {
 
     // DNS trouble keeps the last known replicas.
     std::fs::remove_file(&hosts).unwrap();
-    until("resolution failure counted", async || {
+    until_async("resolution failure counted", LIMIT, async || {
         metric_value(
             &metrics_text(lb.admin_addr).await,
             "llmlb_discovery_errors_total",
@@ -78,10 +68,7 @@ async fn replicas_follow_the_dns_records() {
     std::fs::write(&hosts, record).unwrap();
 
     // A config reload keeps the discovered replica and its state.
-    let reload = Request::post("/admin/reload")
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let reload = post_request("/admin/reload", "admin");
     let (st, _, body) = call(lb.admin_addr, reload).await;
     assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(lb.state.topology.load().pools[0].replicas[0].id, first_id);
@@ -89,31 +76,21 @@ async fn replicas_follow_the_dns_records() {
     // A stream is running when the record disappears: no new work reaches the
     // replica, and the running stream finishes.
     up.set_mode(Mode::StreamHeld);
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_conn, body) = held_stream(lb.addr).await;
     std::fs::write(&hosts, "# no pods\n").unwrap();
-    until("replica removed", async || {
+    until_async("replica removed", LIMIT, async || {
         lb.state.topology.load().pools[0].replicas.is_empty()
     })
     .await;
     let (st, _, body_bytes) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(error_code(&body_bytes), "no_healthy_replica");
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(
-        rest.ends_with(b"data: [DONE]\n\n"),
-        "the running stream finishes"
-    );
+    finish_stream(&up, body, "the running stream finishes").await;
 
     // The record comes back.
     up.set_mode(Mode::Json);
     std::fs::write(&hosts, record).unwrap();
-    until("replica back", async || {
+    until_async("replica back", LIMIT, async || {
         status(lb.addr).await == StatusCode::OK
     })
     .await;

@@ -12,41 +12,18 @@ use http_body_util::BodyExt;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-async fn wait_until<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    tokio::time::timeout(LIMIT, async {
-        while !f().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what}: not within {LIMIT:?}"));
-}
-
 #[tokio::test]
 async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&format!(
-        "[server]\ndrain_delay = \"1500ms\"\ndrain_timeout = \"10s\"\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let server = "[server]\ndrain_delay = \"1500ms\"\ndrain_timeout = \"10s\"\n";
+    let (up, lb) = one_replica(Mode::StreamHeld, server, "").await;
     let (addr, admin) = (lb.addr, lb.admin_addr);
     assert_eq!(admin_get(admin, "/readyz").await.0, 200);
 
-    let mut conn = Conn::open(addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_conn, body) = held_stream(addr).await;
     up.set_mode(Mode::Json);
 
     let stopping = tokio::spawn(lb.drain());
-    wait_until("readyz 503", || async {
+    until_async("readyz 503", LIMIT, async || {
         admin_get(admin, "/readyz").await.0 == 503
     })
     .await;
@@ -55,7 +32,7 @@ async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&text));
 
     // Then the listener stops accepting.
-    wait_until("listener closed", || async {
+    until_async("listener closed", LIMIT, async || {
         tokio::net::TcpStream::connect(addr).await.is_err()
     })
     .await;
@@ -65,9 +42,7 @@ async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
     );
     // The admin listener still answers while the client listener drains.
     assert_eq!(admin_get(admin, "/readyz").await.0, 503);
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"), "stream completes");
+    finish_stream(&up, body, "stream completes").await;
     tokio::time::timeout(LIMIT, stopping)
         .await
         .expect("drain ends once the stream is done")
@@ -76,18 +51,9 @@ async fn drain_turns_unready_keeps_accepting_then_lets_streams_finish() {
 
 #[tokio::test]
 async fn drain_timeout_closes_streams_that_do_not_finish() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&format!(
-        "[server]\ndrain_delay = \"0s\"\ndrain_timeout = \"200ms\"\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let server = "[server]\ndrain_delay = \"0s\"\ndrain_timeout = \"200ms\"\n";
+    let (up, lb) = one_replica(Mode::StreamHeld, server, "").await;
+    let (_conn, body) = held_stream(lb.addr).await;
     tokio::time::timeout(LIMIT, lb.drain())
         .await
         .expect("drain gives up after drain_timeout");
@@ -99,20 +65,14 @@ async fn drain_timeout_closes_streams_that_do_not_finish() {
 
 #[tokio::test]
 async fn admin_drain_stops_new_work_and_lets_streams_finish() {
-    let a = Upstream::start("a", Mode::StreamHeld).await;
-    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::StreamHeld).await;
     let lb = start_llmlb(&one_pool(
         "round_robin",
         &[(&a.url(), 1), (&b.url(), 1)],
         "",
     ))
     .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_conn, body) = held_stream(lb.addr).await;
     let (busy, other) = if a.requests() == 1 {
         (&a, &b)
     } else {
@@ -128,13 +88,7 @@ async fn admin_drain_stops_new_work_and_lets_streams_finish() {
     assert_eq!(v["replicas"][0]["in_flight"], 1);
     let (_, listing) = admin_get(lb.admin_addr, "/admin/replicas").await;
     let listing: serde_json::Value = serde_json::from_str(&listing).unwrap();
-    let entry = listing["pools"][0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name.as_str())
-        .unwrap()
-        .clone();
+    let entry = replica_entry(&listing, &name).clone();
     assert_eq!(entry["draining"], true);
     assert_eq!(entry["eligible"], false);
 
@@ -144,9 +98,7 @@ async fn admin_drain_stops_new_work_and_lets_streams_finish() {
     }
     assert_eq!(busy.requests(), 1, "a drained replica gets no new work");
     assert_eq!(other.requests(), 4);
-    busy.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"), "its stream finishes");
+    finish_stream(busy, body, "its stream finishes").await;
 
     let (status, _) = admin_post(lb.admin_addr, &format!("/admin/replicas/{name}/undrain")).await;
     assert_eq!(status, 200);

@@ -157,19 +157,20 @@ fn endpoints(sim: &SimHandle) -> Endpoints {
     }
 }
 
-fn subscribe(sim: &SimHandle, held: &Arc<HeldBlocks>) -> watch::Sender<bool> {
+/// A fresh index fed by a subscriber to `sim`'s events; send `true` to stop it.
+fn subscribe(sim: &SimHandle) -> (Arc<HeldBlocks>, watch::Sender<bool>) {
+    let held = Arc::new(HeldBlocks::new(10_000));
     let (stop, rx) = watch::channel(false);
     let sink: Arc<dyn EventSink> = held.clone();
     tokio::spawn(subscriber::run(endpoints(sim), sink, rx));
-    stop
+    (held, stop)
 }
 
 #[tokio::test]
 async fn sim_events_keep_the_index_exact_and_a_late_subscriber_catches_up() {
     let sim = sim_with_events(true, 400, None).await;
     let bs = sim.config().engine.block_size;
-    let early = Arc::new(HeldBlocks::new(10_000));
-    let stop_early = subscribe(&sim, &early);
+    let (early, stop_early) = subscribe(&sim);
     until("the early subscriber knows the (empty) cache", || {
         early.summary().known
     })
@@ -188,8 +189,7 @@ async fn sim_events_keep_the_index_exact_and_a_late_subscriber_catches_up() {
     let shared = want.iter().zip(&full).take_while(|(a, b)| a == b).count();
     assert_eq!(early.matched(&want), shared);
     // A subscriber started now catches up through the replay endpoint.
-    let late = Arc::new(HeldBlocks::new(10_000));
-    let stop_late = subscribe(&sim, &late);
+    let (late, stop_late) = subscribe(&sim);
     until("the late subscriber caught up", || {
         late.summary().known && late.snapshot() == early.snapshot()
     })
@@ -205,8 +205,7 @@ async fn evictions_reach_the_index_and_a_restart_empties_it() {
     // A small cache: 4 distinct long prompts do not fit together.
     let sim = sim_with_events(false, 40, None).await;
     let bs = sim.config().engine.block_size;
-    let held = Arc::new(HeldBlocks::new(10_000));
-    let stop = subscribe(&sim, &held);
+    let (held, stop) = subscribe(&sim);
     until("subscribed", || held.summary().subscriptions > 0).await;
     chat(&sim, &system(0), "q").await;
     let first = prompt_hashes(&system(0), "q", bs);

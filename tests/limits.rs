@@ -39,12 +39,7 @@ async fn closed_by_peer(s: &mut TcpStream) -> bool {
 
 #[tokio::test]
 async fn oversized_head_gets_431_and_reaches_no_replica() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nmax_header_bytes = 8192\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nmax_header_bytes = 8192\n", "").await;
     // Under the limit: served.
     let ok = raw_exchange(
         lb.addr,
@@ -53,53 +48,29 @@ async fn oversized_head_gets_431_and_reaches_no_replica() {
         LIMIT,
     )
     .await;
-    assert_eq!(
-        raw_status(&ok),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&ok)
-    );
+    assert_raw_status(&ok, 200);
     assert_eq!(up.requests(), 1);
     let big = format!("X-Big: {}\r\n", "a".repeat(20_000));
     let resp = raw_exchange(lb.addr, &request_with_headers(&big), false, LIMIT).await;
-    assert_eq!(
-        raw_status(&resp),
-        Some(431),
-        "{}",
-        String::from_utf8_lossy(&resp)
-    );
+    assert_raw_status(&resp, 431);
     assert_eq!(up.requests(), 1, "the oversized request reached no replica");
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn too_many_header_fields_get_431() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nmax_headers = 10\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nmax_headers = 10\n", "").await;
     let many: String = (0..20).map(|i| format!("X-H{i}: v\r\n")).collect();
     let resp = raw_exchange(lb.addr, &request_with_headers(&many), false, LIMIT).await;
-    assert_eq!(
-        raw_status(&resp),
-        Some(431),
-        "{}",
-        String::from_utf8_lossy(&resp)
-    );
+    assert_raw_status(&resp, 431);
     assert_eq!(up.requests(), 0);
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn slow_head_is_cut_off_by_the_header_read_timeout() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nheader_read_timeout = \"200ms\"\nclient_idle_timeout = \"60s\"\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let server = "[server]\nheader_read_timeout = \"200ms\"\nclient_idle_timeout = \"60s\"\n";
+    let (up, lb) = one_replica(Mode::Json, server, "").await;
     let mut s = TcpStream::connect(lb.addr).await.unwrap();
     s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: llmlb.test\r\nX-Slow: ")
         .await
@@ -144,16 +115,8 @@ async fn slow_head_is_cut_off_by_the_header_read_timeout() {
 
 #[tokio::test]
 async fn idle_keep_alive_connection_is_closed_but_a_quiet_stream_is_not() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nclient_idle_timeout = \"300ms\"\n{}",
-        one_pool(
-            "round_robin",
-            &[(&up.url(), 1)],
-            "[pools.timeouts]\nidle = \"30s\"\n"
-        )
-    ))
-    .await;
+    let server = "[server]\nclient_idle_timeout = \"300ms\"";
+    let (up, lb) = one_replica(Mode::Json, server, "[pools.timeouts]\nidle = \"30s\"").await;
     // A keep-alive connection that did one request and then says nothing.
     let mut c = Conn::open(lb.addr).await;
     let resp = c.send(chat_request("/v1/chat/completions", CHAT)).await;
@@ -165,10 +128,9 @@ async fn idle_keep_alive_connection_is_closed_but_a_quiet_stream_is_not() {
         .unwrap();
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
+        sample(
             &text,
-            "llmlb_client_connections_closed_total",
-            &[("listener", "client"), ("reason", "idle_timeout")],
+            r#"llmlb_client_connections_closed_total{listener="client",reason="idle_timeout"}"#
         ),
         1.0
     );
@@ -176,27 +138,15 @@ async fn idle_keep_alive_connection_is_closed_but_a_quiet_stream_is_not() {
     // A stream in flight whose replica stays silent longer than the client
     // idle timeout is not cut: the pool's own idle timeout governs it.
     up.set_mode(Mode::StreamHeld);
-    let mut c = Conn::open(lb.addr).await;
-    let resp = c
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (_c, body) = held_stream(lb.addr).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"));
+    finish_stream(&up, body, "the held stream completes").await;
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn connections_beyond_the_limit_wait_until_one_closes() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nmax_connections = 1\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nmax_connections = 1\n", "").await;
     let mut first = Conn::open(lb.addr).await;
     let resp = first.send(chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(resp.status(), 200);
@@ -219,19 +169,8 @@ async fn connections_beyond_the_limit_wait_until_one_closes() {
 
 #[tokio::test]
 async fn circuit_breaker_refuses_beyond_max_pending_with_json() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&one_pool(
-        "round_robin",
-        &[(&up.url(), 1)],
-        "max_pending = 1",
-    ))
-    .await;
-    let mut c = Conn::open(lb.addr).await;
-    let resp = c
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (up, lb) = one_replica(Mode::StreamHeld, "", "max_pending = 1").await;
+    let (_c, body) = held_stream(lb.addr).await;
 
     let (status, headers, text) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, 503);
@@ -246,11 +185,7 @@ async fn circuit_breaker_refuses_beyond_max_pending_with_json() {
     assert_eq!(status, 200, "the slot is free again once the stream ended");
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_rejections_total",
-            &[("reason", "pool_overloaded")]
-        ),
+        sample(&text, r#"llmlb_rejections_total{reason="pool_overloaded"}"#),
         1.0
     );
     lb.shutdown().await;

@@ -19,27 +19,14 @@ async fn ttft_requests_and_tokens_by_model_and_stream() {
     ))
     .await;
     let plain = json!({"model": model, "prompt": "a b c", "max_tokens": 3});
-    assert_eq!(
-        sim_support::post(lb.addr, "/v1/completions", plain).await.0,
-        200
-    );
+    assert_eq!(sim_support::complete(lb.addr, plain).await.0, 200);
     let stream = json!({"model": model, "prompt": "a b c", "max_tokens": 5, "stream": true,
                         "stream_options": {"include_usage": true}});
     for _ in 0..2 {
-        assert_eq!(
-            sim_support::post(lb.addr, "/v1/completions", stream.clone())
-                .await
-                .0,
-            200
-        );
+        assert_eq!(sim_support::complete(lb.addr, stream.clone()).await.0, 200);
     }
     let unknown = json!({"model": "nope", "prompt": "x"});
-    assert_eq!(
-        sim_support::post(lb.addr, "/v1/completions", unknown)
-            .await
-            .0,
-        404
-    );
+    assert_eq!(sim_support::complete(lb.addr, unknown).await.0, 404);
 
     let text = metrics_text(lb.admin_addr).await;
     let m = model.as_str();
@@ -72,12 +59,9 @@ async fn ttft_requests_and_tokens_by_model_and_stream() {
         13.0
     );
     assert!(metric_value(&text, tokens, &[("model", m), ("kind", "prompt")]) > 0.0);
+    let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_build_info",
-            &[("version", env!("CARGO_PKG_VERSION"))]
-        ),
+        metric_value(&text, "llmlb_build_info", &[("version", version)]),
         1.0
     );
     assert!(metric_value(&text, "process_resident_memory_bytes", &[]) > 0.0);

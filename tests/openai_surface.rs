@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Mode, Upstream, call, chat_request, error_code, one_pool, start_llmlb};
+use common::{Mode, Upstream, call, chat_request, error_code, get_request, one_pool, start_llmlb};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
@@ -70,10 +70,7 @@ async fn every_vllm_endpoint_is_routed_by_model() {
 }
 
 fn get(path: &str) -> Request<Full<Bytes>> {
-    Request::get(path)
-        .header("host", "llmlb.test")
-        .body(Full::new(Bytes::new()))
-        .unwrap()
+    get_request(path, "llmlb.test")
 }
 
 #[tokio::test]
@@ -110,6 +107,17 @@ async fn health_is_503_when_no_replica_is_up() {
     assert_eq!(error_code(&body), "no_healthy_replica");
 }
 
+/// A CORS preflight from `https://app.example`, asking for `method` when given.
+fn preflight(method: Option<&str>) -> Request<Full<Bytes>> {
+    let mut b = Request::options("/v1/chat/completions")
+        .header("host", "llmlb.test")
+        .header("origin", "https://app.example");
+    if let Some(m) = method {
+        b = b.header("access-control-request-method", m);
+    }
+    b.body(Full::new(Bytes::new())).unwrap()
+}
+
 #[tokio::test]
 async fn cors_when_configured() {
     let llama = Upstream::start("llama", Mode::Json).await;
@@ -120,13 +128,7 @@ async fn cors_when_configured() {
         "[server.cors]\nallow_origins = [\"https://app.example\"]",
     ))
     .await;
-    let preflight = Request::options("/v1/chat/completions")
-        .header("host", "llmlb.test")
-        .header("origin", "https://app.example")
-        .header("access-control-request-method", "POST")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let (status, headers, _) = call(lb.addr, preflight).await;
+    let (status, headers, _) = call(lb.addr, preflight(Some("POST"))).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(
         headers["access-control-allow-origin"],
@@ -156,12 +158,7 @@ async fn cors_when_configured() {
 
     // Without [server.cors], no CORS headers and preflights are not answered.
     let plain = start_llmlb(&two_pools(&llama, &whisper, "")).await;
-    let preflight = Request::options("/v1/chat/completions")
-        .header("host", "llmlb.test")
-        .header("origin", "https://app.example")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let (status, headers, _) = call(plain.addr, preflight).await;
+    let (status, headers, _) = call(plain.addr, preflight(None)).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(headers.get("access-control-allow-origin").is_none());
 }

@@ -3,15 +3,12 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 
 #[tokio::test]
 async fn malformed_json_is_400() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     for body in ["{not json", r#"{"messages":[]}"#, r#"{"model":42}"#] {
         let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", body)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -20,11 +17,7 @@ async fn malformed_json_is_400() {
     assert_eq!(up.requests(), 0, "bad requests never reach a replica");
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_rejections_total",
-            &[("reason", "invalid_request")]
-        ),
+        sample(&text, r#"llmlb_rejections_total{reason="invalid_request"}"#),
         3.0
     );
     lb.shutdown().await;
@@ -32,8 +25,7 @@ async fn malformed_json_is_400() {
 
 #[tokio::test]
 async fn unknown_model_and_path_are_404() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     let (status, _, body) = call(
         lb.addr,
         chat_request("/v1/chat/completions", r#"{"model":"gpt-17","prompt":"x"}"#),
@@ -44,10 +36,7 @@ async fn unknown_model_and_path_are_404() {
     let (status, _, body) = call(lb.addr, chat_request("/v2/whatever", "{}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(error_code(&body), "not_found");
-    let get = Request::get("/v1/chat/completions")
-        .header("host", "x")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let get = get_request("/v1/chat/completions", "x");
     let (status, _, body) = call(lb.addr, get).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(error_code(&body), "method_not_allowed");
@@ -57,12 +46,7 @@ async fn unknown_model_and_path_are_404() {
 
 #[tokio::test]
 async fn oversized_body_is_413() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let config = format!(
-        "[server]\nmax_body_bytes = 1024\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    );
-    let lb = start_llmlb(&config).await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nmax_body_bytes = 1024\n", "").await;
     let big = format!(
         r#"{{"model":"llama-3-8b","prompt":"{}"}}"#,
         "x".repeat(4096)
@@ -81,12 +65,7 @@ async fn oversized_body_is_413() {
 
 #[tokio::test]
 async fn oversized_chunked_body_is_413() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let config = format!(
-        "[server]\nmax_body_bytes = 1024\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    );
-    let lb = start_llmlb(&config).await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nmax_body_bytes = 1024\n", "").await;
     // Raw HTTP/1.1 with chunked encoding, so no Content-Length announces the size.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(lb.addr).await.unwrap();
@@ -106,14 +85,8 @@ async fn oversized_chunked_body_is_413() {
 
 #[tokio::test]
 async fn refused_replica_is_retried_on_another() {
-    let dead = refused_addr().await;
     let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool(
-        "round_robin",
-        &[(&format!("http://{dead}"), 1), (&up.url(), 1)],
-        "",
-    ))
-    .await;
+    let lb = refused_then(&up, "").await;
     for _ in 0..4 {
         let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
@@ -148,10 +121,7 @@ async fn all_replicas_refusing_is_502_then_503_once_marked_down() {
     let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(error_code(&body), "no_healthy_replica");
-    let ready = Request::get("/readyz")
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let ready = get_request("/readyz", "admin");
     let (status, _, _) = call(lb.admin_addr, ready).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     lb.shutdown().await;
@@ -159,13 +129,7 @@ async fn all_replicas_refusing_is_502_then_503_once_marked_down() {
 
 #[tokio::test]
 async fn upstream_silent_past_first_byte_timeout_is_504() {
-    let up = Upstream::start("a", Mode::Hang).await;
-    let lb = start_llmlb(&one_pool(
-        "round_robin",
-        &[(&up.url(), 1)],
-        "[pools.timeouts]\nfirst_byte = \"200ms\"",
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Hang, "", "[pools.timeouts]\nfirst_byte = \"200ms\"").await;
     let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(error_code(&body), "upstream_timeout");
@@ -176,8 +140,7 @@ async fn upstream_silent_past_first_byte_timeout_is_504() {
 
 #[tokio::test]
 async fn replica_errors_pass_through_unchanged() {
-    let up = Upstream::start("a", Mode::Status(503)).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (_up, lb) = one_replica(Mode::Status(503), "", "").await;
     let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&body).contains("replica says no"));
@@ -190,8 +153,7 @@ async fn replica_errors_pass_through_unchanged() {
 /// OpenAI's `param`, and llmlb keeps serving.
 #[tokio::test]
 async fn wrong_field_types_name_the_param() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     for (body, param, words) in [
         (
             r#"{"model":"llama-3-8b","prompt":"x","max_tokens":-1}"#,

@@ -9,8 +9,7 @@ use http_body_util::{BodyExt, Full};
 
 #[tokio::test]
 async fn body_bytes_and_headers_pass_through_unchanged() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     // Odd spacing, key order and unknown fields must survive byte for byte.
     let body = "{ \"max_tokens\" :5,\"model\":\"llama-3-8b\",  \"prompt\":\"héllo\",\"x_vendor\":{\"k\":[1,2]} }\n";
     let req = Request::post("/v1/completions?trace=1")
@@ -44,8 +43,7 @@ async fn body_bytes_and_headers_pass_through_unchanged() {
 
 #[tokio::test]
 async fn request_id_is_generated_when_absent() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     let (_, headers, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     let id = headers["x-request-id"].to_str().unwrap().to_string();
     assert_eq!(id.len(), 36, "a UUID: {id}");
@@ -65,19 +63,11 @@ async fn models_are_listed_from_the_config() {
         up.url()
     ))
     .await;
-    let req = Request::get("/v1/models")
-        .header("host", "x")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = get_request("/v1/models", "x");
     let (status, _, body) = call(lb.addr, req).await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids = strings_of(&v, "data", "id");
     assert_eq!(ids, vec!["llama-3-8b", "qwen-7b", "qwen-7b-chat"]);
     assert_eq!(up.requests(), 0);
     lb.shutdown().await;
@@ -85,9 +75,7 @@ async fn models_are_listed_from_the_config() {
 
 #[tokio::test]
 async fn weighted_round_robin_honours_weights() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
-    let c = Upstream::start("c", Mode::Json).await;
+    let [a, b, c] = Upstream::many(["a", "b", "c"], Mode::Json).await;
     let lb = start_llmlb(&one_pool(
         "round_robin",
         &[(&a.url(), 3), (&b.url(), 1), (&c.url(), 1)],
@@ -112,8 +100,7 @@ async fn weighted_round_robin_honours_weights() {
 
 #[tokio::test]
 async fn h2c_prior_knowledge_streams_too() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::StreamHeld, "", "").await;
     let stream = tokio::net::TcpStream::connect(lb.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
@@ -132,21 +119,15 @@ async fn h2c_prior_knowledge_streams_too() {
     let mut body = resp.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert!(first.starts_with(b"data: "));
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(rest.ends_with(b"data: [DONE]\n\n"));
+    finish_stream(&up, body, "the held stream completes").await;
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn admin_reports_health_readiness_and_metrics() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
     for path in ["/healthz", "/readyz"] {
-        let req = Request::get(path)
-            .header("host", "a")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
+        let req = get_request(path, "a");
         let (status, _, _) = call(lb.admin_addr, req).await;
         assert_eq!(status, StatusCode::OK, "{path}");
     }
@@ -155,36 +136,24 @@ async fn admin_reports_health_readiness_and_metrics() {
     }
     let text = metrics_text(lb.admin_addr).await;
     let replica = up.addr.to_string();
+    let labels = [("pool", "llama"), ("replica", &replica), ("status", "200")];
+    assert_eq!(metric_value(&text, "llmlb_requests_total", &labels), 3.0);
     assert_eq!(
-        metric_value(
+        sample(
             &text,
-            "llmlb_requests_total",
-            &[("pool", "llama"), ("replica", &replica), ("status", "200")]
+            r#"llmlb_request_duration_seconds_count{pool="llama"}"#
         ),
         3.0
     );
     assert_eq!(
-        metric_value(
+        sample(
             &text,
-            "llmlb_request_duration_seconds_count",
-            &[("pool", "llama")]
+            r#"llmlb_time_to_first_byte_seconds_count{pool="llama"}"#
         ),
         3.0
     );
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_time_to_first_byte_seconds_count",
-            &[("pool", "llama")]
-        ),
-        3.0
-    );
-    assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_balancer_decisions_total",
-            &[("branch", "single")]
-        ),
+        sample(&text, r#"llmlb_balancer_decisions_total{branch="single"}"#),
         3.0
     );
     lb.shutdown().await;
@@ -192,23 +161,12 @@ async fn admin_reports_health_readiness_and_metrics() {
 
 #[tokio::test]
 async fn shutdown_lets_a_running_stream_finish() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (up, lb) = one_replica(Mode::StreamHeld, "", "").await;
+    let (_conn, body) = held_stream(lb.addr).await;
     let stopping = tokio::spawn(lb.shutdown());
     tokio::task::yield_now().await;
     assert!(!stopping.is_finished());
-    up.release_one();
-    let rest = body.collect().await.unwrap().to_bytes();
-    assert!(
-        rest.ends_with(b"data: [DONE]\n\n"),
-        "the stream completes during drain"
-    );
+    finish_stream(&up, body, "the stream completes during drain").await;
     stopping.await.unwrap();
 }
 

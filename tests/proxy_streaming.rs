@@ -16,10 +16,7 @@ fn cfg(replicas: &[(&str, u32)], balancer: &str) -> String {
 async fn first_sse_chunk_arrives_while_upstream_holds_the_rest() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let lb = start_llmlb(&cfg(&[(&up.url(), 1)], "round_robin")).await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (_conn, resp) = open_stream(lb.addr).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut body = resp.into_body();
@@ -46,25 +43,14 @@ async fn first_sse_chunk_arrives_while_upstream_holds_the_rest() {
 async fn client_disconnect_mid_stream_closes_upstream_and_releases_load() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let lb = start_llmlb(&cfg(&[(&up.url(), 1)], "least_connections")).await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
+    let (conn, body) = held_stream(lb.addr).await;
     let replica = lb.state.topology.load().pools[0].replicas[0].clone();
     assert_eq!(replica.in_flight(), 1);
     drop(body);
     conn.close();
     up.wait_closed(1, Duration::from_secs(1)).await;
     // The guard travels in the response body: once hyper drops it, the count is back.
-    tokio::time::timeout(Duration::from_secs(1), async {
-        while replica.in_flight() != 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("in-flight count returns to 0");
+    until("in-flight count returns to 0", || replica.in_flight() == 0).await;
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(metric_value(&text, "llmlb_replica_in_flight", &[]), 0.0);
     assert_eq!(
@@ -83,54 +69,29 @@ async fn client_disconnect_before_headers_closes_upstream() {
     conn.sender.ready().await.unwrap();
     let pending = conn.sender.send_request(req);
     // Wait until the request has reached the upstream, then go away.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while up.requests() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap();
+    until("the request reaches the upstream", || up.requests() > 0).await;
     drop(pending);
     conn.close();
     up.wait_closed(1, Duration::from_secs(1)).await;
     let replica = lb.state.topology.load().pools[0].replicas[0].clone();
-    tokio::time::timeout(Duration::from_secs(1), async {
-        while replica.in_flight() != 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("in-flight count returns to 0");
+    until("in-flight count returns to 0", || replica.in_flight() == 0).await;
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn least_connections_prefers_replica_with_fewer_open_streams() {
-    let a = Upstream::start("a", Mode::StreamHeld).await;
-    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::StreamHeld).await;
     let lb = start_llmlb(&cfg(&[(&a.url(), 1), (&b.url(), 1)], "least_connections")).await;
 
     // Two held streams: one must land on each replica.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut conn = Conn::open(lb.addr).await;
-        let resp = conn
-            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-            .await;
-        let mut body = resp.into_body();
-        body.frame().await.unwrap().unwrap();
-        held.push((conn, body));
+        held.push(held_stream(lb.addr).await);
     }
     assert_eq!((a.requests(), b.requests()), (1, 1));
 
     // A third held stream lands somewhere; now one replica has 2 open, the other 1.
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
-    held.push((conn, body));
+    held.push(held_stream(lb.addr).await);
     let (busy, idle) = if a.requests() == 2 {
         (&a, &b)
     } else {
@@ -140,13 +101,7 @@ async fn least_connections_prefers_replica_with_fewer_open_streams() {
 
     // Every further request goes to the replica with fewer open streams.
     for i in 0..4 {
-        let mut conn = Conn::open(lb.addr).await;
-        let resp = conn
-            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-            .await;
-        let mut body = resp.into_body();
-        body.frame().await.unwrap().unwrap();
-        held.push((conn, body));
+        held.push(held_stream(lb.addr).await);
         let (bi, ii) = (busy.requests(), idle.requests());
         if i == 0 {
             assert_eq!(
@@ -169,17 +124,8 @@ async fn least_connections_prefers_replica_with_fewer_open_streams() {
 
 #[tokio::test]
 async fn silent_stream_past_idle_timeout_ends_with_an_sse_error_event() {
-    let up = Upstream::start("a", Mode::StreamHeld).await;
-    let lb = start_llmlb(&one_pool(
-        "round_robin",
-        &[(&up.url(), 1)],
-        "[pools.timeouts]\nidle = \"200ms\"",
-    ))
-    .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let resp = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (up, lb) = one_replica(Mode::StreamHeld, "", "[pools.timeouts]\nidle = \"200ms\"").await;
+    let (_conn, resp) = open_stream(lb.addr).await;
     assert_eq!(resp.status(), 200);
     // The upstream sends one chunk and then nothing: llmlb gives up after 200 ms,
     // tells the client in a parseable SSE event, ends the body and drops the replica.
@@ -197,10 +143,9 @@ async fn silent_stream_past_idle_timeout_ends_with_an_sse_error_event() {
     up.wait_closed(1, Duration::from_secs(1)).await;
     let metrics = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
+        sample(
             &metrics,
-            "llmlb_upstream_errors_total",
-            &[("kind", "idle_timeout")]
+            r#"llmlb_upstream_errors_total{kind="idle_timeout"}"#
         ),
         1.0
     );

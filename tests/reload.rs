@@ -3,40 +3,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-
-struct TempConfig {
-    dir: PathBuf,
-    path: PathBuf,
-}
-
-impl TempConfig {
-    fn new(tag: &str, text: &str) -> TempConfig {
-        let dir = std::env::temp_dir().join(format!("llmlb-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("llmlb.toml");
-        std::fs::write(&path, text).unwrap();
-        TempConfig { dir, path }
-    }
-
-    fn write(&self, text: &str) {
-        std::fs::write(&self.path, text).unwrap();
-    }
-}
-
-impl Drop for TempConfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn post(path: &str, token: Option<&str>) -> Request<Full<Bytes>> {
     let mut b = Request::post(path).header("host", "admin");
@@ -46,7 +18,7 @@ fn post(path: &str, token: Option<&str>) -> Request<Full<Bytes>> {
     b.body(Full::new(Bytes::new())).unwrap()
 }
 
-async fn start_from(file: &TempConfig) -> llmlb::server::Running {
+async fn start_from(file: &TempFile) -> llmlb::server::Running {
     let text = std::fs::read_to_string(&file.path).unwrap();
     let lb = start_llmlb(&text).await;
     lb.state.config_path.set(file.path.clone()).unwrap();
@@ -56,7 +28,7 @@ async fn start_from(file: &TempConfig) -> llmlb::server::Running {
 #[tokio::test]
 async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
     let up = Upstream::start("a", Mode::Json).await;
-    let file = TempConfig::new(
+    let file = TempFile::config(
         "bad-reload",
         &one_pool("round_robin", &[(&up.url(), 1)], ""),
     );
@@ -66,12 +38,7 @@ async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["error"]["code"], "invalid_config");
-    let keys: Vec<&str> = v["issues"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["key"].as_str().unwrap())
-        .collect();
+    let keys = strings_of(&v, "issues", "key");
     assert_eq!(
         keys,
         vec!["pools[0].replicas[0].url", "pools[0].replicas[0].weight"]
@@ -80,11 +47,7 @@ async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
     assert_eq!(status, StatusCode::OK, "the old config stays in force");
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
-            &text,
-            "llmlb_config_reloads_total",
-            &[("result", "failure")]
-        ),
+        sample(&text, r#"llmlb_config_reloads_total{result="failure"}"#),
         1.0
     );
     assert_eq!(
@@ -96,10 +59,8 @@ async fn invalid_config_is_rejected_and_the_old_one_keeps_serving() {
 
 #[tokio::test]
 async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
-    let a = Upstream::start("a", Mode::StreamHeld).await;
-    let b = Upstream::start("b", Mode::StreamHeld).await;
-    let c = Upstream::start("c", Mode::StreamHeld).await;
-    let file = TempConfig::new(
+    let [a, b, c] = Upstream::many(["a", "b", "c"], Mode::StreamHeld).await;
+    let file = TempFile::config(
         "good-reload",
         &one_pool("least_connections", &[(&a.url(), 1), (&b.url(), 1)], ""),
     );
@@ -109,13 +70,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
     // A stream running on each replica.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut conn = Conn::open(lb.addr).await;
-        let resp = conn
-            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-            .await;
-        let mut body = resp.into_body();
-        body.frame().await.unwrap().unwrap();
-        held.push((conn, body));
+        held.push(held_stream(lb.addr).await);
     }
     assert_eq!((a.requests(), b.requests()), (1, 1));
 
@@ -142,10 +97,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
     // New work: c (0 open) first, then b/c; never the removed a.
     for _ in 0..3 {
         let (status, _, _) = {
-            let mut conn = Conn::open(lb.addr).await;
-            let resp = conn
-                .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-                .await;
+            let (conn, resp) = open_stream(lb.addr).await;
             let status = resp.status();
             let mut body = resp.into_body();
             body.frame().await.unwrap().unwrap();
@@ -172,8 +124,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
 
 #[tokio::test]
 async fn queued_requests_survive_a_reload_and_use_new_capacity() {
-    let a = Upstream::start("a", Mode::StreamHeld).await;
-    let b = Upstream::start("b", Mode::StreamHeld).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::StreamHeld).await;
     let cfg = |urls: &[&str]| {
         let mut s = "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nmax_inflight = 1\n"
             .to_string();
@@ -182,7 +133,7 @@ async fn queued_requests_survive_a_reload_and_use_new_capacity() {
         }
         s
     };
-    let file = TempConfig::new("queue-reload", &cfg(&[&a.url()]));
+    let file = TempFile::config("queue-reload", &cfg(&[&a.url()]));
     let lb = start_from(&file).await;
     let addr = lb.addr;
     let first =
@@ -194,15 +145,7 @@ async fn queued_requests_survive_a_reload_and_use_new_capacity() {
         tokio::spawn(
             async move { call(addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await },
         );
-    let depth = |lb: &llmlb::server::Running| {
-        lb.state.topology.load().pools[0]
-            .admission
-            .as_ref()
-            .unwrap()
-            .queue
-            .depths()
-    };
-    until("second queued", || depth(&lb) == vec![0, 1]).await;
+    until("second queued", || queue_depths(&lb) == vec![0, 1]).await;
 
     file.write(&cfg(&[&a.url(), &b.url()]));
     let (status, _, _) = call(lb.admin_addr, post("/admin/reload", None)).await;
@@ -212,7 +155,7 @@ async fn queued_requests_survive_a_reload_and_use_new_capacity() {
         b.requests() == 1
     })
     .await;
-    assert_eq!(depth(&lb), vec![0, 0]);
+    assert_eq!(queue_depths(&lb), vec![0, 0]);
     a.release_one();
     b.release_one();
     assert_eq!(first.await.unwrap().0, StatusCode::OK);
@@ -227,7 +170,7 @@ async fn admin_token_guards_mutating_endpoints() {
         "[server]\nadmin_token = \"s3cret\"\n{}",
         one_pool("round_robin", &[(&up.url(), 1)], "")
     );
-    let file = TempConfig::new("admin-token", &text);
+    let file = TempFile::config("admin-token", &text);
     let lb = start_from(&file).await;
     let (status, _, body) = call(lb.admin_addr, post("/admin/reload", None)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -241,17 +184,12 @@ async fn admin_token_guards_mutating_endpoints() {
 
 /// Model ids listed by `GET /v1/models`.
 async fn model_ids(addr: std::net::SocketAddr) -> Vec<String> {
-    let req = Request::get("/v1/models")
-        .header("host", "x")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = get_request("/v1/models", "x");
     let (_, _, body) = call(addr, req).await;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap().to_string())
+    strings_of(&v, "data", "id")
+        .into_iter()
+        .map(str::to_string)
         .collect()
 }
 
@@ -259,77 +197,43 @@ async fn model_ids(addr: std::net::SocketAddr) -> Vec<String> {
 async fn serve_reloads_on_file_change_and_on_sighup() {
     let up = Upstream::start("a", Mode::Json).await;
     let cfg = |model: &str, watch: &str| {
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nwatch_interval = \"{watch}\"\n\
-             [[pools]]\nname = \"p\"\nmodels = [\"{model}\"]\n[[pools.replicas]]\nurl = \"{}\"\n",
+        let pool = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"{model}\"]\n[[pools.replicas]]\nurl = \"{}\"\n",
             up.url()
-        )
+        );
+        serve_config(&format!("watch_interval = \"{watch}\""), &pool)
     };
-    let file = TempConfig::new("serve-reload", &cfg("m1", "50ms"));
-    let child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
-        .args(["--log-format", "json", "serve", "--config"])
-        .arg(&file.path)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard(child);
-    let child = &mut child.0;
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let addr: std::net::SocketAddr = first["addr"].as_str().unwrap().parse().unwrap();
+    let file = TempFile::config("serve-reload", &cfg("m1", "50ms"));
+    let mut served = ServeProcess::start(&file.path, &[]);
+    let addr = served.addr;
     assert_eq!(model_ids(addr).await, vec!["m1"]);
 
     // A change of the file is picked up by the watcher.
     file.write(&cfg("m2", "0s"));
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while model_ids(addr).await != vec!["m2"] {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    until_async("file change reloaded", Duration::from_secs(5), async || {
+        model_ids(addr).await == ["m2"]
     })
-    .await
-    .expect("file change reloaded");
+    .await;
 
     // Watching is now off ("0s" applies at the next start), so SIGHUP it is.
     file.write(&cfg("m3", "0s"));
-    let hup = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(hup.success());
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while model_ids(addr).await != vec!["m3"] {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    served.signal("-HUP");
+    until_async("SIGHUP reloaded", Duration::from_secs(5), async || {
+        model_ids(addr).await == ["m3"]
     })
-    .await
-    .expect("SIGHUP reloaded");
+    .await;
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success());
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "llmlb did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let status = served.terminate(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]
 async fn reload_applies_max_pending_live_and_names_listener_limits_needing_a_restart() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let pool = |extra: &str| one_pool("round_robin", &[(&up.url(), 1)], extra);
-    let file = TempConfig::new("limits", &pool("max_pending = 1"));
+    let file = TempFile::config("limits", &pool("max_pending = 1"));
     let lb = start_from(&file).await;
-    let mut c = Conn::open(lb.addr).await;
-    let resp = c
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
-    let mut held = resp.into_body();
-    held.frame().await.unwrap().unwrap();
+    let (_c, held) = held_stream(lb.addr).await;
     let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, 503);
     assert_eq!(error_code(&body), "pool_overloaded");
@@ -346,10 +250,7 @@ async fn reload_applies_max_pending_live_and_names_listener_limits_needing_a_res
         serde_json::json!(["server.max_connections"])
     );
     // The held stream still counts; the new limit leaves room for one more.
-    let mut c2 = Conn::open(lb.addr).await;
-    let resp = c2
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (_c2, resp) = open_stream(lb.addr).await;
     assert_eq!(resp.status(), 200);
     let mut held2 = resp.into_body();
     held2.frame().await.unwrap().unwrap();
@@ -374,7 +275,7 @@ async fn a_signalled_reload_is_not_repeated_by_the_file_watcher() {
             up.url()
         )
     };
-    let file = TempConfig::new("hup-once", &pool("m1"));
+    let file = TempFile::config("hup-once", &pool("m1"));
     let lb = start_from(&file).await;
     let started_with = std::fs::read(&file.path).unwrap();
     file.write(&pool("m2"));

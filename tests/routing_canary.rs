@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
+use common::{Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb};
 use http::StatusCode;
 
 fn config(a: &Upstream, b: &Upstream, weights: &str) -> String {
@@ -16,6 +16,15 @@ fn config(a: &Upstream, b: &Upstream, weights: &str) -> String {
         a.url(),
         b.url()
     )
+}
+
+/// Version v1 on replica `a` (answering JSON), v2 on `b` (answering in
+/// `b_mode`), split by `weights`.
+async fn canary(weights: &str, b_mode: Mode) -> (Upstream, Upstream, llmlb::server::Running) {
+    let a = Upstream::start("a", Mode::Json).await;
+    let b = Upstream::start("b", b_mode).await;
+    let lb = start_llmlb(&config(&a, &b, weights)).await;
+    (a, b, lb)
 }
 
 fn body(user: Option<&str>) -> String {
@@ -51,9 +60,7 @@ async fn send(
 /// standard deviation 6.9; accept ±4 standard deviations (33..=87).
 #[tokio::test]
 async fn split_over_users_within_tolerance_and_sticky() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
-    let lb = start_llmlb(&config(&a, &b, "v1 = 80, v2 = 20")).await;
+    let (_a, _b, lb) = canary("v1 = 80, v2 = 20", Mode::Json).await;
     let mut first = Vec::new();
     for u in 0..300 {
         let (status, replica, version) =
@@ -91,9 +98,7 @@ async fn split_over_users_within_tolerance_and_sticky() {
 
 #[tokio::test]
 async fn session_and_api_key_are_sticky_when_no_user() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
-    let lb = start_llmlb(&config(&a, &b, "v1 = 50, v2 = 50")).await;
+    let (_a, _b, lb) = canary("v1 = 50, v2 = 50", Mode::Json).await;
     for s in 0..20 {
         let session = format!("conversation-{s}");
         let (_, first, _) = send(lb.addr, &body(None), &[("x-session-id", &session)]).await;
@@ -113,10 +118,8 @@ async fn session_and_api_key_are_sticky_when_no_user() {
 
 #[tokio::test]
 async fn header_forces_a_version_and_unknown_is_400() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
     // v2 gets no traffic by weight, only when forced.
-    let lb = start_llmlb(&config(&a, &b, "v1 = 100, v2 = 0")).await;
+    let (_a, _b, lb) = canary("v1 = 100, v2 = 0", Mode::Json).await;
     for u in 0..20 {
         let user = format!("u{u}");
         let (_, r, _) = send(lb.addr, &body(Some(&user)), &[]).await;
@@ -138,10 +141,9 @@ async fn header_forces_a_version_and_unknown_is_400() {
     assert_eq!(common::error_code(&bytes), "invalid_request");
     let m = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "version_forced")]
+            r#"llmlb_routing_decisions_total{branch="version_forced"}"#
         ),
         20.0
     );
@@ -150,9 +152,7 @@ async fn header_forces_a_version_and_unknown_is_400() {
 
 #[tokio::test]
 async fn canary_errors_are_counted_per_version() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Status(500)).await;
-    let lb = start_llmlb(&config(&a, &b, "v1 = 50, v2 = 50")).await;
+    let (_a, _b, lb) = canary("v1 = 50, v2 = 50", Mode::Status(500)).await;
     for _ in 0..3 {
         let (status, _, _) = send(lb.addr, &body(None), &[("x-llmlb-version", "v2")]).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -169,10 +169,9 @@ async fn canary_errors_are_counted_per_version() {
         0.0
     );
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_version_requests_total",
-            &[("version", "v1"), ("status", "200")]
+            r#"llmlb_version_requests_total{version="v1",status="200"}"#
         ),
         3.0
     );

@@ -25,6 +25,22 @@ async fn fleet(n: usize) -> Vec<SimHandle> {
     out
 }
 
+/// `n` replicas each holding one system prompt (`r{k}` holds `system(k)`),
+/// and llmlb in front once it has seen their cache events.
+async fn warmed_fleet(n: usize) -> (Vec<SimHandle>, llmlb::server::Running) {
+    let sims = fleet(n).await;
+    let lb = start_llmlb(&config(&sims)).await;
+    warm_directly(&sims).await;
+    wait_warm(&lb, &sims).await;
+    (sims, lb)
+}
+
+async fn stop(sims: Vec<SimHandle>) {
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
 fn config(sims: &[SimHandle]) -> String {
     let mut s = format!(
         "[server]\nreplica_header = true\n\
@@ -82,10 +98,7 @@ async fn route(addr: SocketAddr, sims: &[SimHandle], system: &str, user: &str) -
 
 #[tokio::test]
 async fn routes_to_the_replica_that_really_holds_the_prefix() {
-    let sims = fleet(3).await;
-    let lb = start_llmlb(&config(&sims)).await;
-    warm_directly(&sims).await;
-    wait_warm(&lb, &sims).await;
+    let (sims, lb) = warmed_fleet(3).await;
     for k in [2, 0, 1] {
         assert_eq!(
             route(lb.addr, &sims, &system(k), "next question").await,
@@ -108,17 +121,12 @@ async fn routes_to_the_replica_that_really_holds_the_prefix() {
     assert_eq!(branch("prefix_miss"), 1.0);
     assert_eq!(branch("prefix_estimated"), 0.0);
     lb.shutdown().await;
-    for s in sims {
-        s.shutdown().await;
-    }
+    stop(sims).await;
 }
 
 #[tokio::test]
 async fn two_instances_hold_the_same_view_and_choose_alike() {
-    let sims = fleet(3).await;
-    let one = start_llmlb(&config(&sims)).await;
-    warm_directly(&sims).await;
-    wait_warm(&one, &sims).await;
+    let (sims, one) = warmed_fleet(3).await;
     // The second instance starts after the events were published: it
     // catches up through the replicas' replay endpoints.
     let two = start_llmlb(&config(&sims)).await;
@@ -152,9 +160,7 @@ async fn two_instances_hold_the_same_view_and_choose_alike() {
     }
     one.shutdown().await;
     two.shutdown().await;
-    for s in sims {
-        s.shutdown().await;
-    }
+    stop(sims).await;
 }
 
 /// Replicas whose events never arrive (nothing listens on their event
@@ -182,7 +188,5 @@ async fn unknown_events_fall_back_to_the_estimate() {
     assert_eq!(branch("prefix_estimated"), 3.0);
     assert_eq!(branch("prefix_hit"), 2.0);
     lb.shutdown().await;
-    for s in sims {
-        s.shutdown().await;
-    }
+    stop(sims).await;
 }

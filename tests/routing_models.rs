@@ -3,10 +3,11 @@
 
 mod common;
 
-use bytes::Bytes;
-use common::{Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use common::{
+    Mode, Upstream, call, chat_request, get_request, metric_value, metrics_text, sample,
+    start_llmlb, strings_of,
+};
+use http::StatusCode;
 
 #[tokio::test]
 async fn aliases_rewrite_and_default_pool_catches_the_rest() {
@@ -34,18 +35,10 @@ async fn aliases_rewrite_and_default_pool_catches_the_rest() {
     // The default pool's replicas get the body unchanged.
     assert_eq!(&other.last_seen().body[..], body.as_bytes());
 
-    let req = Request::get("/v1/models")
-        .header("host", "llmlb.test")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = get_request("/v1/models", "llmlb.test");
     let (_, _, list) = call(lb.addr, req).await;
     let v: serde_json::Value = serde_json::from_slice(&list).unwrap();
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids = strings_of(&v, "data", "id");
     assert_eq!(ids, ["llama-3-8b", "catch-all", "gpt-4o"]);
     let m = metrics_text(lb.admin_addr).await;
     assert_eq!(
@@ -53,10 +46,9 @@ async fn aliases_rewrite_and_default_pool_catches_the_rest() {
         1.0
     );
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "default_pool")]
+            r#"llmlb_routing_decisions_total{branch="default_pool"}"#
         ),
         1.0
     );

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
+use common::{
+    Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb,
+};
 use http_body_util::BodyExt;
 
 async fn upstreams(n: usize) -> Vec<Upstream> {
@@ -20,7 +22,7 @@ async fn upstreams(n: usize) -> Vec<Upstream> {
     out
 }
 
-fn config(ups: &[&Upstream], prefix: &str) -> String {
+fn config(ups: &[Upstream], prefix: &str) -> String {
     let mut s = format!(
         "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nbalancer = \"round_robin\"\n{prefix}\n"
     );
@@ -28,6 +30,12 @@ fn config(ups: &[&Upstream], prefix: &str) -> String {
         s.push_str(&format!("[[pools.replicas]]\nurl = \"{}\"\n", u.url()));
     }
     s
+}
+
+/// Two llmlb instances with the same config in front of `ups`.
+async fn instances(ups: &[Upstream], prefix: &str) -> [llmlb::server::Running; 2] {
+    let text = config(ups, prefix);
+    [start_llmlb(&text).await, start_llmlb(&text).await]
 }
 
 /// A chat body whose system prompt is long enough for several cache blocks.
@@ -65,9 +73,7 @@ const CACHE: &str = "[pools.prefix]\nmode = \"cache\"";
 #[tokio::test]
 async fn hash_mode_keeps_each_system_prompt_on_one_replica_and_instances_agree() {
     let ups = upstreams(4).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let one = start_llmlb(&config(&refs, HASH)).await;
-    let two = start_llmlb(&config(&refs, HASH)).await;
+    let [one, two] = instances(&ups, HASH).await;
     let mut used = std::collections::HashSet::new();
     for p in 0..24 {
         let first = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
@@ -84,11 +90,7 @@ async fn hash_mode_keeps_each_system_prompt_on_one_replica_and_instances_agree()
     assert!(used.len() >= 3, "24 prompts used only {used:?}");
     let m = metrics_text(one.admin_addr).await;
     assert_eq!(
-        metric_value(
-            &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "prefix_hit")]
-        ),
+        sample(&m, r#"llmlb_routing_decisions_total{branch="prefix_hit"}"#),
         48.0
     );
     one.shutdown().await;
@@ -98,9 +100,7 @@ async fn hash_mode_keeps_each_system_prompt_on_one_replica_and_instances_agree()
 #[tokio::test]
 async fn cache_mode_instances_agree_when_load_is_even() {
     let ups = upstreams(4).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let one = start_llmlb(&config(&refs, CACHE)).await;
-    let two = start_llmlb(&config(&refs, CACHE)).await;
+    let [one, two] = instances(&ups, CACHE).await;
     let mut used = std::collections::HashSet::new();
     for p in 0..16 {
         let a = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
@@ -133,14 +133,12 @@ async fn cache_mode_instances_agree_when_load_is_even() {
 #[tokio::test]
 async fn removing_a_replica_moves_only_its_prefixes() {
     let ups = upstreams(4).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let lb = start_llmlb(&config(&refs, HASH)).await;
+    let lb = start_llmlb(&config(&ups, HASH)).await;
     let mut before = Vec::new();
     for p in 0..40 {
         before.push(replica_for(lb.addr, &chat(p, "q"), &[]).await);
     }
-    let kept: Vec<&Upstream> = ups.iter().take(3).collect();
-    let new = llmlb::config::parse(&config(&kept, HASH)).unwrap();
+    let new = llmlb::config::parse(&config(&ups[..3], HASH)).unwrap();
     llmlb::server::reload::apply(&lb.state, new);
     let mut moved = 0;
     for (p, old) in before.iter().enumerate() {
@@ -159,8 +157,7 @@ async fn removing_a_replica_moves_only_its_prefixes() {
 #[tokio::test]
 async fn cache_index_survives_reload_for_replicas_that_stay() {
     let ups = upstreams(3).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let lb = start_llmlb(&config(&refs, CACHE)).await;
+    let lb = start_llmlb(&config(&ups, CACHE)).await;
     for p in 0..6 {
         replica_for(lb.addr, &chat(p, "q"), &[]).await;
     }
@@ -171,10 +168,9 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
         .map(|id| old.pools[0].router.index(*id).unwrap().len())
         .sum();
     assert!(blocks > 0);
-    let kept: Vec<&Upstream> = ups.iter().take(2).collect();
     llmlb::server::reload::apply(
         &lb.state,
-        llmlb::config::parse(&config(&kept, CACHE)).unwrap(),
+        llmlb::config::parse(&config(&ups[..2], CACHE)).unwrap(),
     );
     let new = lb.state.topology.load_full();
     for id in &ids[..2] {
@@ -203,9 +199,8 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
 #[tokio::test]
 async fn saturated_replica_hands_its_prefix_to_the_next_in_order() {
     let ups = upstreams(3).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
     let prefix = format!("{HASH}\n[pools.saturation]\nmax_in_flight = 1");
-    let lb = start_llmlb(&config(&refs, &prefix)).await;
+    let lb = start_llmlb(&config(&ups, &prefix)).await;
     let body = chat(7, "q");
     let home = replica_for(lb.addr, &body, &[]).await;
     let up = ups.iter().find(|u| u.name == home).unwrap();
@@ -227,10 +222,9 @@ async fn saturated_replica_hands_its_prefix_to_the_next_in_order() {
     assert_eq!(replica_for(lb.addr, &body, &[]).await, next);
     let m = metrics_text(lb.admin_addr).await;
     assert_eq!(
-        metric_value(
+        sample(
             &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "prefix_overflow")]
+            r#"llmlb_routing_decisions_total{branch="prefix_overflow"}"#
         ),
         2.0
     );
@@ -243,8 +237,7 @@ async fn saturated_replica_hands_its_prefix_to_the_next_in_order() {
 #[tokio::test]
 async fn session_header_sticks_to_one_replica() {
     let ups = upstreams(4).await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let lb = start_llmlb(&config(&refs, "[pools.session]\naffinity = true")).await;
+    let lb = start_llmlb(&config(&ups, "[pools.session]\naffinity = true")).await;
     let mut used = std::collections::HashSet::new();
     for s in 0..20 {
         let session = format!("chat-{s}");

@@ -5,9 +5,7 @@
 mod common;
 mod signals_fake;
 
-use std::time::Duration;
-
-use common::{call, chat_request, metric_value, metrics_text, start_llmlb};
+use common::{call, chat_request, metric_value, metrics_text, start_llmlb, until};
 use signals_fake::{Fake, vllm_metrics};
 
 fn page(queries: u64) -> String {
@@ -19,13 +17,10 @@ fn page(queries: u64) -> String {
 
 async fn scrapes_pass(fake: &Fake, n: u64) {
     let start = fake.scrapes.load(std::sync::atomic::Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while fake.scrapes.load(std::sync::atomic::Ordering::SeqCst) < start + n {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    until("scrapes happen", || {
+        fake.scrapes.load(std::sync::atomic::Ordering::SeqCst) >= start + n
     })
-    .await
-    .expect("scrapes happen");
+    .await;
 }
 
 #[tokio::test]

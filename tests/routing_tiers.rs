@@ -8,7 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, start_llmlb};
+use common::{
+    Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb,
+    until,
+};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -25,6 +28,27 @@ fn config(paid: &Upstream, free: &Upstream, open: &Upstream, overflow: bool) -> 
         paid.url(),
         free.url(),
         open.url()
+    )
+}
+
+/// `paid-1` answering in `paid_mode`, `free-1` and `open-1` answering JSON,
+/// behind the tiers of `config`.
+async fn tiered(
+    paid_mode: Mode,
+    overflow: bool,
+) -> (Upstream, Upstream, Upstream, llmlb::server::Running) {
+    let paid = Upstream::start("paid-1", paid_mode).await;
+    let free = Upstream::start("free-1", Mode::Json).await;
+    let open = Upstream::start("open-1", Mode::Json).await;
+    let lb = start_llmlb(&config(&paid, &free, &open, overflow)).await;
+    (paid, free, open, lb)
+}
+
+/// Requests routed outside their tier so far.
+fn overflows(metrics: &str) -> f64 {
+    sample(
+        metrics,
+        r#"llmlb_routing_decisions_total{branch="tier_overflow"}"#,
     )
 }
 
@@ -67,10 +91,7 @@ async fn hold(addr: SocketAddr, tier: &str) -> (Conn, Incoming, String) {
 
 #[tokio::test]
 async fn tiers_land_on_their_replicas() {
-    let paid = Upstream::start("paid-1", Mode::Json).await;
-    let free = Upstream::start("free-1", Mode::Json).await;
-    let open = Upstream::start("open-1", Mode::Json).await;
-    let lb = start_llmlb(&config(&paid, &free, &open, true)).await;
+    let (_paid, _free, _open, lb) = tiered(Mode::Json, true).await;
     for _ in 0..6 {
         assert_eq!(replica_of(lb.addr, Some("paid")).await, "paid-1");
         assert_eq!(replica_of(lb.addr, Some("free")).await, "free-1");
@@ -82,23 +103,13 @@ async fn tiers_land_on_their_replicas() {
         metric_value(&m, "llmlb_routing_decisions_total", &[("branch", "tier")]),
         12.0
     );
-    assert_eq!(
-        metric_value(
-            &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "tier_overflow")]
-        ),
-        0.0
-    );
+    assert_eq!(overflows(&m), 0.0);
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn overflow_only_when_configured_and_saturated() {
-    let paid = Upstream::start("paid-1", Mode::StreamHeld).await;
-    let free = Upstream::start("free-1", Mode::Json).await;
-    let open = Upstream::start("open-1", Mode::Json).await;
-    let lb = start_llmlb(&config(&paid, &free, &open, true)).await;
+    let (paid, _free, _open, lb) = tiered(Mode::StreamHeld, true).await;
     // paid-1 busy with one request: at saturation.max_in_flight.
     let (c1, b1, r1) = hold(lb.addr, "paid").await;
     assert_eq!(r1, "paid-1");
@@ -118,45 +129,25 @@ async fn overflow_only_when_configured_and_saturated() {
     drop(b1);
     c1.close();
     paid.set_mode(Mode::Json);
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while lb.state.topology.load().pools[0].replicas[0].in_flight() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    until("in-flight count released", || {
+        lb.state.topology.load().pools[0].replicas[0].in_flight() == 0
     })
-    .await
-    .expect("in-flight count released");
+    .await;
     assert_eq!(replica_of(lb.addr, Some("paid")).await, "paid-1");
     let m = metrics_text(lb.admin_addr).await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "tier_overflow")]
-        ),
-        4.0
-    );
+    assert_eq!(overflows(&m), 4.0);
     lb.shutdown().await;
 }
 
 #[tokio::test]
 async fn no_overflow_without_the_rule() {
-    let paid = Upstream::start("paid-1", Mode::StreamHeld).await;
-    let free = Upstream::start("free-1", Mode::Json).await;
-    let open = Upstream::start("open-1", Mode::Json).await;
-    let lb = start_llmlb(&config(&paid, &free, &open, false)).await;
+    let (_paid, free, open, lb) = tiered(Mode::StreamHeld, false).await;
     let (c1, b1, r1) = hold(lb.addr, "paid").await;
     let (c2, b2, r2) = hold(lb.addr, "paid").await;
     assert_eq!((r1.as_str(), r2.as_str()), ("paid-1", "paid-1"));
     assert_eq!(free.requests() + open.requests(), 0);
     let m = metrics_text(lb.admin_addr).await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "llmlb_routing_decisions_total",
-            &[("branch", "tier_overflow")]
-        ),
-        0.0
-    );
+    assert_eq!(overflows(&m), 0.0);
     drop((b1, b2));
     c1.close();
     c2.close();

@@ -6,18 +6,22 @@ mod signals_fake;
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use signals_fake::{Fake, Mode, Proxy, metric_value};
+
+/// Two replicas `a` and `b` behind round-robin with no retries, so every
+/// answer a replica gives reaches the client; `tables` configures health.
+async fn pair(tables: &str) -> (Arc<Fake>, Arc<Fake>, Proxy) {
+    let a = Fake::start().await;
+    let b = Fake::start().await;
+    let proxy = Proxy::start(&[&a, &b], "balancer = \"round_robin\"\nretries = 0", tables).await;
+    (a, b, proxy)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_replica_is_ejected_then_readmitted() {
-    let a = Fake::start().await;
-    let b = Fake::start().await;
-    let proxy = Proxy::start(
-        &[&a, &b],
-        "balancer = \"round_robin\"\nretries = 0",
-        "[pools.outlier]\nconsecutive_failures = 3\ncooldown = \"300ms\"\nmax_ejection_time = \"2s\"",
-    )
-    .await;
+    let (a, _b, proxy) = pair("[pools.outlier]\nconsecutive_failures = 3\ncooldown = \"300ms\"\nmax_ejection_time = \"2s\"").await;
     a.set_mode(Mode::Fail500);
 
     let mut statuses = Vec::new();
@@ -72,14 +76,7 @@ async fn failing_replica_is_ejected_then_readmitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn still_failing_after_readmission_is_ejected_for_longer() {
-    let a = Fake::start().await;
-    let b = Fake::start().await;
-    let proxy = Proxy::start(
-        &[&a, &b],
-        "balancer = \"round_robin\"\nretries = 0",
-        "[pools.outlier]\nconsecutive_failures = 2\ncooldown = \"200ms\"\nmax_ejection_time = \"5s\"",
-    )
-    .await;
+    let (a, _b, proxy) = pair("[pools.outlier]\nconsecutive_failures = 2\ncooldown = \"200ms\"\nmax_ejection_time = \"5s\"").await;
     a.set_mode(Mode::Fail500);
     for _ in 0..6 {
         proxy.chat(false, 8).await;
@@ -105,14 +102,7 @@ async fn still_failing_after_readmission_is_ejected_for_longer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_replica_answering_503_is_not_ejected() {
-    let a = Fake::start().await;
-    let b = Fake::start().await;
-    let proxy = Proxy::start(
-        &[&a, &b],
-        "balancer = \"round_robin\"\nretries = 0",
-        "[pools.outlier]\nconsecutive_failures = 2",
-    )
-    .await;
+    let (a, _b, proxy) = pair("[pools.outlier]\nconsecutive_failures = 2").await;
     a.set_mode(Mode::Full503);
     let mut full = 0;
     for _ in 0..10 {
@@ -130,14 +120,7 @@ async fn full_replica_answering_503_is_not_ejected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_replica_is_taken_out_by_active_checks() {
-    let a = Fake::start().await;
-    let b = Fake::start().await;
-    let proxy = Proxy::start(
-        &[&a, &b],
-        "balancer = \"round_robin\"\nretries = 0",
-        "[pools.health]\nenabled = true\ninterval = \"100ms\"\ntimeout = \"80ms\"\nfall = 2\nrise = 2",
-    )
-    .await;
+    let (a, _b, proxy) = pair("[pools.health]\nenabled = true\ninterval = \"100ms\"\ntimeout = \"80ms\"\nfall = 2\nrise = 2").await;
     proxy
         .wait_for(&a, Duration::from_secs(3), "first check", |r| {
             r["health"]["active"] == "up"
@@ -190,11 +173,7 @@ async fn hanging_replica_is_taken_out_by_active_checks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ejection_share_keeps_part_of_the_pool_when_all_answer_500() {
-    let a = Fake::start().await;
-    let b = Fake::start().await;
-    let proxy = Proxy::start(
-        &[&a, &b],
-        "balancer = \"round_robin\"\nretries = 0",
+    let (a, b, proxy) = pair(
         "[pools.outlier]\nconsecutive_failures = 2\ncooldown = \"60s\"\nmax_ejection_percent = 50",
     )
     .await;

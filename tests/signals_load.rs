@@ -60,6 +60,29 @@ async fn scraped(proxy: &Proxy, fakes: &[&Fake]) {
     }
 }
 
+/// Two replicas reporting `metrics` behind `balancer`, both scraped once.
+async fn scraped_pair(
+    metrics: [String; 2],
+    balancer: &str,
+    tables: &str,
+) -> (Arc<Fake>, Arc<Fake>, Proxy) {
+    let [a_metrics, b_metrics] = metrics;
+    let a = Fake::start().await;
+    a.set_metrics(a_metrics);
+    let b = Fake::start().await;
+    b.set_metrics(b_metrics);
+    let proxy = Proxy::start(&[&a, &b], &format!("balancer = \"{balancer}\""), tables).await;
+    scraped(&proxy, &[&a, &b]).await;
+    (a, b, proxy)
+}
+
+/// `n` chats, one after another, each answered 200.
+async fn chats_ok(proxy: &Proxy, n: usize) {
+    for i in 0..n {
+        assert_eq!(proxy.chat(false, 8).await.0, 200, "chat {i} of {n}");
+    }
+}
+
 async fn assert_released(proxy: &Proxy, fakes: &[&Fake]) {
     for f in fakes {
         let r = proxy.replica(f).await;
@@ -129,22 +152,15 @@ async fn p2c_over_two_replicas_behaves_like_its_metric() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_scrapes_fall_back_to_local_counts_for_all() {
-    let idle_looking = Fake::start().await;
-    idle_looking.set_metrics(vllm_metrics(0, 0, 0.1));
-    let busy = Fake::start().await;
-    busy.set_metrics(vllm_metrics(8, 50, 0.9));
-    let proxy = Proxy::start(
-        &[&idle_looking, &busy],
-        "balancer = \"jsq\"",
+    let (idle_looking, busy, proxy) = scraped_pair(
+        [vllm_metrics(0, 0, 0.1), vllm_metrics(8, 50, 0.9)],
+        "jsq",
         "[pools.scrape]\ninterval = \"100ms\"\ntimeout = \"80ms\"\nstaleness = \"300ms\"",
     )
     .await;
-    scraped(&proxy, &[&idle_looking, &busy]).await;
 
     // Fresh: the short queue takes everything.
-    for _ in 0..6 {
-        assert_eq!(proxy.chat(false, 8).await.0, 200);
-    }
+    chats_ok(&proxy, 6).await;
     assert_eq!(idle_looking.chats(), 6);
     assert_eq!(busy.chats(), 0);
 
@@ -156,9 +172,7 @@ async fn stale_scrapes_fall_back_to_local_counts_for_all() {
             r["load"]["stale"] == true
         })
         .await;
-    for _ in 0..10 {
-        assert_eq!(proxy.chat(false, 8).await.0, 200);
-    }
+    chats_ok(&proxy, 10).await;
     assert_eq!(busy.chats(), 5, "local counts tie, so picks rotate");
     let m = proxy.metrics().await;
     assert_eq!(
@@ -195,20 +209,13 @@ async fn stale_scrapes_fall_back_to_local_counts_for_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_aware_avoids_the_full_cache() {
-    let full = Fake::start().await;
-    full.set_metrics(vllm_metrics(4, 0, 0.95));
-    let roomy = Fake::start().await;
-    roomy.set_metrics(vllm_metrics(4, 0, 0.30));
-    let proxy = Proxy::start(
-        &[&full, &roomy],
-        "balancer = \"kv_aware\"",
+    let (full, roomy, proxy) = scraped_pair(
+        [vllm_metrics(4, 0, 0.95), vllm_metrics(4, 0, 0.30)],
+        "kv_aware",
         "[pools.balancing]\nkv_threshold = 0.9\n[pools.scrape]\ninterval = \"100ms\"\ntimeout = \"80ms\"",
     )
     .await;
-    scraped(&proxy, &[&full, &roomy]).await;
-    for _ in 0..8 {
-        assert_eq!(proxy.chat(false, 8).await.0, 200);
-    }
+    chats_ok(&proxy, 8).await;
     assert_eq!(full.chats(), 0);
     assert_eq!(roomy.chats(), 8);
     let m = proxy.metrics().await;

@@ -16,12 +16,7 @@ async fn error_rate_one_fails_every_request_until_reset() {
     let state: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(state["error_rate"], 1.0);
     for _ in 0..3 {
-        let (status, text) = post(
-            sim.addr,
-            "/v1/completions",
-            json!({"prompt": "hi", "max_tokens": 2}),
-        )
-        .await;
+        let (status, text) = complete(sim.addr, json!({"prompt": "hi", "max_tokens": 2})).await;
         assert_eq!(status, 500);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["error"]["type"], "InternalServerError");
@@ -29,12 +24,7 @@ async fn error_rate_one_fails_every_request_until_reset() {
     let (status, _) = request(sim.addr, "GET", "/health", None).await;
     assert_eq!(status, 200, "errors hit inference only");
     post(sim.addr, "/sim/fault", json!({"reset": true})).await;
-    let (status, _) = post(
-        sim.addr,
-        "/v1/completions",
-        json!({"prompt": "hi", "max_tokens": 2}),
-    )
-    .await;
+    let (status, _) = complete(sim.addr, json!({"prompt": "hi", "max_tokens": 2})).await;
     assert_eq!(status, 200);
     sim.shutdown().await;
 }
@@ -47,12 +37,7 @@ async fn half_error_rate_is_seeded_and_roughly_half() {
     let sim = start(cfg).await;
     let mut failed = 0;
     for _ in 0..40 {
-        let (status, _) = post(
-            sim.addr,
-            "/v1/completions",
-            json!({"prompt": "hi", "max_tokens": 1}),
-        )
-        .await;
+        let (status, _) = complete(sim.addr, json!({"prompt": "hi", "max_tokens": 1})).await;
         assert!(status == 200 || status == 500);
         failed += usize::from(status == 500);
     }
@@ -87,30 +72,11 @@ async fn max_waiting_refuses_with_503_when_queue_is_full() {
     let sim = start(cfg).await;
     post(sim.addr, "/sim/fault", json!({"max_waiting": 1})).await;
     let addr = sim.addr;
-    let long = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/completions",
-            json!({"prompt": "first", "max_tokens": 200}),
-        )
-        .await
-    });
+    let long = spawn_complete(addr, json!({"prompt": "first", "max_tokens": 200}));
     eventually("the first request runs", || sim.stats().num_running == 1).await;
-    let queued = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/completions",
-            json!({"prompt": "second", "max_tokens": 1}),
-        )
-        .await
-    });
+    let queued = spawn_complete(addr, json!({"prompt": "second", "max_tokens": 1}));
     eventually("the second request waits", || sim.stats().num_waiting == 1).await;
-    let (status, text) = post(
-        sim.addr,
-        "/v1/completions",
-        json!({"prompt": "third", "max_tokens": 1}),
-    )
-    .await;
+    let (status, text) = complete(sim.addr, json!({"prompt": "third", "max_tokens": 1})).await;
     assert_eq!(status, 503, "{text}");
     assert!(text.contains("queue"));
     let m = scrape(sim.addr).await;
@@ -135,7 +101,7 @@ async fn startup_delay_keeps_health_503_then_200() {
     let sim = start(cfg).await;
     let (status, _) = request(sim.addr, "GET", "/health", None).await;
     assert_eq!(status, 503);
-    let (status, _) = post(sim.addr, "/v1/completions", json!({"prompt": "hi"})).await;
+    let (status, _) = complete(sim.addr, json!({"prompt": "hi"})).await;
     assert_eq!(status, 503);
     let mut ready = false;
     for _ in 0..400 {
@@ -153,12 +119,11 @@ async fn startup_delay_keeps_health_503_then_200() {
 async fn slowdown_stretches_simulated_step_time() {
     let sim = start(fast()).await;
     let body = json!({"prompt": "measure me", "max_tokens": 20});
-    post_json(sim.addr, "/v1/completions", body.clone()).await;
+    complete_json(sim.addr, body.clone()).await;
     let normal = sim.stats().busy_time;
     post(sim.addr, "/sim/fault", json!({"slowdown": 4.0})).await;
-    post_json(
+    complete_json(
         sim.addr,
-        "/v1/completions",
         json!({"prompt": "measure me too", "max_tokens": 20}),
     )
     .await;

@@ -54,9 +54,8 @@ async fn chat_stream_is_openai_sse_with_usage() {
 #[tokio::test]
 async fn completion_stream_without_usage_ends_with_done() {
     let sim = start(fast()).await;
-    let (status, text) = post(
+    let (status, text) = complete(
         sim.addr,
-        "/v1/completions",
         json!({"prompt": "Once upon a time", "max_tokens": 3, "stream": true}),
     )
     .await;
@@ -78,7 +77,7 @@ async fn usage_counts_match_and_second_prompt_is_cached() {
     let prompt = "The balancer reads every replica's queue and cache before it routes. ".repeat(12);
     let n = count_tokens(&prompt);
     let body = json!({"prompt": prompt, "max_tokens": 5});
-    let first = post_json(sim.addr, "/v1/completions", body.clone()).await;
+    let first = complete_json(sim.addr, body.clone()).await;
     assert_eq!(first["object"], "text_completion");
     assert_eq!(first["usage"]["prompt_tokens"], n);
     assert_eq!(first["usage"]["completion_tokens"], 5);
@@ -88,7 +87,7 @@ async fn usage_counts_match_and_second_prompt_is_cached() {
         count_tokens(first["choices"][0]["text"].as_str().unwrap()),
         5
     );
-    let second = post_json(sim.addr, "/v1/completions", body).await;
+    let second = complete_json(sim.addr, body).await;
     assert_eq!(
         second["usage"]["prompt_tokens_details"]["cached_tokens"],
         (n - 1) / 16 * 16
@@ -151,12 +150,7 @@ async fn metrics_parse_and_move_with_traffic() {
         let addr = sim.addr;
         let p = prompt.clone();
         tasks.push(tokio::spawn(async move {
-            post_json(
-                addr,
-                "/v1/completions",
-                json!({"prompt": p, "max_tokens": 4, "stream": false}),
-            )
-            .await
+            complete_json(addr, json!({"prompt": p, "max_tokens": 4, "stream": false})).await
         }));
     }
     for t in tasks {
@@ -166,14 +160,7 @@ async fn metrics_parse_and_move_with_traffic() {
     let model = [("model_name", "llmlb-sim"), ("engine", "0")];
     assert_eq!(metric(&m, "vllm:generation_tokens_total", &model), 24.0);
     assert_eq!(metric(&m, "vllm:prompt_tokens_total", &model), 6.0 * n);
-    assert_eq!(
-        metric(
-            &m,
-            "vllm:request_success_total",
-            &[("finished_reason", "length")]
-        ),
-        6.0
-    );
+    assert_eq!(metric(&m, "vllm:request_success_total", &LENGTH), 6.0);
     assert_eq!(metric(&m, "vllm:prefix_cache_queries_total", &[]), 6.0 * n);
     assert!(
         metric(&m, "vllm:prefix_cache_hits_total", &[]) > 0.0,
@@ -261,12 +248,7 @@ async fn preemption_under_kv_pressure_is_counted_and_everyone_finishes() {
         tasks.push(tokio::spawn(async move {
             let prompt =
                 format!("request {i} ") + &"with a body long enough to fill blocks ".repeat(6);
-            post_json(
-                addr,
-                "/v1/completions",
-                json!({"prompt": prompt, "max_tokens": 100}),
-            )
-            .await
+            complete_json(addr, json!({"prompt": prompt, "max_tokens": 100})).await
         }));
     }
     for t in tasks {
@@ -275,14 +257,7 @@ async fn preemption_under_kv_pressure_is_counted_and_everyone_finishes() {
     }
     let m = scrape(sim.addr).await;
     assert!(metric(&m, "vllm:num_preemptions_total", &[]) >= 1.0);
-    assert_eq!(
-        metric(
-            &m,
-            "vllm:request_success_total",
-            &[("finished_reason", "length")]
-        ),
-        6.0
-    );
+    assert_eq!(metric(&m, "vllm:request_success_total", &LENGTH), 6.0);
     sim.shutdown().await;
 }
 
@@ -341,24 +316,14 @@ async fn models_errors_and_limits() {
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["data"][0]["id"], "llmlb-sim");
-    let (status, text) = post(
-        sim.addr,
-        "/v1/completions",
-        json!({"model": "gpt-9", "prompt": "x"}),
-    )
-    .await;
+    let (status, text) = complete(sim.addr, json!({"model": "gpt-9", "prompt": "x"})).await;
     assert_eq!(status, 404);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("gpt-9"));
     for key in ["message", "type", "param", "code"] {
         assert!(v["error"].get(key).is_some(), "{key}");
     }
-    let (status, text) = post(
-        sim.addr,
-        "/v1/completions",
-        json!({"prompt": "x", "max_tokens": 5000}),
-    )
-    .await;
+    let (status, text) = complete(sim.addr, json!({"prompt": "x", "max_tokens": 5000})).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("maximum context length"));
     let (status, _) = request(sim.addr, "GET", "/v1/completions", None).await;
@@ -406,9 +371,8 @@ async fn priority_field_orders_the_queue_when_enabled() {
     let addr = sim.addr;
     let send = move |prompt: &'static str, priority: i64, max_tokens: u32| {
         tokio::spawn(async move {
-            post_json(
+            complete_json(
                 addr,
-                "/v1/completions",
                 json!({"prompt": prompt, "max_tokens": max_tokens, "priority": priority}),
             )
             .await;

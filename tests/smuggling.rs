@@ -13,11 +13,11 @@ const PATH: &str =
     "POST /v1/chat/completions HTTP/1.1\r\nHost: llmlb.test\r\nContent-Type: application/json\r\n";
 
 async fn setup() -> (Upstream, llmlb::server::Running) {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nmax_header_bytes = 8192\nheader_read_timeout = \"500ms\"\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
+    let (up, lb) = one_replica(
+        Mode::Json,
+        "[server]\nmax_header_bytes = 8192\nheader_read_timeout = \"500ms\"\n",
+        "",
+    )
     .await;
     (up, lb)
 }

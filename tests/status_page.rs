@@ -12,10 +12,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 
 fn get(path: &str) -> Request<Full<bytes::Bytes>> {
-    Request::get(path)
-        .header("host", "admin")
-        .body(Full::default())
-        .unwrap()
+    get_request(path, "admin")
 }
 
 async fn status(admin: std::net::SocketAddr) -> serde_json::Value {
@@ -25,19 +22,9 @@ async fn status(admin: std::net::SocketAddr) -> serde_json::Value {
     serde_json::from_slice(&body).unwrap()
 }
 
-fn replica<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    doc["pools"][0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap_or_else(|| panic!("no replica {name} in {doc}"))
-}
-
 #[tokio::test]
 async fn page_is_served_at_the_root() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&one_pool("round_robin", &[(&up.url(), 1)], "")).await;
+    let (_up, lb) = one_replica(Mode::Json, "", "").await;
     let (code, headers, body) = call(lb.admin_addr, get("/")).await;
     assert_eq!(code, 200);
     assert_eq!(headers["content-type"], "text/html; charset=utf-8");
@@ -65,7 +52,7 @@ async fn status_follows_in_flight_and_ejection() {
 
     let before = status(lb.admin_addr).await;
     assert_eq!(before["ready"], true);
-    assert_eq!(replica(&before, "dead")["health"]["ejected"], false);
+    assert_eq!(replica_entry(&before, "dead")["health"]["ejected"], false);
     let levels = before["pools"][0]["queue"]["levels"].as_array().unwrap();
     assert!(!levels.is_empty());
     assert!(levels.iter().all(|l| l["depth"] == 0));
@@ -74,16 +61,13 @@ async fn status_follows_in_flight_and_ejection() {
     // whose refused connection ejects it; the retry lands on the good one.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut c = Conn::open(lb.addr).await;
-        let resp = c
-            .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-            .await;
+        let (c, resp) = open_stream(lb.addr).await;
         assert_eq!(resp.status(), 200);
         held.push((c, resp));
     }
     let during = status(lb.admin_addr).await;
-    assert_eq!(replica(&during, "good")["in_flight"], 2);
-    let dead_now = replica(&during, "dead");
+    assert_eq!(replica_entry(&during, "good")["in_flight"], 2);
+    let dead_now = replica_entry(&during, "dead");
     assert_eq!(dead_now["health"]["ejected"], true);
     assert_eq!(dead_now["health"]["ejections"], 1);
     assert_eq!(dead_now["eligible"], false);
@@ -96,7 +80,7 @@ async fn status_follows_in_flight_and_ejection() {
         resp.into_body().collect().await.unwrap();
     }
     let after = status(lb.admin_addr).await;
-    assert_eq!(replica(&after, "good")["in_flight"], 0);
+    assert_eq!(replica_entry(&after, "good")["in_flight"], 0);
     assert_eq!(after["pools"][0]["queue"]["active"], 0);
 }
 

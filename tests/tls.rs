@@ -52,6 +52,17 @@ impl Certs {
             .with_no_client_auth();
         TlsConnector::from(Arc::new(config))
     }
+
+    /// A TLS handshake with `addr` as `localhost`, trusting only this certificate.
+    async fn handshake(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(addr).await?;
+        self.connector()
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+    }
 }
 
 impl Drop for Certs {
@@ -63,18 +74,10 @@ impl Drop for Certs {
 #[tokio::test]
 async fn https_is_terminated_and_proxied_to_a_plain_replica() {
     let certs = Certs::new("ok");
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "{}{}",
-        certs.server_toml(),
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Json, &certs.server_toml(), "").await;
 
-    let tcp = TcpStream::connect(lb.addr).await.unwrap();
     let tls = certs
-        .connector()
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .handshake(lb.addr)
         .await
         .expect("TLS handshake with llmlb");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -108,19 +111,9 @@ async fn https_is_terminated_and_proxied_to_a_plain_replica() {
 async fn untrusted_clients_fail_the_handshake() {
     let certs = Certs::new("untrusted");
     let other = Certs::new("other");
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "{}{}",
-        certs.server_toml(),
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
-    let tcp = TcpStream::connect(lb.addr).await.unwrap();
+    let (up, lb) = one_replica(Mode::Json, &certs.server_toml(), "").await;
     // A client trusting another certificate refuses llmlb's.
-    let result = other
-        .connector()
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await;
+    let result = other.handshake(lb.addr).await;
     assert!(result.is_err());
     assert_eq!(up.requests(), 0);
     lb.shutdown().await;

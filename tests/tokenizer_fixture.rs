@@ -30,6 +30,13 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The fixture's cases of one kind (`texts`, `chats`); at least five.
+fn cases(kind: &str) -> Vec<Value> {
+    let cases = fixture()[kind].as_array().unwrap().clone();
+    assert!(cases.len() >= 5, "{kind}: {} cases", cases.len());
+    cases
+}
+
 fn tokenizer() -> PromptTokenizer {
     PromptTokenizer::load(Path::new(TINY_LLAMA)).unwrap()
 }
@@ -37,10 +44,7 @@ fn tokenizer() -> PromptTokenizer {
 #[test]
 fn completion_texts_encode_as_python_does() {
     let t = tokenizer();
-    let f = fixture();
-    let texts = f["texts"].as_array().unwrap();
-    assert!(texts.len() >= 5);
-    for case in texts {
+    for case in cases("texts") {
         let text = case["text"].as_str().unwrap();
         let got = t.encode_text(text).unwrap();
         assert_eq!(got, ids(&case["ids"]), "{text:?}");
@@ -51,10 +55,7 @@ fn completion_texts_encode_as_python_does() {
 #[test]
 fn chat_requests_render_and_encode_as_python_does() {
     let t = tokenizer();
-    let f = fixture();
-    let chats = f["chats"].as_array().unwrap();
-    assert!(chats.len() >= 5);
-    for case in chats {
+    for case in cases("chats") {
         let name = case["name"].as_str().unwrap();
         let msgs = messages(&case["messages"]);
         assert_eq!(

@@ -22,6 +22,12 @@ use crate::sim::SimConfig;
 use fleet::{Fleet, FleetSpec};
 pub use table::{DemoRow, render};
 
+/// The log filter when `RUST_LOG` is unset: the demo's own output is its
+/// header, progress lines and table, so the replicas' and the proxy's log
+/// lines stay off unless asked for (on a busy machine even the warnings of
+/// a slow scrape would interleave with the table); errors still show.
+pub const DEFAULT_LOG_FILTER: &str = "error";
+
 /// What the demo compares.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {

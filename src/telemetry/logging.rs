@@ -1,5 +1,5 @@
-//! `tracing` set-up: `RUST_LOG` filter (default `info`), text or JSON lines on
-//! stderr; ANSI colours only when stderr is a terminal.
+//! `tracing` set-up: `RUST_LOG` filter (the caller's default when unset),
+//! text or JSON lines on stderr; ANSI colours only when stderr is a terminal.
 
 use tracing_subscriber::EnvFilter;
 
@@ -9,8 +9,11 @@ pub enum LogFormat {
     Json,
 }
 
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber; `default_filter` applies when `RUST_LOG`
+/// is unset (`"info"` for the proxy, quieter for commands with their own output).
+pub fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     // Colour codes only for a person at a terminal, never into files.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -19,12 +19,7 @@ fn head(len: usize) -> String {
 
 #[tokio::test]
 async fn a_body_that_stops_arriving_gets_408() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nbody_timeout = \"300ms\"\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (up, lb) = one_replica(Mode::Json, "[server]\nbody_timeout = \"300ms\"\n", "").await;
     let partial = format!("{}{{\"model\":", head(CHAT.len()));
     let resp = raw_exchange(lb.addr, partial.as_bytes(), false, Duration::from_secs(5)).await;
     assert_eq!(
@@ -38,12 +33,7 @@ async fn a_body_that_stops_arriving_gets_408() {
 
 #[tokio::test]
 async fn bodies_in_flight_are_capped_across_connections() {
-    let up = Upstream::start("a", Mode::Json).await;
-    let lb = start_llmlb(&format!(
-        "[server]\nmax_buffered_bytes = 1000\n{}",
-        one_pool("round_robin", &[(&up.url(), 1)], "")
-    ))
-    .await;
+    let (_up, lb) = one_replica(Mode::Json, "[server]\nmax_buffered_bytes = 1000\n", "").await;
     // A slow client announces 900 bytes and sends 10.
     let mut slow = tokio::net::TcpStream::connect(lb.addr).await.unwrap();
     slow.write_all(format!("{}{{\"model\":", head(900)).as_bytes())

@@ -17,10 +17,7 @@ async fn a_stream_broken_midway_counts_as_a_failure() {
         breaker.url()
     ))
     .await;
-    let mut c = Conn::open(lb.addr).await;
-    let resp = c
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (_c, resp) = open_stream(lb.addr).await;
     assert_eq!(resp.status(), 200);
     let body = http_body_util::BodyExt::collect(resp.into_body())
         .await

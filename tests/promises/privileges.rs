@@ -80,8 +80,7 @@ async fn with_keys_the_tier_and_version_headers_are_ignored_unless_trusted() {
 
 #[tokio::test]
 async fn the_model_list_needs_a_key_when_auth_is_on() {
-    let a = Upstream::start("a", Mode::Json).await;
-    let b = Upstream::start("b", Mode::Json).await;
+    let [a, b] = Upstream::many(["a", "b"], Mode::Json).await;
     let lb = start_llmlb(&config(&a, &b, "auth = true", false)).await;
     let list = |key: Option<&str>| {
         let mut b = http::Request::get("/v1/models").header("host", "llmlb.test");
@@ -101,32 +100,11 @@ async fn the_model_list_needs_a_key_when_auth_is_on() {
 /// `LLMLB_ADMIN_TOKEN`; `llmlb serve` then guards its admin POSTs with it.
 #[tokio::test]
 async fn the_admin_token_can_come_from_the_environment() {
-    use std::io::{BufRead, BufReader};
     let up = Upstream::start("a", Mode::Json).await;
-    let dir = std::env::temp_dir().join(format!("llmlb-admin-env-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("llmlb.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}",
-            one_pool("least_connections", &[(&up.url(), 1)], "")
-        ),
-    )
-    .unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_llmlb"))
-        .args(["--log-format", "json", "serve", "--config"])
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .env("LLMLB_ADMIN_TOKEN", "token-from-secret")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard(child);
-    let mut lines = BufReader::new(child.0.stderr.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
-    let admin: std::net::SocketAddr = log["admin_addr"].as_str().unwrap().parse().unwrap();
+    let pool = one_pool("least_connections", &[(&up.url(), 1)], "");
+    let file = TempFile::config("admin-env", &serve_config("", &pool));
+    let served = ServeProcess::start(&file.path, &[("LLMLB_ADMIN_TOKEN", "token-from-secret")]);
+    let admin = served.admin_addr;
     // Draining a replica that does not exist: 401 without the token, 404
     // once authorized (no state changes either way).
     let drain = |token: Option<&str>| {
@@ -141,6 +119,4 @@ async fn the_admin_token_can_come_from_the_environment() {
     assert_eq!(call(admin, drain(Some("token-from"))).await.0, 401);
     let (status, _, body) = call(admin, drain(Some("token-from-secret"))).await;
     assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
-    let _ = child.0.kill();
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -40,14 +40,8 @@ async fn a_request_the_replica_read_is_not_retried_elsewhere() {
 
 #[tokio::test]
 async fn a_refused_connection_is_retried_on_another_replica() {
-    let refused = refused_addr().await;
     let good = Upstream::start("good", Mode::Json).await;
-    let lb = start_llmlb(&one_pool(
-        "round_robin",
-        &[(&format!("http://{refused}"), 1), (&good.url(), 1)],
-        "retries = 2",
-    ))
-    .await;
+    let lb = refused_then(&good, "retries = 2").await;
     let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
     assert_eq!(status, 200);
     assert_eq!(good.requests(), 1);

@@ -188,3 +188,21 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// `POST /v1/completions` with `body`: status and text.
+pub async fn complete(addr: SocketAddr, body: Value) -> (u16, String) {
+    post(addr, "/v1/completions", body).await
+}
+
+/// `POST /v1/completions` with `body`, answered 200: the parsed answer.
+pub async fn complete_json(addr: SocketAddr, body: Value) -> Value {
+    post_json(addr, "/v1/completions", body).await
+}
+
+/// [`complete`] in the background.
+pub fn spawn_complete(addr: SocketAddr, body: Value) -> tokio::task::JoinHandle<(u16, String)> {
+    tokio::spawn(async move { complete(addr, body).await })
+}
+
+/// The label set of requests that stopped at their `max_tokens`.
+pub const LENGTH: [(&str, &str); 1] = [("finished_reason", "length")];

@@ -1,0 +1,67 @@
+//! Starting llmlb on port 0 in the test process, from TOML text.
+
+use super::*;
+
+/// A running llmlb for a test.
+pub async fn start_llmlb(config_toml: &str) -> llmlb::server::Running {
+    let config = llmlb::config::parse(config_toml)
+        .unwrap_or_else(|issues| panic!("test config invalid: {issues:?}"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    llmlb::server::start(config, listener, admin).unwrap()
+}
+
+/// A pool config with the given replica URLs.
+pub fn one_pool(balancer: &str, replicas: &[(&str, u32)], extra: &str) -> String {
+    let mut s = format!(
+        "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nbalancer = \"{balancer}\"\n{extra}\n"
+    );
+    for (url, weight) in replicas {
+        s.push_str(&format!(
+            "[[pools.replicas]]\nurl = \"{url}\"\nweight = {weight}\n"
+        ));
+    }
+    s
+}
+
+/// An address nothing listens on (connections are refused).
+pub async fn refused_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    addr
+}
+
+/// Waiters per priority level in the first pool's queue.
+pub fn queue_depths(lb: &llmlb::server::Running) -> Vec<usize> {
+    lb.state.topology.load().pools[0]
+        .admission
+        .as_ref()
+        .expect("the pool queues")
+        .queue
+        .depths()
+}
+
+/// One replica named `a` answering in `mode`, behind a round-robin pool
+/// with the extra pool keys `pool`; `server` is TOML placed before the pool
+/// (a `[server]` table, or nothing).
+pub async fn one_replica(
+    mode: Mode,
+    server: &str,
+    pool: &str,
+) -> (Upstream, llmlb::server::Running) {
+    let up = Upstream::start("a", mode).await;
+    let config = format!(
+        "{server}\n{}",
+        one_pool("round_robin", &[(&up.url(), 1)], pool)
+    );
+    (up, start_llmlb(&config).await)
+}
+
+/// llmlb in front of an address that refuses connections and then `good`,
+/// round-robin, with the extra pool keys `pool`.
+pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::server::Running {
+    let (refused, good) = (format!("http://{}", refused_addr().await), good.url());
+    let replicas = [(refused.as_str(), 1), (good.as_str(), 1)];
+    start_llmlb(&one_pool("round_robin", &replicas, pool)).await
+}
