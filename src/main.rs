@@ -194,6 +194,8 @@ fn serve(path: &Path) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding server.admin_listen {}", cfg.server.admin_listen))?;
         let watch_interval = cfg.server.watch_interval;
+        // Before "listening" is logged: a SIGTERM right after start drains.
+        let signals = Signals::install();
         let running = llmlb::server::start(cfg, listener, admin)?;
         let _ = running.state.config_path.set(path.to_path_buf());
         let (stop_watch, watch_rx) = tokio::sync::watch::channel(false);
@@ -206,7 +208,7 @@ fn serve(path: &Path) -> anyhow::Result<()> {
                 watch_rx,
             ));
         }
-        wait_for_shutdown(&running.state).await;
+        signals.wait_for_shutdown(&running.state).await;
         let _ = stop_watch.send(true);
         tracing::info!("shutting down: draining");
         running.drain().await;
@@ -244,19 +246,33 @@ async fn wait_for_signal() {
     }
 }
 
-/// Waits for SIGTERM or SIGINT; reloads the config on each SIGHUP meanwhile.
-async fn wait_for_shutdown(state: &llmlb::server::AppState) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
-    let mut hup = signal(SignalKind::hangup()).expect("install SIGHUP handler");
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading the config");
-                let _ = llmlb::server::reload::reload(state, None);
+/// The signals `llmlb serve` answers, installed before it starts listening.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            term: signal(SignalKind::terminate()).expect("install SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("install SIGINT handler"),
+            hup: signal(SignalKind::hangup()).expect("install SIGHUP handler"),
+        }
+    }
+
+    /// Waits for SIGTERM or SIGINT; reloads the config on each SIGHUP meanwhile.
+    async fn wait_for_shutdown(mut self, state: &llmlb::server::AppState) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the config");
+                    let _ = llmlb::server::reload::reload(state, None);
+                }
             }
         }
     }

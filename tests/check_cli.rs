@@ -84,3 +84,20 @@ fn missing_file_is_reported() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read file"));
 }
+
+#[test]
+fn every_section_with_a_mistake_is_named_in_one_run() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/several_mistakes.toml");
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("several_mistakes.toml: pools[1].timeouts.connect: a duration needs a unit"),
+        "{err}"
+    );
+    assert!(
+        err.contains("several_mistakes.toml: server.max_body_byts: unknown field"),
+        "{err}"
+    );
+    assert!(err.contains("2 error(s)"), "{err}");
+}

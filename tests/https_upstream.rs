@@ -186,13 +186,13 @@ async fn streams_from_an_https_replica_trusted_by_ca_file() {
 
     // The background loops reach the replica over TLS as well: health
     // checks get through the handshake and the scraped load shows up.
-    let waiting = [("pool", "llama"), ("signal", "waiting")];
+    let waiting = [("pool", "llama"), ("state", "waiting")];
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let seen = replica.seen.notified();
             let text = metrics_text(lb.admin_addr).await;
             if replica.count("/health") >= 2
-                && metric_value(&text, "llmlb_replica_scraped_load", &waiting) == 7.0
+                && metric_value(&text, "llmlb_replica_scraped_requests", &waiting) == 7.0
             {
                 return;
             }

@@ -1,6 +1,6 @@
 //! Per-model metrics on the admin listener: TTFT by `stream`, requests and
-//! tokens by model, build info, process metrics, and no rate-limit backend
-//! gauge without a backend.
+//! tokens by model, build info, process metrics, the replica info series,
+//! and no rate-limit backend gauge without a backend.
 
 mod common;
 #[path = "sim_support/mod.rs"]
@@ -69,4 +69,16 @@ async fn ttft_requests_and_tokens_by_model_and_stream() {
         !text.contains("llmlb_rate_limit_backend_up{"),
         "no backend configured, no backend gauge"
     );
+    // The replica's configured name, joined to its address by an info series.
+    let url = format!("http://{}", sim.addr);
+    assert_eq!(
+        metric_value(
+            &text,
+            "llmlb_replica_info",
+            &[("pool", "chat"), ("replica", "gpu-a"), ("url", &url)]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(text.matches("llmlb_replica_info{").count(), 1);
 }

@@ -99,8 +99,12 @@ proptest! {
                 prop_assert_eq!(meta.model.as_str(), model);
                 prop_assert_eq!(meta.stream, body["stream"].as_bool().unwrap());
                 prop_assert_eq!(meta.max_tokens.map(u64::from), body["max_tokens"].as_u64());
-                for m in body["messages"].as_array().unwrap() {
-                    prop_assert!(meta.prompt_text.contains(m["content"].as_str().unwrap()));
+                let read = meta.messages.as_ref().expect("chat messages");
+                let sent = body["messages"].as_array().unwrap();
+                prop_assert_eq!(read.len(), sent.len());
+                for (m, r) in sent.iter().zip(read) {
+                    prop_assert_eq!(r.role.as_str(), m["role"].as_str().unwrap());
+                    prop_assert_eq!(r.joined(""), m["content"].as_str().unwrap());
                 }
             }
             _ => prop_assert!(result.is_err(), "a body without a string model is refused"),

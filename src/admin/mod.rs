@@ -29,11 +29,25 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
         );
     }
     match req.uri().path() {
-        "/metrics" => text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            state.metrics.render(),
-        ),
+        "/metrics" => {
+            let topology = state.topology.load();
+            state
+                .metrics
+                .set_replicas(topology.pools.iter().flat_map(|p| {
+                    p.replicas.iter().map(|r| {
+                        (
+                            p.name.as_str(),
+                            r.name.as_str(),
+                            format!("{}://{}", r.scheme, r.authority),
+                        )
+                    })
+                }));
+            text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                state.metrics.render(),
+            )
+        }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/" => text(
             StatusCode::OK,

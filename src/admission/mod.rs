@@ -49,18 +49,7 @@ impl Admission {
                 self.observe_wait(permit.level, Duration::ZERO);
                 return Ok(permit);
             }
-            Admit::Refused(Refusal::QueueFull { retry_after }) => {
-                return Err(AdmitError::QueueFull { retry_after });
-            }
-            Admit::Refused(Refusal::OverObjective {
-                estimated,
-                retry_after,
-            }) => {
-                return Err(AdmitError::OverObjective {
-                    estimated,
-                    retry_after,
-                });
-            }
+            Admit::Refused(refusal) => return Err(refused(refusal)),
             Admit::Wait(ticket) => ticket,
         };
         self.update_depths();
@@ -93,6 +82,12 @@ impl Admission {
             self.observe_wait(permit.level, start.elapsed());
         }
         outcome
+    }
+
+    /// Refuses now what [`Admission::acquire`] would refuse at `level`,
+    /// without taking a place (to shed load before a body is read).
+    pub fn check(&self, level: usize) -> Result<(), AdmitError> {
+        self.queue.check(level).map_or(Ok(()), |r| Err(refused(r)))
     }
 
     fn observe_wait(&self, level: usize, waited: Duration) {
@@ -134,5 +129,18 @@ impl Drop for LeaveOnDrop<'_> {
             self.admission.queue.cancel(self.id, self.level);
             self.admission.update_depths();
         }
+    }
+}
+
+fn refused(refusal: Refusal) -> AdmitError {
+    match refusal {
+        Refusal::QueueFull { retry_after } => AdmitError::QueueFull { retry_after },
+        Refusal::OverObjective {
+            estimated,
+            retry_after,
+        } => AdmitError::OverObjective {
+            estimated,
+            retry_after,
+        },
     }
 }

@@ -209,22 +209,8 @@ impl PoolQueue {
             inner.active += 1;
             return Admit::Now(self.permit(level, now));
         }
-        let rate = drain_rate(&inner, capacity);
-        let backlog = Duration::from_secs_f64(rate.map_or(1.0, |r| (queued + 1) as f64 / r));
-        if inner.waiting[level].len() >= self.params.max_depth {
-            return Admit::Refused(Refusal::QueueFull {
-                retry_after: backlog,
-            });
-        }
-        if let Some(rate) = rate {
-            let ahead: usize = inner.waiting[..=level].iter().map(VecDeque::len).sum();
-            let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
-            if estimated > self.params.levels[level].max_wait {
-                return Admit::Refused(Refusal::OverObjective {
-                    estimated,
-                    retry_after: backlog,
-                });
-            }
+        if let Some(refusal) = self.refusal(&inner, level, capacity, queued) {
+            return Admit::Refused(refusal);
         }
         let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
@@ -235,6 +221,46 @@ impl PoolQueue {
             level,
             since: now,
             rx,
+        })
+    }
+
+    /// What [`PoolQueue::admit`] would refuse a request at `level` with now,
+    /// without queueing it (`None`: it would be admitted or queued).
+    pub fn check(&self, level: usize) -> Option<Refusal> {
+        if let Some(next) = self.successor() {
+            return next.check(level);
+        }
+        let level = level.min(self.params.levels.len().saturating_sub(1));
+        let capacity = (self.capacity.load())();
+        let inner = self.lock();
+        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
+        if queued == 0 && inner.active < capacity {
+            return None;
+        }
+        self.refusal(&inner, level, capacity, queued)
+    }
+
+    /// A full level, or a wait estimated beyond the level's objective.
+    fn refusal(
+        &self,
+        inner: &Inner,
+        level: usize,
+        capacity: usize,
+        queued: usize,
+    ) -> Option<Refusal> {
+        let rate = drain_rate(inner, capacity);
+        let backlog = Duration::from_secs_f64(rate.map_or(1.0, |r| (queued + 1) as f64 / r));
+        if inner.waiting[level].len() >= self.params.max_depth {
+            return Some(Refusal::QueueFull {
+                retry_after: backlog,
+            });
+        }
+        let rate = rate?;
+        let ahead: usize = inner.waiting[..=level].iter().map(VecDeque::len).sum();
+        let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
+        (estimated > self.params.levels[level].max_wait).then_some(Refusal::OverObjective {
+            estimated,
+            retry_after: backlog,
         })
     }
 

@@ -7,6 +7,7 @@ mod cors;
 mod discovery;
 mod duration;
 mod gateway;
+mod parse_all;
 mod routing;
 mod schema;
 mod telemetry;
@@ -25,7 +26,7 @@ pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;
 pub use schema::*;
-pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, TelemetryConfig};
+pub use telemetry::{ACCESS_LOG_FIELDS, AccessLogConfig, OtlpConfig, TelemetryConfig};
 pub use tls_files::{TlsError, UpstreamTlsError, UpstreamTrust, server_tls};
 pub use tokenizer::TokenizerConfig;
 pub use upstream_tls::UpstreamTlsConfig;
@@ -100,7 +101,15 @@ pub fn parse(text: &str) -> Result<Config, Vec<ConfigIssue>> {
     let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let key = if key == "." { String::new() } else { key };
-        vec![toml_issue(text, key, e.inner())]
+        // The first problem with its line; then every other section's.
+        let first = toml_issue(text, key, e.inner());
+        let mut issues = vec![first];
+        for issue in parse_all::section_issues(text) {
+            if issue.key != issues[0].key {
+                issues.push(issue);
+            }
+        }
+        issues
     })?;
     let issues = validate::validate(&config);
     if issues.is_empty() {

@@ -192,7 +192,13 @@ impl BalancerKind {
 pub struct PoolConfig {
     pub name: String,
     /// Request `model` values this pool serves.
+    #[serde(default)]
     pub models: Vec<String>,
+    /// Also serve (list on `/v1/models` and route) the model names the
+    /// replicas report on their own `GET /v1/models`, such as LoRA adapters
+    /// loaded at run time; names in `models` keep their pool.
+    #[serde(default)]
+    pub models_from_replicas: bool,
     #[serde(default = "default_balancer")]
     pub balancer: BalancerKind,
     /// Extra attempts on another replica when the connection to a replica

@@ -71,11 +71,11 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
                 &format!("duplicate pool name {:?} (also pools[{first}])", pool.name),
             );
         }
-        if pool.models.is_empty() {
+        if pool.models.is_empty() && !pool.models_from_replicas {
             push(
                 &mut out,
                 &format!("{key}.models"),
-                "list at least one model name",
+                "list at least one model name (or set models_from_replicas = true)",
             );
         }
         for (m, model) in pool.models.iter().enumerate() {

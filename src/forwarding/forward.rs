@@ -41,6 +41,8 @@ pub struct ForwardRequest<'a> {
     pub expose_replica: bool,
     /// The last dispatch decisions, shown on the status page.
     pub recent: &'a RecentDispatches,
+    /// The request's trace: each attempt gets a span and sends its context.
+    pub trace: Option<&'a crate::telemetry::trace::RequestTrace>,
 }
 
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ForwardError> {
@@ -114,16 +116,22 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             attempt = tried.len(),
             "dispatch"
         );
-        let upstream = build_request(
+        let mut upstream = build_request(
             &req.method,
             replica,
             req.path_and_query,
             &headers,
             &req.body,
         )?;
+        let attempt = req
+            .trace
+            .map(|t| t.attempt(&replica.name, tried.len(), upstream.headers_mut()));
         let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
         match sent.await {
             Err(_elapsed) => {
+                if let Some(a) = &attempt {
+                    a.fail("timeout");
+                }
                 req.recent.settle(seq, "timeout".into());
                 count_upstream_error(req.metrics, pool, replica, "timeout");
                 pool.record_failure(replica, Failure::Timeout, req.metrics);
@@ -143,6 +151,9 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 } else {
                     ("reset", Failure::Reset)
                 };
+                if let Some(a) = &attempt {
+                    a.fail(kind);
+                }
                 req.recent.settle(seq, kind.into());
                 count_upstream_error(req.metrics, pool, replica, kind);
                 pool.record_failure(replica, failure, req.metrics);
@@ -157,6 +168,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 req.metrics.retries.with_label_values(&[&pool.name]).inc();
             }
             Ok(Ok(resp)) => {
+                if let Some(a) = attempt {
+                    a.set(
+                        "http.response.status_code",
+                        i64::from(resp.status().as_u16()),
+                    );
+                }
                 req.recent.settle(seq, resp.status().as_u16().to_string());
                 // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
                 match resp.status().as_u16() {

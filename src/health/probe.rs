@@ -78,7 +78,22 @@ impl Prober {
         let uri = replica
             .uri(path)
             .map_err(|e| ProbeError::Connect(e.to_string()))?;
-        self.fetch(uri, timeout).await
+        self.fetch(uri, timeout, None).await
+    }
+
+    /// [`Prober::get_from`] with the pool's `Authorization` for the replica
+    /// (endpoints such as `/v1/models` sit behind a replica's API key).
+    pub async fn get_authorized(
+        &self,
+        replica: &Replica,
+        path: &str,
+        timeout: Duration,
+        auth: Option<&http::HeaderValue>,
+    ) -> Result<Bytes, ProbeError> {
+        let uri = replica
+            .uri(path)
+            .map_err(|e| ProbeError::Connect(e.to_string()))?;
+        self.fetch(uri, timeout, auth).await
     }
 
     /// `GET http://{authority}{path}`; the body on a 2xx answer.
@@ -94,14 +109,26 @@ impl Prober {
             .path_and_query(path)
             .build()
             .map_err(|e| ProbeError::Connect(e.to_string()))?;
-        self.fetch(uri, timeout).await
+        self.fetch(uri, timeout, None).await
     }
 
-    async fn fetch(&self, uri: http::Uri, timeout: Duration) -> Result<Bytes, ProbeError> {
+    async fn fetch(
+        &self,
+        uri: http::Uri,
+        timeout: Duration,
+        auth: Option<&http::HeaderValue>,
+    ) -> Result<Bytes, ProbeError> {
+        let mut req = http::Request::get(uri);
+        if let Some(v) = auth {
+            req = req.header(http::header::AUTHORIZATION, v.clone());
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| ProbeError::Connect(e.to_string()))?;
         let work = async {
             let resp = self
                 .client
-                .get(uri)
+                .request(req)
                 .await
                 .map_err(|e| ProbeError::Connect(error_chain(&e)))?;
             let status = resp.status();

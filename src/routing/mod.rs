@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod model_map;
 mod outcome;
 pub mod prefix;
+pub mod replica_models;
 mod router;
 pub mod saturation;
 #[cfg(test)]

@@ -45,9 +45,38 @@ pub struct Pool {
     pub router: Router,
     /// `Authorization` value for the replicas (`upstream_api_key`).
     pub upstream_auth: Option<http::HeaderValue>,
+    /// What the replicas report on `GET /v1/models`, with `models_from_replicas`.
+    pub replica_models: Option<super::replica_models::ReplicaModels>,
 }
 
 impl Pool {
+    /// Fetches the replicas' model lists again when they are stale (only
+    /// with `models_from_replicas`).
+    pub async fn refresh_replica_models(&self) {
+        use super::replica_models::{FETCH_TIMEOUT, parse_ids};
+        let Some(list) = &self.replica_models else {
+            return;
+        };
+        list.refresh(|| async {
+            let replicas = self.eligible();
+            let asks = replicas.iter().map(|r| async move {
+                let body = self
+                    .prober
+                    .get_authorized(r, "/v1/models", FETCH_TIMEOUT, self.upstream_auth.as_ref())
+                    .await;
+                match body {
+                    Ok(body) => parse_ids(&body),
+                    Err(e) => {
+                        tracing::debug!(pool = %self.name, replica = %r.name, error = %e, "model list not fetched");
+                        None
+                    }
+                }
+            });
+            futures_util::future::join_all(asks).await
+        })
+        .await
+    }
+
     /// Replicas that may receive new work now.
     pub fn eligible(&self) -> Vec<Arc<Replica>> {
         self.eligible_at(now_millis())
@@ -81,6 +110,13 @@ pub struct Resolution<'a> {
     pub pool: &'a Arc<Pool>,
     pub rewrite: Option<&'a str>,
     pub branches: Vec<RouteBranch>,
+}
+
+impl Resolution<'_> {
+    /// No pool named the model: the default pool took it.
+    pub fn by_default(&self) -> bool {
+        self.branches.contains(&RouteBranch::DefaultPool)
+    }
 }
 
 #[derive(Debug)]
@@ -149,28 +185,94 @@ impl Topology {
     /// takes only models that some pool serves).
     pub fn resolve(&self, model: &str, tier: Option<&str>) -> Option<Resolution<'_>> {
         let by_model = self.models.resolve(model)?;
-        let mut branches: Vec<RouteBranch> = by_model.branch.into_iter().collect();
-        let rewrite = by_model.rewrite;
+        let branches: Vec<RouteBranch> = by_model.branch.into_iter().collect();
+        Some(self.place(by_model.pool, by_model.rewrite, branches, tier))
+    }
+
+    /// A model no pool lists, found in what a pool's replicas last reported
+    /// (`models_from_replicas`); the first such pool in config order.
+    pub fn resolve_reported(&self, model: &str, tier: Option<&str>) -> Option<Resolution<'_>> {
+        let index = self.pools.iter().position(|p| {
+            p.replica_models
+                .as_ref()
+                .is_some_and(|list| list.contains(model))
+        })?;
+        Some(self.place(index, None, Vec::new(), tier))
+    }
+
+    /// The pool a request will go to, when it is known before its body is
+    /// read: the only pool, or a tier's own pool that does not overflow.
+    pub fn pool_before_body(&self, tier: Option<&str>) -> Option<&Arc<Pool>> {
+        if let [only] = self.pools.as_slice() {
+            return Some(only);
+        }
+        match self.tier_pools.get(tier?) {
+            Some(&(index, false)) => Some(&self.pools[index]),
+            _ => None,
+        }
+    }
+
+    /// Whether any pool serves the names its replicas report.
+    pub fn has_reported(&self) -> bool {
+        self.pools.iter().any(|p| p.replica_models.is_some())
+    }
+
+    /// Fetches again every stale `models_from_replicas` list, all pools at once.
+    pub async fn refresh_reported(&self) {
+        let stale = self
+            .pools
+            .iter()
+            .filter(|p| p.replica_models.is_some())
+            .map(|p| p.refresh_replica_models());
+        futures_util::future::join_all(stale).await;
+    }
+
+    /// Model names the replicas report that no pool lists, with their pools.
+    pub fn reported_models(&self) -> Vec<(String, &Pool)> {
+        let mut seen: std::collections::HashSet<String> = self
+            .models()
+            .map(|(m, _)| m.to_string())
+            .chain(self.aliases().map(|(a, _)| a.to_string()))
+            .collect();
+        let mut out = Vec::new();
+        for pool in &self.pools {
+            for id in pool.replica_models.iter().flat_map(|l| l.ids()) {
+                if seen.insert(id.clone()) {
+                    out.push((id, pool.as_ref()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The pool at `index`, or its tier's pool when the tier has one.
+    fn place<'a>(
+        &'a self,
+        model_pool: usize,
+        rewrite: Option<&'a str>,
+        mut branches: Vec<RouteBranch>,
+        tier: Option<&str>,
+    ) -> Resolution<'a> {
         if let Some(&(tier_pool, overflow)) = self.tier(tier).and_then(|t| self.tier_pools.get(t)) {
-            let model_pool = Some(by_model.pool);
             let pool = &self.pools[tier_pool];
-            let spill = model_pool.filter(|m| *m != tier_pool && overflow && pool.is_saturated());
+            let spill =
+                Some(model_pool).filter(|m| *m != tier_pool && overflow && pool.is_saturated());
             let (index, branch) = match spill {
                 Some(m) => (m, RouteBranch::TierOverflow),
                 None => (tier_pool, RouteBranch::Tier),
             };
             branches.push(branch);
-            return Some(Resolution {
+            return Resolution {
                 pool: &self.pools[index],
                 rewrite,
                 branches,
-            });
+            };
         }
-        Some(Resolution {
-            pool: &self.pools[by_model.pool],
+        Resolution {
+            pool: &self.pools[model_pool],
             rewrite,
             branches,
-        })
+        }
     }
 
     /// Aliases with their pools, in name order.
@@ -257,6 +359,9 @@ fn build_pool(
             v.set_sensitive(true);
             Some(v)
         }),
+        replica_models: pc
+            .models_from_replicas
+            .then(super::replica_models::ReplicaModels::default),
     }
 }
 
@@ -320,4 +425,39 @@ fn queue_for(
         None => PoolQueue::new(params, capacity),
     };
     Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(text: &str) -> Topology {
+        let config = crate::config::parse(text).unwrap();
+        let metrics = Metrics::new();
+        let admission = AdmissionMetrics::new(metrics.registry());
+        Topology::build(&config, &metrics, &admission, None)
+    }
+
+    const TWO_POOLS: &str = "[[pools]]\nname = \"a\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
+        [[pools]]\nname = \"b\"\nmodels = [\"m-b\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:2\"\n";
+
+    #[test]
+    fn the_pool_is_known_before_the_body_only_when_nothing_else_can_serve() {
+        let name = |t: &Topology, tier| t.pool_before_body(tier).map(|p| p.name.clone());
+        let one = topology(
+            "[[pools]]\nname = \"only\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n",
+        );
+        assert_eq!(name(&one, None).as_deref(), Some("only"));
+        let two = topology(TWO_POOLS);
+        assert_eq!(name(&two, None), None, "the model decides");
+        let tiered = |overflow: bool| {
+            topology(&format!(
+                "[[tiers]]\nname = \"paid\"\npriority = \"high\"\npool = \"b\"\noverflow = {overflow}\n{TWO_POOLS}"
+            ))
+        };
+        assert_eq!(name(&tiered(false), Some("paid")).as_deref(), Some("b"));
+        assert_eq!(name(&tiered(false), Some("free")), None);
+        // A tier that may overflow can still end in the model's pool.
+        assert_eq!(name(&tiered(true), Some("paid")), None);
+    }
 }

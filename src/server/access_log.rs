@@ -27,6 +27,7 @@ use super::AppState;
 use crate::forwarding::Dispatched;
 use crate::net::{BoxError, ResponseBody};
 use crate::telemetry::ModelMetrics;
+use crate::telemetry::trace::{RequestTrace, Tracing};
 
 /// How much of the end of a body is kept to find `usage` in.
 const TAIL_BYTES: usize = 8 * 1024;
@@ -38,6 +39,8 @@ pub struct AccessStart {
     method: String,
     path: String,
     start: Instant,
+    /// The request's trace span, ended with the line.
+    trace: Option<RequestTrace>,
 }
 
 impl AccessStart {
@@ -46,14 +49,31 @@ impl AccessStart {
         client: SocketAddr,
         request_id: &HeaderValue,
         start: Instant,
+        traces: Option<&Tracing>,
     ) -> Self {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_owned();
+        let trace = traces.map(|t| {
+            let trace = t.request(req.headers(), &method, &path);
+            trace.set(
+                "llmlb.request_id",
+                request_id.to_str().unwrap_or("").to_owned(),
+            );
+            trace
+        });
         AccessStart {
             request_id: request_id.to_str().unwrap_or("").to_owned(),
             client,
-            method: req.method().to_string(),
-            path: req.uri().path().to_owned(),
+            method,
+            path,
             start,
+            trace,
         }
+    }
+
+    /// The request's trace span, when tracing is on.
+    pub fn trace(&self) -> Option<&RequestTrace> {
+        self.trace.as_ref()
     }
 }
 
@@ -146,7 +166,7 @@ struct Entry {
 /// `[telemetry.access_log] enabled`).
 pub fn wrap(
     state: &AppState,
-    start: AccessStart,
+    mut start: AccessStart,
     fields: RouteFields,
     resp: Response<ResponseBody>,
 ) -> Response<ResponseBody> {
@@ -154,6 +174,9 @@ pub fn wrap(
     let log = &config.telemetry.access_log;
     let logging = log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
     if !logging && fields.pool.is_none() {
+        if let Some(trace) = start.trace.take() {
+            trace.end(resp.status().as_u16(), "complete");
+        }
         return resp;
     }
     let sampled = logging && (log.sample >= 1.0 || rand::random::<f64>() < log.sample);
@@ -221,15 +244,50 @@ impl Logged {
     }
 
     fn finish(&mut self, outcome: &'static str) {
-        let Some(e) = self.entry.take() else {
+        let Some(mut e) = self.entry.take() else {
             return;
         };
         let usage = find_usage(&self.tail);
+        if let Some(trace) = e.start.trace.take() {
+            end_trace(trace, &e, outcome, self.first_content, usage);
+        }
         record(&e, self.first_content, usage);
         if e.logging && (e.sampled || e.status >= 400 || outcome != "complete") {
             emit(&e, outcome, self.first_content, usage);
         }
     }
+}
+
+/// Ends the request's span with what the access log knows.
+fn end_trace(
+    trace: RequestTrace,
+    e: &Entry,
+    outcome: &'static str,
+    first: Option<Instant>,
+    usage: Option<Usage>,
+) {
+    if let Some(model) = &e.fields.model {
+        trace.set("gen_ai.request.model", model.clone());
+    }
+    if let Some(pool) = &e.fields.pool {
+        trace.set("llmlb.pool", pool.clone());
+    }
+    if let Some(d) = &e.dispatched {
+        trace.set("llmlb.replica", d.replica.to_string());
+        trace.set("llmlb.attempts", i64::from(d.attempts));
+    }
+    if let Some(t) = first {
+        let ms = t.duration_since(e.start.start).as_secs_f64() * 1000.0;
+        trace.set("llmlb.ttft_ms", ms);
+    }
+    let u = usage.unwrap_or_default();
+    if let Some(n) = u.prompt_tokens {
+        trace.set("gen_ai.usage.input_tokens", n as i64);
+    }
+    if let Some(n) = u.completion_tokens {
+        trace.set("gen_ai.usage.output_tokens", n as i64);
+    }
+    trace.end(e.status, outcome);
 }
 
 /// Per-model metrics for a request that reached a pool.

@@ -24,6 +24,7 @@ use crate::net::{ResponseBody, read_body};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
+use crate::telemetry::trace::RequestTrace;
 
 /// Handles one request. The client-closed record is made when hyper hands
 /// the request over, before the future first runs: hyper may drop a future
@@ -46,7 +47,8 @@ async fn handle_counted(
     let start = Instant::now();
     let request_id = request_id(req.headers());
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let access = access_log::AccessStart::new(&req, peer, &request_id, start);
+    let access =
+        access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
     let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
     let routed = route(
@@ -58,6 +60,7 @@ async fn handle_counted(
         &mut rate,
         &mut fields,
         &mut closed.pool,
+        access.trace(),
     )
     .await;
     closed.disarm();
@@ -89,7 +92,16 @@ async fn route(
     rate: &mut RateHeaders,
     fields: &mut access_log::RouteFields,
     pool_label: &mut Option<String>,
+    trace: Option<&RequestTrace>,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    if req.uri().path().starts_with("/v1/models/")
+        && matches!(*req.method(), Method::GET | Method::HEAD)
+    {
+        // Same auth as the model list; the id may name a model only the
+        // replicas report.
+        state.gateway.load().authenticate(req.headers())?;
+        state.topology.load_full().refresh_reported().await;
+    }
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
     }
@@ -98,7 +110,7 @@ async fn route(
         // The model list follows the same auth as inference.
         state.gateway.load().authenticate(req.headers())?;
         return match *req.method() {
-            Method::GET => Ok(models(state)),
+            Method::GET => Ok(models(state).await),
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
         };
     }
@@ -117,6 +129,22 @@ async fn route(
     // Authenticate before reading the body.
     let caller = state.gateway.load().authenticate(req.headers())?;
     let config = state.config.load();
+    let topology = state.topology.load();
+    let tier = topology.tier(caller.tier.as_deref());
+    // Shed load before reading the body when the pool is already known.
+    let mut early_pending = None;
+    if let Some(pool) = topology.pool_before_body(tier) {
+        if let Some(gate) = state.pending.get(&pool.name) {
+            let guard = gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+                pool: pool.name.clone(),
+                limit,
+            })?;
+            early_pending = Some((pool.name.clone(), guard));
+        }
+        if let Some(admission) = &pool.admission {
+            admission.check(caller.level)?;
+        }
+    }
     let (parts, body) = req.into_parts();
     let server = &config.server;
     let mut held = state.body_budget.empty();
@@ -139,22 +167,30 @@ async fn route(
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
     fields.model = Some(meta.model.clone());
     fields.stream = Some(meta.stream);
-    let topology = state.topology.load();
-    let tier = topology.tier(caller.tier.as_deref());
     // The pool is resolved once: the queue that admits the request is the
     // queue of the pool that serves it.
-    let first = topology
-        .resolve(&meta.model, tier)
-        .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?;
+    let first = match topology.resolve(&meta.model, tier) {
+        Some(first) if !first.by_default() || !topology.has_reported() => first,
+        by_default => {
+            // Not named in the config: maybe a name a pool's replicas
+            // report, which goes before the default pool.
+            topology.refresh_reported().await;
+            topology
+                .resolve_reported(&meta.model, tier)
+                .or(by_default)
+                .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
+        }
+    };
     let pool = first.pool;
     let admitted_pool = pool.name.clone();
     *pool_label = Some(admitted_pool.clone());
-    let pending = match state.pending.get(&pool.name) {
-        Some(gate) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+    let pending = match (early_pending, state.pending.get(&pool.name)) {
+        (Some((name, guard)), _) if name == pool.name => Some(guard),
+        (_, Some(gate)) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
             pool: pool.name.clone(),
             limit,
         })?),
-        None => None,
+        (_, None) => None,
     };
 
     // With a model tokenizer, the real prompt token count feeds rate limits,
@@ -192,7 +228,10 @@ async fn route(
             .inc();
     }
     let permit = match &pool.admission {
-        Some(admission) => Some(admission.acquire(caller.level).await?),
+        Some(admission) => {
+            let _queued = trace.map(|t| t.stage("llmlb.queue"));
+            Some(admission.acquire(caller.level).await?)
+        }
         None => None,
     };
     // A reload may have happened while the request waited: the same pool,
@@ -215,6 +254,7 @@ async fn route(
     }
     let tokens = counted.as_ref().and_then(|c| c.for_pool(pool));
     fields.pool = Some(pool.name.clone());
+    let routing = trace.map(|t| t.stage("llmlb.route"));
     let routed = route_within(
         state,
         &resolved,
@@ -226,6 +266,13 @@ async fn route(
     );
     let (decision, body) = routed?;
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
+    if let Some(span) = routing {
+        span.set("llmlb.pool", pool.name.clone());
+        let label = decision.route_label();
+        if !label.is_empty() {
+            span.set("llmlb.route", label.to_string());
+        }
+    }
 
     let mut headers = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -256,6 +303,7 @@ async fn route(
         metrics: &state.metrics,
         expose_replica: config.server.replica_header,
         recent: &state.recent_dispatches,
+        trace,
     })
     .await;
     let resp = match forwarded {
@@ -360,12 +408,16 @@ fn with_version(
     Response::from_parts(parts, body)
 }
 
-/// `GET /v1/models`, answered from the config.
-fn models(state: &AppState) -> Response<ResponseBody> {
-    let topology = state.topology.load();
+/// `GET /v1/models`: the config's models and aliases, then the names the
+/// replicas of `models_from_replicas` pools report.
+async fn models(state: &AppState) -> Response<ResponseBody> {
+    let topology = state.topology.load_full();
+    topology.refresh_reported().await;
+    let reported = topology.reported_models();
     let data: Vec<serde_json::Value> = topology
         .models()
         .chain(topology.aliases())
+        .chain(reported.iter().map(|(m, p)| (m.as_str(), *p)))
         .map(|(model, pool)| surface::model_object(model, &pool.name))
         .collect();
     surface::json(&serde_json::json!({"object": "list", "data": data}))

@@ -65,10 +65,19 @@ pub struct AppState {
     pub last_reload_content: arc_swap::ArcSwapOption<Vec<u8>>,
     /// Request body bytes held now (`server.max_buffered_bytes`).
     pub body_budget: budget::BodyBudget,
+    /// Request traces, when `[telemetry.otlp]` is configured (fixed at start).
+    pub traces: Option<crate::telemetry::trace::Tracing>,
 }
 
 impl AppState {
     pub fn new(config: Config) -> Arc<AppState> {
+        Self::with_traces(config, None)
+    }
+
+    pub fn with_traces(
+        config: Config,
+        traces: Option<crate::telemetry::trace::Tracing>,
+    ) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::new());
         let admission_metrics = AdmissionMetrics::new(metrics.registry());
         let discovered = Arc::new(crate::discovery::Discovered::default());
@@ -108,6 +117,7 @@ impl AppState {
             recent_dispatches: crate::forwarding::RecentDispatches::default(),
             last_reload_content: arc_swap::ArcSwapOption::empty(),
             body_budget: budget::BodyBudget::default(),
+            traces,
         })
     }
 
@@ -161,6 +171,9 @@ impl Running {
         let _ = self.admin_task.await;
         let _ = self.background_shutdown.send(true);
         let _ = self.background_task.await;
+        if let Some(traces) = &self.state.traces {
+            traces.shutdown().await;
+        }
     }
 }
 
@@ -172,7 +185,14 @@ pub fn start(
 ) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
     let admin_addr = admin.local_addr()?;
-    let state = AppState::new(config);
+    let traces = match &config.telemetry.otlp {
+        Some(otlp) => Some(
+            crate::telemetry::trace::Tracing::start(otlp)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        ),
+        None => None,
+    };
+    let state = AppState::with_traces(config, traces);
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
     let server = &state.config.load().server;

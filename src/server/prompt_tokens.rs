@@ -34,7 +34,7 @@ impl PromptTokens {
         if tokenizer.is_stand_in() {
             return None;
         }
-        let ids = if meta.prompt_text.len() < BLOCKING_BYTES {
+        let ids = if meta.prompt_bytes < BLOCKING_BYTES {
             pool.router.prompt_tokens(prompt(meta))
         } else {
             let (router_tokenizer, owned) = (tokenizer.clone(), meta.clone());

@@ -158,6 +158,10 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         ),
         ("server.tls", old_config.server.tls != new.server.tls),
         (
+            "telemetry.otlp",
+            old_config.telemetry.otlp != new.telemetry.otlp,
+        ),
+        (
             "server.drain_timeout",
             old_config.server.drain_timeout != new.server.drain_timeout,
         ),

@@ -1,11 +1,15 @@
-//! Reading the client's request: the body once, under a size limit, and the few
-//! fields routing needs. The original bytes are kept and forwarded unchanged.
+//! Reading the client's request: the few fields routing needs, taken from
+//! the body `net::read_body` read once. The original bytes are forwarded unchanged.
 
 use http::HeaderMap;
+use std::borrow::Cow;
+use std::fmt;
+
 use serde::Deserialize;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::ApiError;
-use crate::tokenize::ChatMessage;
+use crate::tokenize::{ChatMessage, MessageContent};
 
 /// What routing and balancing need to know about an inference request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,9 +19,12 @@ pub struct RequestMeta {
     /// `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u32>,
     pub user: Option<String>,
-    /// The prompt as plain text: chat messages rendered in order, or the
-    /// completion prompt, or the embedding input.
+    /// The completion prompt or the embedding input as plain text (empty
+    /// for chat requests, whose text is in `messages`).
     pub prompt_text: String,
+    /// Bytes of prompt text: `prompt_text`'s, or for chat each message as
+    /// `role: text\n`.
+    pub prompt_bytes: usize,
     /// Chat messages, for tokenizing with the pool's chat template (`None`
     /// for completions and embeddings).
     pub messages: Option<Vec<ChatMessage>>,
@@ -26,7 +33,7 @@ pub struct RequestMeta {
 impl RequestMeta {
     /// A cheap prompt-size estimate: about four bytes of text per token.
     pub fn estimated_prompt_tokens(&self) -> u32 {
-        (self.prompt_text.len() / 4).min(u32::MAX as usize) as u32
+        (self.prompt_bytes / 4).min(u32::MAX as usize) as u32
     }
 }
 
@@ -38,8 +45,11 @@ pub fn content_length(headers: &HeaderMap) -> Option<usize> {
         .and_then(|v| v.parse::<usize>().ok())
 }
 
+/// The fields read from the body, borrowed from it where they are only
+/// looked at; everything else in the body is skipped without building it.
 #[derive(Deserialize)]
-struct Wire {
+struct Wire<'a> {
+    /// Kept as a value to tell a wrong type (400) from a missing field.
     model: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
@@ -49,39 +59,238 @@ struct Wire {
     max_completion_tokens: Option<u64>,
     #[serde(default)]
     user: Option<String>,
+    #[serde(default, borrow)]
+    messages: Option<Vec<WireMessage<'a>>>,
     #[serde(default)]
-    messages: Option<Vec<WireMessage>>,
+    prompt: Option<Text>,
     #[serde(default)]
-    prompt: Option<serde_json::Value>,
-    #[serde(default)]
-    input: Option<serde_json::Value>,
+    input: Option<Text>,
 }
 
 #[derive(Deserialize)]
-struct WireMessage {
+struct WireMessage<'a> {
+    #[serde(default, borrow)]
+    role: Cow<'a, str>,
     #[serde(default)]
-    role: String,
-    #[serde(default)]
-    content: Option<serde_json::Value>,
+    content: Option<Content>,
 }
 
-/// Extracts [`RequestMeta`] from an OpenAI-style JSON body.
+/// A message's `content`: a string, a list of parts (strings or
+/// `{"type":"text","text":...}`; other parts add nothing), or null; any
+/// other shape is `Other` and counts as empty.
+enum Content {
+    Text(String),
+    Parts(Vec<String>),
+    Other,
+}
+
+/// Visitor methods for the JSON scalars a visitor does not read: each
+/// yields `$value`.
+macro_rules! skip_scalars {
+    ($ty:ty, $value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<$ty, E> {
+            Ok($value)
+        }
+    };
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("message content")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Content, E> {
+                Ok(Content::Text(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element::<Part>()? {
+                    parts.extend(part.0);
+                }
+                Ok(Content::Parts(parts))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Content::Other)
+            }
+            // A null content is an empty string.
+            fn visit_unit<E: de::Error>(self) -> Result<Content, E> {
+                Ok(Content::Text(String::new()))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Content, E> {
+                Ok(Content::Other)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Content, E> {
+                Ok(Content::Other)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Content, E> {
+                Ok(Content::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Content, E> {
+                Ok(Content::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A string, or `None` for any other value (skipped without building it).
+struct MaybeStr(Option<String>);
+
+impl<'de> Deserialize<'de> for MaybeStr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MaybeStr;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<MaybeStr, E> {
+                Ok(MaybeStr(Some(v.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MaybeStr, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MaybeStr, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+            skip_scalars!(MaybeStr, MaybeStr(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The `"text"` string of an object, skipping its other keys.
+fn text_of<'de, A: MapAccess<'de>>(mut map: A) -> Result<Option<String>, A::Error> {
+    let mut text = None;
+    while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        if key == "text" && text.is_none() {
+            text = map.next_value::<MaybeStr>()?.0;
+        } else {
+            map.next_value::<IgnoredAny>()?;
+        }
+    }
+    Ok(text)
+}
+
+/// One part of list content: its text, if it has any.
+struct Part(Option<String>);
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Part;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a content part")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Part, E> {
+                Ok(Part(Some(v.to_owned())))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Part, A::Error> {
+                Ok(Part(text_of(map)?))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Part, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Part(None))
+            }
+            skip_scalars!(Part, Part(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A `prompt` or `input`: the text of a string, of an array of strings, or
+/// of an array of content parts, concatenated; token-id arrays and other
+/// values add nothing.
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut out = String::new();
+        d.deserialize_any(TextSeed(&mut out))?;
+        Ok(Text(out))
+    }
+}
+
+/// Appends the text of one value to a buffer, without building the value.
+struct TextSeed<'s>(&'s mut String);
+
+impl<'de> de::DeserializeSeed<'de> for TextSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("prompt text")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.push_str(v);
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(TextSeed(self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        if let Some(text) = text_of(map)? {
+            self.0.push_str(&text);
+        }
+        Ok(())
+    }
+    skip_scalars!((), ());
+}
+
+/// Extracts [`RequestMeta`] from an OpenAI-style JSON body, in one pass
+/// over the bytes: only the fields llmlb reads are built, and a chat
+/// request's text is copied once, into its messages.
 pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
+    let not_json =
+        |e: serde_json::Error| ApiError::BadRequest(format!("request body is not valid JSON: {e}"));
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        // Report broken JSON as such; valid JSON that is not an object here.
+        serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
         return Err(ApiError::BadRequest(
             "request body must be a JSON object".into(),
         ));
     }
-    // Valid JSON with a field of the wrong type or value: name the field.
-    let wire: Wire = serde_path_to_error::deserialize(value).map_err(|e| {
-        let param = e.path().to_string();
-        ApiError::InvalidParam {
-            reason: e.into_inner().to_string(),
-            param,
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let wire: Wire = match serde_path_to_error::deserialize(&mut de) {
+        Ok(wire) => wire,
+        Err(e) if e.inner().is_data() => {
+            // Valid JSON with a field of the wrong type or value: name the
+            // field (unless the JSON breaks further on).
+            serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
+            let param = e.path().to_string();
+            return Err(ApiError::InvalidParam {
+                reason: e.into_inner().to_string(),
+                param,
+            });
         }
-    })?;
+        Err(e) => return Err(not_json(e.into_inner())),
+    };
+    de.end().map_err(not_json)?;
     let model = match wire.model {
         Some(serde_json::Value::String(s)) if !s.is_empty() => s,
         Some(_) => {
@@ -96,27 +305,30 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         }
     };
     let mut prompt_text = String::new();
+    let mut prompt_bytes = 0;
     let mut chat = None;
-    if let Some(messages) = &wire.messages {
+    if let Some(messages) = wire.messages {
         let mut list = Vec::with_capacity(messages.len());
         for m in messages {
-            let mut text = String::new();
-            if let Some(content) = &m.content {
-                push_text(&mut text, content);
-            }
-            prompt_text.push_str(&m.role);
-            prompt_text.push_str(": ");
-            prompt_text.push_str(&text);
-            prompt_text.push('\n');
-            // Content of another shape counts as empty, as in `prompt_text`.
-            list.push(
-                ChatMessage::from_json(&m.role, m.content.as_ref())
-                    .unwrap_or_else(|| ChatMessage::new(m.role.clone(), "")),
-            );
+            let content = match m.content {
+                Some(Content::Text(t)) => MessageContent::Text(t),
+                Some(Content::Parts(p)) => MessageContent::Parts(p),
+                // Content of another shape counts as empty.
+                None | Some(Content::Other) => MessageContent::Text(String::new()),
+            };
+            let message = ChatMessage {
+                role: m.role.into_owned(),
+                content,
+            };
+            // As if rendered "role: text\n".
+            prompt_bytes += message.role.len() + 3;
+            prompt_bytes += message.parts().iter().map(String::len).sum::<usize>();
+            list.push(message);
         }
         chat = Some(list);
-    } else if let Some(p) = wire.prompt.as_ref().or(wire.input.as_ref()) {
-        push_text(&mut prompt_text, p);
+    } else if let Some(Text(p)) = wire.prompt.or(wire.input) {
+        prompt_text = p;
+        prompt_bytes = prompt_text.len();
     }
     let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
     Ok(RequestMeta {
@@ -125,29 +337,9 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).map(clamp),
         user: wire.user,
         prompt_text,
+        prompt_bytes,
         messages: chat,
     })
-}
-
-/// Appends the text of a string, an array of strings, or an array of content
-/// parts (`{"type":"text","text":...}`); other values add nothing.
-fn push_text(out: &mut String, v: &serde_json::Value) {
-    match v {
-        serde_json::Value::String(s) => out.push_str(s),
-        serde_json::Value::Array(items) => {
-            for item in items {
-                match item {
-                    serde_json::Value::Object(o) => {
-                        if let Some(serde_json::Value::String(t)) = o.get("text") {
-                            out.push_str(t);
-                        }
-                    }
-                    other => push_text(out, other),
-                }
-            }
-        }
-        _ => {}
-    }
 }
 
 #[cfg(test)]
@@ -166,7 +358,8 @@ mod tests {
         assert!(m.stream);
         assert_eq!(m.max_tokens, Some(7));
         assert_eq!(m.user.as_deref(), Some("u1"));
-        assert_eq!(m.prompt_text, "system: Be brief.\nuser: Hi\n");
+        assert_eq!(m.prompt_text, "");
+        assert_eq!(m.prompt_bytes, "system: Be brief.\nuser: Hi\n".len());
         let messages = m.messages.unwrap();
         assert_eq!(messages[0], ChatMessage::new("system", "Be brief."));
         assert_eq!(messages[1].parts(), ["Hi"]);
@@ -194,6 +387,43 @@ mod tests {
             Err(ApiError::BadRequest(_))
         ));
         assert!(matches!(extract(b"[1,2]"), Err(ApiError::BadRequest(_))));
+    }
+
+    #[test]
+    fn content_shapes_and_prompt_forms_read_as_before() {
+        let m = extract(
+            br#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],
+                 "messages":[{"role":"user","content":null},
+                             {"role":"user","content":{"odd":"shape"}},
+                             {"role":"user","content":[
+                                 "plain",
+                                 {"type":"image_url","image_url":{"url":"x"}},
+                                 {"type":"text","text":3},
+                                 {"type":"text","text":"part"}]},
+                             {"role":"tool","content":7}]}"#,
+        )
+        .unwrap();
+        let messages = m.messages.unwrap();
+        assert_eq!(messages[0], ChatMessage::new("user", ""));
+        assert_eq!(messages[1], ChatMessage::new("user", ""));
+        assert_eq!(messages[2].parts(), ["plain", "part"]);
+        assert_eq!(messages[3], ChatMessage::new("tool", ""));
+        let text = |body: &[u8]| extract(body).unwrap().prompt_text;
+        assert_eq!(text(br#"{"model":"m","prompt":["a","b"]}"#), "ab");
+        assert_eq!(text(br#"{"model":"m","prompt":[1,2,3]}"#), "");
+        assert_eq!(text(br#"{"model":"m","prompt":null,"input":"emb"}"#), "emb");
+        assert_eq!(
+            text(br#"{"model":"m","input":[{"type":"text","text":"t"},{"type":"image"}]}"#),
+            "t"
+        );
+        assert!(matches!(
+            extract(br#"{"model":"m"} trailing"#),
+            Err(ApiError::BadRequest(_))
+        ));
+        assert!(matches!(
+            extract(br#"{"model":"m","stream":"yes""#),
+            Err(ApiError::BadRequest(_))
+        ));
     }
 
     #[test]

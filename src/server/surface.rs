@@ -83,6 +83,14 @@ fn find_model(topology: &Topology, id: &str) -> Option<String> {
         .chain(topology.aliases())
         .find(|(m, _)| *m == id)
         .map(|(_, pool)| pool.name.clone())
+        .or_else(|| {
+            // The replicas' last lists (`models_from_replicas`).
+            topology
+                .reported_models()
+                .into_iter()
+                .find(|(m, _)| m == id)
+                .map(|(_, pool)| pool.name.clone())
+        })
 }
 
 /// One entry of `/v1/models`.

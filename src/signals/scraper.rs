@@ -112,15 +112,20 @@ fn record(
                 tracing::info!(pool, replica = name, "metrics scrape recovered");
                 *failing = false;
             }
-            let gauges = &metrics.signals.scraped;
-            for (signal, value) in [
-                ("running", snapshot.running.map(|v| v as f64)),
-                ("waiting", snapshot.waiting.map(|v| v as f64)),
-                ("kv_usage", snapshot.kv_usage),
-            ] {
+            let requests = &metrics.signals.scraped_requests;
+            for (state, value) in [("running", snapshot.running), ("waiting", snapshot.waiting)] {
                 if let Some(v) = value {
-                    gauges.with_label_values(&[pool, name, signal]).set(v);
+                    requests
+                        .with_label_values(&[pool, name, state])
+                        .set(v as f64);
                 }
+            }
+            if let Some(v) = snapshot.kv_usage {
+                metrics
+                    .signals
+                    .scraped_kv_usage
+                    .with_label_values(&[pool, name])
+                    .set(v);
             }
             if target.replica.store_load(snapshot) {
                 metrics

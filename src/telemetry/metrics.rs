@@ -32,6 +32,9 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// 1 while a replica is set aside by passive health.
     pub replica_down: IntGaugeVec,
+    /// 1 per configured (or discovered) replica, with its address: joins
+    /// the `replica` label of every other metric to where it points.
+    pub replica_info: IntGaugeVec,
     /// Load signals and health.
     pub signals: super::SignalMetrics,
     /// Per-model TTFT, requests and tokens; build info.
@@ -114,8 +117,17 @@ impl Metrics {
             &["pool", "replica"],
         )
         .expect("metric");
+        let replica_info = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_replica_info",
+                "1 for each replica in the running config, with its URL.",
+            ),
+            &["pool", "replica", "url"],
+        )
+        .expect("metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(replica_info.clone()),
             Box::new(request_duration.clone()),
             Box::new(time_to_first_byte.clone()),
             Box::new(in_flight.clone()),
@@ -144,6 +156,18 @@ impl Metrics {
             rejections,
             decisions,
             replica_down,
+            replica_info,
+        }
+    }
+
+    /// Replaces the replica info series with `replicas` (pool, name, URL):
+    /// called before each render, so replicas a reload removed disappear.
+    pub fn set_replicas<'a>(&self, replicas: impl Iterator<Item = (&'a str, &'a str, String)>) {
+        self.replica_info.reset();
+        for (pool, name, url) in replicas {
+            self.replica_info
+                .with_label_values(&[pool, name, &url])
+                .set(1);
         }
     }
 

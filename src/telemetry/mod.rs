@@ -1,4 +1,4 @@
-//! Logs and llmlb's own Prometheus metrics.
+//! Logs, llmlb's own Prometheus metrics and request traces.
 
 pub mod clock;
 mod logging;
@@ -6,6 +6,7 @@ mod metrics;
 mod model_metrics;
 pub mod prefix_loop;
 mod signal_metrics;
+pub mod trace;
 
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;

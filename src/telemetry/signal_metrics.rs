@@ -9,8 +9,10 @@ pub struct SignalMetrics {
     pub scrape_errors: IntCounterVec,
     /// Restarts seen in a replica's scrapes (a cumulative counter went down).
     pub restarts: IntCounterVec,
-    /// The last scraped load per replica, by signal (`running`, `waiting`, `kv_usage`).
-    pub scraped: GaugeVec,
+    /// Requests the replica last reported, by `state` (`running`, `waiting`).
+    pub scraped_requests: GaugeVec,
+    /// The share of its KV cache the replica last reported in use (0..1).
+    pub scraped_kv_usage: GaugeVec,
     /// Picks that fell back to local counts because scraped load was missing or stale.
     pub stale_fallbacks: IntCounterVec,
     /// Failed active health checks, by kind.
@@ -59,16 +61,16 @@ impl SignalMetrics {
             "Replicas ejected after consecutive failures.",
             &["pool", "replica"],
         );
-        let scraped = GaugeVec::new(
+        let scraped_requests = GaugeVec::new(
             Opts::new(
-                "llmlb_replica_scraped_load",
-                "The last load a replica reported, by signal.",
+                "llmlb_replica_scraped_requests",
+                "Requests a replica last reported, by state (running, waiting).",
             ),
-            &["pool", "replica", "signal"],
+            &["pool", "replica", "state"],
         )
         .expect("metric");
         registry
-            .register(Box::new(scraped.clone()))
+            .register(Box::new(scraped_requests.clone()))
             .expect("unique metric name");
         let gauge = |name: &str, help: &str| {
             let g = GaugeVec::new(Opts::new(name, help), &["pool", "replica"]).expect("metric");
@@ -77,6 +79,10 @@ impl SignalMetrics {
                 .expect("unique metric name");
             g
         };
+        let scraped_kv_usage = gauge(
+            "llmlb_replica_scraped_kv_usage_ratio",
+            "Share of its KV cache a replica last reported in use (0 to 1).",
+        );
         let learned_prefill_rate = gauge(
             "llmlb_replica_prefill_tokens_per_second",
             "Prompt tokens per second a replica prefills, learned from its timing histograms.",
@@ -103,7 +109,8 @@ impl SignalMetrics {
         SignalMetrics {
             scrape_errors,
             restarts,
-            scraped,
+            scraped_requests,
+            scraped_kv_usage,
             stale_fallbacks,
             health_check_failures,
             health_up,

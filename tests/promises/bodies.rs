@@ -1,6 +1,8 @@
 //! Bodies have a deadline and a budget: a body that stops arriving gets 408
 //! after `server.body_timeout`; bodies held across all connections are capped
-//! by `server.max_buffered_bytes` (503 beyond).
+//! by `server.max_buffered_bytes` (503 beyond); when the pool is known
+//! before the body (one pool, or a tier's own pool), `max_pending` and the
+//! queue refuse before the body is read.
 
 use std::time::Duration;
 
@@ -54,4 +56,98 @@ async fn bodies_in_flight_are_capped_across_connections() {
     until("slow body released", || lb.state.buffered_bytes() == 0).await;
     let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", &padded)).await;
     assert_eq!(status, 200);
+}
+
+/// Sends a request head announcing a body that never comes, and returns the
+/// status llmlb answers with within 3 s (`None`: it is still waiting for the
+/// body, as it must when the pool is not known before the body).
+async fn status_before_body(addr: std::net::SocketAddr) -> Option<u16> {
+    let resp = raw_exchange(
+        addr,
+        head(CHAT.len()).as_bytes(),
+        false,
+        Duration::from_secs(3),
+    )
+    .await;
+    raw_status(&resp)
+}
+
+#[tokio::test]
+async fn an_overloaded_pool_refuses_before_reading_the_body() {
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let lb = start_llmlb(&one_pool(
+        "round_robin",
+        &[(&up.url(), 1)],
+        "max_pending = 1\n[pools.health]\nenabled = false\n",
+    ))
+    .await;
+    let mut conn = Conn::open(lb.addr).await;
+    let held = conn
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    until("the stream holds the pool's one pending place", || {
+        up.requests() == 1
+    })
+    .await;
+    // The only pool is known from the start: 503 without waiting for the body.
+    assert_eq!(status_before_body(lb.addr).await, Some(503));
+    drop((held, conn));
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_before_reading_the_body() {
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let lb = start_llmlb(&one_pool(
+        "round_robin",
+        &[(&up.url(), 1)],
+        "max_inflight = 1\n[pools.health]\nenabled = false\n[pools.queue]\nmax_depth = 1\n",
+    ))
+    .await;
+    let mut conn = Conn::open(lb.addr).await;
+    let held = conn
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    until("the stream takes the only slot", || up.requests() == 1).await;
+    let addr = lb.addr;
+    let queued =
+        tokio::spawn(async move { call(addr, chat_request("/v1/chat/completions", CHAT)).await });
+    until("one request waits", || {
+        queue_depths(&lb).iter().sum::<usize>() == 1
+    })
+    .await;
+    // The level is full: 429 at once, body or not.
+    assert_eq!(status_before_body(lb.addr).await, Some(429));
+    queued.abort();
+    drop((held, conn));
+    lb.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_several_pools_the_body_decides() {
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let other = Upstream::start("b", Mode::Json).await;
+    let lb = start_llmlb(&format!(
+        "[server]\nbody_timeout = \"5s\"\n{}[[pools]]\nname = \"other\"\nmodels = [\"other-model\"]\n\
+         [[pools.replicas]]\nurl = \"{}\"\n",
+        one_pool(
+            "round_robin",
+            &[(&up.url(), 1)],
+            "max_pending = 1\n[pools.health]\nenabled = false\n",
+        ),
+        other.url()
+    ))
+    .await;
+    let mut conn = Conn::open(lb.addr).await;
+    let held = conn
+        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
+        .await;
+    until("the stream holds the pool's one pending place", || {
+        up.requests() == 1
+    })
+    .await;
+    // Which pool is not known before the model is read: llmlb waits for it.
+    assert_eq!(status_before_body(lb.addr).await, None);
+    drop((held, conn));
+    lb.shutdown().await;
 }

@@ -10,6 +10,7 @@ mod sim_support;
 
 mod bodies;
 mod broken;
+mod bypass;
 mod limits;
 mod outcomes;
 mod privileges;
