@@ -3,11 +3,11 @@
 
 mod common;
 
+use bytes::Bytes;
 use common::{
     Mode, Upstream, call, chat_request, get_request, metric_value, metrics_text, sample,
     start_llmlb, strings_of,
 };
-use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 

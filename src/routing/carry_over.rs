@@ -43,21 +43,23 @@ impl PrefixState {
         let previous = previous.filter(|p| p.capacity == capacity);
         // `hash` mode keeps an index too: it scores nothing with it, but
         // predicts from it what each replica will report cached.
-        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> =
-            if matches!(mode, PrefixMode::Hash | PrefixMode::Cache | PrefixMode::Exact) {
-                replicas
-                    .iter()
-                    .map(|r| {
-                        let kept = previous.and_then(|p| p.indexes.get(&r.id).cloned());
-                        (
-                            r.id,
-                            kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
-                        )
-                    })
-                    .collect()
-            } else {
-                HashMap::new()
-            };
+        let indexes: HashMap<ReplicaId, Arc<BlockIndex>> = if matches!(
+            mode,
+            PrefixMode::Hash | PrefixMode::Cache | PrefixMode::Exact
+        ) {
+            replicas
+                .iter()
+                .map(|r| {
+                    let kept = previous.and_then(|p| p.indexes.get(&r.id).cloned());
+                    (
+                        r.id,
+                        kept.unwrap_or_else(|| Arc::new(BlockIndex::new(capacity))),
+                    )
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         // The subscriber tasks (started by the background supervisor) write
         // into these; a replica that stays with the same event source keeps
         // its record across a reload.
