@@ -65,7 +65,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
         &one_pool("least_connections", &[(&a.url(), 1), (&b.url(), 1)], ""),
     );
     let lb = start_from(&file).await;
-    let old_b = lb.state.topology.load().pools[0].replicas[1].clone();
+    let old_b = lb.state.topology().pools[0].replicas[1].clone();
 
     // A stream running on each replica.
     let mut held = Vec::new();
@@ -85,7 +85,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["summary"]["kept_replicas"], 1);
 
-    let topo = lb.state.topology.load();
+    let topo = lb.state.topology();
     let kept_b = topo.pools[0]
         .replicas
         .iter()
@@ -304,10 +304,64 @@ async fn a_signalled_reload_is_not_repeated_by_the_file_watcher() {
     // A later edit is still picked up, and is the only other reload.
     file.write(&pool("m3"));
     until("the watcher loads m3", || {
-        lb.state.topology.load().models().any(|(m, _)| m == "m3")
+        lb.state.topology().models().any(|(m, _)| m == "m3")
     })
     .await;
     assert_eq!(reloads(&lb.state), 2.0, "m2 was not loaded a second time");
     stop.send(true).unwrap();
     watcher.await.unwrap();
+}
+
+/// Reloads and discovery rebuilds racing each other: every generation a
+/// reader loads pairs a config with the topology built from that config, and
+/// the last reload's config is the one left in force (bounded loops).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_and_topology_always_come_from_one_generation() {
+    let config = |pool: &str| {
+        llmlb::config::parse(&format!(
+            "[[pools]]\nname = \"{pool}\"\nmodels = [\"m\"]\n\
+             [[pools.replicas]]\nurl = \"http://127.0.0.1:9\"\n"
+        ))
+        .unwrap()
+    };
+    let state = llmlb::server::AppState::new(config("p0"));
+    let mismatches = std::sync::atomic::AtomicUsize::new(0);
+    let reads = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=200 {
+                llmlb::server::reload::apply(&state, config(&format!("p{i}")));
+            }
+        });
+        s.spawn(|| {
+            for _ in 0..200 {
+                llmlb::server::reload::rebuild(&state);
+            }
+        });
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = state.generation();
+                if g.topology.pools[0].name != g.config.pools[0].name {
+                    mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::yield_now();
+            }
+        });
+        // Writers end after their bounded loops; then stop the reader.
+        s.spawn(|| {
+            while state.generation().config.pools[0].name != "p200" {
+                std::thread::yield_now();
+            }
+            // Let the rebuilder finish too before stopping the reader.
+            std::thread::sleep(Duration::from_millis(50));
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+    assert!(reads.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(mismatches.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let g = state.generation();
+    assert_eq!(g.config.pools[0].name, "p200");
+    assert_eq!(g.topology.pools[0].name, "p200");
 }

@@ -161,7 +161,7 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
     for p in 0..6 {
         replica_for(lb.addr, &chat(p, "q"), &[]).await;
     }
-    let old = lb.state.topology.load_full();
+    let old = lb.state.topology();
     let ids: Vec<u64> = old.pools[0].replicas.iter().map(|r| r.id).collect();
     let blocks: usize = ids
         .iter()
@@ -172,7 +172,7 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
         &lb.state,
         llmlb::config::parse(&config(&ups[..2], CACHE)).unwrap(),
     );
-    let new = lb.state.topology.load_full();
+    let new = lb.state.topology();
     for id in &ids[..2] {
         let (a, b) = (
             old.pools[0].router.index(*id).unwrap(),

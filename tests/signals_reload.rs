@@ -7,7 +7,6 @@ mod signals_fake;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use llmlb::routing::Topology;
 use signals_fake::{Fake, Proxy};
 
 fn config(urls: &[String]) -> llmlb::config::Config {
@@ -48,14 +47,7 @@ async fn scrape_loops_follow_topology_swaps() {
 
     let state = &proxy.running.state;
     let swap = |urls: &[String]| {
-        let old = state.topology.load();
-        let new = Topology::build(
-            &config(urls),
-            &state.metrics,
-            &state.admission_metrics,
-            Some(&old),
-        );
-        state.topology.store(std::sync::Arc::new(new));
+        llmlb::server::reload::apply(state, config(urls));
     };
 
     // Add b: it is scraped within a supervisor tick; a keeps its snapshot.

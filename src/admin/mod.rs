@@ -30,7 +30,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
     }
     match req.uri().path() {
         "/metrics" => {
-            let topology = state.topology.load();
+            let topology = state.topology();
             state
                 .metrics
                 .set_replicas(topology.pools.iter().flat_map(|p| {
@@ -58,7 +58,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
         "/admin/replicas" => text(
             StatusCode::OK,
             "application/json",
-            replicas::render(&state.topology.load()).to_string(),
+            replicas::render(&state.topology()).to_string(),
         ),
         "/readyz" => {
             if state.is_ready() {
@@ -82,7 +82,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
 
 /// Mutating endpoints, behind the optional admin token.
 fn post(state: &AppState, req: &Request<Incoming>) -> Response<ResponseBody> {
-    if let Some(token) = &state.config.load().server.admin_token {
+    if let Some(token) = &state.config().server.admin_token {
         let presented = crate::gateway::keys::presented_key(req.headers()).unwrap_or("");
         // Digests of equal length: the comparison time says nothing about
         // the token's length either.
@@ -129,7 +129,7 @@ fn post(state: &AppState, req: &Request<Incoming>) -> Response<ResponseBody> {
             }
         },
         other => match drain_target(other) {
-            Some((name, on)) => match replicas::set_draining(&state.topology.load(), name, on) {
+            Some((name, on)) => match replicas::set_draining(&state.topology(), name, on) {
                 Some(body) => {
                     tracing::info!(
                         replica = name,

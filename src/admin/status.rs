@@ -21,7 +21,7 @@ pub const PAGE: &str = include_str!("status.html");
 
 /// The JSON behind the page.
 pub fn render(state: &AppState) -> Value {
-    let topology = state.topology.load();
+    let topology = state.topology();
     let mut doc = super::replicas::render(&topology);
     attach_queues(&mut doc, &topology);
     doc["ready"] = json!(state.is_ready());
@@ -156,7 +156,7 @@ url = "http://127.0.0.1:3"
             "tier".into(),
             1,
         );
-        let topology = s.topology.load();
+        let topology = s.topology();
         let names = crate::signals::MetricNames::vllm();
         topology.pools[0].replicas[0].store_load(crate::signals::LoadSnapshot::from_text(
             "vllm:prefix_cache_hits_total 25\nvllm:prefix_cache_queries_total 100\n",

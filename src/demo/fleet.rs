@@ -172,7 +172,7 @@ impl Fleet {
 async fn wait_for_first_scrape(proxy: &Running) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
     while tokio::time::Instant::now() < deadline {
-        let topology = proxy.state.topology.load();
+        let topology = proxy.state.topology();
         let scraped = topology
             .pools
             .iter()

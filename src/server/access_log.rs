@@ -170,7 +170,7 @@ pub fn wrap(
     fields: RouteFields,
     resp: Response<ResponseBody>,
 ) -> Response<ResponseBody> {
-    let config = state.config.load();
+    let config = state.config();
     let log = &config.telemetry.access_log;
     let logging = log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
     if !logging && fields.pool.is_none() {

@@ -99,8 +99,9 @@ async fn route(
     {
         // Same auth as the model list; the id may name a model only the
         // replicas report.
-        state.gateway.load().authenticate(req.headers())?;
-        state.topology.load_full().refresh_reported().await;
+        let generation = state.generation();
+        generation.gateway.authenticate(req.headers())?;
+        generation.topology.refresh_reported().await;
     }
     if let Some(answer) = surface::local_answer(state, &req) {
         return answer;
@@ -108,7 +109,7 @@ async fn route(
     let path = req.uri().path();
     if path == "/v1/models" {
         // The model list follows the same auth as inference.
-        state.gateway.load().authenticate(req.headers())?;
+        state.generation().gateway.authenticate(req.headers())?;
         return match *req.method() {
             Method::GET => Ok(models(state).await),
             ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
@@ -127,9 +128,12 @@ async fn route(
         return Err(ApiError::ShuttingDown);
     }
     // Authenticate before reading the body.
-    let caller = state.gateway.load().authenticate(req.headers())?;
-    let config = state.config.load();
-    let topology = state.topology.load();
+    // One generation for the whole request: its gateway, config and
+    // topology always belong together, whatever reloads meanwhile.
+    let generation = state.generation();
+    let caller = generation.gateway.authenticate(req.headers())?;
+    let config = &generation.config;
+    let topology = &generation.topology;
     let tier = topology.tier(caller.tier.as_deref());
     // Shed load before reading the body when the pool is already known.
     let mut early_pending = None;
@@ -236,7 +240,7 @@ async fn route(
     };
     // A reload may have happened while the request waited: the same pool,
     // with the replicas in force now (the old one if the pool is gone).
-    let current = state.topology.load();
+    let current = state.topology();
     let reloaded = permit
         .as_ref()
         .and_then(|_| current.pools.iter().find(|p| p.name == admitted_pool));
@@ -411,7 +415,7 @@ fn with_version(
 /// `GET /v1/models`: the config's models and aliases, then the names the
 /// replicas of `models_from_replicas` pools report.
 async fn models(state: &AppState) -> Response<ResponseBody> {
-    let topology = state.topology.load_full();
+    let topology = state.topology();
     topology.refresh_reported().await;
     let reported = topology.reported_models();
     let data: Vec<serde_json::Value> = topology

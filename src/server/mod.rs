@@ -4,6 +4,7 @@ pub mod access_log;
 mod budget;
 mod closed;
 mod error;
+pub mod generation;
 mod handler;
 mod limit_headers;
 mod multipart;
@@ -16,12 +17,12 @@ pub mod surface;
 
 pub use crate::net::error_response;
 pub use error::ApiError;
+pub use generation::Generation;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -38,11 +39,10 @@ use crate::telemetry::Metrics;
 /// swaps in a new one without blocking anybody.
 #[derive(Debug)]
 pub struct AppState {
-    pub config: ArcSwap<Config>,
-    pub topology: ArcSwap<Topology>,
+    /// Config, topology and gateway, swapped together (see [`generation`]).
+    pub live: generation::Live,
     pub metrics: Arc<Metrics>,
     pub admission_metrics: AdmissionMetrics,
-    pub gateway: ArcSwap<Gateway>,
     /// `/readyz` answers 503 (SIGTERM received; the listener may still accept).
     pub draining: AtomicBool,
     /// The client listener has stopped accepting: new requests that still
@@ -100,11 +100,13 @@ impl AppState {
         let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
         let pending = pending::Gates::build(&config);
         Arc::new(AppState {
-            config: ArcSwap::from_pointee(config),
-            topology: ArcSwap::from_pointee(topology),
+            live: generation::Live::new(Generation {
+                config: Arc::new(config),
+                topology: Arc::new(topology),
+                gateway: Arc::new(gateway),
+            }),
             metrics,
             admission_metrics,
-            gateway: ArcSwap::from_pointee(gateway),
             draining: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             reload_metrics,
@@ -121,6 +123,21 @@ impl AppState {
         })
     }
 
+    /// The generation in force: read config, topology and gateway from one.
+    pub fn generation(&self) -> Arc<Generation> {
+        self.live.load()
+    }
+
+    /// The config in force (for a reader that needs nothing else).
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.live.load().config)
+    }
+
+    /// The topology in force (for a reader that needs nothing else).
+    pub fn topology(&self) -> Arc<Topology> {
+        Arc::clone(&self.live.load().topology)
+    }
+
     /// Request body bytes being read or held for forwarding now.
     pub fn buffered_bytes(&self) -> usize {
         self.body_budget.used()
@@ -128,7 +145,7 @@ impl AppState {
 
     /// Ready to take traffic: not draining and every pool has a live replica.
     pub fn is_ready(&self) -> bool {
-        !self.draining.load(Ordering::Relaxed) && self.topology.load().is_ready()
+        !self.draining.load(Ordering::Relaxed) && self.topology().is_ready()
     }
 }
 
@@ -152,7 +169,7 @@ impl Running {
     /// of llmlb can land), then [`Running::shutdown`].
     pub async fn drain(self) {
         self.state.draining.store(true, Ordering::Relaxed);
-        let delay = self.state.config.load().server.drain_delay;
+        let delay = self.state.config().server.drain_delay;
         tracing::info!(delay = %humantime::format_duration(delay), "draining: not ready; still accepting");
         tokio::time::sleep(delay).await;
         self.shutdown().await;
@@ -195,7 +212,8 @@ pub fn start(
     let state = AppState::with_traces(config, traces);
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
-    let server = &state.config.load().server;
+    let config = state.config();
+    let server = &config.server;
     let mut limits = Limits::from_config(server);
     let admin_limits = Limits {
         http2: false,
@@ -228,14 +246,14 @@ pub fn start(
     let background_task = tokio::spawn({
         let s = Arc::clone(&state);
         let supervise = crate::background::supervise(
-            move || s.topology.load_full(),
+            move || s.topology(),
             Arc::clone(&state.metrics),
             background_rx.clone(),
         );
         let (s, r) = (Arc::clone(&state), Arc::clone(&state));
         let discovery = crate::discovery::run(
             crate::discovery::DiscoveryContext {
-                config: move || s.config.load_full(),
+                config: move || s.config(),
                 discovered: Arc::clone(&state.discovered),
                 metrics: state.discovery_metrics.clone(),
                 rebuild: move || reload::rebuild(&r),

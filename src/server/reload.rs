@@ -8,11 +8,12 @@
 //! replicas finish their streams and receive nothing new.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
-use super::AppState;
+use super::{AppState, Generation};
 use crate::config::{self, ConfigError};
 use crate::gateway::Gateway;
 use crate::routing::Topology;
@@ -97,30 +98,35 @@ pub fn reload(state: &AppState, path: Option<&Path>) -> Result<ReloadSummary, Co
 /// Rebuilds the topology from the running config after discovery changed a
 /// pool's replicas: the same carry-over as a reload, without counting one.
 pub fn rebuild(state: &AppState) {
-    let config = state.config.load_full();
-    let old = state.topology.load_full();
+    let writer = state.live.write();
+    let current = writer.current();
     let topology = Topology::build(
-        &state.discovered.effective(&config),
+        &state.discovered.effective(&current.config),
         &state.metrics,
         &state.admission_metrics,
-        Some(&old),
+        Some(&current.topology),
     );
-    state.topology.store(std::sync::Arc::new(topology));
+    writer.store(Generation {
+        config: Arc::clone(&current.config),
+        topology: Arc::new(topology),
+        gateway: Arc::clone(&current.gateway),
+    });
 }
 
 /// Swaps in a validated config.
 pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
-    let old_config = state.config.load_full();
-    let old_topology = state.topology.load_full();
+    let writer = state.live.write();
+    let current = writer.current();
+    let (old_config, old_topology) = (&current.config, &current.topology);
     let topology = Topology::build(
         &state.discovered.effective(&new),
         &state.metrics,
         &state.admission_metrics,
-        Some(&old_topology),
+        Some(old_topology),
     );
     let gateway = Gateway::build(
         &new,
-        Some(&state.gateway.load()),
+        Some(&current.gateway),
         Instant::now(),
         &state.shared_limit_metrics,
     );
@@ -188,10 +194,13 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         kept_replicas,
         needs_restart,
     };
-    state.gateway.store(std::sync::Arc::new(gateway));
-    state.topology.store(std::sync::Arc::new(topology));
     state.pending.update(&new);
-    state.config.store(std::sync::Arc::new(new));
+    writer.store(Generation {
+        config: Arc::new(new),
+        topology: Arc::new(topology),
+        gateway: Arc::new(gateway),
+    });
+    drop(writer);
     state
         .reload_metrics
         .reloads

@@ -45,7 +45,7 @@ pub fn local_answer<B>(
     let path = req.uri().path();
     let get = matches!(*req.method(), Method::GET | Method::HEAD);
     if *req.method() == Method::OPTIONS
-        && let Some(cors) = &state.config.load().server.cors
+        && let Some(cors) = &state.config().server.cors
         && let Some(origin) = req.headers().get(header::ORIGIN)
     {
         return Some(Ok(preflight(cors, origin)));
@@ -69,7 +69,7 @@ pub fn local_answer<B>(
     if !get {
         return Some(Err(ApiError::MethodNotAllowed(req.method().to_string())));
     }
-    let topology = state.topology.load();
+    let topology = state.topology();
     Some(
         find_model(&topology, id)
             .map(|owner| json(&model_object(id, &owner)))
@@ -136,7 +136,7 @@ pub fn apply_cors(
     origin: Option<&HeaderValue>,
     resp: &mut Response<ResponseBody>,
 ) {
-    let config = state.config.load();
+    let config = state.config();
     let (Some(cors), Some(origin)) = (&config.server.cors, origin) else {
         return;
     };

@@ -34,7 +34,7 @@ pub async fn refused_addr() -> SocketAddr {
 
 /// Waiters per priority level in the first pool's queue.
 pub fn queue_depths(lb: &llmlb::server::Running) -> Vec<usize> {
-    lb.state.topology.load().pools[0]
+    lb.state.topology().pools[0]
         .admission
         .as_ref()
         .expect("the pool queues")
