@@ -6,21 +6,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use hyper::body::Incoming;
 
 use http_body_util::BodyExt;
 
 use super::closed::ClientClosed;
-use super::prompt_tokens::{PromptTokens, prompt};
-use super::request::{RequestMeta, content_length};
+use super::prompt_tokens::prompt;
+use super::request::RequestMeta;
 use super::{ApiError, AppState};
-use super::{access_log, surface};
+use super::{access_log, stages, surface};
 use crate::admission::{AdmittedBody, Settlement};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
 use crate::gateway::{Charge, RateHeaders};
-use crate::net::{ResponseBody, read_body};
+use crate::net::ResponseBody;
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
@@ -82,6 +82,8 @@ async fn handle_counted(
     access_log::wrap(&state, access, fields, resp)
 }
 
+/// The request path, one step after another (each in [`super::stages`]);
+/// the rate-limit charge refunds itself on any early return.
 #[allow(clippy::too_many_arguments)]
 async fn route(
     state: &AppState,
@@ -94,136 +96,35 @@ async fn route(
     pool_label: &mut Option<String>,
     trace: Option<&RequestTrace>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    if req.uri().path().starts_with("/v1/models/")
-        && matches!(*req.method(), Method::GET | Method::HEAD)
-    {
-        // Same auth as the model list; the id may name a model only the
-        // replicas report.
-        let generation = state.generation();
-        generation.gateway.authenticate(req.headers())?;
-        generation.topology.refresh_reported().await;
-    }
-    if let Some(answer) = surface::local_answer(state, &req) {
+    if let Some(answer) = stages::answer_locally(state, &req).await {
         return answer;
     }
-    let path = req.uri().path();
-    if path == "/v1/models" {
-        // The model list follows the same auth as inference.
-        state.generation().gateway.authenticate(req.headers())?;
-        return match *req.method() {
-            Method::GET => Ok(models(state).await),
-            ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
-        };
-    }
-    if !surface::is_model_routed(path) {
-        return Err(ApiError::RouteNotFound {
-            method: req.method().to_string(),
-            path: path.to_string(),
-        });
-    }
-    if req.method() != Method::POST {
-        return Err(ApiError::MethodNotAllowed(req.method().to_string()));
-    }
-    if state.closing.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err(ApiError::ShuttingDown);
-    }
-    // Authenticate before reading the body.
     // One generation for the whole request: its gateway, config and
     // topology always belong together, whatever reloads meanwhile.
     let generation = state.generation();
+    let (config, topology) = (&generation.config, &generation.topology);
+    // Authenticate, and shed what cannot be served, before reading the body.
     let caller = generation.gateway.authenticate(req.headers())?;
-    let config = &generation.config;
-    let topology = &generation.topology;
     let tier = topology.tier(caller.tier.as_deref());
-    // Shed load before reading the body when the pool is already known.
-    let mut early_pending = None;
-    if let Some(pool) = topology.pool_before_body(tier) {
-        if let Some(gate) = state.pending.get(&pool.name) {
-            let guard = gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
-                pool: pool.name.clone(),
-                limit,
-            })?;
-            early_pending = Some((pool.name.clone(), guard));
-        }
-        if let Some(admission) = &pool.admission {
-            admission.check(caller.level)?;
-        }
-    }
+    let early_pending = stages::shed_before_body(state, topology, tier, &caller)?;
     let (parts, body) = req.into_parts();
-    let server = &config.server;
-    let mut held = state.body_budget.empty();
-    let declared = content_length(&parts.headers).map_or(0, |n| n.min(server.max_body_bytes));
-    if !held.grow(declared, server.max_buffered_bytes) {
-        return Err(ApiError::ServerBusy);
-    }
-    let read = read_body(&parts.headers, body, server.max_body_bytes);
-    let bytes = tokio::time::timeout(server.body_timeout, read)
-        .await
-        .map_err(|_| {
-            ApiError::BodyTimeout(crate::config::format_duration(server.body_timeout))
-        })??;
-    // A body without a declared length is counted once it is in.
-    if bytes.len() > held.bytes()
-        && !held.grow(bytes.len() - held.bytes(), server.max_buffered_bytes)
-    {
-        return Err(ApiError::ServerBusy);
-    }
+    let (bytes, _held) =
+        stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
     fields.model = Some(meta.model.clone());
     fields.stream = Some(meta.stream);
-    // The pool is resolved once: the queue that admits the request is the
-    // queue of the pool that serves it.
-    let first = match topology.resolve(&meta.model, tier) {
-        Some(first) if !first.by_default() || !topology.has_reported() => first,
-        by_default => {
-            // Not named in the config: maybe a name a pool's replicas
-            // report, which goes before the default pool.
-            topology.refresh_reported().await;
-            topology
-                .resolve_reported(&meta.model, tier)
-                .or(by_default)
-                .ok_or_else(|| ApiError::ModelNotFound(meta.model.clone()))?
-        }
-    };
-    let pool = first.pool;
-    let admitted_pool = pool.name.clone();
-    *pool_label = Some(admitted_pool.clone());
-    let pending = match (early_pending, state.pending.get(&pool.name)) {
-        (Some((name, guard)), _) if name == pool.name => Some(guard),
-        (_, Some(gate)) => Some(gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
-            pool: pool.name.clone(),
-            limit,
-        })?),
-        (_, None) => None,
-    };
-
-    // With a model tokenizer, the real prompt token count feeds rate limits,
-    // routing and balancing; else the cheap estimate.
-    let mut counted = PromptTokens::count(pool, &meta).await;
-    let count_of = |c: &Option<PromptTokens>| {
-        c.as_ref()
-            .map_or(meta.estimated_prompt_tokens(), PromptTokens::count_u32)
-    };
-    // The output allowance the replica can actually grant: an absurd
-    // `max_tokens` is charged and balanced as the context left.
-    let prompt_tokens = count_of(&counted);
-    let room = pool
-        .balancing
-        .max_model_len
-        .saturating_sub(prompt_tokens)
-        .max(1);
-    let max_tokens = meta.max_tokens.map(|m| m.min(room));
-    let estimated = u64::from(prompt_tokens)
-        + u64::from(max_tokens.unwrap_or(pool.balancing.default_max_tokens.min(room)));
-    match caller.charge(estimated, Instant::now()).await {
-        Ok(headers) => *rate = headers,
+    let first = stages::resolve_pool(topology, &meta.model, tier).await?;
+    *pool_label = Some(first.pool.name.clone());
+    let pending = stages::enter_pending(state, first.pool, early_pending)?;
+    let mut estimate = stages::Estimate::of(first.pool, &meta).await;
+    *rate = match caller.charge(estimate.total, Instant::now()).await {
+        Ok(headers) => headers,
         Err(limited) => {
             *rate = limited.headers.clone();
             return Err(limited.into());
         }
-    }
-    // Refunded on every early return, and when the client goes away.
-    let charge = Charge::new(&caller, estimated);
+    };
+    let charge = Charge::new(&caller, estimate.total);
     if let Some(tenant) = &caller.tenant {
         state
             .admission_metrics
@@ -231,35 +132,14 @@ async fn route(
             .with_label_values(&[tenant])
             .inc();
     }
-    let permit = match &pool.admission {
-        Some(admission) => {
-            let _queued = trace.map(|t| t.stage("llmlb.queue"));
-            Some(admission.acquire(caller.level).await?)
-        }
-        None => None,
-    };
-    // A reload may have happened while the request waited: the same pool,
-    // with the replicas in force now (the old one if the pool is gone).
+    let permit = stages::admit(first.pool, &caller, trace).await?;
     let current = state.topology();
-    let reloaded = permit
-        .as_ref()
-        .and_then(|_| current.pools.iter().find(|p| p.name == admitted_pool));
-    let resolved = Resolution {
-        pool: reloaded.unwrap_or(first.pool),
-        rewrite: first.rewrite,
-        branches: first.branches,
-    };
+    let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
-    if counted.as_ref().is_some_and(|c| c.for_pool(pool).is_none())
-        || (counted.is_none() && !pool.router.tokenizer().is_stand_in())
-    {
-        // The request ended up in a pool with another tokenizer.
-        counted = PromptTokens::count(pool, &meta).await;
-    }
-    let tokens = counted.as_ref().and_then(|c| c.for_pool(pool));
+    let tokens = estimate.tokens_for(pool, &meta).await;
     fields.pool = Some(pool.name.clone());
     let routing = trace.map(|t| t.stage("llmlb.route"));
-    let routed = route_within(
+    let (decision, body) = route_within(
         state,
         &resolved,
         &meta,
@@ -267,8 +147,7 @@ async fn route(
         &parts.headers,
         tier,
         &bytes,
-    );
-    let (decision, body) = routed?;
+    )?;
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
         span.set("llmlb.pool", pool.name.clone());
@@ -296,8 +175,8 @@ async fn route(
         body,
         info: RequestInfo {
             model: resolved.rewrite.unwrap_or(&meta.model),
-            prompt_tokens,
-            max_tokens,
+            prompt_tokens: estimate.prompt_tokens,
+            max_tokens: estimate.max_tokens,
             user: meta.user.as_deref(),
         },
         route: &decision,
@@ -336,7 +215,7 @@ async fn route(
     }
     let settlement = Settlement {
         caller,
-        estimated,
+        estimated: estimate.total,
         metrics: state.admission_metrics.clone(),
     };
     Ok(resp.map(|body| AdmittedBody::new(body, permit, Some(settlement)).boxed_unsync()))
@@ -410,21 +289,6 @@ fn with_version(
         })
         .boxed_unsync();
     Response::from_parts(parts, body)
-}
-
-/// `GET /v1/models`: the config's models and aliases, then the names the
-/// replicas of `models_from_replicas` pools report.
-async fn models(state: &AppState) -> Response<ResponseBody> {
-    let topology = state.topology();
-    topology.refresh_reported().await;
-    let reported = topology.reported_models();
-    let data: Vec<serde_json::Value> = topology
-        .models()
-        .chain(topology.aliases())
-        .chain(reported.iter().map(|(m, p)| (m.as_str(), *p)))
-        .map(|(model, pool)| surface::model_object(model, &pool.name))
-        .collect();
-    surface::json(&serde_json::json!({"object": "list", "data": data}))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh UUID.

@@ -13,6 +13,7 @@ mod prompt_tokens;
 pub mod reload;
 pub mod request;
 mod stage_errors;
+mod stages;
 pub mod surface;
 
 pub use crate::net::error_response;
