@@ -120,3 +120,48 @@ fn discovery_and_static_replicas_are_exclusive() {
         vec!["pools[0].discovery.dns", "pools[0].discovery.port"]
     );
 }
+
+/// A discovered replica is named by its reverse DNS name (here from the
+/// hosts file, as a StatefulSet's pod would resolve back), so its series
+/// keep their `replica` label when the pod comes back with a new address;
+/// `replica_names = "address"` keeps `host:port`.
+#[tokio::test]
+async fn discovered_replicas_carry_their_pod_names() {
+    let up = Upstream::start("pod", Mode::Json).await;
+    let dir = Dir(std::env::temp_dir().join(format!("llmlb-pod-names-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let hosts = dir.0.join("hosts");
+    std::fs::write(
+        &hosts,
+        "127.0.0.1 vllm.default.svc.cluster.local vllm-0.vllm.default.svc.cluster.local\n",
+    )
+    .unwrap();
+    for (names, want) in [
+        ("reverse_dns", "vllm-0".to_string()),
+        ("address", format!("127.0.0.1:{}", up.addr.port())),
+    ] {
+        let config = format!(
+            "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\n\
+             discovery = {{ dns = \"vllm.default.svc.cluster.local\", port = {}, \
+             interval = \"100ms\", hosts_file = \"{}\", replica_names = \"{names}\" }}\n",
+            up.addr.port(),
+            hosts.display()
+        );
+        let lb = start_llmlb(&config).await;
+        until_async("replica discovered", LIMIT, async || {
+            !lb.state.topology().pools[0].replicas.is_empty()
+        })
+        .await;
+        assert_eq!(lb.state.topology().pools[0].replicas[0].name, want);
+        let (st, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+        assert_eq!(st, StatusCode::OK);
+        let text = metrics_text(lb.admin_addr).await;
+        let info = metric_value(
+            &text,
+            "llmlb_replica_info",
+            &[("replica", want.as_str()), ("url", &up.url())],
+        );
+        assert_eq!(info, 1.0, "{names}");
+        lb.shutdown().await;
+    }
+}

@@ -26,6 +26,21 @@ pub struct DiscoveryConfig {
     /// Port of every discovered replica's KV-event replay endpoint.
     #[serde(default)]
     pub kv_events_replay_port: Option<u16>,
+    /// How discovered replicas are named in metrics, logs and the admin API.
+    #[serde(default)]
+    pub replica_names: ReplicaNames,
+}
+
+/// Where a discovered replica's name comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaNames {
+    /// The first label of the address's reverse DNS name (the pod name for a
+    /// StatefulSet's pods behind a headless Service), else the address.
+    #[default]
+    ReverseDns,
+    /// Always `host:port`.
+    Address,
 }
 
 fn default_interval() -> Duration {

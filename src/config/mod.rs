@@ -21,7 +21,7 @@ mod validate_load;
 mod validate_routing;
 
 pub use cors::CorsConfig;
-pub use discovery::DiscoveryConfig;
+pub use discovery::{DiscoveryConfig, ReplicaNames};
 pub use duration::format as format_duration;
 pub use gateway::*;
 pub use routing::*;

@@ -8,6 +8,7 @@
 //! work and finish their streams. A failed resolution keeps the last known
 //! replicas (DNS trouble never empties a pool) and is counted.
 
+pub mod names;
 pub mod resolve;
 
 use std::collections::HashMap;
@@ -19,7 +20,8 @@ use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::config::{Config, ReplicaConfig};
+use crate::config::{Config, DiscoveryConfig, ReplicaConfig, ReplicaNames};
+use names::Named;
 
 /// How often the loop looks for pools due for resolution.
 const TICK: Duration = Duration::from_millis(100);
@@ -75,24 +77,34 @@ impl DiscoveryMetrics {
     }
 }
 
-/// The last resolved addresses per pool. Touched by the discovery loop and
-/// by reloads, never on the request path.
+/// The last resolved addresses per pool, each with its name when one was
+/// found ([`names`]). Touched by the discovery loop and by reloads, never on
+/// the request path.
 #[derive(Debug, Default)]
-pub struct Discovered(Mutex<HashMap<String, Vec<SocketAddr>>>);
+pub struct Discovered(Mutex<HashMap<String, Vec<Named>>>);
 
 impl Discovered {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<SocketAddr>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Named>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records `addrs` for `pool`; true when they differ from what was known.
-    pub fn set(&self, pool: &str, addrs: Vec<SocketAddr>) -> bool {
+    /// Records `replicas` for `pool`; true when they differ from what was known.
+    pub fn set(&self, pool: &str, replicas: Vec<Named>) -> bool {
         let mut map = self.lock();
-        if map.get(pool) == Some(&addrs) {
+        if map.get(pool) == Some(&replicas) {
             return false;
         }
-        map.insert(pool.to_string(), addrs);
+        map.insert(pool.to_string(), replicas);
         true
+    }
+
+    /// The name last given to `addr` in `pool`, if the address is known.
+    fn known_name(&self, pool: &str, addr: SocketAddr) -> Option<Option<String>> {
+        self.lock()
+            .get(pool)?
+            .iter()
+            .find(|(a, _)| *a == addr)
+            .map(|(_, n)| n.clone())
     }
 
     /// `config` with each discovery pool's replicas filled in from the last
@@ -112,10 +124,10 @@ impl Discovered {
                 .map(|addrs| {
                     addrs
                         .iter()
-                        .map(|a| ReplicaConfig {
+                        .map(|(a, name)| ReplicaConfig {
                             url: format!("http://{a}"),
                             weight: 1,
-                            name: None,
+                            name: name.clone(),
                             max_inflight: None,
                             version: None,
                             kv_events: tcp(a, discovery.kv_events_port),
@@ -127,6 +139,30 @@ impl Discovered {
         }
         out
     }
+}
+
+/// Names `addrs` ([`names`]): known addresses keep their name, new ones are
+/// looked up (unless the pool names replicas by address).
+async fn name_all(
+    discovered: &Discovered,
+    pool: &str,
+    config: &DiscoveryConfig,
+    addrs: Vec<SocketAddr>,
+    timeout: Duration,
+) -> Vec<Named> {
+    let mut named = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        let name = match (config.replica_names, discovered.known_name(pool, addr)) {
+            (ReplicaNames::Address, _) => None,
+            (ReplicaNames::ReverseDns, Some(known)) => known,
+            (ReplicaNames::ReverseDns, None) => {
+                names::reverse_name(config, addr.ip(), timeout).await
+            }
+        };
+        named.push((addr, name));
+    }
+    names::unique(&mut named);
+    named
 }
 
 /// What the discovery loop reads and writes.
@@ -174,8 +210,9 @@ where
                         .replicas
                         .with_label_values(&[&pool.name])
                         .set(addrs.len() as i64);
-                    if ctx.discovered.set(&pool.name, addrs.clone()) {
-                        tracing::info!(pool = %pool.name, dns = %d.dns, replicas = ?addrs, "discovered replicas changed");
+                    let named = name_all(&ctx.discovered, &pool.name, d, addrs, timeout).await;
+                    if ctx.discovered.set(&pool.name, named.clone()) {
+                        tracing::info!(pool = %pool.name, dns = %d.dns, replicas = ?named, "discovered replicas changed");
                         ctx.metrics.updates.with_label_values(&[&pool.name]).inc();
                         changed = true;
                     }

@@ -108,6 +108,7 @@ mod tests {
             hosts_file: Some(path.display().to_string()),
             kv_events_port: None,
             kv_events_replay_port: None,
+            replica_names: Default::default(),
         };
         let addrs = resolve(&config, Duration::from_secs(1)).await.unwrap();
         assert_eq!(
@@ -129,6 +130,7 @@ mod tests {
             hosts_file: None,
             kv_events_port: None,
             kv_events_replay_port: None,
+            replica_names: Default::default(),
         };
         let addrs = resolve(&config, Duration::from_secs(5)).await.unwrap();
         assert!(
