@@ -31,6 +31,21 @@ pub struct DiscoveryConfig {
     pub replica_names: ReplicaNames,
 }
 
+impl DiscoveryConfig {
+    /// `dns` on `port`, every other field at its default.
+    pub fn new(dns: impl Into<String>, port: u16) -> DiscoveryConfig {
+        DiscoveryConfig {
+            dns: dns.into(),
+            port,
+            interval: default_interval(),
+            hosts_file: None,
+            kv_events_port: None,
+            kv_events_replay_port: None,
+            replica_names: ReplicaNames::default(),
+        }
+    }
+}
+
 /// Where a discovered replica's name comes from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

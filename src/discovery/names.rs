@@ -148,15 +148,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_system_resolver_names_the_loopback_address() {
-        let config = DiscoveryConfig {
-            dns: "localhost".into(),
-            port: 9,
-            interval: Duration::from_secs(5),
-            hosts_file: None,
-            kv_events_port: None,
-            kv_events_replay_port: None,
-            replica_names: Default::default(),
-        };
+        let config = DiscoveryConfig::new("localhost", 9);
         // Every resolver answers 127.0.0.1 with a name (`localhost` on most
         // systems); it must be a plain label.
         let name = reverse_name(&config, ip("127.0.0.1"), Duration::from_secs(5)).await;

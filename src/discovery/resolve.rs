@@ -102,13 +102,8 @@ mod tests {
         let path = dir.join("hosts");
         std::fs::write(&path, "10.0.0.9 svc\n10.0.0.2 svc\n10.0.0.9 svc\n").unwrap();
         let config = DiscoveryConfig {
-            dns: "svc".into(),
-            port: 8000,
-            interval: Duration::from_secs(5),
             hosts_file: Some(path.display().to_string()),
-            kv_events_port: None,
-            kv_events_replay_port: None,
-            replica_names: Default::default(),
+            ..DiscoveryConfig::new("svc", 8000)
         };
         let addrs = resolve(&config, Duration::from_secs(1)).await.unwrap();
         assert_eq!(
@@ -123,15 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn system_resolver_finds_localhost() {
-        let config = DiscoveryConfig {
-            dns: "localhost".into(),
-            port: 9,
-            interval: Duration::from_secs(5),
-            hosts_file: None,
-            kv_events_port: None,
-            kv_events_replay_port: None,
-            replica_names: Default::default(),
-        };
+        let config = DiscoveryConfig::new("localhost", 9);
         let addrs = resolve(&config, Duration::from_secs(5)).await.unwrap();
         assert!(
             addrs.iter().any(|a| a.ip().is_loopback() && a.port() == 9),
