@@ -15,11 +15,12 @@ use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
-use crate::balancing::{self, Replica, ReplicaId, ReplicaView, RequestInfo};
+use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
 use crate::net::ResponseBody;
-use crate::routing::StreamBroken;
+use crate::routing::{Choice, StreamBroken, choose};
 use crate::routing::{Decision, Failure, Pool};
 use crate::telemetry::Metrics;
+use crate::telemetry::clock::now_millis;
 
 /// Everything needed to send one client request upstream.
 pub struct ForwardRequest<'a> {
@@ -53,29 +54,16 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     let max_attempts = pool.retries + 1;
     let mut slot_deadline: Option<tokio::time::Instant> = None;
     loop {
-        let untried: Vec<Arc<Replica>> = pool
-            .eligible()
-            .into_iter()
-            .filter(|r| !tried.contains(&r.id))
-            .collect();
-        // `max_inflight` is a hard limit: only replicas with a free slot are
-        // offered to the balancer, and when every replica the request may
+        // `max_inflight` is a hard limit: when every replica the request may
         // use is full it waits here for one of them (never for a replica it
         // may not use, and never by overfilling one).
-        let (free, full): (Vec<Arc<Replica>>, Vec<Arc<Replica>>) =
-            untried.into_iter().partition(|r| r.has_free_slot());
-        let candidates = req.route.narrow(free);
-        if candidates.is_empty() {
-            let allowed = req.route.narrow(full);
-            if !allowed.is_empty() {
+        let (replica, pick) = match choose(pool, req.route, &tried, &req.info, now_millis()) {
+            Choice::Pick(replica, pick) => (replica, pick),
+            Choice::Wait(allowed) => {
                 wait_for_slot(pool, &allowed, &mut slot_deadline).await?;
                 continue;
             }
-        }
-        let views: Vec<ReplicaView> = candidates.iter().map(|r| ReplicaView::of(r)).collect();
-        let pick = match balancing::pick(pool.balancer.as_ref(), &req.info, &views) {
-            Ok(pick) => pick,
-            Err(branch) => {
+            Choice::NoReplica(branch) => {
                 pool.record_branch(branch, req.metrics);
                 return Err(if tried.is_empty() {
                     ForwardError::NoHealthyReplica {
@@ -89,7 +77,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 });
             }
         };
-        let replica = &candidates[pick.index];
+        let replica = &replica;
         // The slot is taken as part of the pick: the check and the count are
         // one atomic step, so a request that lost the race picks again.
         let Some(guard) = replica.try_acquire_tokens(

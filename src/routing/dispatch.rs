@@ -1,43 +1,70 @@
-//! The last step of a routing decision as `llmlb simulate` takes it: among the pool's replicas eligible at `now_ms` and not
-//! yet tried, keep what the routing [`Decision`] allows (and prefers), prefer
-//! those with a free slot under a concurrency limit, and let the pool's
-//! balancer pick from views of their load.
+//! The last step of a routing decision, shared by `serve`'s forwarder and
+//! `llmlb simulate`: among the pool's replicas eligible at `now_ms` and not
+//! yet tried, keep what the routing [`Decision`] allows (and prefers), offer
+//! the balancer only those with a free slot under their `max_inflight`, and
+//! let it pick from views of their load read at one instant.
 //!
-//! `serve`'s forwarder (`forwarding/forward.rs`) makes the same choice
-//! inline, with one difference this function does not model yet: there
-//! `max_inflight` is a hard limit (only replicas with a free slot are
-//! offered, and a request waits for a slot rather than overfilling one).
+//! `max_inflight` is a hard limit: when every replica the request may use
+//! is full, the answer is [`Choice::Wait`] with those replicas, never one of
+//! them overfilled. The forwarder waits for a slot; `llmlb simulate`, which
+//! does not model the wait yet, sends the request to one of them anyway
+//! ([`pick_from`]) and says so in its docs.
 //!
 //! Pure apart from the balancer's own state (round-robin cursors, p2c RNG);
 //! no I/O. Cost: O(replicas) to filter and build views, plus the balancer's
-//! pick. With no candidate left it returns the balancer's `NoHealthy` branch.
+//! pick. The caller takes the slot (`Replica::try_acquire_tokens`) and picks
+//! again when it lost the race.
 
 use std::sync::Arc;
 
 use super::{Decision, Pool};
 use crate::balancing::{self, Branch, Pick, Replica, ReplicaId, ReplicaView, RequestInfo};
 
-/// Picks the replica for the next attempt of a request.
+/// What the next attempt of a request does.
+#[derive(Debug)]
+pub enum Choice {
+    /// Send it to this replica.
+    Pick(Arc<Replica>, Pick),
+    /// Every replica the request may use is at its concurrency limit: wait
+    /// until one of these ends a request.
+    Wait(Vec<Arc<Replica>>),
+    /// No replica is left; the balancer's branch says why.
+    NoReplica(Branch),
+}
+
+/// Chooses the replica for the next attempt of a request.
 pub fn choose(
     pool: &Pool,
     route: &Decision,
     tried: &[ReplicaId],
     info: &RequestInfo<'_>,
     now_ms: u64,
-) -> Result<(Arc<Replica>, Pick), Branch> {
-    let untried: Vec<Arc<Replica>> = pool
+) -> Choice {
+    let (free, full): (Vec<Arc<Replica>>, Vec<Arc<Replica>>) = pool
         .eligible_at(now_ms)
         .into_iter()
         .filter(|r| !tried.contains(&r.id))
-        .collect();
-    let candidates = route.narrow(untried);
-    // Under a concurrency limit, prefer replicas with a free slot.
-    let free: Vec<Arc<Replica>> = candidates
-        .iter()
-        .filter(|r| r.has_free_slot())
-        .cloned()
-        .collect();
-    let candidates = if free.is_empty() { candidates } else { free };
+        .partition(|r| r.has_free_slot());
+    let candidates = route.narrow(free);
+    if candidates.is_empty() {
+        let allowed = route.narrow(full);
+        if !allowed.is_empty() {
+            return Choice::Wait(allowed);
+        }
+    }
+    match pick_from(pool, info, &candidates, now_ms) {
+        Ok((replica, pick)) => Choice::Pick(replica, pick),
+        Err(branch) => Choice::NoReplica(branch),
+    }
+}
+
+/// The pool's balancer's pick among `candidates`, their load read at `now_ms`.
+pub fn pick_from(
+    pool: &Pool,
+    info: &RequestInfo<'_>,
+    candidates: &[Arc<Replica>],
+    now_ms: u64,
+) -> Result<(Arc<Replica>, Pick), Branch> {
     let views: Vec<ReplicaView> = candidates
         .iter()
         .map(|r| ReplicaView::at(r, now_ms))

@@ -31,7 +31,7 @@ mod topology;
 
 pub use branch::RouteBranch;
 pub use decision::Decision;
-pub use dispatch::choose;
+pub use dispatch::{Choice, choose, pick_from};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};
 pub use outcome::{Failure, StreamBroken};

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::admission::AdmissionMetrics;
 use crate::balancing::{Branch, Pick, Replica, ReplicaId, RequestInfo};
 use crate::config::{BalancerKind, Config, PrefixMode, ReplicaConfig};
-use crate::routing::{Decision, Pool, Prompt, RouteError, RouteInput, Topology};
+use crate::routing::{Choice, Decision, Pool, Prompt, RouteError, RouteInput, Topology};
 use crate::telemetry::Metrics;
 
 use super::SimulateError;
@@ -230,7 +230,9 @@ impl Decider {
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)
     }
 
-    /// The forwarder's pick for the next attempt.
+    /// The forwarder's pick for the next attempt. Where `serve` would wait
+    /// for a slot (every allowed replica at its `max_inflight`), the
+    /// simulation does not model the wait: it picks among the full ones.
     pub fn choose(
         &self,
         decision: &Decision,
@@ -238,7 +240,11 @@ impl Decider {
         info: &RequestInfo<'_>,
         now_ms: u64,
     ) -> Result<(Arc<Replica>, Pick), Branch> {
-        crate::routing::choose(self.pool(), decision, tried, info, now_ms)
+        match crate::routing::choose(self.pool(), decision, tried, info, now_ms) {
+            Choice::Pick(replica, pick) => Ok((replica, pick)),
+            Choice::Wait(full) => crate::routing::pick_from(self.pool(), info, &full, now_ms),
+            Choice::NoReplica(branch) => Err(branch),
+        }
     }
 }
 
