@@ -13,8 +13,11 @@
 //! - **Estimated wait** for a newcomer is its position (waiters at its level
 //!   or above, plus itself) divided by the drain rate, `capacity ÷ mean
 //!   service time`, where service time is how long permits are held (an
-//!   exponentially weighted mean). With no completed request yet there is no
-//!   estimate and only the depth bound applies.
+//!   exponentially weighted mean) by requests a replica answered
+//!   ([`Permit::served`]): a request refused downstream, failed upstream or
+//!   given up before its answer started frees its slot without teaching the
+//!   queue a drain rate it cannot sustain. With no served request yet there
+//!   is no estimate and only the depth bound applies.
 //! - `Retry-After` is the time to drain the whole backlog at that rate.
 //!
 //! Cost: O(levels) per grant under one short mutex; no `.await` inside it.
@@ -114,11 +117,22 @@ pub struct Permit {
     since: Instant,
     /// Level the request was admitted at.
     pub level: usize,
+    /// A replica answered: the hold time counts toward the service time.
+    served: bool,
+}
+
+impl Permit {
+    /// Marks the request as answered by a replica (a success status), so
+    /// the time it holds its slot teaches the queue its drain rate.
+    pub fn served(&mut self) {
+        self.served = true;
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.queue.release(self.since.elapsed());
+        let held = self.served.then(|| self.since.elapsed());
+        self.queue.release(held);
     }
 }
 
@@ -309,10 +323,12 @@ impl PoolQueue {
             queue: self.me.upgrade().expect("a live queue hands out permits"),
             since: now,
             level,
+            served: false,
         }
     }
 
-    fn release(&self, held: Duration) {
+    /// Frees a slot; `held` is the service time of a served request.
+    fn release(&self, held: Option<Duration>) {
         let granted = {
             let mut inner = self.lock();
             if let Some(next) = inner.successor.clone() {
@@ -320,11 +336,13 @@ impl PoolQueue {
                 return next.release(held);
             }
             inner.active = inner.active.saturating_sub(1);
-            let s = held.as_secs_f64();
-            inner.service_mean = Some(match inner.service_mean {
-                Some(m) => m + SERVICE_EWMA_WEIGHT * (s - m),
-                None => s,
-            });
+            if let Some(held) = held {
+                let s = held.as_secs_f64();
+                inner.service_mean = Some(match inner.service_mean {
+                    Some(m) => m + SERVICE_EWMA_WEIGHT * (s - m),
+                    None => s,
+                });
+            }
             self.grant(&mut inner)
         };
         // Sent outside the lock: a permit refused by a vanished waiter is
@@ -425,6 +443,11 @@ mod tests {
         }
     }
 
+    /// Drops `p` as a request a replica answered.
+    fn served(mut p: Permit) {
+        p.served();
+    }
+
     fn ticket(a: Admit) -> Ticket {
         match a {
             Admit::Wait(t) => t,
@@ -520,11 +543,34 @@ mod tests {
     }
 
     #[test]
+    fn only_served_requests_teach_the_drain_rate() {
+        let (q, _) = queue(1, 100, Duration::from_secs(3600));
+        let now = Instant::now();
+        let no_data = q.backlog_drain_time();
+        // Requests that failed, or whose client left before an answer: the
+        // slot frees, no rate is learned from them.
+        for _ in 0..5 {
+            drop(now_permit(q.admit(0, now - Duration::from_millis(1900))));
+        }
+        assert_eq!(q.backlog_drain_time(), no_data);
+        served(now_permit(q.admit(0, now - Duration::from_millis(1900))));
+        let taught = q.backlog_drain_time();
+        assert!((taught.as_secs_f64() - 1.9).abs() < 0.2, "{taught:?}");
+        // A burst of fast failures afterwards does not make the fleet look
+        // faster than it is.
+        for _ in 0..20 {
+            drop(now_permit(q.admit(0, now)));
+        }
+        assert_eq!(q.backlog_drain_time(), taught);
+        assert_eq!(q.active(), 0);
+    }
+
+    #[test]
     fn estimated_wait_rejects_and_retry_after_grows_with_backlog() {
         let (q, _) = queue(1, 100, Duration::from_secs(3600));
         let now = Instant::now();
         // One request held for ~1.9 s teaches the queue its drain rate.
-        drop(now_permit(q.admit(0, now - Duration::from_millis(1900))));
+        served(now_permit(q.admit(0, now - Duration::from_millis(1900))));
         let _running = now_permit(q.admit(0, now));
         let mut retry = Vec::new();
         let mut waiting = Vec::new();

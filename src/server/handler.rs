@@ -132,7 +132,7 @@ async fn route(
             .with_label_values(&[tenant])
             .inc();
     }
-    let permit = stages::admit(first.pool, &caller, trace).await?;
+    let mut permit = stages::admit(first.pool, &caller, trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
@@ -201,6 +201,11 @@ async fn route(
             return Err(err);
         }
     };
+    // A replica answered: the time this request holds its queue slot
+    // teaches the queue its drain rate (failures and refusals do not).
+    if let Some(p) = permit.as_mut().filter(|_| resp.status().is_success()) {
+        p.served();
+    }
     let resp = match &decision.version {
         Some(v) => with_version(resp, state, &pool.name, v, start),
         None => resp,
