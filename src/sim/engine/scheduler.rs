@@ -14,6 +14,9 @@ pub(super) struct Plan {
     /// `(request, tokens to compute)` in batch order.
     pub scheduled: Vec<(u64, usize)>,
     pub preempted: Vec<u64>,
+    /// Requests admitted for the first time (re-admissions after preemption
+    /// do not count: the API server saw them once).
+    pub new_requests: usize,
 }
 
 impl Engine {
@@ -22,6 +25,7 @@ impl Engine {
         let mut plan = Plan {
             scheduled: Vec::new(),
             preempted: Vec::new(),
+            new_requests: 0,
         };
 
         // 1. Running requests keep their place; preempt to make room.
@@ -65,9 +69,11 @@ impl Engine {
                 let Some(&id) = self.waiting.front() else {
                     break;
                 };
+                let first = self.seqs[&id].cached_tokens.is_none();
                 let Some(n) = self.admit(id, budget, now) else {
                     break;
                 };
+                plan.new_requests += usize::from(first);
                 self.waiting.pop_front();
                 self.running.push(id);
                 plan.scheduled.push((id, n));
