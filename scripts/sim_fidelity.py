@@ -165,6 +165,22 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
     }
 
 
+# The targets the simulator is held to against a real replica: within 20 %
+# for these, within a factor 1.5 for preemptions (with a floor of 2, so that
+# 0 against 1 is no miss).
+WITHIN_20 = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "throughput_tok_s")
+
+
+def outside(key, real, sim):
+    if real is None or sim is None:
+        return False
+    if key in WITHIN_20:
+        return abs(sim - real) > 0.2 * real
+    if key == "preemptions":
+        return max(real, sim) > 2 and max(real, sim) > 1.5 * min(real, sim)
+    return False
+
+
 def table(files):
     rows = {}
     labels = []
@@ -181,6 +197,8 @@ def table(files):
                ("server ITL mean", "server_itl_mean_ms")]
     volume = [("prefix hit %", "prefix_hit_rate"), ("output tok/s", "throughput_tok_s"),
               ("preemptions", "preemptions")]
+    misses = []
+    cols_names = [(k, n) for n, k in latency + volume]
     for title, cols in (("Latency, milliseconds", latency), ("Cache and throughput", volume)):
         print(f"{title} ({' / '.join(labels)} in each cell):\n")
         print("| scenario | concurrency | " + " | ".join(c for c, _ in cols) + " |")
@@ -199,9 +217,17 @@ def table(files):
                         vals.append(f"{v:.0f}")
                     else:
                         vals.append(f"{v:.1f}")
-                cells.append(" / ".join(vals))
+                cell = " / ".join(vals)
+                if len(labels) == 2 and outside(key, *(by.get(l, {}).get(key) for l in labels)):
+                    cell = f"**{cell}**"
+                    misses.append(f"{sc} at {conc}: {dict(cols_names)[key]} {cell.strip('*')}")
+                cells.append(cell)
             print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
         print()
+    if len(labels) == 2:
+        print(f"Outside the targets (bold above): {len(misses)} cells" + (":" if misses else "."))
+        for m in misses:
+            print(f"- {m}")
 
 
 def solve(rows):
