@@ -251,8 +251,10 @@ def solve(rows):
 def fit(path, per_context_token, max_num_seqs):
     """Cost constants from `--calibrate` probes (seconds), printed as a [cost] table.
 
-    - decode probes: client median inter-token latency against batch size,
-      less the context reads, a line: step_overhead + decode_per_seq x batch;
+    - decode probes (short and long contexts): client median inter-token
+      latency against batch size B and context, fitted as step_overhead +
+      decode_per_seq B + per_context_token B (prompt + output / 2) (without
+      long-context probes per_context_token is kept as given);
     - prefill probes: the server's mean time to first token against prompt
       length L, fitted as a + b L + c L(L+1)/2 (c: prefill_attention);
     - the requests probe: wall time per one-token request at concurrency 32
@@ -262,9 +264,17 @@ def fit(path, per_context_token, max_num_seqs):
     probes = [json.loads(line) for line in open(path)]
     by = lambda kind: [p for p in probes if p.get("probe") == kind and p.get("ok")]
     dec = by("decode")
-    # Less the context reads (mean context: the prompt plus half the output).
-    ctx = lambda p: per_context_token * p["concurrency"] * (p["prompt_len"] + p["max_tokens"] / 2)
-    step, per_seq = solve([(1.0, p["concurrency"], p["itl_p50_ms"] / 1000 - ctx(p)) for p in dec])
+    # Context attended per step: the batch times the mean context (the prompt
+    # plus half the output). With long-context probes it is fitted too.
+    ctx = lambda p: p["concurrency"] * (p["prompt_len"] + p["max_tokens"] / 2)
+    dec += by("decode-long")
+    if by("decode-long"):
+        step, per_seq, per_context_token = solve(
+            [(1.0, p["concurrency"], ctx(p), p["itl_p50_ms"] / 1000) for p in dec])
+        per_context_token = max(per_context_token, 0.0)
+    else:
+        step, per_seq = solve([(1.0, p["concurrency"], p["itl_p50_ms"] / 1000
+                                - per_context_token * ctx(p)) for p in dec])
     pre = by("prefill")
     a, b, c = solve([(1.0, p["prompt_len"], p["prompt_len"] * (p["prompt_len"] + 1) / 2,
                       p["server_ttft_mean_ms"] / 1000) for p in pre])
@@ -304,7 +314,7 @@ def main():
     ap.add_argument("--table", nargs="+")
     ap.add_argument("--fit", metavar="CALIBRATION_JSONL")
     ap.add_argument("--per-context-token", type=float, default=5e-8,
-                    help="kept as given by --fit (the probes cannot separate it)")
+                    help="kept by --fit when the probes hold no long-context decode")
     ap.add_argument("--max-num-seqs", type=int, default=32)
     a = ap.parse_args()
     if a.table:

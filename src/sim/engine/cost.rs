@@ -11,6 +11,7 @@
 //!   + per_context_token  × tokens attended by the step (context of every
 //!                          scheduled sequence, cached prefix included)
 //!   + api_per_request    × requests admitted for the first time in the step
+//!                          while others were running
 //!   + api_per_output_token × tokens sampled in the step
 //! ```
 //!
@@ -31,8 +32,11 @@
 //! and the engine process take turns): parsing and tokenizing a request,
 //! detokenizing and framing every streamed token. They are added to the step
 //! that causes them, so they serialise with the engine's own work as the
-//! single Python front end does on a shared core. On a GPU replica the front
-//! end runs beside the engine and these are 0 (their default).
+//! single Python front end does on a shared core. A request that reaches an
+//! idle engine is not charged: its front-end work delayed no step, and the
+//! simulator's own HTTP path already takes that time before the engine sees
+//! the request. On a GPU replica the front end runs beside the engine and
+//! these are 0 (their default).
 //!
 //! Profiles name the constants and where they come from (see
 //! `docs/SIMULATOR.md`). Cost: a handful of multiplications per step. Missing
@@ -58,7 +62,9 @@ pub struct CostModel {
     /// attention during prefill); 0 keeps prefill linear.
     #[serde(default)]
     pub prefill_attention: f64,
-    /// API-server cost per request, charged to the step that first admits it.
+    /// API-server cost per request, charged to the step that first admits it
+    /// when other requests were running (the front end then took turns with
+    /// the engine).
     #[serde(default)]
     pub api_per_request: f64,
     /// API-server cost per output token, charged to the step that samples it.
@@ -77,7 +83,7 @@ pub struct StepShape {
     pub context_tokens: usize,
     /// Query-key pairs of the prompt tokens computed ([`attention_pairs`]).
     pub prefill_pairs: u64,
-    /// Requests admitted for the first time (not re-admissions after preemption).
+    /// Requests admitted for the first time while others were running.
     pub new_requests: usize,
     /// Tokens sampled (one per sequence whose computed tokens caught up).
     pub output_tokens: usize,

@@ -25,21 +25,44 @@ fn durations(outs: &[StepOutcome]) -> Vec<f64> {
     outs.iter().map(|o| o.end - o.start).collect()
 }
 
+/// Request 0 starts alone; after its first step, `later` arrive together.
+fn busy_then(c: CostModel, p: EngineParams, later: &[(u64, Vec<u32>, usize)]) -> Vec<StepOutcome> {
+    let mut e = Engine::new(p, c, 1);
+    e.add_request(req(0, toks(9000, 40), 40), 0.0).unwrap();
+    let first = e.step(0.0);
+    for (id, prompt, out) in later {
+        e.add_request(req(*id, prompt.clone(), *out), first.end)
+            .unwrap();
+    }
+    let mut outs = vec![first.clone()];
+    outs.extend(run(&mut e, first.end).1);
+    outs
+}
+
 #[test]
-fn api_per_request_is_charged_to_the_admitting_step_and_delays_first_tokens() {
-    let prompts = [(1, toks(1, 40), 3), (2, toks(500, 40), 3)];
-    let base = drain(params(), cost(), &prompts);
-    let api = drain(params(), with(|c| c.api_per_request = 0.004), &prompts);
+fn api_per_request_is_charged_to_the_step_that_admits_it_while_others_run() {
+    let later = [(1, toks(1, 40), 3), (2, toks(500, 40), 3)];
+    let base = busy_then(cost(), params(), &later);
+    let api = busy_then(with(|c| c.api_per_request = 0.004), params(), &later);
     assert_eq!(base.len(), api.len());
     let (b, a) = (durations(&base), durations(&api));
-    // Both requests are admitted in the first step: it pays for both.
-    assert!((a[0] - b[0] - 2.0 * 0.004).abs() < 1e-12, "{} {}", a[0], b[0]);
-    for (x, y) in a[1..].iter().zip(&b[1..]) {
+    // The lone first request met an idle engine: no charge.
+    assert!((a[0] - b[0]).abs() < 1e-12);
+    assert_eq!(api[0].shape.new_requests, 0);
+    // Step 2 admits both newcomers beside the running one: it pays for both.
+    assert_eq!(api[1].shape.new_requests, 2);
+    assert!(
+        (a[1] - b[1] - 2.0 * 0.004).abs() < 1e-12,
+        "{} {}",
+        a[1],
+        b[1]
+    );
+    for (x, y) in a[2..].iter().zip(&b[2..]) {
         assert!((x - y).abs() < 1e-12, "later steps do not pay again");
     }
-    // The first token of each request comes out that much later.
-    assert_eq!(api[0].tokens.len(), 2);
-    assert!((api[0].end - base[0].end - 0.008).abs() < 1e-12);
+    // Their first tokens come out that much later.
+    assert_eq!(api[1].tokens.iter().filter(|t| t.index == 0).count(), 2);
+    assert!((api[1].end - base[1].end - 0.008).abs() < 1e-12);
 }
 
 #[test]
@@ -51,20 +74,25 @@ fn api_per_request_is_not_charged_again_after_preemption() {
         max_model_len: 160,
         ..params()
     };
-    let prompts: Vec<_> = (0..3u64)
+    let later: Vec<_> = (1..3u64)
         .map(|i| (i, toks(1000 * (i as u32 + 1), 40), 40))
         .collect();
-    let outs = drain(p, with(|c| c.api_per_request = 0.004), &prompts);
+    let outs = busy_then(with(|c| c.api_per_request = 0.004), p, &later);
     let preempted: usize = outs.iter().map(|o| o.preempted.len()).sum();
     assert!(preempted >= 1, "the workload must preempt");
     let charged: usize = outs.iter().map(|o| o.shape.new_requests).sum();
-    assert_eq!(charged, 3, "one charge per request, re-admissions free");
+    assert_eq!(
+        charged, 2,
+        "one charge per late request, re-admissions free"
+    );
     assert_eq!(finished(&outs).len(), 3);
 }
 
 #[test]
 fn api_per_output_token_scales_with_the_tokens_a_step_samples() {
-    let prompts: Vec<_> = (0..4u64).map(|i| (i, toks(100 * i as u32 + 1, 20), 5)).collect();
+    let prompts: Vec<_> = (0..4u64)
+        .map(|i| (i, toks(100 * i as u32 + 1, 20), 5))
+        .collect();
     let base = drain(params(), cost(), &prompts);
     let api = drain(params(), with(|c| c.api_per_output_token = 0.001), &prompts);
     for (a, b) in api.iter().zip(&base) {
@@ -83,7 +111,11 @@ fn a_chunk_that_samples_nothing_pays_no_output_token_cost() {
         max_num_batched_tokens: 64,
         ..params()
     };
-    let outs = drain(p, with(|c| c.api_per_output_token = 0.001), &[(1, toks(1, 200), 2)]);
+    let outs = drain(
+        p,
+        with(|c| c.api_per_output_token = 0.001),
+        &[(1, toks(1, 200), 2)],
+    );
     let sampled: Vec<usize> = outs.iter().map(|o| o.shape.output_tokens).collect();
     assert_eq!(sampled, vec![0, 0, 0, 1, 1]);
 }
