@@ -28,8 +28,9 @@
 //! than a short one.
 //!
 //! The two `api_*` terms are the API server's CPU work when it shares the
-//! engine's core (vLLM's CPU backend pinned to one core: the Python front end
-//! and the engine process take turns): parsing and tokenizing a request,
+//! engine's CPU (vLLM's CPU backend on a small, busy machine: the Python front
+//! end and the engine process take turns on the same cores): parsing and
+//! tokenizing a request,
 //! detokenizing and framing every streamed token. They are added to the step
 //! that causes them, so they serialise with the engine's own work as the
 //! single Python front end does on a shared core. A request that reaches an
