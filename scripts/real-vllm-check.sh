@@ -5,11 +5,16 @@
 #
 # Skipped, with the reason and exit 0, when the vLLM CPU venv or its tiny
 # model is absent. Otherwise: builds llmlb in release mode when needed, then
-# runs scripts/real_vllm_check.py on the real backend only: it starts two
-# replicas (ports 18600/18601 unless given, pinned to cores 0 and 1), runs
-# `llmlb doctor` against them, then round_robin, least_connections, hash,
-# cache and exact through a fresh `llmlb serve` with [pools.tokenizer] dir =
-# the replicas' model directory, prints the table, and stops the replicas.
+# runs scripts/real_vllm_check.py on each backend in BACKENDS (default
+# `vllm,sim`: the real replicas, then two `llmlb sim --profile vllm-cpu-tiny`
+# replicas tokenizing with the same model directory). For the real backend
+# it starts two replicas (ports 18600/18601 unless given, pinned to cores 0
+# and 1), runs `llmlb doctor` against them, then round_robin,
+# least_connections, hash, cache and exact through a fresh `llmlb serve`
+# with [pools.tokenizer] dir = the replicas' model directory, prints the
+# table, and stops the replicas; then the same for the simulated replicas
+# (ports 40 above the real ones), and last whether the two backends rank the
+# policies the same way by p99 TTFT and by prefix hits.
 # The replicas are stopped on any exit of this script too.
 #
 # vLLM binds its event socket only for a wildcard (all interfaces) endpoint;
@@ -18,7 +23,7 @@
 # relay (SUBSCRIBE_PORT+i). The replay endpoint is bound by vLLM itself.
 #
 # Usage: scripts/real-vllm-check.sh [extra real_vllm_check.py arguments]
-# Environment: VLLMCPU_DIR (default ~/.cache/llmlb-vllm-cpu), REPLICA_PORT
+# Environment: BACKENDS (vllm,sim; `vllm` alone for the real one), VLLMCPU_DIR (default ~/.cache/llmlb-vllm-cpu), REPLICA_PORT
 # (18600), EVENTS_PORT (15660), REPLAY_PORT (15670), PROXY_PORT (18680).
 set -euo pipefail
 
@@ -64,7 +69,7 @@ for i in 0 1; do
 done
 
 echo "machine: $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB, load $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 "$ROOT/scripts/real_vllm_check.py" --backends vllm \
+python3 "$ROOT/scripts/real_vllm_check.py" --backends "${BACKENDS:-vllm,sim}" \
   --llmlb "$TARGET/release/llmlb" \
   --replica-port "$REPLICA_PORT" --events-port "$EVENTS_PORT" \
   --replay-port "$REPLAY_PORT" --subscribe-port "$SUBSCRIBE_PORT" \

@@ -43,6 +43,7 @@ VLLM_SCRIPT = os.path.join(SHARED, "vllm-cpu", "setup_and_serve.sh")
 VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
 FIXTURE_TOKENIZER = os.path.join(SHARED, "tokenizers", "tiny-llama")
 MODEL = "tiny-llama"
+SIM_OFFSET = 40
 
 POLICIES = {
     # name: (balancer, prefix mode)
@@ -136,11 +137,16 @@ class Backend:
 
     def __init__(self, kind, args, tmp):
         self.kind, self.args, self.tmp = kind, args, tmp
-        self.ports = [args.replica_port, args.replica_port + 1]
-        self.events = [args.events_port, args.events_port + 1]
-        self.replays = [args.replay_port, args.replay_port + 1]
+        # The simulated replicas take ports of their own (SIM_OFFSET above the
+        # real ones), so that a relay still bound for vLLM or a socket in
+        # TIME_WAIT does not stand in their way; llmlb subscribes to them
+        # directly (the simulator binds loopback endpoints itself).
+        off = SIM_OFFSET if kind == "sim" else 0
+        self.ports = [args.replica_port + off, args.replica_port + off + 1]
+        self.events = [args.events_port + off, args.events_port + off + 1]
+        self.replays = [args.replay_port + off, args.replay_port + off + 1]
         # Where llmlb subscribes: the replicas' own endpoints, or a relay's.
-        sub = args.subscribe_port or args.events_port
+        sub = args.subscribe_port if args.subscribe_port and kind == "vllm" else self.events[0]
         self.subscribe = [sub, sub + 1]
         self.procs = []
 
@@ -312,6 +318,11 @@ def loop(r):
     return f"{p:.0f} / {q:.0f}" + (f" ({100 * (p - q) / q:+.1f} %)" if q else "")
 
 
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def ranking(rows, key, reverse):
     return [r["policy"] for r in sorted(rows, key=lambda r: (r[key] is None, r[key]), reverse=reverse)]
 
@@ -362,6 +373,7 @@ def main():
         elif vllm_tok and not args.tokenizer:
             args.tokenizer = vllm_tok
         log(f"== {kind}: starting two replicas")
+        load_before = loadavg()
         backend.start()
         rows = []
         try:
@@ -373,7 +385,8 @@ def main():
         finally:
             backend.stop()
         results[kind] = rows
-        print(f"\n### {kind}\n\n{table(rows)}\n")
+        print(f"\n### {kind}\n\nload average {load_before} before, {loadavg()} after\n\n"
+              f"{table(rows)}\n")
     if len(results) == 2:
         a, b = results.values()
         for key, rev, label in [("ttft_p99_ms", False, "p99 TTFT (best first)"),

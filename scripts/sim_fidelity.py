@@ -21,6 +21,7 @@ Usage:
   scripts/sim_fidelity.py --url http://127.0.0.1:18100 --model tiny-llama --label sim  > sim.jsonl
   scripts/sim_fidelity.py --table vllm.jsonl sim.jsonl
   scripts/sim_fidelity.py --url ... --calibrate      # step-time probes for a profile
+  scripts/sim_fidelity.py --fit calibration.jsonl    # cost constants fitted to the probes
 
 Only the standard library; every loop is bounded in count and time.
 """
@@ -164,6 +165,22 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
     }
 
 
+# The targets the simulator is held to against a real replica: within 20 %
+# for these, within a factor 1.5 for preemptions (with a floor of 2, so that
+# 0 against 1 is no miss).
+WITHIN_20 = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "throughput_tok_s")
+
+
+def outside(key, real, sim):
+    if real is None or sim is None:
+        return False
+    if key in WITHIN_20:
+        return abs(sim - real) > 0.2 * real
+    if key == "preemptions":
+        return max(real, sim) > 2 and max(real, sim) > 1.5 * min(real, sim)
+    return False
+
+
 def table(files):
     rows = {}
     labels = []
@@ -180,6 +197,8 @@ def table(files):
                ("server ITL mean", "server_itl_mean_ms")]
     volume = [("prefix hit %", "prefix_hit_rate"), ("output tok/s", "throughput_tok_s"),
               ("preemptions", "preemptions")]
+    misses = []
+    cols_names = [(k, n) for n, k in latency + volume]
     for title, cols in (("Latency, milliseconds", latency), ("Cache and throughput", volume)):
         print(f"{title} ({' / '.join(labels)} in each cell):\n")
         print("| scenario | concurrency | " + " | ".join(c for c, _ in cols) + " |")
@@ -198,9 +217,87 @@ def table(files):
                         vals.append(f"{v:.0f}")
                     else:
                         vals.append(f"{v:.1f}")
-                cells.append(" / ".join(vals))
+                cell = " / ".join(vals)
+                if len(labels) == 2 and outside(key, *(by.get(l, {}).get(key) for l in labels)):
+                    cell = f"**{cell}**"
+                    misses.append(f"{sc} at {conc}: {dict(cols_names)[key]} {cell.strip('*')}")
+                cells.append(cell)
             print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
         print()
+    if len(labels) == 2:
+        print(f"Outside the targets (bold above): {len(misses)} cells" + (":" if misses else "."))
+        for m in misses:
+            print(f"- {m}")
+
+
+def solve(rows):
+    """Least squares for a small dense system: rows of (x..., y)."""
+    n = len(rows[0]) - 1
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    aty = [sum(r[i] * r[n] for r in rows) for i in range(n)]
+    for c in range(n):  # Gaussian elimination with partial pivoting
+        p = max(range(c, n), key=lambda k: abs(ata[k][c]))
+        ata[c], ata[p], aty[c], aty[p] = ata[p], ata[c], aty[p], aty[c]
+        for k in range(c + 1, n):
+            f = ata[k][c] / ata[c][c]
+            ata[k] = [x - f * y for x, y in zip(ata[k], ata[c])]
+            aty[k] -= f * aty[c]
+    x = [0.0] * n
+    for c in reversed(range(n)):
+        x[c] = (aty[c] - sum(ata[c][k] * x[k] for k in range(c + 1, n))) / ata[c][c]
+    return x
+
+
+def fit(path, per_context_token, max_num_seqs):
+    """Cost constants from `--calibrate` probes (seconds), printed as a [cost] table.
+
+    - decode probes (short and long contexts): client median inter-token
+      latency against batch size B and context, fitted as step_overhead +
+      decode_per_seq B + per_context_token B (prompt + output / 2) (without
+      long-context probes per_context_token is kept as given);
+    - prefill probes: the server's mean time to first token against prompt
+      length L, fitted as a + b L + c L(L+1)/2 (c: prefill_attention);
+    - the requests probe: wall time per one-token request at concurrency 32
+      minus the engine's share of it (its steps hold up to max_num_seqs
+      requests) is the API server's per-request work.
+    """
+    probes = [json.loads(line) for line in open(path)]
+    by = lambda kind: [p for p in probes if p.get("probe") == kind and p.get("ok")]
+    dec = by("decode")
+    # Context attended per step: the batch times the mean context (the prompt
+    # plus half the output). With long-context probes it is fitted too.
+    ctx = lambda p: p["concurrency"] * (p["prompt_len"] + p["max_tokens"] / 2)
+    dec += by("decode-long")
+    if by("decode-long"):
+        step, per_seq, per_context_token = solve(
+            [(1.0, p["concurrency"], ctx(p), p["itl_p50_ms"] / 1000) for p in dec])
+        per_context_token = max(per_context_token, 0.0)
+    else:
+        step, per_seq = solve([(1.0, p["concurrency"], p["itl_p50_ms"] / 1000
+                                - per_context_token * ctx(p)) for p in dec])
+    pre = by("prefill")
+    a, b, c = solve([(1.0, p["prompt_len"], p["prompt_len"] * (p["prompt_len"] + 1) / 2,
+                      p["server_ttft_mean_ms"] / 1000) for p in pre])
+    c = max(c, 0.0)
+    prefill_per_token = max(b - per_context_token, 0.0)
+    api_req = 0.0
+    for p in by("requests"):
+        k = min(p["concurrency"], max_num_seqs)
+        L = p["prompt_len"]
+        engine = (step + max(a - step, 0.0) + k * L * b + c * k * L * (L + 1) / 2) / k
+        api_req = max(p["wall_s"] / p["ok"] - engine, 0.0)
+    prefill_overhead = max(a - step - api_req, 0.0)
+    print(f"# fitted from {path}: {len(dec)} decode, {len(pre)} prefill probes")
+    for l in sorted({p["prompt_len"] for p in pre}):
+        got = [p["server_ttft_mean_ms"] for p in pre if p["prompt_len"] == l][0]
+        model = 1000 * (a + b * l + c * l * (l + 1) / 2)
+        print(f"#   server TTFT at {l} tokens: {got:.2f} ms measured, {model:.2f} ms fitted")
+    print("[cost]")
+    for k, v in [("step_overhead", step), ("prefill_overhead", prefill_overhead),
+                 ("prefill_per_token", prefill_per_token), ("decode_per_seq", per_seq),
+                 ("per_context_token", per_context_token), ("prefill_attention", c),
+                 ("api_per_request", api_req), ("api_per_output_token", 0.0)]:
+        print(f"{k} = {v:.3e}")
 
 
 def main():
@@ -215,9 +312,16 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--table", nargs="+")
+    ap.add_argument("--fit", metavar="CALIBRATION_JSONL")
+    ap.add_argument("--per-context-token", type=float, default=5e-8,
+                    help="kept by --fit when the probes hold no long-context decode")
+    ap.add_argument("--max-num-seqs", type=int, default=32)
     a = ap.parse_args()
     if a.table:
         table(a.table)
+        return
+    if a.fit:
+        fit(a.fit, a.per_context_token, a.max_num_seqs)
         return
     u = urllib.parse.urlparse(a.url or "")
     if u.hostname not in ("127.0.0.1", "localhost"):
@@ -236,6 +340,12 @@ def main():
             salt += 100
             r.update(label=a.label, probe="decode")
             print(json.dumps(r), flush=True)
+        # Request handling: many one-token requests with short prompts, so the
+        # engine's share is small and the API server's per-request work shows.
+        r = run(a.url, a.model, "distinct", 32, 160, 16, 1, salt, a.seed)
+        salt += 200
+        r.update(label=a.label, probe="requests")
+        print(json.dumps(r), flush=True)
         # Decode over long contexts.
         for conc in (1, 8):
             r = run(a.url, a.model, "distinct", conc, conc * 3, 1024, 64, salt, a.seed)

@@ -78,6 +78,15 @@ pub struct SimArgs {
     /// Step cost: seconds per context token attended.
     #[arg(long, value_name = "SECONDS")]
     pub per_context_token: Option<f64>,
+    /// Step cost: seconds per query-key pair of prefilled tokens (quadratic attention).
+    #[arg(long, value_name = "SECONDS")]
+    pub prefill_attention: Option<f64>,
+    /// Step cost: API-server seconds per request, on the step that admits it.
+    #[arg(long, value_name = "SECONDS")]
+    pub api_per_request: Option<f64>,
+    /// Step cost: API-server seconds per output token.
+    #[arg(long, value_name = "SECONDS")]
+    pub api_per_output_token: Option<f64>,
     /// Fraction of inference requests answered with a 500.
     #[arg(long)]
     pub error_rate: Option<f64>,
@@ -153,6 +162,9 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     set(&mut k.prefill_per_token, &args.prefill_per_token);
     set(&mut k.decode_per_seq, &args.decode_per_seq);
     set(&mut k.per_context_token, &args.per_context_token);
+    set(&mut k.prefill_attention, &args.prefill_attention);
+    set(&mut k.api_per_request, &args.api_per_request);
+    set(&mut k.api_per_output_token, &args.api_per_output_token);
     let f = &mut c.faults;
     set(&mut f.error_rate, &args.error_rate);
     f.hang |= args.hang;

@@ -5,18 +5,43 @@
 //! t = step_overhead
 //!   + prefill_overhead                 (only when the step prefills anything)
 //!   + prefill_per_token  × prompt tokens computed in the step (uncached only)
+//!   + prefill_attention  × attention pairs of those tokens (each prefilled
+//!                          token against every earlier token of its sequence)
 //!   + decode_per_seq     × sequences decoding one token
 //!   + per_context_token  × tokens attended by the step (context of every
 //!                          scheduled sequence, cached prefix included)
+//!   + api_per_request    × requests admitted for the first time in the step
+//!                          while others were running
+//!   + api_per_output_token × tokens sampled in the step
 //! ```
 //!
-//! This is the linear model used by vLLM-style simulators (llm-d-inference-sim,
-//! Vidur's simplest predictor): a fixed cost per forward pass (reading the
-//! weights, scheduling, sampling), a compute-bound cost per prefilled token, a
-//! small cost per sequence, and a memory-bound cost per KV entry read by
-//! attention. A cached prefix is never prefilled, so it only costs its
-//! attention reads. Profiles name the constants and where they come from
-//! (see `docs/SIMULATOR.md`). Cost: a handful of multiplications per step.
+//! The first five terms are the linear model used by vLLM-style simulators
+//! (llm-d-inference-sim, Vidur's simplest predictor): a fixed cost per forward
+//! pass (reading the weights, scheduling, sampling), a compute-bound cost per
+//! prefilled token, a small cost per sequence, and a memory-bound cost per KV
+//! entry read by attention. A cached prefix is never prefilled, so it only
+//! costs its attention reads.
+//!
+//! `prefill_attention` makes prefill convex in the prompt length, as
+//! attention is: a chunk of `n` tokens starting after `s` computed tokens has
+//! `n·s + n·(n+1)/2` query-key pairs, so a long prompt costs more per token
+//! than a short one.
+//!
+//! The two `api_*` terms are the API server's CPU work when it shares the
+//! engine's CPU (vLLM's CPU backend on a small, busy machine: the Python front
+//! end and the engine process take turns on the same cores): parsing and
+//! tokenizing a request,
+//! detokenizing and framing every streamed token. They are added to the step
+//! that causes them, so they serialise with the engine's own work as the
+//! single Python front end does on a shared core. A request that reaches an
+//! idle engine is not charged: its front-end work delayed no step, and the
+//! simulator's own HTTP path already takes that time before the engine sees
+//! the request. On a GPU replica the front end runs beside the engine and
+//! these are 0 (their default).
+//!
+//! Profiles name the constants and where they come from (see
+//! `docs/SIMULATOR.md`). Cost: a handful of multiplications per step. Missing
+//! data: a field absent from a config file is 0 for the three newer terms.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +59,18 @@ pub struct CostModel {
     pub decode_per_seq: f64,
     /// Cost per token of context attended by the step.
     pub per_context_token: f64,
+    /// Cost per query-key pair of prefilled tokens (the quadratic part of
+    /// attention during prefill); 0 keeps prefill linear.
+    #[serde(default)]
+    pub prefill_attention: f64,
+    /// API-server cost per request, charged to the step that first admits it
+    /// when other requests were running (the front end then took turns with
+    /// the engine).
+    #[serde(default)]
+    pub api_per_request: f64,
+    /// API-server cost per output token, charged to the step that samples it.
+    #[serde(default)]
+    pub api_per_output_token: f64,
 }
 
 /// What one step computes.
@@ -45,6 +82,19 @@ pub struct StepShape {
     pub decode_seqs: usize,
     /// Sum over scheduled sequences of their context length after the step.
     pub context_tokens: usize,
+    /// Query-key pairs of the prompt tokens computed ([`attention_pairs`]).
+    pub prefill_pairs: u64,
+    /// Requests admitted for the first time while others were running.
+    pub new_requests: usize,
+    /// Tokens sampled (one per sequence whose computed tokens caught up).
+    pub output_tokens: usize,
+}
+
+/// Query-key pairs of a prefill chunk of `n` tokens after `start` computed
+/// ones: token `start + i` attends to `start + i + 1` tokens.
+pub fn attention_pairs(start: usize, n: usize) -> u64 {
+    let (s, n) = (start as u64, n as u64);
+    n * s + n * (n + 1) / 2
 }
 
 impl CostModel {
@@ -60,8 +110,11 @@ impl CostModel {
         };
         self.step_overhead
             + prefill
+            + self.prefill_attention * s.prefill_pairs as f64
             + self.decode_per_seq * s.decode_seqs as f64
             + self.per_context_token * s.context_tokens as f64
+            + self.api_per_request * s.new_requests as f64
+            + self.api_per_output_token * s.output_tokens as f64
     }
 
     /// Checks every constant is finite and not negative.
@@ -72,6 +125,9 @@ impl CostModel {
             ("prefill_per_token", self.prefill_per_token),
             ("decode_per_seq", self.decode_per_seq),
             ("per_context_token", self.per_context_token),
+            ("prefill_attention", self.prefill_attention),
+            ("api_per_request", self.api_per_request),
+            ("api_per_output_token", self.api_per_output_token),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("cost.{name} must be a finite number >= 0, got {v}"));
@@ -92,6 +148,9 @@ mod tests {
             prefill_per_token: 0.0001,
             decode_per_seq: 0.001,
             per_context_token: 0.000001,
+            prefill_attention: 0.0,
+            api_per_request: 0.0,
+            api_per_output_token: 0.0,
         }
     }
 
@@ -103,9 +162,9 @@ mod tests {
     #[test]
     fn decode_only_step_skips_prefill_overhead() {
         let t = model().step_time(&StepShape {
-            prefill_tokens: 0,
             decode_seqs: 4,
             context_tokens: 1000,
+            ..StepShape::default()
         });
         assert!((t - (0.010 + 0.004 + 0.001)).abs() < 1e-12, "{t}");
     }
@@ -115,11 +174,68 @@ mod tests {
         let m = model();
         let shape = |n| StepShape {
             prefill_tokens: n,
-            decode_seqs: 0,
             context_tokens: 1000,
+            ..StepShape::default()
         };
         let (a, b) = (m.step_time(&shape(100)), m.step_time(&shape(900)));
         assert!((b - a - 800.0 * 0.0001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn attention_pairs_count_every_earlier_token() {
+        assert_eq!(attention_pairs(0, 1), 1);
+        assert_eq!(attention_pairs(0, 4), 1 + 2 + 3 + 4);
+        // A chunk after 10 computed tokens: 11 + 12 + 13.
+        assert_eq!(attention_pairs(10, 3), 36);
+        // Chunking does not change the total.
+        assert_eq!(
+            attention_pairs(0, 100) + attention_pairs(100, 50),
+            attention_pairs(0, 150)
+        );
+    }
+
+    #[test]
+    fn prefill_attention_makes_prefill_convex() {
+        let m = CostModel {
+            prefill_attention: 1e-8,
+            ..model()
+        };
+        let t = |n| {
+            m.step_time(&StepShape {
+                prefill_tokens: n,
+                prefill_pairs: attention_pairs(0, n),
+                ..StepShape::default()
+            })
+        };
+        // Per-token cost grows with the prompt: the second 1,000 tokens cost
+        // more than the first.
+        let (t0, t1, t2) = (t(1), t(1001), t(2001));
+        assert!(t2 - t1 > t1 - t0, "{t0} {t1} {t2}");
+        let extra = 1e-8 * (attention_pairs(0, 2001) - attention_pairs(0, 1001)) as f64;
+        assert!((t2 - t1 - 1000.0 * 0.0001 - extra).abs() < 1e-12);
+    }
+
+    #[test]
+    fn api_costs_add_per_request_and_per_output_token() {
+        let m = CostModel {
+            api_per_request: 0.002,
+            api_per_output_token: 0.0001,
+            ..model()
+        };
+        let base = StepShape {
+            decode_seqs: 8,
+            context_tokens: 1000,
+            ..StepShape::default()
+        };
+        let with = StepShape {
+            new_requests: 3,
+            output_tokens: 8,
+            ..base
+        };
+        let d = m.step_time(&with) - m.step_time(&base);
+        assert!((d - (3.0 * 0.002 + 8.0 * 0.0001)).abs() < 1e-12, "{d}");
+        // Zero by default: the older profiles keep their step times.
+        assert_eq!(model().step_time(&with), model().step_time(&base));
     }
 
     #[test]

@@ -332,12 +332,17 @@ impl Engine {
             preempted: plan.preempted,
             ..StepOutcome::default()
         };
+        out.shape.new_requests = plan.new_requests;
         for &(id, n) in &plan.scheduled {
             let seq = &self.seqs[&id];
             if seq.is_decode(n) {
                 out.shape.decode_seqs += 1;
             } else {
                 out.shape.prefill_tokens += n;
+                out.shape.prefill_pairs += cost::attention_pairs(seq.num_computed, n);
+            }
+            if seq.num_computed + n >= seq.num_tokens() {
+                out.shape.output_tokens += 1;
             }
             out.shape.context_tokens += seq.num_computed + n;
             out.num_tokens += n;
@@ -466,5 +471,7 @@ fn commit_full_blocks(pool: &mut BlockPool, seq: &mut Seq, block_size: usize, ca
     }
 }
 
+#[cfg(test)]
+mod step_cost_tests;
 #[cfg(test)]
 mod tests;

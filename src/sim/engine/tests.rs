@@ -4,7 +4,7 @@
 use super::*;
 use crate::tokenizer::{render_chat, tokenize};
 
-fn params() -> EngineParams {
+pub(super) fn params() -> EngineParams {
     EngineParams {
         block_size: 16,
         num_blocks: 65,
@@ -16,17 +16,20 @@ fn params() -> EngineParams {
     }
 }
 
-fn cost() -> CostModel {
+pub(super) fn cost() -> CostModel {
     CostModel {
         step_overhead: 0.005,
         prefill_overhead: 0.010,
         prefill_per_token: 0.0001,
         decode_per_seq: 0.0005,
         per_context_token: 0.000001,
+        prefill_attention: 0.0,
+        api_per_request: 0.0,
+        api_per_output_token: 0.0,
     }
 }
 
-fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
+pub(super) fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
     NewRequest {
         id,
         prompt,
@@ -36,12 +39,12 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
 }
 
 /// Distinct synthetic tokens: `n` ids starting at `base`.
-fn toks(base: u32, n: usize) -> Vec<u32> {
+pub(super) fn toks(base: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| base + i).collect()
 }
 
 /// Steps until idle; returns the end time and every outcome.
-fn run(e: &mut Engine, mut now: f64) -> (f64, Vec<StepOutcome>) {
+pub(super) fn run(e: &mut Engine, mut now: f64) -> (f64, Vec<StepOutcome>) {
     let mut outs = Vec::new();
     for _ in 0..100_000 {
         if !e.has_work() {
@@ -55,7 +58,7 @@ fn run(e: &mut Engine, mut now: f64) -> (f64, Vec<StepOutcome>) {
     panic!("engine did not drain");
 }
 
-fn finished(outs: &[StepOutcome]) -> Vec<Finished> {
+pub(super) fn finished(outs: &[StepOutcome]) -> Vec<Finished> {
     outs.iter().flat_map(|o| o.finished.clone()).collect()
 }
 
