@@ -20,6 +20,8 @@ use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::net::sleep_or_stop;
+
 use crate::config::{Config, DiscoveryConfig, ReplicaConfig, ReplicaNames};
 use names::Named;
 
@@ -185,13 +187,8 @@ where
     let mut due: HashMap<String, Instant> = HashMap::new();
     let mut next = Instant::now();
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    return;
-                }
-            }
+        if sleep_or_stop(next, &mut shutdown).await {
+            return;
         }
         next += TICK;
         let config = (ctx.config)();

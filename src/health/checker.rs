@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use super::Transition;
-use crate::net::stopped;
+use crate::net::{sleep_or_stop, stopped};
 
 use super::Prober;
 use crate::balancing::Replica;
@@ -39,9 +39,8 @@ pub async fn run(
     up_gauge.set(i64::from(target.replica.health.is_up()));
     let mut next = Instant::now();
     loop {
-        tokio::select! {
-            _ = sleep_until(next) => {}
-            _ = stopped(&mut stop) => return,
+        if sleep_or_stop(next, &mut stop).await {
+            return;
         }
         next = later(next, cfg.interval);
         let result = tokio::select! {

@@ -34,6 +34,7 @@ use zeromq::{
 };
 
 use super::wire::{self, END_OF_REPLAY, EventBatch, Message};
+use crate::net::stopped;
 
 /// What the subscriber keeps up to date.
 pub trait EventSink: Send + Sync {
@@ -142,17 +143,6 @@ pub async fn run(
         tokio::select! {
             _ = stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(RETRY) => {}
-        }
-    }
-}
-
-async fn stopped(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            return;
         }
     }
 }

@@ -25,7 +25,7 @@ pub use body::{
     BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
 };
 pub use guarded::Guarded;
-pub use shutdown::stopped;
+pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;
 pub use usage::usage_tokens;

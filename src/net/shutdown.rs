@@ -7,3 +7,12 @@ use tokio::sync::watch;
 pub async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
+
+/// Sleeps until `deadline` unless the stop signal comes first: `true` when
+/// the caller should stop.
+pub async fn sleep_or_stop(deadline: tokio::time::Instant, rx: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep_until(deadline) => false,
+        _ = stopped(rx) => true,
+    }
+}

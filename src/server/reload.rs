@@ -231,13 +231,8 @@ pub async fn watch_file(
     let mut last = loaded;
     let mut next = tokio::time::Instant::now() + interval;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    return;
-                }
-            }
+        if crate::net::sleep_or_stop(next, &mut shutdown).await {
+            return;
         }
         next += interval;
         let now = std::fs::read(&path).ok();

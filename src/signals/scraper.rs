@@ -14,13 +14,13 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use super::{LoadSnapshot, MetricNames};
 use crate::balancing::Replica;
 use crate::config::ScrapeConfig;
 use crate::health::{ProbeError, Prober};
-use crate::net::stopped;
+use crate::net::{sleep_or_stop, stopped};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 
@@ -43,9 +43,8 @@ pub async fn run(
     let mut next = Instant::now();
     let mut failing = false;
     loop {
-        tokio::select! {
-            _ = sleep_until(next) => {}
-            _ = stopped(&mut stop) => return,
+        if sleep_or_stop(next, &mut stop).await {
+            return;
         }
         next += target.config.interval;
         let now = Instant::now();
