@@ -224,6 +224,6 @@ async fn the_simulator_reports_usage_that_the_client_never_sees() {
     );
     // llmlb still has the replica's own count.
     let (tenant, completion) = counters(&lb).await;
-    assert!(completion >= 1.0 && completion <= 12.0, "{completion}");
+    assert!((1.0..=12.0).contains(&completion), "{completion}");
     assert!(tenant > completion, "{tenant}");
 }
