@@ -146,11 +146,21 @@ async fn cache_mode_counts_streams_that_carry_usage() {
     let (predicted, reported, _) = loop_totals(lb.admin_addr, 2.0).await;
     assert!(reported > 0.0);
     assert_eq!(predicted, reported, "the second send is predicted exactly");
-    // A stream without include_usage reports nothing: not counted.
+    // A stream whose client did not ask for usage is asked for it by llmlb
+    // (`stream_usage`, on by default): counted, though its client sees none.
     stream(lb.addr, &model, false).await;
     chat(lb.addr, &model, &system(2), "json answers are counted").await;
-    let (_, _, counted) = loop_totals(lb.admin_addr, 3.0).await;
-    assert_eq!(counted, 3.0);
+    let (_, _, counted) = loop_totals(lb.admin_addr, 4.0).await;
+    assert_eq!(counted, 4.0);
+    lb.shutdown().await;
+    // With `stream_usage = false` such a stream reports nothing: not counted.
+    let text = config(&sims, "cache", false)
+        .replace("[pools.prefix]", "stream_usage = false\n[pools.prefix]");
+    let lb = start_llmlb(&text).await;
+    stream(lb.addr, &model, false).await;
+    chat(lb.addr, &model, &system(3), "json answers are counted").await;
+    let (_, _, counted) = loop_totals(lb.admin_addr, 1.0).await;
+    assert_eq!(counted, 1.0);
     lb.shutdown().await;
     for s in sims {
         s.shutdown().await;

@@ -1,6 +1,9 @@
 //! The response body of an admitted request: holds the queue [`Permit`] until
 //! the stream ends (or the client goes away), and settles the caller's token
-//! charge with the `usage` the replica reports.
+//! charge with the `usage` the replica reports: in the response body, or
+//! the usage event llmlb asked a stream for and kept from the client
+//! ([`ReportedUsage`] in the response's extensions). Without either, the
+//! charge stays at its estimate.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -11,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::{AdmissionMetrics, Permit};
 use crate::gateway::Caller;
-use crate::net::{BoxError, ResponseBody, usage_tokens};
+use crate::net::{BoxError, ReportedUsage, ResponseBody, usage_tokens};
 
 /// What to settle when the response ends.
 #[derive(Debug)]
@@ -28,6 +31,8 @@ pub struct AdmittedBody {
     settlement: Option<Settlement>,
     /// `usage.total_tokens` as last reported by the replica.
     reported: Option<u64>,
+    /// The usage event kept from the client, when llmlb asked for one.
+    kept: Option<ReportedUsage>,
 }
 
 impl AdmittedBody {
@@ -41,12 +46,32 @@ impl AdmittedBody {
             permit,
             settlement,
             reported: None,
+            kept: None,
         }
+    }
+
+    /// Wraps a response's body, reading also the usage llmlb kept from the
+    /// client's stream.
+    pub fn respond(
+        resp: http::Response<ResponseBody>,
+        permit: Option<Permit>,
+        settlement: Option<Settlement>,
+    ) -> http::Response<ResponseBody> {
+        use http_body_util::BodyExt;
+        let kept = resp.extensions().get::<ReportedUsage>().cloned();
+        resp.map(|body| {
+            let mut admitted = AdmittedBody::new(body, permit, settlement);
+            admitted.kept = kept;
+            admitted.boxed_unsync()
+        })
     }
 
     fn finish(&mut self) {
         self.permit = None;
         if let Some(s) = self.settlement.take() {
+            if let Some(kept) = self.kept.as_ref().and_then(|k| k.tokens("total_tokens")) {
+                self.reported = Some(kept);
+            }
             let used = self.reported.unwrap_or(s.estimated);
             if self.reported.is_some() {
                 s.caller.settle(s.estimated, used, Instant::now());

@@ -257,6 +257,12 @@ pub struct PoolConfig {
     /// llmlb's keys.
     #[serde(default)]
     pub upstream_api_key: Option<String>,
+    /// Ask streaming completions for their token count
+    /// (`stream_options.include_usage`) when the client did not, and keep
+    /// that usage event from the client. Off for servers that reject
+    /// `stream_options`.
+    #[serde(default = "default_true")]
+    pub stream_usage: bool,
 }
 
 impl PoolConfig {
@@ -499,4 +505,8 @@ fn default_weight() -> u32 {
 
 mod duration_serde {
     pub use crate::config::duration::deserialize;
+}
+
+fn default_true() -> bool {
+    true
 }

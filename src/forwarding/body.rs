@@ -6,6 +6,12 @@
 //! at end of stream, on error, or when hyper drops the body because the client
 //! went away. Dropping the body also drops the upstream connection, which is
 //! how a vLLM replica learns to abort the request and free its KV cache.
+//!
+//! Output tokens released from the guard come from the replica's `usage`
+//! (`completion_tokens`) whenever it reports one; only a stream without
+//! `usage` falls back to one token per SSE `data:` event. When llmlb asked
+//! the stream for usage itself, the usage event is removed on the way out
+//! ([`UsageStrip`]) and kept in a [`ReportedUsage`] for the layers above.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,8 +23,9 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use super::usage_strip::UsageStrip;
 use crate::balancing::InFlightGuard;
-use crate::net::{BoxError, usage_tokens};
+use crate::net::{BoxError, ReportedUsage, usage_tokens};
 use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::Metrics;
 
@@ -75,6 +82,8 @@ pub struct ProxyBody {
     ended: bool,
     /// Output tokens accounted so far (from `usage` when reported).
     output_seen: u64,
+    /// Removes the usage event llmlb asked for, when it did.
+    strip: Option<(UsageStrip, ReportedUsage)>,
 }
 
 impl ProxyBody {
@@ -95,7 +104,57 @@ impl ProxyBody {
             first_byte_seen: false,
             ended: false,
             output_seen: 0,
+            strip: None,
         }
+    }
+
+    /// Removes the usage event of a stream llmlb asked for usage, keeping it
+    /// in `reported`.
+    pub fn strip_usage(mut self, reported: ReportedUsage) -> ProxyBody {
+        if self.sse {
+            self.strip = Some((UsageStrip::default(), reported));
+        }
+        self
+    }
+
+    /// Output tokens: the replica's own count when it reports `usage`, else
+    /// about one per SSE `data:` event.
+    fn account(&mut self, data: &[u8]) {
+        let Some(guard) = self.guard.as_mut() else {
+            return;
+        };
+        // Prefill is over once the replica answers.
+        guard.prefill_done();
+        let seen = match usage_tokens(data, "completion_tokens") {
+            Some(n) => n.max(self.output_seen),
+            None if self.sse => self.output_seen + count_sse_events(data),
+            None => self.output_seen,
+        };
+        guard.produced(seen - self.output_seen);
+        self.output_seen = seen;
+    }
+
+    /// The frame for the client: the usage event llmlb asked for is taken
+    /// out. `None` when nothing is left of it.
+    fn outgoing(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+        let Some((strip, reported)) = self.strip.as_mut() else {
+            return Some(frame);
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(other) => return Some(other),
+        };
+        let filtered = strip.filter(data);
+        if let Some(event) = filtered.usage {
+            reported.set(event);
+        }
+        (!filtered.pass.is_empty()).then(|| Frame::data(filtered.pass))
+    }
+
+    /// What the usage filter still holds when the replica's stream ends.
+    fn leftover(&mut self) -> Option<Frame<Bytes>> {
+        let rest = self.strip.as_mut()?.0.flush();
+        (!rest.is_empty()).then(|| Frame::data(rest))
     }
 
     fn finish(&mut self) {
@@ -103,6 +162,18 @@ impl ProxyBody {
         self.guard = None;
         if let Some(mut c) = self.completion.take() {
             c.finished = true;
+        }
+    }
+
+    fn first_byte(&mut self, frame: &Frame<Bytes>) {
+        if !self.first_byte_seen && frame.is_data() {
+            self.first_byte_seen = true;
+            if let Some(c) = &self.completion {
+                c.metrics
+                    .time_to_first_byte
+                    .with_label_values(&[&*c.pool])
+                    .observe(c.start.elapsed().as_secs_f64());
+            }
         }
     }
 
@@ -139,6 +210,22 @@ impl ProxyBody {
     }
 }
 
+/// The last frame and what the usage filter still held, as one frame.
+/// (Trailers never come with a held event: an SSE stream that ends with an
+/// unfinished event has no trailers worth keeping over its bytes.)
+fn join(last: Option<Frame<Bytes>>, rest: Option<Frame<Bytes>>) -> Option<Frame<Bytes>> {
+    let Some(rest) = rest else {
+        return last;
+    };
+    match last.map(Frame::into_data) {
+        Some(Ok(data)) => {
+            let rest = rest.into_data().unwrap_or_default();
+            Some(Frame::data([data, rest].concat().into()))
+        }
+        _ => Some(rest),
+    }
+}
+
 /// `data:` events in one chunk, not counting the final `[DONE]`. An event
 /// split across two chunks may be missed; the estimate only steers balancing.
 fn count_sse_events(chunk: &[u8]) -> u64 {
@@ -168,55 +255,54 @@ impl Body for ProxyBody {
         if this.ended {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(guard), Some(data)) = (this.guard.as_mut(), frame.data_ref()) {
-                    // Prefill is over once the replica answers. Output
-                    // tokens: the replica's own count when it reports
-                    // `usage`, else about one per SSE `data:` event.
-                    guard.prefill_done();
-                    let seen = match usage_tokens(data, "completion_tokens") {
-                        Some(n) => n.max(this.output_seen),
-                        None if this.sse => this.output_seen + count_sse_events(data),
-                        None => this.output_seen,
-                    };
-                    guard.produced(seen - this.output_seen);
-                    this.output_seen = seen;
-                }
-                if !this.first_byte_seen && frame.is_data() {
-                    this.first_byte_seen = true;
-                    if let Some(c) = &this.completion {
-                        c.metrics
-                            .time_to_first_byte
-                            .with_label_values(&[&*c.pool])
-                            .observe(c.start.elapsed().as_secs_f64());
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        this.account(data);
+                    }
+                    let deadline = tokio::time::Instant::now() + this.idle_timeout;
+                    this.idle.as_mut().reset(deadline);
+                    // A body of known length ends with its last byte: hyper
+                    // stops polling there, so this is where the answer is
+                    // complete (not a client that went away).
+                    let last = this.inner.is_end_stream();
+                    let mut out = this.outgoing(frame);
+                    if last {
+                        out = join(out, this.leftover());
+                        this.finish();
+                    }
+                    match out {
+                        Some(frame) => {
+                            this.first_byte(&frame);
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                        None if last => return Poll::Ready(None),
+                        // All of it was the usage event: read on.
+                        None => continue,
                     }
                 }
-                let deadline = tokio::time::Instant::now() + this.idle_timeout;
-                this.idle.as_mut().reset(deadline);
-                // A body of known length ends with its last byte: hyper stops
-                // polling there, so this is where the answer is complete (not
-                // a client that went away).
-                if this.inner.is_end_stream() {
-                    this.finish();
+                Poll::Ready(Some(Err(e))) => {
+                    return this.fail("stream", format!("replica stream broke: {e}"));
                 }
-                Poll::Ready(Some(Ok(frame)))
+                Poll::Ready(None) => {
+                    let rest = this.leftover();
+                    this.finish();
+                    return Poll::Ready(rest.map(Ok));
+                }
+                Poll::Pending => {
+                    return match this.idle.as_mut().poll(cx) {
+                        Poll::Ready(()) => this.fail(
+                            "idle_timeout",
+                            format!(
+                                "replica sent nothing for {}",
+                                crate::config::format_duration(this.idle_timeout)
+                            ),
+                        ),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
             }
-            Poll::Ready(Some(Err(e))) => this.fail("stream", format!("replica stream broke: {e}")),
-            Poll::Ready(None) => {
-                this.finish();
-                Poll::Ready(None)
-            }
-            Poll::Pending => match this.idle.as_mut().poll(cx) {
-                Poll::Ready(()) => this.fail(
-                    "idle_timeout",
-                    format!(
-                        "replica sent nothing for {}",
-                        crate::config::format_duration(this.idle_timeout)
-                    ),
-                ),
-                Poll::Pending => Poll::Pending,
-            },
         }
     }
 
@@ -227,6 +313,9 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         if self.ended {
             SizeHint::with_exact(0)
+        } else if self.strip.is_some() {
+            // Bytes may be taken out: the replica's length no longer holds.
+            SizeHint::default()
         } else {
             self.inner.size_hint()
         }

@@ -16,7 +16,7 @@ use super::error::ForwardError;
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::RecentDispatches;
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
-use crate::net::ResponseBody;
+use crate::net::{ReportedUsage, ResponseBody};
 use crate::routing::{Choice, StreamBroken, choose};
 use crate::routing::{Decision, Failure, Pool};
 use crate::telemetry::Metrics;
@@ -48,6 +48,17 @@ pub struct ForwardRequest<'a> {
 
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ForwardError> {
     let pool = req.pool;
+    // Streams are asked for their token count (`stream_usage`); the usage
+    // event goes to accounting, not to a client that did not ask for it.
+    let asked_usage = if pool.stream_usage {
+        super::stream_usage::ask_for_usage(req.path_and_query, &req.body)
+    } else {
+        None
+    };
+    let strip_usage = asked_usage.is_some();
+    if let Some(body) = asked_usage {
+        req.body = body;
+    }
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
     let mut tried: Vec<ReplicaId> = Vec::new();
@@ -169,7 +180,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                     500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
                     _ => pool.record_success(replica),
                 }
-                let mut resp = stream_back(resp, &req, replica, guard);
+                let mut resp = stream_back(resp, &req, replica, guard, strip_usage);
                 resp.extensions_mut().insert(super::Dispatched {
                     replica: Arc::from(replica.name.as_str()),
                     branch: pick.branch.as_str(),
@@ -259,6 +270,7 @@ fn stream_back(
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
     guard: balancing::InFlightGuard,
+    strip_usage: bool,
 ) -> Response<ResponseBody> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -288,7 +300,14 @@ fn stream_back(
         finished: false,
         broken,
     };
-    let body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
+    let mut body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
+    if strip_usage && sse {
+        // Bytes may be taken out of the stream: its length is no longer known.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let reported = ReportedUsage::default();
+        parts.extensions.insert(reported.clone());
+        body = body.strip_usage(reported);
+    }
     Response::from_parts(parts, body.boxed_unsync())
 }
 

@@ -8,6 +8,8 @@ mod error;
 mod forward;
 mod headers;
 mod recent;
+mod stream_usage;
+mod usage_strip;
 
 pub use body::{ProxyBody, STREAM_ERROR};
 pub use dispatched::Dispatched;

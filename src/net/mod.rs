@@ -28,4 +28,4 @@ pub use guarded::Guarded;
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;
-pub use usage::usage_tokens;
+pub use usage::{ReportedUsage, usage_tokens};

@@ -3,6 +3,36 @@
 //! `stream_options.include_usage`, and in every event with
 //! `continuous_usage_stats`). A byte scan, no JSON parse: it runs on every
 //! chunk of every response.
+//!
+//! [`ReportedUsage`] carries the usage event llmlb asked a stream for and
+//! kept from the client (see `forwarding::usage_strip`) to the layers above
+//! the forwarding body: settlement and the access log read it there.
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+/// The usage event a replica sent in a stream that llmlb removed before the
+/// client saw it. Shared through the response's extensions; set at most once.
+#[derive(Debug, Clone, Default)]
+pub struct ReportedUsage(Arc<OnceLock<Bytes>>);
+
+impl ReportedUsage {
+    /// Keeps the removed event (the first one only).
+    pub fn set(&self, event: Bytes) {
+        let _ = self.0.set(event);
+    }
+
+    /// The removed event's bytes, when there was one.
+    pub fn event(&self) -> Option<&Bytes> {
+        self.0.get()
+    }
+
+    /// `usage.FIELD` of the removed event.
+    pub fn tokens(&self, field: &str) -> Option<u64> {
+        self.event().and_then(|e| usage_tokens(e, field))
+    }
+}
 
 /// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
 /// straddles two chunks is not seen (vLLM sends each event, and small JSON
@@ -28,7 +58,21 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::usage_tokens;
+    use super::{ReportedUsage, usage_tokens};
+
+    #[test]
+    fn reported_usage_keeps_the_first_event() {
+        let r = ReportedUsage::default();
+        assert_eq!(r.tokens("total_tokens"), None);
+        let shared = r.clone();
+        shared.set(bytes::Bytes::from_static(
+            br#"data: {"choices":[],"usage":{"total_tokens":9}}"#,
+        ));
+        shared.set(bytes::Bytes::from_static(
+            b"data: {\"usage\":{\"total_tokens\":1}}",
+        ));
+        assert_eq!(r.tokens("total_tokens"), Some(9));
+    }
 
     #[test]
     fn reads_usage_from_sse_and_json() {

@@ -47,6 +47,8 @@ pub struct Pool {
     pub upstream_auth: Option<http::HeaderValue>,
     /// What the replicas report on `GET /v1/models`, with `models_from_replicas`.
     pub replica_models: Option<super::replica_models::ReplicaModels>,
+    /// Ask streams for `usage` (`stream_usage`).
+    pub stream_usage: bool,
 }
 
 impl Pool {
@@ -362,6 +364,7 @@ fn build_pool(
         replica_models: pc
             .models_from_replicas
             .then(super::replica_models::ReplicaModels::default),
+        stream_usage: pc.stream_usage,
     }
 }
 

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use super::AppState;
 use crate::forwarding::Dispatched;
-use crate::net::{BoxError, ResponseBody};
+use crate::net::{BoxError, ReportedUsage, ResponseBody};
 use crate::telemetry::ModelMetrics;
 use crate::telemetry::trace::{RequestTrace, Tracing};
 
@@ -210,6 +210,7 @@ pub fn wrap(
         sse,
         first_content: None,
         tail: Vec::new(),
+        kept: parts.extensions.get::<ReportedUsage>().cloned(),
     };
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -224,6 +225,8 @@ struct Logged {
     sse: bool,
     first_content: Option<Instant>,
     tail: Vec<u8>,
+    /// The usage event llmlb asked a stream for and kept from the client.
+    kept: Option<ReportedUsage>,
 }
 
 impl Logged {
@@ -247,7 +250,10 @@ impl Logged {
         let Some(mut e) = self.entry.take() else {
             return;
         };
-        let usage = find_usage(&self.tail);
+        let usage = find_usage(&self.tail).or_else(|| {
+            let kept = self.kept.as_ref()?.event()?;
+            find_usage(kept)
+        });
         if let Some(trace) = e.start.trace.take() {
             end_trace(trace, &e, outcome, self.first_content, usage);
         }

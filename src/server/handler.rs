@@ -223,7 +223,7 @@ async fn route(
         estimated: estimate.total,
         metrics: state.admission_metrics.clone(),
     };
-    Ok(resp.map(|body| AdmittedBody::new(body, permit, Some(settlement)).boxed_unsync()))
+    Ok(AdmittedBody::respond(resp, permit, Some(settlement)))
 }
 
 /// The routing stage within the chosen pool: the request's decision, and

@@ -1,0 +1,133 @@
+//! Asking a stream for its token count: a streaming chat or text completion
+//! that did not ask for `stream_options.include_usage` is forwarded with it
+//! (`[[pools]] stream_usage`, on by default), so the replica ends the stream
+//! with a usage event (vLLM: a chunk with `choices: []` and `usage`). llmlb
+//! reads the counts from that event and keeps it from the client
+//! ([`super::usage_strip`]).
+//!
+//! The body is rewritten without re-serialising it when the client sent no
+//! `stream_options`: the member is inserted right after the opening brace
+//! and every other byte stays as sent. A client's `stream_options` without
+//! `include_usage: true` (say `continuous_usage_stats` alone) is merged,
+//! which re-serialises the body (key order may change).
+//!
+//! Cost: one JSON scan of the request body (values skipped, not built) for
+//! streaming-shaped requests on the two completion paths; nothing otherwise.
+//! A body that is not a JSON object, or does not say `"stream": true`, goes
+//! unchanged.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The member inserted into a body that has no `stream_options`.
+const INCLUDE_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
+
+#[derive(Deserialize)]
+struct StreamFields {
+    #[serde(default)]
+    stream: Option<Value>,
+    /// `Some(Null)` for `"stream_options": null`, `None` when absent.
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// The body to forward when llmlb must ask for usage itself, or `None` when
+/// the body goes as sent (not a stream, not a completion path, or the client
+/// asked for usage already).
+pub fn ask_for_usage(path_and_query: &str, body: &Bytes) -> Option<Bytes> {
+    let path = path_and_query.split('?').next().unwrap_or("");
+    if !(path.ends_with("/chat/completions") || path.ends_with("/completions")) {
+        return None;
+    }
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' || !contains(body, b"\"stream\"") {
+        return None;
+    }
+    let fields: StreamFields = serde_json::from_slice(body).ok()?;
+    if fields.stream != Some(Value::Bool(true)) {
+        return None;
+    }
+    let Some(options) = fields.stream_options else {
+        let mut out = BytesMut::with_capacity(body.len() + INCLUDE_USAGE.len());
+        out.extend_from_slice(&body[..=open]);
+        // Not the last member: the body has `"stream": true` after it.
+        out.extend_from_slice(INCLUDE_USAGE);
+        out.extend_from_slice(&body[open + 1..]);
+        return Some(out.freeze());
+    };
+    if options.get("include_usage") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    merge(body)
+}
+
+/// Sets `stream_options.include_usage = true` in a body that has
+/// `stream_options`, keeping its other options.
+fn merge(body: &[u8]) -> Option<Bytes> {
+    let mut map: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    let options = map
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !options.is_object() {
+        *options = Value::Object(Map::new());
+    }
+    if let Value::Object(o) = options {
+        o.insert("include_usage".into(), Value::Bool(true));
+    }
+    serde_json::to_vec(&map).ok().map(Bytes::from)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(path: &str, body: &str) -> Option<String> {
+        ask_for_usage(path, &Bytes::from(body.to_string()))
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn inserts_the_option_keeping_every_other_byte() {
+        let body = " {\"model\":\"m\", \"stream\": true,\"messages\":[]}";
+        assert_eq!(
+            ask("/v1/chat/completions", body).unwrap(),
+            " {\"stream_options\":{\"include_usage\":true},\"model\":\"m\", \"stream\": true,\"messages\":[]}"
+        );
+        assert!(ask("/v1/completions?x=1", body).is_some());
+    }
+
+    #[test]
+    fn leaves_other_requests_alone() {
+        let stream = r#"{"model":"m","stream":true}"#;
+        assert_eq!(ask("/v1/embeddings", stream), None);
+        assert_eq!(ask("/v1/chat/completions", r#"{"model":"m"}"#), None);
+        assert_eq!(
+            ask("/v1/chat/completions", r#"{"model":"m","stream":false}"#),
+            None
+        );
+        assert_eq!(ask("/v1/chat/completions", r#"[{"stream":true}]"#), None);
+        assert_eq!(ask("/v1/chat/completions", "{\"stream\":tru"), None);
+        let asked = r#"{"stream":true,"stream_options":{"include_usage":true}}"#;
+        assert_eq!(ask("/v1/chat/completions", asked), None);
+    }
+
+    #[test]
+    fn merges_into_the_clients_own_options() {
+        let body = r#"{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}"#;
+        let v: Value = serde_json::from_str(&ask("/v1/completions", body).unwrap()).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
+        let body = r#"{"stream":true,"stream_options":null}"#;
+        let v: Value = serde_json::from_str(&ask("/v1/completions", body).unwrap()).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+}
