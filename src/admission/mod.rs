@@ -11,7 +11,7 @@ pub mod queue;
 pub use body::{AdmittedBody, Settlement};
 pub use error::AdmitError;
 pub use metrics::AdmissionMetrics;
-pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal};
+pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal, SERVICE_EWMA_WEIGHT};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -136,7 +136,8 @@ impl Drop for Permit {
     }
 }
 
-const SERVICE_EWMA_WEIGHT: f64 = 0.2;
+/// Weight of the newest hold time in the mean service time.
+pub const SERVICE_EWMA_WEIGHT: f64 = 0.2;
 
 impl PoolQueue {
     pub fn new(params: QueueParams, capacity: Capacity) -> Arc<PoolQueue> {
@@ -204,6 +205,11 @@ impl PoolQueue {
 
     pub fn levels(&self) -> &[Level] {
         &self.params.levels
+    }
+
+    /// Waiters allowed per level.
+    pub fn max_depth(&self) -> usize {
+        self.params.max_depth
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

@@ -22,6 +22,8 @@ pub enum Event {
     Fault(u32),
     /// Request `index` gives up waiting on a replica that does not answer.
     Timeout(u32),
+    /// Request `index`, waiting for a free slot, reaches its deadline.
+    SlotDeadline(u32),
     /// Health checks have failed `fall` times in a row on replica `index`.
     Down(u32),
 }

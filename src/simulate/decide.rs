@@ -11,16 +11,16 @@
 //! the file as written. The generated fleet is one pool of N replicas at
 //! placeholder loopback addresses that are never contacted.
 //!
-//! Not modelled: the pool queue (`max_inflight` with `[pools.queue]`): its
-//! grants and service-time estimate run on the wall clock, so a config that
-//! enables it is refused rather than simulated wrongly.
+//! A pool whose replicas have a `max_inflight` keeps its queue; the run
+//! loop models it on the virtual clock ([`super::pool_queue`]), since the
+//! real queue's grants and estimates run on the wall clock.
 
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::admission::AdmissionMetrics;
-use crate::balancing::{Branch, Pick, Replica, ReplicaId, RequestInfo};
+use crate::balancing::{ReplicaId, RequestInfo};
 use crate::config::{BalancerKind, Config, PrefixMode, ReplicaConfig};
 use crate::routing::{Choice, Decision, Pool, Prompt, RouteError, RouteInput, Topology};
 use crate::telemetry::Metrics;
@@ -168,12 +168,6 @@ impl Decider {
             .and_then(|name| topology.pools.iter().position(|p| p.name == name))
             .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
         let p = &topology.pools[pool];
-        if p.admission.is_some() {
-            return Err(SimulateError::Invalid(format!(
-                "pool {:?} has a queue (max_inflight): llmlb simulate does not model the pool queue yet",
-                p.name
-            )));
-        }
         let index = p
             .replicas
             .iter()
@@ -230,21 +224,16 @@ impl Decider {
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)
     }
 
-    /// The forwarder's pick for the next attempt. Where `serve` would wait
-    /// for a slot (every allowed replica at its `max_inflight`), the
-    /// simulation does not model the wait: it picks among the full ones.
+    /// The forwarder's choice for the next attempt: a replica, or a wait
+    /// for a free slot when every allowed replica is at its `max_inflight`.
     pub fn choose(
         &self,
         decision: &Decision,
         tried: &[ReplicaId],
         info: &RequestInfo<'_>,
         now_ms: u64,
-    ) -> Result<(Arc<Replica>, Pick), Branch> {
-        match crate::routing::choose(self.pool(), decision, tried, info, now_ms) {
-            Choice::Pick(replica, pick) => Ok((replica, pick)),
-            Choice::Wait(full) => crate::routing::pick_from(self.pool(), info, &full, now_ms),
-            Choice::NoReplica(branch) => Err(branch),
-        }
+    ) -> Choice {
+        crate::routing::choose(self.pool(), decision, tried, info, now_ms)
     }
 }
 
@@ -279,19 +268,5 @@ mod tests {
         let d = Decider::new(&cache, "m", 0).unwrap();
         assert_eq!(d.pool().replicas.len(), 3);
         assert!(Decider::new(&cache, "other", 0).is_err());
-    }
-
-    #[test]
-    fn a_pool_queue_is_refused() {
-        let c = generated_config("m", 2).unwrap();
-        let first = ReplicaConfig {
-            max_inflight: Some(4),
-            ..c.pools[0].replicas[0].clone()
-        };
-        let mut limited = c.clone();
-        limited.pools[0].replicas[0] = first;
-        let limited = resized(&limited, "m", 2).unwrap();
-        let err = Decider::new(&limited, "m", 0).err().unwrap();
-        assert!(err.to_string().contains("pool queue"), "{err}");
     }
 }

@@ -17,6 +17,7 @@ pub mod clock;
 pub mod decide;
 pub mod faults;
 pub mod fleet;
+pub mod pool_queue;
 pub mod report;
 pub mod run;
 pub mod search;

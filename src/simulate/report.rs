@@ -24,7 +24,8 @@ pub struct Outcomes {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub preemptions: u64,
-    /// 429: refused by admission (the pool queue; not modelled yet, so 0).
+    /// 429: refused by the pool queue (full level, or a wait estimated
+    /// beyond the level's `max_wait`).
     pub rejected_429: u64,
     /// 503: no eligible replica.
     pub no_replica: u64,
@@ -32,6 +33,9 @@ pub struct Outcomes {
     pub upstream: u64,
     /// 504: a hung replica never answered.
     pub timeout: u64,
+    /// 503: waited for a free slot (every allowed replica at its
+    /// `max_inflight`) past the pool's timeout, as `serve` answers.
+    pub slot_timeout: u64,
     /// 400 from the replica: prompt plus output over its context length.
     pub too_long: u64,
     /// 400 from the router.
@@ -42,7 +46,12 @@ pub struct Outcomes {
 
 impl Outcomes {
     pub fn errors(&self) -> u64 {
-        self.no_replica + self.upstream + self.timeout + self.too_long + self.bad_request
+        self.no_replica
+            + self.upstream
+            + self.timeout
+            + self.slot_timeout
+            + self.too_long
+            + self.bad_request
     }
 }
 

@@ -22,11 +22,12 @@
 //! end is O(tokens in the step), a scrape O(replicas). Prompt ids are
 //! generated into one reused buffer and moved into the engine.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::balancing::{InFlightGuard, ReplicaId};
 use crate::config::Config;
-use crate::routing::{Failure, Prompt};
+use crate::routing::{Choice, Decision, Failure, Prompt};
 use crate::sim::config::SimConfig;
 use crate::sim::engine::{NewRequest, StepOutcome};
 
@@ -35,6 +36,7 @@ use super::clock::{Event, EventQueue, millis};
 use super::decide::Decider;
 use super::faults::{Fault, FaultKind};
 use super::fleet::{self, Slot, State};
+use super::pool_queue::QueueModel;
 use super::report::{Outcomes, RunResult};
 use super::stats::LogHistogram;
 use super::workload::{SimWorkload, Source};
@@ -47,6 +49,10 @@ struct Live {
     first: Option<f64>,
     last: f64,
     open: bool,
+    /// Its wait for a free slot has a deadline event already.
+    slot_deadline: bool,
+    /// When it was sent to its replica (seconds).
+    dispatched_at: f64,
 }
 
 /// Everything one run needs.
@@ -75,6 +81,19 @@ struct Sim<'a> {
     open: usize,
     arrived: usize,
     prompt: Vec<u32>,
+    /// Requests waiting for a free slot, oldest first.
+    waiting: VecDeque<Waiter>,
+    /// A slot was freed by the last event: the waiters try again.
+    slot_freed: bool,
+    /// The pool queue, when its replicas have a `max_inflight`.
+    pool_queue: Option<QueueModel>,
+}
+
+/// A request waiting, as `serve`'s forwarder waits, for one of the replicas
+/// it may use to end a request.
+struct Waiter {
+    index: usize,
+    decision: Decision,
     tried: Vec<ReplicaId>,
 }
 
@@ -103,8 +122,11 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         open: 0,
         arrived: 0,
         prompt: Vec::new(),
-        tried: Vec::new(),
+        waiting: VecDeque::new(),
+        slot_freed: false,
+        pool_queue: None,
     };
+    sim.pool_queue = QueueModel::of(sim.decider.pool());
     sim.queue
         .push(spec.workload.requests[0].at, Event::Arrival(0));
     if sim.decider.pool().scrape.is_some() {
@@ -121,6 +143,10 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             Event::Fault(i) => sim.fault(i as usize, now),
             Event::Timeout(i) => sim.timeout(i as usize, now),
             Event::Down(r) => sim.mark_down(r as usize),
+            Event::SlotDeadline(i) => sim.slot_deadline(i as usize),
+        }
+        if std::mem::take(&mut sim.slot_freed) && !sim.waiting.is_empty() {
+            sim.retry_waiting(now);
         }
     }
     let events = sim.queue.handled();
@@ -171,18 +197,51 @@ impl Sim<'_> {
                 return;
             }
         };
-        self.tried.clear();
+        self.dispatch(i, decision, Vec::new(), now);
+    }
+
+    /// Sends request `i` (its prompt in `self.prompt`) to the replica the
+    /// forwarder's choice names, retrying refused connections up to the
+    /// pool's `retries`, or parks it until a slot frees.
+    fn dispatch(&mut self, i: usize, decision: Decision, mut tried: Vec<ReplicaId>, now: f64) {
+        let r = &self.spec.workload.requests[i];
+        let now_ms = millis(now);
         let retries = self.decider.pool().retries as usize;
         loop {
             let info = self.decider.info(r.input, r.output);
-            let (replica, _pick) = match self.decider.choose(&decision, &self.tried, &info, now_ms)
-            {
-                Ok(c) => c,
-                Err(_) if self.tried.is_empty() => return self.out.no_replica += 1,
-                Err(_) => return self.out.upstream += 1,
+            let replica = match self.decider.choose(&decision, &tried, &info, now_ms) {
+                Choice::Pick(replica, _) => replica,
+                Choice::Wait(_) => {
+                    if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
+                        // A newcomer: the queue may refuse it (429).
+                        let pool = self.decider.pool();
+                        let capacity: usize = pool
+                            .eligible_at(now_ms)
+                            .iter()
+                            .map(|r| r.max_inflight.map_or(0, |m| m as usize))
+                            .sum();
+                        let timeout = match &self.pool_queue {
+                            Some(q) if q.refuses(self.waiting.len(), capacity) => {
+                                return self.out.rejected_429 += 1;
+                            }
+                            Some(q) => q.timeout,
+                            None => pool.timeouts.first_byte.as_secs_f64(),
+                        };
+                        self.queue
+                            .push(now + timeout, Event::SlotDeadline(i as u32));
+                    }
+                    self.waiting.push_back(Waiter {
+                        index: i,
+                        decision,
+                        tried,
+                    });
+                    return;
+                }
+                Choice::NoReplica(_) if tried.is_empty() => return self.out.no_replica += 1,
+                Choice::NoReplica(_) => return self.out.upstream += 1,
             };
             decision.dispatched(&replica);
-            self.tried.push(replica.id);
+            tried.push(replica.id);
             let at = self.decider.position(replica.id);
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
             self.slots[at].dispatched += 1;
@@ -196,12 +255,12 @@ impl Sim<'_> {
                         self.decider.metrics(),
                         now_ms,
                     );
-                    if self.tried.len() > retries {
+                    if tried.len() > retries {
                         return self.out.upstream += 1;
                     }
                 }
                 State::Hung => {
-                    self.open_request(i, at, guard);
+                    self.open_request(i, at, guard, now);
                     let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
                     self.queue.push(now + wait, Event::Timeout(i as u32));
                     return;
@@ -218,7 +277,7 @@ impl Sim<'_> {
                         self.out.too_long += 1;
                         return;
                     }
-                    self.open_request(i, at, guard);
+                    self.open_request(i, at, guard, now);
                     if self.slots[at].pending.is_none() {
                         self.start_step(at, now);
                     }
@@ -228,13 +287,15 @@ impl Sim<'_> {
         }
     }
 
-    fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard) {
+    fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
         self.live[i] = Live {
             guard: Some(guard),
             replica: at as u32,
             first: None,
             last: 0.0,
             open: true,
+            slot_deadline: self.live[i].slot_deadline,
+            dispatched_at: now,
         };
         self.open += 1;
     }
@@ -245,6 +306,28 @@ impl Sim<'_> {
             l.open = false;
             l.guard = None;
             self.open -= 1;
+            self.slot_freed = true;
+        }
+    }
+
+    /// After a slot freed: every waiter, oldest first, tries again (those
+    /// still without a slot keep their place).
+    fn retry_waiting(&mut self, now: f64) {
+        for _ in 0..self.waiting.len() {
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            let r = &self.spec.workload.requests[w.index];
+            self.spec.workload.fill_prompt(r, &mut self.prompt);
+            self.dispatch(w.index, w.decision, w.tried, now);
+        }
+    }
+
+    /// A waiter's deadline: still without a slot, it gets `serve`'s 503.
+    fn slot_deadline(&mut self, i: usize) {
+        if let Some(pos) = self.waiting.iter().position(|w| w.index == i) {
+            self.waiting.remove(pos);
+            self.out.slot_timeout += 1;
         }
     }
 
@@ -317,6 +400,9 @@ impl Sim<'_> {
                 .is_some_and(|t| t - arrivals[i].at <= self.spec.goodput_ttft)
             {
                 self.out.within_objective += 1;
+            }
+            if let Some(q) = &mut self.pool_queue {
+                q.served(now - self.live[i].dispatched_at);
             }
             self.close(i);
         }

@@ -1,6 +1,8 @@
 //! The event loop end to end on small fleets: determinism, accounting,
 //! staleness-free basics and each fault kind.
 
+use std::time::Duration;
+
 use super::decide::{Policy, generated_config};
 use super::faults::Fault;
 use super::report::RunResult;
@@ -148,4 +150,70 @@ fn prefix_affinity_raises_the_fleet_hit_rate_on_shared_prefixes() {
         cache.prefix_hit_rate,
         rr.prefix_hit_rate
     );
+}
+
+/// The fleet of `simulate` with every replica limited to `limit` requests,
+/// the pool queue shaped by `queue`.
+fn simulate_limited(
+    w: &SimWorkload,
+    replicas: usize,
+    limit: u32,
+    queue: impl Fn(&mut crate::config::QueueConfig),
+) -> RunResult {
+    let profile = SimConfig::profile("fast").unwrap();
+    let mut config = generated_config(&profile.model, replicas).unwrap();
+    config.pools[0].max_inflight = Some(limit);
+    queue(&mut config.pools[0].queue);
+    let config = "least_connections"
+        .parse::<Policy>()
+        .unwrap()
+        .apply(&config);
+    let spec = RunSpec {
+        workload: w,
+        config: &config,
+        model: &profile.model,
+        profile: &profile,
+        faults: &[],
+        goodput_ttft: 1.0,
+        seed: 0,
+    };
+    run(&spec, "least_connections").unwrap()
+}
+
+#[test]
+fn the_pool_queue_holds_requests_until_a_slot_frees() {
+    // A burst far above what two one-request replicas start at once.
+    let w = workload(20, 10_000.0);
+    let free = simulate(&w, 2, "least_connections", &[]);
+    let limited = simulate_limited(&w, 2, 1, |q| q.max_wait = Duration::from_secs(3600));
+    assert_eq!(limited.outcomes.completed, 20);
+    assert_eq!(limited.outcomes.errors() + limited.outcomes.rejected_429, 0);
+    // One request at a time per replica: the tenth in line waits for nine
+    // to finish, where the free fleet batches them all at once.
+    assert!(
+        limited.ttft_s.p99 > 4.0 * free.ttft_s.p99,
+        "limited {} s, free {} s",
+        limited.ttft_s.p99,
+        free.ttft_s.p99
+    );
+    assert!(limited.e2e_s.p99 > limited.e2e_s.p50);
+}
+
+#[test]
+fn a_full_queue_refuses_and_a_long_wait_times_out() {
+    let w = workload(20, 10_000.0);
+    // Two running, two waiting: the other sixteen are refused at once.
+    let shallow = simulate_limited(&w, 2, 1, |q| {
+        q.max_depth = 2;
+        q.max_wait = Duration::from_secs(3600);
+    });
+    assert_eq!(shallow.outcomes.rejected_429, 16);
+    assert_eq!(shallow.outcomes.completed, 4);
+    // A queue timeout shorter than one request: whoever waits gives up.
+    let impatient = simulate_limited(&w, 2, 1, |q| {
+        q.max_wait = Duration::from_secs(3600);
+        q.timeout = Duration::from_micros(1);
+    });
+    assert_eq!(impatient.outcomes.completed, 2);
+    assert_eq!(impatient.outcomes.slot_timeout, 18);
 }
