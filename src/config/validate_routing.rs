@@ -226,6 +226,15 @@ mod tests {
 
     const POOL: &str = "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n";
 
+    /// The dotted keys of every issue `text` has, in order.
+    fn issue_keys(text: &str) -> Vec<String> {
+        parse(text)
+            .unwrap_err()
+            .into_iter()
+            .map(|i| i.key)
+            .collect()
+    }
+
     fn replica(port: u16, extra: &str) -> String {
         format!("[[pools.replicas]]\nurl = \"http://127.0.0.1:{port}\"\n{extra}\n")
     }
@@ -266,11 +275,7 @@ mod tests {
              {POOL}{}",
             replica(1, "")
         );
-        let keys: Vec<String> = parse(&text)
-            .unwrap_err()
-            .into_iter()
-            .map(|i| i.key)
-            .collect();
+        let keys = issue_keys(&text);
         assert_eq!(
             keys,
             vec![
@@ -291,11 +296,7 @@ mod tests {
             replica(1, "version = \"v1\""),
             replica(2, "version = \"v3\""),
         );
-        let keys: Vec<String> = parse(&text)
-            .unwrap_err()
-            .into_iter()
-            .map(|i| i.key)
-            .collect();
+        let keys = issue_keys(&text);
         assert_eq!(
             keys,
             vec![
@@ -312,11 +313,7 @@ mod tests {
             "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\n[pools.saturation]\nmax_in_flight = 0\n{}",
             replica(1, "")
         );
-        let keys: Vec<String> = parse(&text)
-            .unwrap_err()
-            .into_iter()
-            .map(|i| i.key)
-            .collect();
+        let keys = issue_keys(&text);
         assert_eq!(
             keys,
             vec![
