@@ -1,7 +1,9 @@
 //! One request's scope in one response body: everything a routed request
 //! must do when its answer ends rides in [`ScopedBody`], the single wrapper
 //! around the forwarding body (`forwarding::ProxyBody`, which keeps the data
-//! path: idle timeout, first byte, the replica's in-flight guard).
+//! path: idle timeout, first byte, the replica's in-flight guard). It is a
+//! `net::Watched` body whose watcher, [`Scoped`], is the request's state;
+//! `Watched` calls its end exactly once.
 //!
 //! The scope holds, as plain optional fields, the canary version record,
 //! the pool's `max_pending` guard, the queue permit, the token settlement
@@ -21,21 +23,19 @@
 //! content, and a copy into the tail buffer while a settlement or a line
 //! is pending.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::Response;
 use http::header;
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::AppState;
 use super::access_log::{AccessStart, Entry, RouteFields, Usage, find_usage, has_content};
 use super::pending::PendingGuard;
 use crate::admission::{Permit, Settlement};
-use crate::net::{BoxError, ReportedUsage, ResponseBody};
+use crate::net::{End, ReportedUsage, ResponseBody, Watch, Watched};
 use crate::routing::VersionRecord;
 
 /// How much of the end of a body is kept to find `usage` in.
@@ -91,13 +91,16 @@ pub fn respond(
         .and_then(|v| v.parse().ok())
         .or_else(|| body.size_hint().exact());
     let kept = parts.extensions.get::<ReportedUsage>().cloned();
-    let body = ScopedBody::new(body, scope, entry, sse, length, kept);
-    Response::from_parts(parts, body.boxed_unsync())
+    let scoped = Scoped::new(scope, entry, sse, length, kept);
+    Response::from_parts(parts, Watched::new(body, scoped).boxed_unsync())
 }
 
-/// The response body of a request with something to do at its end.
-pub struct ScopedBody {
-    inner: ResponseBody,
+/// The response body of a request with something to do at its end: the
+/// forwarding body watched by the request's [`Scoped`] state.
+pub type ScopedBody = Watched<Scoped>;
+
+/// What a request's answer holds and observes until it ends.
+pub struct Scoped {
     scope: Scope,
     entry: Option<Entry>,
     sse: bool,
@@ -113,17 +116,15 @@ pub struct ScopedBody {
     usage: Option<(Option<Usage>, Option<u64>)>,
 }
 
-impl ScopedBody {
+impl Scoped {
     pub fn new(
-        inner: ResponseBody,
         scope: Scope,
         entry: Option<Entry>,
         sse: bool,
         length: Option<u64>,
         kept: Option<ReportedUsage>,
-    ) -> ScopedBody {
-        ScopedBody {
-            inner,
+    ) -> Scoped {
+        Scoped {
             scope,
             entry,
             sse,
@@ -133,25 +134,6 @@ impl ScopedBody {
             tail: Vec::new(),
             kept,
             usage: None,
-        }
-    }
-
-    fn ended(&self) -> bool {
-        self.inner.is_end_stream() || self.length.is_some_and(|n| self.seen >= n)
-    }
-
-    fn observe(&mut self, data: &Bytes) {
-        self.seen += data.len() as u64;
-        if self.entry.is_none() && self.scope.settlement.is_none() {
-            return;
-        }
-        if self.first_content.is_none() && !data.is_empty() && (!self.sse || has_content(data)) {
-            self.first_content = Some(Instant::now());
-        }
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > TAIL_BYTES {
-            let cut = self.tail.len() - TAIL_BYTES;
-            self.tail.drain(..cut);
         }
     }
 
@@ -178,79 +160,54 @@ impl ScopedBody {
     }
 
     /// Writes the access-log line (and the per-model metrics), once.
-    fn log(&mut self, outcome: &'static str, usage: Option<Usage>) {
-        if let Some(entry) = self.entry.take() {
-            entry.finish(outcome, self.first_content, usage);
+    fn log(&mut self, outcome: &'static str) {
+        if self.entry.is_some() {
+            let (usage, _) = self.usage();
+            if let Some(entry) = self.entry.take() {
+                entry.finish(outcome, self.first_content, usage);
+            }
+        }
+    }
+}
+
+impl Watch for Scoped {
+    fn data(&mut self, data: &Bytes, at_end: bool) {
+        self.seen += data.len() as u64;
+        if self.entry.is_none() && self.scope.settlement.is_none() {
+            return;
+        }
+        if self.first_content.is_none() && !data.is_empty() && (!self.sse || has_content(data)) {
+            self.first_content = Some(Instant::now());
+        }
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > TAIL_BYTES {
+            let cut = self.tail.len() - TAIL_BYTES;
+            self.tail.drain(..cut);
+        }
+        if at_end || self.length.is_some_and(|n| self.seen >= n) {
+            self.log("complete");
         }
     }
 
-    /// The end of the answer: releases what the scope holds, then settles
-    /// and logs. Runs its parts once however often it is called.
-    fn finish(&mut self, outcome: &'static str) {
+    /// Releases what the scope holds (the forwarding body has ended or
+    /// gone already), then settles and logs.
+    fn end(&mut self, how: End) {
+        let outcome = match how {
+            End::Complete => "complete",
+            End::Failed => "upstream_error",
+            End::Dropped { at_end } if at_end || self.length.is_some_and(|n| self.seen >= n) => {
+                "complete"
+            }
+            End::Dropped { .. } => "client_closed",
+        };
         self.scope.version = None;
         self.scope.pending = None;
         self.scope.permit = None;
-        if self.scope.settlement.is_none() && self.entry.is_none() {
-            return;
-        }
-        let (usage, total) = self.usage();
         if let Some(settlement) = self.scope.settlement.take() {
+            let (_, total) = self.usage();
             settlement.settle(total);
         }
-        self.log(outcome, usage);
-    }
-}
-
-impl Body for ScopedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        // `ScopedBody` is `Unpin`: a boxed body and plain fields.
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.observe(data);
-                }
-                if this.entry.is_some() && this.ended() {
-                    let (usage, _) = this.usage();
-                    this.log("complete", usage);
-                }
-            }
-            Poll::Ready(Some(Err(_))) => this.finish("upstream_error"),
-            Poll::Ready(None) => this.finish("complete"),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for ScopedBody {
-    fn drop(&mut self) {
-        let outcome = if self.ended() {
-            "complete"
-        } else {
-            "client_closed"
-        };
-        // The replica's in-flight guard (inside `inner`) goes first.
-        drop(std::mem::replace(
-            &mut self.inner,
-            crate::net::full_body(Bytes::new()),
-        ));
-        self.finish(outcome);
+        self.log(outcome);
     }
 }
 
@@ -322,7 +279,7 @@ mod tests {
                     Arc::clone(&self.held_at_inner_drop),
                 ),
             );
-            ScopedBody::new(inner, scope, None, true, None, None)
+            Watched::new(inner, Scoped::new(scope, None, true, None, None))
         }
 
         fn versions_recorded(&self) -> u64 {
@@ -379,12 +336,13 @@ mod tests {
             br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#,
         ));
         let mut body = f.body();
-        body.kept = Some(kept);
-        body.tail = br#"data: {"usage":null}"#.to_vec();
-        let (usage, total) = body.usage();
+        let scoped = body.watch_mut();
+        scoped.kept = Some(kept);
+        scoped.tail = br#"data: {"usage":null}"#.to_vec();
+        let (usage, total) = scoped.usage();
         assert_eq!(total, Some(7));
         assert_eq!(usage.and_then(|u| u.completion_tokens), Some(4));
-        body.tail.clear();
-        assert_eq!(body.usage().0, usage, "read once");
+        scoped.tail.clear();
+        assert_eq!(scoped.usage().0, usage, "read once");
     }
 }
