@@ -18,7 +18,7 @@ use super::{access_log, stages, surface};
 use crate::admission::Settlement;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
-use crate::gateway::{Charge, RateHeaders};
+use crate::gateway::RateHeaders;
 use crate::net::ResponseBody;
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
@@ -117,21 +117,7 @@ async fn route(
     *pool_label = Some(first.pool.name.clone());
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
-    *rate = match caller.charge(estimate.total, Instant::now()).await {
-        Ok(headers) => headers,
-        Err(limited) => {
-            *rate = limited.headers.clone();
-            return Err(limited.into());
-        }
-    };
-    let charge = Charge::new(&caller, estimate.total);
-    if let Some(tenant) = &caller.tenant {
-        state
-            .admission_metrics
-            .tenant_requests
-            .with_label_values(&[tenant])
-            .inc();
-    }
+    let charge = stages::charge(state, &caller, estimate.total, rate).await?;
     let mut permit = stages::admit(first.pool, &caller, trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
@@ -211,18 +197,12 @@ async fn route(
         None => (resp, None),
     };
     charge.commit();
-    let settlement = (permit.is_some() || caller.key.is_some()).then(|| Settlement {
+    let settlement = Settlement {
         caller,
         estimated: estimate.total,
         metrics: state.admission_metrics.clone(),
-    });
-    let scope = Scope {
-        version,
-        pending,
-        permit,
-        settlement,
     };
-    Ok((resp, scope))
+    Ok((resp, Scope::routed(version, pending, permit, settlement)))
 }
 
 /// The routing stage within the chosen pool: the request's decision, and

@@ -56,6 +56,24 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// A routed request's scope. Its charge is settled at the end when the
+    /// caller has a key or the request went through a queue; otherwise
+    /// there is nothing to settle.
+    pub fn routed(
+        version: Option<VersionRecord>,
+        pending: Option<PendingGuard>,
+        permit: Option<Permit>,
+        settlement: Settlement,
+    ) -> Scope {
+        let settles = permit.is_some() || settlement.caller.key.is_some();
+        Scope {
+            version,
+            pending,
+            permit,
+            settlement: settles.then_some(settlement),
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.version.is_none()
             && self.pending.is_none()
