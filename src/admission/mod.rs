@@ -3,15 +3,15 @@
 //! dispatched the moment a slot frees, or are refused at once (429) when they
 //! could not start within their level's objective.
 
-mod body;
 mod error;
 mod metrics;
 pub mod queue;
+mod settlement;
 
-pub use body::{AdmittedBody, Settlement};
 pub use error::AdmitError;
 pub use metrics::AdmissionMetrics;
 pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal, SERVICE_EWMA_WEIGHT};
+pub use settlement::Settlement;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,8 @@
 //! replica, below every stage of the request path: body types and the JSON
 //! error body ([`body`]), one accept loop with its connection watcher and
 //! optional TLS ([`accept`], [`connection`], [`client_tls`]), a body that
-//! holds a guard until it ends ([`guarded`]), and the pooled client that
+//! reports its frames and its end once ([`guarded`]: `Watched`, and
+//! `Guarded` that holds a guard until then), and the pooled client that
 //! reaches replicas ([`upstream`], [`upstream_tls`]); reading `usage` token
 //! counts from a response's bytes ([`usage_tokens`]) and waiting for a stop
 //! signal ([`stopped`]).
@@ -24,7 +25,7 @@ pub use accept::{ConnMetrics, Limits};
 pub use body::{
     BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
 };
-pub use guarded::Guarded;
+pub use guarded::{End, Guarded, Watch, Watched};
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;

@@ -3,34 +3,26 @@
 //!
 //! The line goes through `tracing` at `info` under the target
 //! `llmlb::access`, so it follows `--log-format` (text or JSON) and
-//! `RUST_LOG`. The response body is wrapped to see the end of the answer,
-//! the first content (time to first token: the first SSE frame carrying
-//! generated text, or the first byte of a non-streamed answer) and the
-//! replica's `usage` (read from the last 8 KiB of the body, where vLLM puts
-//! it in both JSON answers and the final stream chunk). Fields and sampling
+//! `RUST_LOG`. The request's response body ([`super::scope::ScopedBody`])
+//! holds the [`Entry`] and sees the end of the answer, the first content
+//! (time to first token: the first SSE frame carrying generated text, or the
+//! first byte of a non-streamed answer) and the replica's `usage` (read from
+//! the last 8 KiB of the body, where vLLM puts it in both JSON answers and
+//! the final stream chunk, with [`find_usage`]). Fields and sampling
 //! come from `[telemetry.access_log]`; failed requests are always logged.
 //! The same end records the per-model metrics ([`ModelMetrics`]).
 
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
+use http::Request;
+use http::header::HeaderValue;
 use serde::Deserialize;
 
 use super::AppState;
 use crate::forwarding::Dispatched;
-use crate::net::{BoxError, ReportedUsage, ResponseBody};
 use crate::telemetry::ModelMetrics;
 use crate::telemetry::trace::{RequestTrace, Tracing};
-
-/// How much of the end of a body is kept to find `usage` in.
-const TAIL_BYTES: usize = 8 * 1024;
 
 /// What is known when the request arrives.
 pub struct AccessStart {
@@ -95,6 +87,8 @@ pub struct Usage {
     #[serde(default)]
     pub completion_tokens: Option<u64>,
     #[serde(default)]
+    pub total_tokens: Option<u64>,
+    #[serde(default)]
     pub prompt_tokens_details: Option<Details>,
 }
 
@@ -150,7 +144,9 @@ pub fn has_content(frame: &[u8]) -> bool {
     })
 }
 
-struct Entry {
+/// The line's record, held by the response body ([`super::scope`]) until
+/// the answer ends.
+pub struct Entry {
     start: AccessStart,
     fields: RouteFields,
     status: u16,
@@ -162,104 +158,48 @@ struct Entry {
     metrics: ModelMetrics,
 }
 
-/// Wraps `resp` so that its end writes the access-log line (when
-/// `[telemetry.access_log] enabled`).
-pub fn wrap(
-    state: &AppState,
-    mut start: AccessStart,
-    fields: RouteFields,
-    resp: Response<ResponseBody>,
-) -> Response<ResponseBody> {
-    let config = state.config();
-    let log = &config.telemetry.access_log;
-    let logging = log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
-    if !logging && fields.pool.is_none() {
-        if let Some(trace) = start.trace.take() {
-            trace.end(resp.status().as_u16(), "complete");
+impl Entry {
+    /// The record for a response with `parts`, or `None` when nothing is to
+    /// be written or counted at its end (no line, no pool): the request's
+    /// trace span, if any, ends here then.
+    pub fn new(
+        state: &AppState,
+        mut start: AccessStart,
+        fields: RouteFields,
+        parts: &http::response::Parts,
+    ) -> Option<Entry> {
+        let config = state.config();
+        let log = &config.telemetry.access_log;
+        let logging =
+            log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
+        if !logging && fields.pool.is_none() {
+            if let Some(trace) = start.trace.take() {
+                trace.end(parts.status.as_u16(), "complete");
+            }
+            return None;
         }
-        return resp;
-    }
-    let sampled = logging && (log.sample >= 1.0 || rand::random::<f64>() < log.sample);
-    let (parts, body) = resp.into_parts();
-    let sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let entry = Entry {
-        start,
-        fields,
-        status: parts.status.as_u16(),
-        dispatched: parts.extensions.get::<Dispatched>().cloned(),
-        mask: log.field_mask(),
-        sampled,
-        logging,
-        metrics: state.metrics.models.clone(),
-    };
-    let length = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .or_else(|| body.size_hint().exact());
-    let body = Logged {
-        inner: body,
-        length,
-        seen: 0,
-        entry: Some(entry),
-        sse,
-        first_content: None,
-        tail: Vec::new(),
-        kept: parts.extensions.get::<ReportedUsage>().cloned(),
-    };
-    Response::from_parts(parts, body.boxed_unsync())
-}
-
-struct Logged {
-    inner: ResponseBody,
-    /// The declared length, when there is one: a server may drop the body
-    /// once it has written that many bytes, without polling its end.
-    length: Option<u64>,
-    seen: u64,
-    entry: Option<Entry>,
-    sse: bool,
-    first_content: Option<Instant>,
-    tail: Vec<u8>,
-    /// The usage event llmlb asked a stream for and kept from the client.
-    kept: Option<ReportedUsage>,
-}
-
-impl Logged {
-    fn ended(&self) -> bool {
-        self.inner.is_end_stream() || self.length.is_some_and(|n| self.seen >= n)
+        let sampled = logging && (log.sample >= 1.0 || rand::random::<f64>() < log.sample);
+        Some(Entry {
+            start,
+            fields,
+            status: parts.status.as_u16(),
+            dispatched: parts.extensions.get::<Dispatched>().cloned(),
+            mask: log.field_mask(),
+            sampled,
+            logging,
+            metrics: state.metrics.models.clone(),
+        })
     }
 
-    fn observe(&mut self, data: &Bytes) {
-        self.seen += data.len() as u64;
-        if self.first_content.is_none() && (!self.sse || has_content(data)) && !data.is_empty() {
-            self.first_content = Some(Instant::now());
+    /// Ends the trace span, records the per-model metrics and writes the
+    /// line (sampled; failures and broken answers always).
+    pub fn finish(mut self, outcome: &'static str, first: Option<Instant>, usage: Option<Usage>) {
+        if let Some(trace) = self.start.trace.take() {
+            end_trace(trace, &self, outcome, first, usage);
         }
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > TAIL_BYTES {
-            let cut = self.tail.len() - TAIL_BYTES;
-            self.tail.drain(..cut);
-        }
-    }
-
-    fn finish(&mut self, outcome: &'static str) {
-        let Some(mut e) = self.entry.take() else {
-            return;
-        };
-        let usage = find_usage(&self.tail).or_else(|| {
-            let kept = self.kept.as_ref()?.event()?;
-            find_usage(kept)
-        });
-        if let Some(trace) = e.start.trace.take() {
-            end_trace(trace, &e, outcome, self.first_content, usage);
-        }
-        record(&e, self.first_content, usage);
-        if e.logging && (e.sampled || e.status >= 400 || outcome != "complete") {
-            emit(&e, outcome, self.first_content, usage);
+        record(&self, first, usage);
+        if self.logging && (self.sampled || self.status >= 400 || outcome != "complete") {
+            emit(&self, outcome, first, usage);
         }
     }
 }
@@ -372,51 +312,6 @@ fn emit(e: &Entry, outcome: &str, first: Option<Instant>, usage: Option<Usage>) 
         outcome = keep(on(17), Some(outcome)),
         "request"
     );
-}
-
-impl Body for Logged {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.observe(data);
-                }
-                if this.ended() {
-                    this.finish("complete");
-                }
-            }
-            Poll::Ready(Some(Err(_))) => this.finish("upstream_error"),
-            Poll::Ready(None) => this.finish("complete"),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if self.ended() {
-            self.finish("complete");
-        } else {
-            self.finish("client_closed");
-        }
-    }
 }
 
 #[cfg(test)]

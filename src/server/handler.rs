@@ -9,17 +9,16 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use http_body_util::BodyExt;
-
 use super::closed::ClientClosed;
 use super::prompt_tokens::prompt;
 use super::request::RequestMeta;
+use super::scope::{self, Scope};
 use super::{ApiError, AppState};
 use super::{access_log, stages, surface};
-use crate::admission::{AdmittedBody, Settlement};
+use crate::admission::Settlement;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
-use crate::gateway::{Charge, RateHeaders};
+use crate::gateway::RateHeaders;
 use crate::net::ResponseBody;
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
@@ -64,8 +63,8 @@ async fn handle_counted(
     )
     .await;
     closed.disarm();
-    let mut resp = match routed {
-        Ok(resp) => resp,
+    let (mut resp, scope) = match routed {
+        Ok(routed) => routed,
         Err(err) => {
             state
                 .metrics
@@ -73,17 +72,18 @@ async fn handle_counted(
                 .with_label_values(&[err.reason()])
                 .inc();
             tracing::info!(code = err.code(), error = %err.log_message(), request_id = ?request_id, "request rejected");
-            err.into_response()
+            (err.into_response(), Scope::default())
         }
     };
     super::limit_headers::apply(&rate, resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
     surface::apply_cors(&state, origin.as_ref(), &mut resp);
-    access_log::wrap(&state, access, fields, resp)
+    scope::respond(&state, access, fields, scope, resp)
 }
 
 /// The request path, one step after another (each in [`super::stages`]);
-/// the rate-limit charge refunds itself on any early return.
+/// the rate-limit charge refunds itself on any early return. What the
+/// request holds until its answer ends comes back as its [`Scope`].
 #[allow(clippy::too_many_arguments)]
 async fn route(
     state: &AppState,
@@ -95,9 +95,9 @@ async fn route(
     fields: &mut access_log::RouteFields,
     pool_label: &mut Option<String>,
     trace: Option<&RequestTrace>,
-) -> Result<Response<ResponseBody>, ApiError> {
+) -> Result<(Response<ResponseBody>, Scope), ApiError> {
     if let Some(answer) = stages::answer_locally(state, &req).await {
-        return answer;
+        return answer.map(|resp| (resp, Scope::default()));
     }
     // One generation for the whole request: its gateway, config and
     // topology always belong together, whatever reloads meanwhile.
@@ -117,21 +117,7 @@ async fn route(
     *pool_label = Some(first.pool.name.clone());
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
-    *rate = match caller.charge(estimate.total, Instant::now()).await {
-        Ok(headers) => headers,
-        Err(limited) => {
-            *rate = limited.headers.clone();
-            return Err(limited.into());
-        }
-    };
-    let charge = Charge::new(&caller, estimate.total);
-    if let Some(tenant) = &caller.tenant {
-        state
-            .admission_metrics
-            .tenant_requests
-            .with_label_values(&[tenant])
-            .inc();
-    }
+    let charge = stages::charge(state, &caller, estimate.total, rate).await?;
     let mut permit = stages::admit(first.pool, &caller, trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
@@ -206,24 +192,17 @@ async fn route(
     if let Some(p) = permit.as_mut().filter(|_| resp.status().is_success()) {
         p.served();
     }
-    let resp = match &decision.version {
-        Some(v) => with_version(resp, state, &pool.name, v, start),
-        None => resp,
-    };
-    let resp = match pending {
-        Some(guard) => resp.map(|body| crate::net::Guarded::wrap(body, guard)),
-        None => resp,
+    let (resp, version) = match &decision.version {
+        Some(v) => tag_version(resp, state, &pool.name, v, start),
+        None => (resp, None),
     };
     charge.commit();
-    if permit.is_none() && caller.key.is_none() {
-        return Ok(resp);
-    }
     let settlement = Settlement {
         caller,
         estimated: estimate.total,
         metrics: state.admission_metrics.clone(),
     };
-    Ok(AdmittedBody::respond(resp, permit, Some(settlement)))
+    Ok((resp, Scope::routed(version, pending, permit, settlement)))
 }
 
 /// The routing stage within the chosen pool: the request's decision, and
@@ -263,15 +242,15 @@ fn route_within(
     Ok((decision, body))
 }
 
-/// Tags the response with its canary version and records the version's
-/// outcome when the body ends or is dropped.
-fn with_version(
-    resp: Response<ResponseBody>,
+/// Tags the response with its canary version; the record it returns notes
+/// the version's outcome when the answer ends.
+fn tag_version(
+    mut resp: Response<ResponseBody>,
     state: &AppState,
     pool: &str,
     version: &Arc<str>,
     start: Instant,
-) -> Response<ResponseBody> {
+) -> (Response<ResponseBody>, Option<VersionRecord>) {
     let record = VersionRecord {
         metrics: state.routing_metrics.clone(),
         pool: pool.to_string(),
@@ -283,17 +262,10 @@ fn with_version(
             .get::<crate::routing::StreamBroken>()
             .cloned(),
     };
-    let (mut parts, body) = resp.into_parts();
     if let Ok(v) = HeaderValue::from_str(version) {
-        parts.headers.insert("x-llmlb-version", v);
+        resp.headers_mut().insert("x-llmlb-version", v);
     }
-    let body = body
-        .map_frame(move |frame| {
-            let _record = &record;
-            frame
-        })
-        .boxed_unsync();
-    Response::from_parts(parts, body)
+    (resp, Some(record))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh version-4

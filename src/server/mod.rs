@@ -12,6 +12,7 @@ pub mod pending;
 mod prompt_tokens;
 pub mod reload;
 pub mod request;
+pub mod scope;
 mod stage_errors;
 mod stages;
 pub mod surface;

@@ -6,6 +6,8 @@
 //! Each step returns what the next one needs or the error the client gets;
 //! none of them writes the response.
 
+use std::time::Instant;
+
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
@@ -17,7 +19,7 @@ use super::request::{RequestMeta, content_length};
 use super::{ApiError, AppState, surface};
 use crate::admission::Permit;
 use crate::config::ServerConfig;
-use crate::gateway::Caller;
+use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
 use crate::routing::{Pool, Resolution, Topology};
 use crate::telemetry::trace::RequestTrace;
@@ -229,6 +231,32 @@ impl Estimate {
         }
         self.counted.as_ref().and_then(|c| c.for_pool(pool))
     }
+}
+
+/// Charges the caller's rate limits with the estimate (429 beyond them),
+/// writing the `x-ratelimit-*` values into `rate` either way, and counts the
+/// tenant's request. The charge refunds itself unless committed.
+pub async fn charge<'c>(
+    state: &AppState,
+    caller: &'c Caller,
+    tokens: u64,
+    rate: &mut RateHeaders,
+) -> Result<Charge<'c>, ApiError> {
+    match caller.charge(tokens, Instant::now()).await {
+        Ok(headers) => *rate = headers,
+        Err(limited) => {
+            *rate = limited.headers.clone();
+            return Err(limited.into());
+        }
+    }
+    if let Some(tenant) = &caller.tenant {
+        state
+            .admission_metrics
+            .tenant_requests
+            .with_label_values(&[tenant])
+            .inc();
+    }
+    Ok(Charge::new(caller, tokens))
 }
 
 /// Waits in the pool's queue, when it has one (a `llmlb.queue` span).
