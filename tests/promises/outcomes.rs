@@ -61,13 +61,20 @@ async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() 
     let mut tasks = Vec::new();
     for i in 0..N {
         let stream = i % 2 == 0;
+        // The first client takes the one slot with a long stream (about 2 s
+        // of 2 ms steps) and leaves after 100 ms: at least one client
+        // surely goes away mid-answer, however fast the machine.
+        let max_tokens = if i == 0 { 1000 } else { 24 };
         let body = format!(
-            r#"{{"model":"llmlb-sim","stream":{stream},"messages":[{{"role":"user","content":"hello {i}"}}],"max_tokens":24}}"#
+            r#"{{"model":"llmlb-sim","stream":{stream},"messages":[{{"role":"user","content":"hello {i}"}}],"max_tokens":{max_tokens}}}"#
         );
-        // A third of the clients leave after 0–60 ms: while queued, before
+        // A third of the others leave after 0–60 ms: while queued, before
         // headers, or mid-stream.
-        let give_up =
-            (rng.random_range(0..3) == 0).then(|| Duration::from_millis(rng.random_range(0..60)));
+        let give_up = if i == 0 {
+            Some(Duration::from_millis(100))
+        } else {
+            (rng.random_range(0..3) == 0).then(|| Duration::from_millis(rng.random_range(0..60)))
+        };
         let addr = lb.addr;
         tasks.push(tokio::spawn(async move {
             // The whole request is written before the client may leave, so
@@ -80,6 +87,15 @@ async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() 
             let limit = give_up.unwrap_or(Duration::from_secs(20));
             raw_exchange(addr, raw.as_bytes(), false, limit).await
         }));
+        if i == 0 {
+            let lb = &lb;
+            until_async(
+                "the first request holds the slot",
+                Duration::from_secs(5),
+                async || lb.state.topology().pools[0].replicas[0].in_flight() == 1,
+            )
+            .await;
+        }
     }
     for t in tasks {
         t.await.unwrap();
