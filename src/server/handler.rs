@@ -21,7 +21,7 @@ use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, s
 use crate::gateway::RateHeaders;
 use crate::net::ResponseBody;
 use crate::routing::model_map::rewrite_model;
-use crate::routing::{Decision, Resolution, RouteInput, VersionRecord};
+use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
@@ -137,17 +137,13 @@ async fn route(
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
         span.set("llmlb.pool", pool.name.clone());
-        let label = decision.route_label();
-        if !label.is_empty() {
-            span.set("llmlb.route", label.to_string());
+        if let Some(label) = &fields.route {
+            span.set("llmlb.route", label.clone());
         }
     }
-
-    let mut headers = parts.headers;
-    strip_hop_by_hop(&mut headers);
     // The client's key is llmlb's business, not the replica's.
     let strip_key = config.gateway.auth || caller.key.is_some();
-    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
+    let headers = upstream_headers(parts.headers, strip_key, pool);
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -203,6 +199,15 @@ async fn route(
         metrics: state.admission_metrics.clone(),
     };
     Ok((resp, Scope::routed(version, pending, permit, settlement)))
+}
+
+/// The client's headers as the replica gets them: hop-by-hop headers and
+/// llmlb's own removed, the client's key removed when llmlb checked it, the
+/// pool's own key set.
+fn upstream_headers(mut headers: http::HeaderMap, strip_key: bool, pool: &Pool) -> http::HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
+    headers
 }
 
 /// The routing stage within the chosen pool: the request's decision, and
