@@ -204,15 +204,17 @@ impl Router {
         match self.prefix.mode {
             PrefixMode::Off => {}
             PrefixMode::Hash => {
+                // Tokenized once: the key may read the tokens, the
+                // prediction always does.
+                let tokens = self.tokens(input);
                 match hash_key(&self.prefix, input.model, input.prompt, || {
-                    self.tokens(input)
+                    Cow::Borrowed(&tokens)
                 }) {
                     Some(key) => self
                         .affinity
                         .prefer(&mut d, &cands, key, &saturated, Key::Prefix),
                     None => d.branches.push(super::RouteBranch::PrefixNone),
                 }
-                let tokens = self.tokens(input);
                 cache::record_for_prediction(self, &mut d, &cands, input.model, &tokens);
             }
             PrefixMode::Cache | PrefixMode::Exact => {
