@@ -48,14 +48,9 @@ pub async fn reverse_name(
 
 /// The first name other than `service` given to `ip` in hosts-file text.
 pub fn hosts_reverse(text: &str, ip: IpAddr, service: &str) -> Option<String> {
-    text.lines()
-        .map(|l| l.split('#').next().unwrap_or(""))
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let addr: IpAddr = fields.next()?.parse().ok()?;
-            (addr == ip).then_some(fields)
-        })
-        .flatten()
+    super::resolve::hosts_entries(text)
+        .filter(|(addr, _)| *addr == ip)
+        .flat_map(|(_, names)| names)
         .find(|n| !n.eq_ignore_ascii_case(service))
         .map(str::to_string)
 }

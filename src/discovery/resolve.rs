@@ -64,14 +64,19 @@ pub async fn resolve(
 
 /// Addresses of `name` in hosts-file text (`IP NAME [ALIAS...]`, `#` comments).
 pub fn hosts_lookup(text: &str, name: &str) -> Vec<IpAddr> {
-    text.lines()
-        .map(|l| l.split('#').next().unwrap_or(""))
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let ip: IpAddr = fields.next()?.parse().ok()?;
-            fields.any(|n| n.eq_ignore_ascii_case(name)).then_some(ip)
-        })
+    hosts_entries(text)
+        .filter_map(|(ip, mut names)| names.any(|n| n.eq_ignore_ascii_case(name)).then_some(ip))
         .collect()
+}
+
+/// Each line of hosts-file text with an address: the address and its names
+/// (comments and lines without a valid address skipped).
+pub fn hosts_entries(text: &str) -> impl Iterator<Item = (IpAddr, std::str::SplitWhitespace<'_>)> {
+    text.lines().filter_map(|l| {
+        let mut fields = l.split('#').next().unwrap_or("").split_whitespace();
+        let ip: IpAddr = fields.next()?.parse().ok()?;
+        Some((ip, fields))
+    })
 }
 
 #[cfg(test)]
