@@ -10,7 +10,7 @@ mod settlement;
 
 pub use error::AdmitError;
 pub use metrics::AdmissionMetrics;
-pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal, SERVICE_EWMA_WEIGHT};
+pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal, service_mean};
 pub use settlement::Settlement;
 
 use std::sync::Arc;

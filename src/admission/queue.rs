@@ -137,7 +137,16 @@ impl Drop for Permit {
 }
 
 /// Weight of the newest hold time in the mean service time.
-pub const SERVICE_EWMA_WEIGHT: f64 = 0.2;
+const SERVICE_EWMA_WEIGHT: f64 = 0.2;
+
+/// The mean service time after a request held its slot `held` seconds
+/// (an exponentially weighted mean; the first sample is the mean).
+pub fn service_mean(mean: Option<f64>, held: f64) -> f64 {
+    match mean {
+        Some(m) => m + SERVICE_EWMA_WEIGHT * (held - m),
+        None => held,
+    }
+}
 
 impl PoolQueue {
     pub fn new(params: QueueParams, capacity: Capacity) -> Arc<PoolQueue> {
@@ -343,11 +352,7 @@ impl PoolQueue {
             }
             inner.active = inner.active.saturating_sub(1);
             if let Some(held) = held {
-                let s = held.as_secs_f64();
-                inner.service_mean = Some(match inner.service_mean {
-                    Some(m) => m + SERVICE_EWMA_WEIGHT * (s - m),
-                    None => s,
-                });
+                inner.service_mean = Some(service_mean(inner.service_mean, held.as_secs_f64()));
             }
             self.grant(&mut inner)
         };

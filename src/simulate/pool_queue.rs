@@ -16,7 +16,7 @@
 //! requests carry no tier), and the queue's capacity counting replicas a
 //! canary split excludes (the forwarder's wait, which this is, does not).
 
-use crate::admission::SERVICE_EWMA_WEIGHT;
+use crate::admission::service_mean;
 use crate::routing::Pool;
 
 /// The queue settings of one pool, and the service time learned so far.
@@ -59,10 +59,7 @@ impl QueueModel {
 
     /// A request a replica answered held its slot `held` seconds.
     pub fn served(&mut self, held: f64) {
-        self.service_mean = Some(match self.service_mean {
-            Some(m) => m + SERVICE_EWMA_WEIGHT * (held - m),
-            None => held,
-        });
+        self.service_mean = Some(service_mean(self.service_mean, held));
     }
 }
 
