@@ -6,9 +6,8 @@
 //!
 //! `max_inflight` is a hard limit: when every replica the request may use
 //! is full, the answer is [`Choice::Wait`] with those replicas, never one of
-//! them overfilled. The forwarder waits for a slot; `llmlb simulate`, which
-//! does not model the wait yet, sends the request to one of them anyway
-//! ([`pick_from`]) and says so in its docs.
+//! them overfilled. The forwarder waits for a slot to free; `llmlb simulate`
+//! parks the request until one does, on its virtual clock.
 //!
 //! Pure apart from the balancer's own state (round-robin cursors, p2c RNG);
 //! no I/O. Cost: O(replicas) to filter and build views, plus the balancer's
@@ -59,7 +58,7 @@ pub fn choose(
 }
 
 /// The pool's balancer's pick among `candidates`, their load read at `now_ms`.
-pub fn pick_from(
+fn pick_from(
     pool: &Pool,
     info: &RequestInfo<'_>,
     candidates: &[Arc<Replica>],

@@ -31,10 +31,10 @@ mod topology;
 
 pub use branch::RouteBranch;
 pub use decision::Decision;
-pub use dispatch::{Choice, choose, pick_from};
+pub use dispatch::{Choice, choose};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};
 pub use outcome::{Failure, StreamBroken};
 pub use prefix::blocks::Prompt;
 pub use router::{RouteInput, Router};
-pub use topology::{Pool, Resolution, Topology};
+pub use topology::{Pool, Resolution, Topology, queue_capacity};

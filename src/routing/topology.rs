@@ -384,6 +384,16 @@ fn upstream_tls(pc: &PoolConfig) -> UpstreamTls {
 
 /// The pool's queue when any replica has a concurrency limit. Capacity is
 /// the sum of the limits of the replicas eligible at that moment.
+/// The requests `replicas` may run at once at `now_ms`: the sum of the
+/// eligible ones' `max_inflight` (an unlimited one counts as very many).
+pub fn queue_capacity(replicas: &[Arc<Replica>], now_ms: u64) -> usize {
+    replicas
+        .iter()
+        .filter(|r| r.is_eligible_at(now_ms))
+        .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
+        .sum()
+}
+
 fn queue_for(
     config: &Config,
     pc: &PoolConfig,
@@ -404,13 +414,7 @@ fn queue_for(
         })
         .collect();
     let members: Vec<Arc<Replica>> = replicas.to_vec();
-    let capacity = Box::new(move || {
-        members
-            .iter()
-            .filter(|r| r.is_eligible())
-            .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
-            .sum()
-    });
+    let capacity = Box::new(move || queue_capacity(&members, now_millis()));
     let params = QueueParams {
         levels,
         max_depth: pc.queue.max_depth,

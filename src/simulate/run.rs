@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use crate::balancing::{InFlightGuard, ReplicaId};
 use crate::config::Config;
-use crate::routing::{Choice, Decision, Failure, Prompt};
+use crate::routing::{Choice, Decision, Failure, Prompt, queue_capacity};
 use crate::sim::config::SimConfig;
 use crate::sim::engine::{NewRequest, StepOutcome};
 
@@ -215,11 +215,7 @@ impl Sim<'_> {
                     if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
                         // A newcomer: the queue may refuse it (429).
                         let pool = self.decider.pool();
-                        let capacity: usize = pool
-                            .eligible_at(now_ms)
-                            .iter()
-                            .map(|r| r.max_inflight.map_or(0, |m| m as usize))
-                            .sum();
+                        let capacity = queue_capacity(&pool.replicas, now_ms);
                         let timeout = match &self.pool_queue {
                             Some(q) if q.refuses(self.waiting.len(), capacity) => {
                                 return self.out.rejected_429 += 1;
