@@ -81,10 +81,7 @@ async fn an_overloaded_pool_refuses_before_reading_the_body() {
         "max_pending = 1\n[pools.health]\nenabled = false\n",
     ))
     .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let held = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (conn, held) = open_stream(lb.addr).await;
     until("the stream holds the pool's one pending place", || {
         up.requests() == 1
     })
@@ -104,10 +101,7 @@ async fn a_full_queue_refuses_before_reading_the_body() {
         "max_inflight = 1\n[pools.health]\nenabled = false\n[pools.queue]\nmax_depth = 1\n",
     ))
     .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let held = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (conn, held) = open_stream(lb.addr).await;
     until("the stream takes the only slot", || up.requests() == 1).await;
     let addr = lb.addr;
     let queued =
@@ -138,10 +132,7 @@ async fn with_several_pools_the_body_decides() {
         other.url()
     ))
     .await;
-    let mut conn = Conn::open(lb.addr).await;
-    let held = conn
-        .send(chat_request("/v1/chat/completions", CHAT_STREAM))
-        .await;
+    let (conn, held) = open_stream(lb.addr).await;
     until("the stream holds the pool's one pending place", || {
         up.requests() == 1
     })
