@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use http::{Response, StatusCode, header};
 
-use crate::admission::AdmitError;
 use crate::forwarding::ForwardError;
-use crate::net::{ReadError, ResponseBody, json_error};
+use crate::net::{ResponseBody, json_error};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -25,12 +24,10 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
-    #[error("no healthy replica in pool `{pool}`")]
-    NoHealthyReplica { pool: String },
-    #[error("could not reach a replica of pool `{pool}` after {attempts} attempt(s)")]
-    UpstreamUnavailable { pool: String, attempts: u32 },
-    #[error("replica of pool `{pool}` did not answer within {timeout}")]
-    UpstreamTimeout { pool: String, timeout: String },
+    /// Forwarding gave up; its message is the client's. (A slot wait that
+    /// ran out is a [`ApiError::QueueTimeout`], see the `From` impl.)
+    #[error(transparent)]
+    Upstream(ForwardError),
     #[error("pool `{pool}` has {limit} requests pending already; retry later")]
     PoolOverloaded { pool: String, limit: u32 },
     #[error("llmlb is shutting down")]
@@ -57,47 +54,6 @@ pub enum ApiError {
     ServerBusy,
 }
 
-impl From<ReadError> for ApiError {
-    fn from(e: ReadError) -> ApiError {
-        match e {
-            ReadError::TooLarge { limit } => ApiError::PayloadTooLarge { limit },
-            e @ ReadError::Broken(_) => ApiError::BadRequest(e.to_string()),
-        }
-    }
-}
-
-impl From<AdmitError> for ApiError {
-    fn from(e: AdmitError) -> ApiError {
-        match e {
-            AdmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
-            AdmitError::OverObjective {
-                estimated,
-                retry_after,
-            } => ApiError::OverObjective {
-                estimated,
-                retry_after,
-            },
-            AdmitError::QueueTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
-        }
-    }
-}
-
-impl From<ForwardError> for ApiError {
-    fn from(e: ForwardError) -> ApiError {
-        match e {
-            ForwardError::NoHealthyReplica { pool } => ApiError::NoHealthyReplica { pool },
-            ForwardError::UpstreamUnavailable { pool, attempts } => {
-                ApiError::UpstreamUnavailable { pool, attempts }
-            }
-            ForwardError::UpstreamTimeout { pool, timeout } => {
-                ApiError::UpstreamTimeout { pool, timeout }
-            }
-            ForwardError::SlotTimeout { retry_after } => ApiError::QueueTimeout { retry_after },
-            e @ ForwardError::InvalidPath(_) => ApiError::BadRequest(e.to_string()),
-        }
-    }
-}
-
 /// Whole seconds for `Retry-After`, at least 1.
 pub fn retry_secs(d: Duration) -> u64 {
     (d.as_secs_f64().ceil() as u64).max(1)
@@ -113,6 +69,8 @@ impl ApiError {
             // The reason may quote the offending value (prompt text): log
             // only which field was wrong.
             ApiError::InvalidParam { param, .. } => format!("invalid `{param}`"),
+            // The path may carry a query string with the caller's data.
+            ApiError::Upstream(ForwardError::InvalidPath(_)) => "invalid request path".into(),
             other => other.to_string(),
         }
     }
@@ -123,11 +81,17 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NoHealthyReplica { .. }
-            | ApiError::ShuttingDown
-            | ApiError::PoolOverloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
-            ApiError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::ShuttingDown | ApiError::PoolOverloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Upstream(e) => match e {
+                ForwardError::NoHealthyReplica { .. } | ForwardError::SlotTimeout { .. } => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                ForwardError::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
+                ForwardError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                ForwardError::InvalidPath(_) => StatusCode::BAD_REQUEST,
+            },
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::RateLimited { .. }
             | ApiError::QueueFull { .. }
@@ -143,7 +107,8 @@ impl ApiError {
             ApiError::RateLimited { retry_after, .. }
             | ApiError::QueueFull { retry_after }
             | ApiError::OverObjective { retry_after, .. }
-            | ApiError::QueueTimeout { retry_after } => Some(*retry_after),
+            | ApiError::QueueTimeout { retry_after }
+            | ApiError::Upstream(ForwardError::SlotTimeout { retry_after }) => Some(*retry_after),
             _ => None,
         }
     }
@@ -166,9 +131,13 @@ impl ApiError {
             ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::NoHealthyReplica { .. } => "no_healthy_replica",
-            ApiError::UpstreamUnavailable { .. } => "upstream_unavailable",
-            ApiError::UpstreamTimeout { .. } => "upstream_timeout",
+            ApiError::Upstream(e) => match e {
+                ForwardError::NoHealthyReplica { .. } => "no_healthy_replica",
+                ForwardError::UpstreamUnavailable { .. } => "upstream_unavailable",
+                ForwardError::UpstreamTimeout { .. } => "upstream_timeout",
+                ForwardError::SlotTimeout { .. } => "queue_timeout",
+                ForwardError::InvalidPath(_) => "invalid_request",
+            },
             ApiError::ShuttingDown => "shutting_down",
             ApiError::PoolOverloaded { .. } => "pool_overloaded",
             ApiError::Unauthorized(_) => "invalid_api_key",

@@ -10,20 +10,14 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::closed::ClientClosed;
-use super::prompt_tokens::prompt;
-use super::request::RequestMeta;
 use super::scope::{self, Scope};
+use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
 use super::{access_log, stages, surface};
 use crate::admission::Settlement;
-use crate::balancing::RequestInfo;
-use crate::forwarding::{ForwardRequest, REQUEST_ID, forward, strip_hop_by_hop, strip_private};
+use crate::forwarding::REQUEST_ID;
 use crate::gateway::RateHeaders;
 use crate::net::ResponseBody;
-use crate::routing::model_map::rewrite_model;
-use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
-use crate::telemetry::clock::now_millis;
-use crate::telemetry::trace::RequestTrace;
 
 /// Handles one request. The client-closed record is made when hyper hands
 /// the request over, before the future first runs: hyper may drop a future
@@ -50,18 +44,19 @@ async fn handle_counted(
         access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
     let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
-    let routed = route(
-        &state,
+    let ctx = RequestCtx {
+        state: &state,
         peer,
-        req,
-        &request_id,
+        request_id: &request_id,
         start,
-        &mut rate,
-        &mut fields,
-        &mut closed.pool,
-        access.trace(),
-    )
-    .await;
+        trace: access.trace(),
+    };
+    let notes = Notes {
+        rate: &mut rate,
+        fields: &mut fields,
+        pool_label: &mut closed.pool,
+    };
+    let routed = route(&ctx, req, notes).await;
     closed.disarm();
     let (mut resp, scope) = match routed {
         Ok(routed) => routed,
@@ -81,21 +76,24 @@ async fn handle_counted(
     scope::respond(&state, access, fields, scope, resp)
 }
 
-/// The request path, one step after another (each in [`super::stages`]);
-/// the rate-limit charge refunds itself on any early return. What the
-/// request holds until its answer ends comes back as its [`Scope`].
-#[allow(clippy::too_many_arguments)]
+/// What the request path writes down for the answer and the access log as
+/// it goes, whether it ends in an answer or an error.
+struct Notes<'a> {
+    rate: &'a mut RateHeaders,
+    fields: &'a mut access_log::RouteFields,
+    pool_label: &'a mut Option<String>,
+}
+
+/// The request path, one step after another (each in [`super::stages`] or
+/// [`super::send`]); the rate-limit charge refunds itself on any early
+/// return. What the request holds until its answer ends comes back as its
+/// [`Scope`].
 async fn route(
-    state: &AppState,
-    peer: SocketAddr,
+    ctx: &RequestCtx<'_>,
     req: Request<Incoming>,
-    request_id: &HeaderValue,
-    start: Instant,
-    rate: &mut RateHeaders,
-    fields: &mut access_log::RouteFields,
-    pool_label: &mut Option<String>,
-    trace: Option<&RequestTrace>,
+    notes: Notes<'_>,
 ) -> Result<(Response<ResponseBody>, Scope), ApiError> {
+    let state = ctx.state;
     if let Some(answer) = stages::answer_locally(state, &req).await {
         return answer.map(|resp| (resp, Scope::default()));
     }
@@ -111,21 +109,20 @@ async fn route(
     let (bytes, _held) =
         stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
     let meta = surface::extract_meta(&parts.headers, &bytes)?;
-    fields.model = Some(meta.model.clone());
-    fields.stream = Some(meta.stream);
+    notes.fields.model = Some(meta.model.clone());
+    notes.fields.stream = Some(meta.stream);
     let first = stages::resolve_pool(topology, &meta.model, tier).await?;
-    *pool_label = Some(first.pool.name.clone());
+    *notes.pool_label = Some(first.pool.name.clone());
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
-    let charge = stages::charge(state, &caller, estimate.total, rate).await?;
-    let mut permit = stages::admit(first.pool, &caller, trace).await?;
+    let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
+    let mut permit = stages::admit(first.pool, &caller, ctx.trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
     let tokens = estimate.tokens_for(pool, &meta).await;
-    fields.pool = Some(pool.name.clone());
-    let routing = trace.map(|t| t.stage("llmlb.route"));
-    let (decision, body) = route_within(
+    let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
+    let (decision, body) = send::route_within(
         state,
         &resolved,
         &meta,
@@ -134,64 +131,24 @@ async fn route(
         tier,
         &bytes,
     )?;
-    fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
+    notes.fields.pool = Some(pool.name.clone());
+    notes.fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
         span.set("llmlb.pool", pool.name.clone());
-        if let Some(label) = &fields.route {
+        if let Some(label) = &notes.fields.route {
             span.set("llmlb.route", label.clone());
         }
     }
-    // The client's key is llmlb's business, not the replica's.
-    let strip_key = config.gateway.auth || caller.key.is_some();
-    let headers = upstream_headers(parts.headers, strip_key, pool);
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    let forwarded = forward(ForwardRequest {
-        pool,
-        method: parts.method.clone(),
-        path_and_query,
-        headers,
+    let out = send::Outgoing {
+        parts,
         body,
-        info: RequestInfo {
-            model: resolved.rewrite.unwrap_or(&meta.model),
-            prompt_tokens: estimate.prompt_tokens,
-            max_tokens: estimate.max_tokens,
-            user: meta.user.as_deref(),
-        },
-        route: &decision,
-        request_id,
-        client_ip: Some(peer.ip()),
-        start,
-        metrics: &state.metrics,
+        model: resolved.rewrite.unwrap_or(&meta.model),
+        user: meta.user.as_deref(),
+        estimate: &estimate,
+        strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,
-        recent: &state.recent_dispatches,
-        trace,
-    })
-    .await;
-    let resp = match forwarded {
-        Ok(resp) => resp,
-        Err(err) => {
-            let err = ApiError::from(err);
-            if let Some(v) = &decision.version {
-                state
-                    .routing_metrics
-                    .record_version(&pool.name, v, err.status().as_u16(), start);
-            }
-            return Err(err);
-        }
     };
-    // A replica answered: the time this request holds its queue slot
-    // teaches the queue its drain rate (failures and refusals do not).
-    if let Some(p) = permit.as_mut().filter(|_| resp.status().is_success()) {
-        p.served();
-    }
-    let (resp, version) = match &decision.version {
-        Some(v) => tag_version(resp, state, &pool.name, v, start),
-        None => (resp, None),
-    };
+    let (resp, version) = send::send(ctx, pool, &decision, out, permit.as_mut()).await?;
     charge.commit();
     let settlement = Settlement {
         caller,
@@ -199,78 +156,6 @@ async fn route(
         metrics: state.admission_metrics.clone(),
     };
     Ok((resp, Scope::routed(version, pending, permit, settlement)))
-}
-
-/// The client's headers as the replica gets them: hop-by-hop headers and
-/// llmlb's own removed, the client's key removed when llmlb checked it, the
-/// pool's own key set.
-fn upstream_headers(mut headers: http::HeaderMap, strip_key: bool, pool: &Pool) -> http::HeaderMap {
-    strip_hop_by_hop(&mut headers);
-    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
-    headers
-}
-
-/// The routing stage within the chosen pool: the request's decision, and
-/// the body to send (with the served model name when an alias was used).
-fn route_within(
-    state: &AppState,
-    resolved: &Resolution<'_>,
-    meta: &RequestMeta,
-    tokens: Option<&[u32]>,
-    headers: &http::HeaderMap,
-    tier: Option<&str>,
-    bytes: &bytes::Bytes,
-) -> Result<(Decision, bytes::Bytes), ApiError> {
-    let pool = resolved.pool;
-    let body = match resolved.rewrite {
-        Some(model) => rewrite_model(bytes, model)?,
-        None => bytes.clone(),
-    };
-    let input = RouteInput {
-        model: resolved.rewrite.unwrap_or(&meta.model),
-        user: meta.user.as_deref(),
-        api_key: crate::gateway::keys::presented_key(headers),
-        headers,
-        tier,
-        prompt: prompt(meta),
-        tokens,
-    };
-    let decision = pool
-        .router
-        .route(&pool.replicas, &input, rand::random(), now_millis())?;
-    state
-        .routing_metrics
-        .record_branches(&pool.name, &resolved.branches);
-    state
-        .routing_metrics
-        .record_branches(&pool.name, &decision.branches);
-    Ok((decision, body))
-}
-
-/// Tags the response with its canary version; the record it returns notes
-/// the version's outcome when the answer ends.
-fn tag_version(
-    mut resp: Response<ResponseBody>,
-    state: &AppState,
-    pool: &str,
-    version: &Arc<str>,
-    start: Instant,
-) -> (Response<ResponseBody>, Option<VersionRecord>) {
-    let record = VersionRecord {
-        metrics: state.routing_metrics.clone(),
-        pool: pool.to_string(),
-        version: Arc::clone(version),
-        status: resp.status().as_u16(),
-        start,
-        broken: resp
-            .extensions()
-            .get::<crate::routing::StreamBroken>()
-            .cloned(),
-    };
-    if let Ok(v) = HeaderValue::from_str(version) {
-        resp.headers_mut().insert("x-llmlb-version", v);
-    }
-    (resp, Some(record))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh version-4

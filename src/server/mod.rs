@@ -13,6 +13,7 @@ mod prompt_tokens;
 pub mod reload;
 pub mod request;
 pub mod scope;
+mod send;
 mod stage_errors;
 mod stages;
 pub mod surface;

@@ -1,0 +1,183 @@
+//! The last two steps of [`super::handler`]'s request path: the routing
+//! decision within the chosen pool, then forwarding under it, with what the
+//! answer carries back (the canary version's header and outcome record, the
+//! queue's lesson in drain rate).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{HeaderMap, Response, request};
+
+use super::prompt_tokens::prompt;
+use super::request::RequestMeta;
+use super::stages::Estimate;
+use super::{ApiError, AppState};
+use crate::admission::Permit;
+use crate::balancing::RequestInfo;
+use crate::forwarding::{ForwardRequest, forward, strip_hop_by_hop, strip_private};
+use crate::net::ResponseBody;
+use crate::routing::model_map::rewrite_model;
+use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
+use crate::telemetry::clock::now_millis;
+use crate::telemetry::trace::RequestTrace;
+
+/// What every step of one request shares: the process, the client, the
+/// request's id, start and trace.
+pub struct RequestCtx<'a> {
+    pub state: &'a AppState,
+    pub peer: SocketAddr,
+    pub request_id: &'a HeaderValue,
+    pub start: Instant,
+    pub trace: Option<&'a RequestTrace>,
+}
+
+/// The routing stage within the chosen pool: the request's decision, and
+/// the body to send (with the served model name when an alias was used).
+pub fn route_within(
+    state: &AppState,
+    resolved: &Resolution<'_>,
+    meta: &RequestMeta,
+    tokens: Option<&[u32]>,
+    headers: &HeaderMap,
+    tier: Option<&str>,
+    bytes: &Bytes,
+) -> Result<(Decision, Bytes), ApiError> {
+    let pool = resolved.pool;
+    let body = match resolved.rewrite {
+        Some(model) => rewrite_model(bytes, model)?,
+        None => bytes.clone(),
+    };
+    let input = RouteInput {
+        model: resolved.rewrite.unwrap_or(&meta.model),
+        user: meta.user.as_deref(),
+        api_key: crate::gateway::keys::presented_key(headers),
+        headers,
+        tier,
+        prompt: prompt(meta),
+        tokens,
+    };
+    let decision = pool
+        .router
+        .route(&pool.replicas, &input, rand::random(), now_millis())?;
+    for branches in [&resolved.branches, &decision.branches] {
+        state.routing_metrics.record_branches(&pool.name, branches);
+    }
+    Ok((decision, body))
+}
+
+/// The request as it leaves for the pool.
+pub struct Outgoing<'a> {
+    pub parts: request::Parts,
+    pub body: Bytes,
+    /// The model name the replica serves.
+    pub model: &'a str,
+    pub user: Option<&'a str>,
+    pub estimate: &'a Estimate,
+    /// Remove the client's key: llmlb checked it, the replica has no use
+    /// for it.
+    pub strip_key: bool,
+    /// Name the serving replica in an `x-llmlb-replica` header.
+    pub expose_replica: bool,
+}
+
+/// Forwards under `decision`. A canary version is tagged on the answer and
+/// its outcome recorded (at once for a failure, when the answer ends
+/// otherwise, through the returned record); a successful answer marks the
+/// queue permit served so the queue learns its drain rate from it.
+pub async fn send(
+    ctx: &RequestCtx<'_>,
+    pool: &Arc<Pool>,
+    decision: &Decision,
+    out: Outgoing<'_>,
+    permit: Option<&mut Permit>,
+) -> Result<(Response<ResponseBody>, Option<VersionRecord>), ApiError> {
+    let Outgoing { parts, body, .. } = out;
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let forwarded = forward(ForwardRequest {
+        pool,
+        method: parts.method.clone(),
+        path_and_query,
+        headers: upstream_headers(parts.headers, out.strip_key, pool),
+        body,
+        info: RequestInfo {
+            model: out.model,
+            prompt_tokens: out.estimate.prompt_tokens,
+            max_tokens: out.estimate.max_tokens,
+            user: out.user,
+        },
+        route: decision,
+        request_id: ctx.request_id,
+        client_ip: Some(ctx.peer.ip()),
+        start: ctx.start,
+        metrics: &ctx.state.metrics,
+        expose_replica: out.expose_replica,
+        recent: &ctx.state.recent_dispatches,
+        trace: ctx.trace,
+    })
+    .await;
+    let resp = match forwarded {
+        Ok(resp) => resp,
+        Err(err) => {
+            let err = ApiError::from(err);
+            if let Some(v) = &decision.version {
+                ctx.state.routing_metrics.record_version(
+                    &pool.name,
+                    v,
+                    err.status().as_u16(),
+                    ctx.start,
+                );
+            }
+            return Err(err);
+        }
+    };
+    // A replica answered: the time this request holds its queue slot
+    // teaches the queue its drain rate (failures and refusals do not).
+    if let Some(p) = permit.filter(|_| resp.status().is_success()) {
+        p.served();
+    }
+    Ok(match &decision.version {
+        Some(v) => tag_version(resp, ctx, &pool.name, v),
+        None => (resp, None),
+    })
+}
+
+/// The client's headers as the replica gets them: hop-by-hop headers and
+/// llmlb's own removed, the client's key removed when llmlb checked it, the
+/// pool's own key set.
+fn upstream_headers(mut headers: HeaderMap, strip_key: bool, pool: &Pool) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
+    headers
+}
+
+/// Tags the response with its canary version; the record it returns notes
+/// the version's outcome when the answer ends.
+fn tag_version(
+    mut resp: Response<ResponseBody>,
+    ctx: &RequestCtx<'_>,
+    pool: &str,
+    version: &Arc<str>,
+) -> (Response<ResponseBody>, Option<VersionRecord>) {
+    let record = VersionRecord {
+        metrics: ctx.state.routing_metrics.clone(),
+        pool: pool.to_string(),
+        version: Arc::clone(version),
+        status: resp.status().as_u16(),
+        start: ctx.start,
+        broken: resp
+            .extensions()
+            .get::<crate::routing::StreamBroken>()
+            .cloned(),
+    };
+    if let Ok(v) = HeaderValue::from_str(version) {
+        resp.headers_mut().insert("x-llmlb-version", v);
+    }
+    (resp, Some(record))
+}
