@@ -14,7 +14,7 @@ pub struct DiscoveryConfig {
     /// Port every discovered replica listens on.
     pub port: u16,
     /// How often the name is resolved again.
-    #[serde(default = "default_interval", with = "duration_serde")]
+    #[serde(default = "default_interval", with = "super::duration")]
     pub interval: Duration,
     /// Resolve from this hosts-format file (`IP NAME...` lines) instead of
     /// the system resolver: for static set-ups and tests.
@@ -60,8 +60,4 @@ pub enum ReplicaNames {
 
 fn default_interval() -> Duration {
     Duration::from_secs(5)
-}
-
-mod duration_serde {
-    pub use crate::config::duration::deserialize;
 }

@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 
 use super::ConfigIssue;
 use super::gateway::{GatewayConfig, KeyConfig, LimitsConfig, PriorityConfig, TierConfig};
-use super::schema::{PoolConfig, ServerConfig};
+use super::schema::PoolConfig;
+use super::server::ServerConfig;
 
 /// The problems of each section of `text` (which must be valid TOML).
 pub fn section_issues(text: &str) -> Vec<ConfigIssue> {

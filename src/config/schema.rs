@@ -2,7 +2,6 @@
 //! cross-field rules live in `validate.rs`.
 
 use serde::Deserialize;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::gateway::{
@@ -10,6 +9,8 @@ use super::gateway::{
     default_priorities,
 };
 use super::routing::{CanaryConfig, PrefixConfig, SaturationConfig, SessionConfig};
+use super::server::ServerConfig;
+use super::watch::{HealthConfig, OutlierConfig, ScrapeConfig};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,103 +55,6 @@ impl Config {
         self.gateway
             .trust_version_header
             .unwrap_or(self.keys.is_empty())
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Client-facing OpenAI-compatible listener.
-    #[serde(deserialize_with = "super::duration::listen_addr")]
-    pub listen: SocketAddr,
-    /// Admin listener: `/metrics`, `/healthz`, `/readyz`.
-    #[serde(deserialize_with = "super::duration::listen_addr")]
-    pub admin_listen: SocketAddr,
-    /// Largest request body accepted; larger bodies get 413.
-    pub max_body_bytes: usize,
-    /// How long in-flight requests may run after SIGTERM/SIGINT before the process exits.
-    #[serde(with = "duration_serde")]
-    pub drain_timeout: Duration,
-    /// Whether to accept HTTP/2 with prior knowledge (h2c) besides HTTP/1.1.
-    pub http2: bool,
-    /// Bearer token required by the admin listener's mutating endpoints
-    /// (`POST /admin/...`); unset means they are open to whoever reaches the
-    /// admin listener (which binds to loopback by default).
-    pub admin_token: Option<String>,
-    /// Add `x-llmlb-replica: NAME` to every proxied response (handy for load
-    /// tests and debugging; off by default so replica names stay internal).
-    pub replica_header: bool,
-    /// How often `llmlb serve` checks the config file for changes (reload on
-    /// change); "0s" turns watching off. SIGHUP and `POST /admin/reload`
-    /// always reload.
-    #[serde(with = "duration_serde")]
-    pub watch_interval: Duration,
-    /// After SIGTERM: how long the client listener keeps accepting (while
-    /// `/readyz` already answers 503) so load balancers in front can take
-    /// llmlb out of rotation before it stops accepting.
-    #[serde(with = "duration_serde")]
-    pub drain_delay: Duration,
-    /// Largest request head (request line and headers) on HTTP/1.1; larger
-    /// heads get 431. At least 8192 (hyper's smallest read buffer).
-    pub max_header_bytes: usize,
-    /// Most header fields in one request; more get 431.
-    pub max_headers: usize,
-    /// Time a client has to send a complete request head once its first byte
-    /// arrived (slowloris); the connection is closed when it runs out.
-    #[serde(with = "duration_serde")]
-    pub header_read_timeout: Duration,
-    /// A client connection with no request in flight and no bytes in either
-    /// direction for this long is closed.
-    #[serde(with = "duration_serde")]
-    pub client_idle_timeout: Duration,
-    /// Client connections served at once; further connections wait in the
-    /// listen backlog (not accepted) until one closes.
-    pub max_connections: usize,
-    /// TLS termination on the client listener; unset: plain HTTP.
-    pub tls: Option<TlsConfig>,
-    /// Cross-origin access for browsers; unset: no CORS headers.
-    pub cors: Option<super::CorsConfig>,
-    /// Time to receive a request's whole body once its head is in; 408
-    /// `body_timeout` after.
-    #[serde(with = "duration_serde")]
-    pub body_timeout: Duration,
-    /// Request body bytes held at once across all connections (being read
-    /// or waiting to be forwarded); a request that would go beyond gets 503
-    /// `server_busy`.
-    pub max_buffered_bytes: usize,
-}
-
-/// `[server.tls]`: PEM files of the certificate chain (leaf first) and its
-/// private key (PKCS#8, PKCS#1 or SEC1).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            listen: "127.0.0.1:8080".parse().expect("static addr"),
-            admin_listen: "127.0.0.1:9090".parse().expect("static addr"),
-            max_body_bytes: 32 * 1024 * 1024,
-            drain_timeout: Duration::from_secs(30),
-            http2: true,
-            admin_token: None,
-            replica_header: false,
-            watch_interval: Duration::from_secs(2),
-            drain_delay: Duration::from_secs(5),
-            max_header_bytes: 64 * 1024,
-            max_headers: 100,
-            header_read_timeout: Duration::from_secs(10),
-            client_idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
-            tls: None,
-            cors: None,
-            body_timeout: Duration::from_secs(30),
-            max_buffered_bytes: 256 * 1024 * 1024,
-        }
     }
 }
 
@@ -292,19 +196,19 @@ fn default_retries() -> u32 {
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutConfig {
     /// TCP connect to a replica.
-    #[serde(with = "duration_serde")]
+    #[serde(with = "super::duration")]
     pub connect: Duration,
     /// From sending the request until the replica's response headers arrive.
-    #[serde(with = "duration_serde")]
+    #[serde(with = "super::duration")]
     pub first_byte: Duration,
     /// Longest silence between two body chunks of a response.
-    #[serde(with = "duration_serde")]
+    #[serde(with = "super::duration")]
     pub idle: Duration,
     /// How long an idle keep-alive connection to a replica is kept for
     /// reuse. Shorter than the replicas' own keep-alive (uvicorn, which
     /// vLLM runs on, closes idle connections after 5 s), so llmlb never
     /// sends a request on a connection the replica is closing.
-    #[serde(with = "duration_serde")]
+    #[serde(with = "super::duration")]
     pub upstream_idle: Duration,
 }
 
@@ -315,37 +219,6 @@ impl Default for TimeoutConfig {
             first_byte: Duration::from_secs(120),
             idle: Duration::from_secs(60),
             upstream_idle: Duration::from_secs(4),
-        }
-    }
-}
-
-/// Passive health (outlier ejection): a replica whose requests keep failing
-/// (connect errors, timeouts, 5xx other than 503) is ejected for a while.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OutlierConfig {
-    /// Consecutive failures that eject a replica.
-    pub consecutive_failures: u32,
-    /// Base ejection time, multiplied by how many times the replica has been
-    /// ejected in a row.
-    #[serde(with = "duration_serde", alias = "base_ejection_time")]
-    pub cooldown: Duration,
-    /// Upper bound of one ejection.
-    #[serde(with = "duration_serde")]
-    pub max_ejection_time: Duration,
-    /// Largest share of a pool ejected at once for timeouts and 5xx answers,
-    /// in percent (at least one replica may always be ejected). Replicas that
-    /// refuse connections are ejected regardless.
-    pub max_ejection_percent: u32,
-}
-
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        OutlierConfig {
-            consecutive_failures: 3,
-            cooldown: Duration::from_secs(10),
-            max_ejection_time: Duration::from_secs(300),
-            max_ejection_percent: 50,
         }
     }
 }
@@ -394,86 +267,6 @@ impl Default for BalancingConfig {
     }
 }
 
-/// Metric-name presets for the scraper.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MetricsPreset {
-    Vllm,
-    Sglang,
-    Custom,
-}
-
-/// Metric names for `preset = "custom"` (`[pools.scrape.metrics]`); each
-/// list is tried in order and the first name present wins.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CustomMetricNames {
-    pub running: Vec<String>,
-    pub waiting: Vec<String>,
-    pub kv_usage: Vec<String>,
-}
-
-/// Polling replicas' Prometheus `/metrics` (`[pools.scrape]`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScrapeConfig {
-    /// On or off; when unset, on exactly when the balancer reads scraped load.
-    pub enabled: Option<bool>,
-    pub path: String,
-    #[serde(with = "duration_serde")]
-    pub interval: Duration,
-    #[serde(with = "duration_serde")]
-    pub timeout: Duration,
-    /// Snapshots older than this are not used: balancers fall back to the
-    /// proxy's own counts for every candidate.
-    #[serde(with = "duration_serde")]
-    pub staleness: Duration,
-    pub preset: MetricsPreset,
-    pub metrics: CustomMetricNames,
-}
-
-impl Default for ScrapeConfig {
-    fn default() -> Self {
-        ScrapeConfig {
-            enabled: None,
-            path: "/metrics".into(),
-            interval: Duration::from_millis(500),
-            timeout: Duration::from_millis(400),
-            staleness: Duration::from_secs(2),
-            preset: MetricsPreset::Vllm,
-            metrics: CustomMetricNames::default(),
-        }
-    }
-}
-
-/// Active health checks in HAProxy's manner (`[pools.health]`): `fall`
-/// failed checks in a row mark a replica down, `rise` good ones bring it back.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthConfig {
-    pub enabled: bool,
-    pub path: String,
-    #[serde(with = "duration_serde")]
-    pub interval: Duration,
-    #[serde(with = "duration_serde")]
-    pub timeout: Duration,
-    pub fall: u32,
-    pub rise: u32,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        HealthConfig {
-            enabled: true,
-            path: "/health".into(),
-            interval: Duration::from_secs(2),
-            timeout: Duration::from_secs(1),
-            fall: 3,
-            rise: 2,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaConfig {
@@ -501,10 +294,6 @@ pub struct ReplicaConfig {
 
 fn default_weight() -> u32 {
     1
-}
-
-mod duration_serde {
-    pub use crate::config::duration::deserialize;
 }
 
 fn default_true() -> bool {

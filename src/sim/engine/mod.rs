@@ -25,156 +25,22 @@
 //!    block first, so a shared prefix outlives the private tail in the LRU).
 
 pub mod cost;
+mod io;
 pub mod kv_cache;
+mod params;
 mod request;
 mod scheduler;
 pub mod stats;
 
 use std::collections::{HashMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
-
 pub use cost::{CostModel, StepShape};
+pub use io::{AddError, Finished, NewRequest, StepOutcome, TokenEvent};
 pub use kv_cache::BlockPool;
+pub use params::EngineParams;
 pub use stats::{EngineStats, FinishReason, Histogram};
 
 use request::Seq;
-
-/// The scheduler and KV cache shape (the `[engine]` table of a profile).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EngineParams {
-    /// Tokens per KV block (16 on GPUs, 128 on vLLM's CPU backend).
-    pub block_size: usize,
-    /// KV blocks in the cache, as vLLM reports them (`num_gpu_blocks`). One
-    /// is vLLM's reserved null block, so `num_blocks - 1` hold tokens.
-    pub num_blocks: usize,
-    /// Most requests in the running batch.
-    pub max_num_seqs: usize,
-    /// Most tokens computed in one step (prefill chunks plus decodes).
-    pub max_num_batched_tokens: usize,
-    /// Longest prompt plus output a request may ask for.
-    pub max_model_len: usize,
-    pub enable_prefix_caching: bool,
-    /// Order the queue by the requests' `priority` (lower first), then arrival.
-    pub priority_scheduling: bool,
-}
-
-impl EngineParams {
-    /// Blocks that can hold tokens: all but vLLM's null block.
-    pub fn usable_blocks(&self) -> usize {
-        self.num_blocks.saturating_sub(1)
-    }
-
-    pub fn validate(&self) -> Result<(), String> {
-        let positive = [
-            ("block_size", self.block_size),
-            ("num_blocks", self.num_blocks),
-            ("max_num_seqs", self.max_num_seqs),
-            ("max_num_batched_tokens", self.max_num_batched_tokens),
-            ("max_model_len", self.max_model_len),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                return Err(format!("engine.{name} must be at least 1"));
-            }
-        }
-        if self.num_blocks >= u32::MAX as usize {
-            return Err(format!(
-                "engine.num_blocks is too large: {}",
-                self.num_blocks
-            ));
-        }
-        if self.num_blocks < 2 {
-            return Err("engine.num_blocks must be at least 2 (one is reserved)".into());
-        }
-        let capacity = self.usable_blocks() * self.block_size;
-        if self.max_model_len > capacity {
-            return Err(format!(
-                "engine.max_model_len ({}) exceeds the KV cache ({} usable blocks x {} tokens = {capacity}): a long request could never run",
-                self.max_model_len,
-                self.usable_blocks(),
-                self.block_size
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A request handed to the engine.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewRequest {
-    /// Unique among the requests the engine holds.
-    pub id: u64,
-    pub prompt: Vec<u32>,
-    pub max_tokens: usize,
-    /// Lower is served first under priority scheduling; ignored otherwise.
-    pub priority: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AddError {
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("max_tokens must be at least 1")]
-    NoOutput,
-    #[error(
-        "this model's maximum context length is {max_model_len} tokens, but {requested} were requested ({prompt} in the prompt, {output} to generate)"
-    )]
-    TooLong {
-        max_model_len: usize,
-        requested: usize,
-        prompt: usize,
-        output: usize,
-    },
-    #[error("request id {0} is already in the engine")]
-    DuplicateId(u64),
-}
-
-/// One output token, due at the end of its step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenEvent {
-    pub id: u64,
-    /// 0 for the first output token.
-    pub index: usize,
-    pub token: u32,
-    pub text: &'static str,
-}
-
-/// A request that left the engine at the end of a step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
-    pub id: u64,
-    pub reason: FinishReason,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens served from the prefix cache at first scheduling.
-    pub cached_tokens: usize,
-}
-
-/// What one step did; its results are due at `end`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct StepOutcome {
-    pub start: f64,
-    pub end: f64,
-    pub shape: StepShape,
-    /// Requests that computed tokens in this step.
-    pub num_seqs: usize,
-    /// Tokens computed in this step (prefill and decode).
-    pub num_tokens: usize,
-    pub tokens: Vec<TokenEvent>,
-    pub finished: Vec<Finished>,
-    pub preempted: Vec<u64>,
-}
-
-impl StepOutcome {
-    /// Nothing happened: no request ran and none was preempted. (A step can
-    /// run nothing yet preempt, under priority scheduling; the next step
-    /// then makes progress.)
-    pub fn is_idle(&self) -> bool {
-        self.num_seqs == 0 && self.preempted.is_empty()
-    }
-}
 
 #[derive(Debug)]
 pub struct Engine {
