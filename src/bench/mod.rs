@@ -20,6 +20,7 @@
 //! cap, and a per-request timeout. Targets must be on this machine unless
 //! [`BenchSpec::allow_remote`] is set.
 
+mod args;
 pub mod arrivals;
 pub mod cli;
 pub mod client;
