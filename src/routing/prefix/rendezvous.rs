@@ -98,16 +98,18 @@ mod tests {
             .collect()
     }
 
+    /// `all` with its `removed`-th node taken out.
+    fn without(all: &[Node], removed: usize) -> Vec<Node> {
+        let mut rest = all.to_vec();
+        rest.remove(removed);
+        rest
+    }
+
     #[test]
     fn removing_a_replica_moves_only_its_keys() {
         let all = nodes(8);
         let removed = 3;
-        let rest: Vec<Node> = all
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != removed)
-            .map(|(_, n)| *n)
-            .collect();
+        let rest = without(&all, removed);
         let mut moved = 0;
         for k in 0..5_000u64 {
             let key = hash64(&k.to_le_bytes());
@@ -170,12 +172,7 @@ mod tests {
                 .map(|(n, w)| Node { name_hash: hash64(n.as_bytes()), weight: *w })
                 .collect();
             let removed = removed_pick % all.len();
-            let rest: Vec<Node> = all
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != removed)
-                .map(|(_, n)| *n)
-                .collect();
+            let rest = without(&all, removed);
             let before = all[first(key, &all).unwrap()];
             let after = rest[first(key, &rest).unwrap()];
             if before == all[removed] {
