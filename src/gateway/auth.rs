@@ -10,7 +10,7 @@
 //! configured key.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use http::HeaderMap;
@@ -31,6 +31,16 @@ pub struct Caller {
     pub key: Option<Arc<KeyState>>,
     /// Shared buckets (Redis), when configured.
     pub shared: Option<Arc<SharedLimits>>,
+    /// Where this request's charge was taken, once it was: its refund and
+    /// settlement go to the same buckets.
+    pub(super) ledger: OnceLock<Ledger>,
+}
+
+/// The buckets a charge was taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ledger {
+    Local,
+    Shared,
 }
 
 #[derive(Debug)]
@@ -125,6 +135,7 @@ impl Gateway {
                 level: key.level,
                 key: Some(key),
                 shared: self.shared.clone(),
+                ledger: OnceLock::new(),
             });
         }
         if self.auth {
@@ -150,6 +161,7 @@ impl Gateway {
             level,
             key: None,
             shared: None,
+            ledger: OnceLock::new(),
         })
     }
 }
@@ -163,8 +175,14 @@ pub(super) mod tests {
     }
 
     pub fn gateway_with(settings: &str) -> Gateway {
+        gateway_from("", settings)
+    }
+
+    /// The test gateway with `top` as top-level keys (`limits = ...`) and
+    /// `settings` in `[gateway]`.
+    pub fn gateway_from(top: &str, settings: &str) -> Gateway {
         let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
+            "{top}\n[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n\
              [gateway]\n{settings}\n\
              [[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n\
              [[keys]]\nsha256 = \"{}\"\ntenant = \"acme\"\ntier = \"paid\"\nrequests_per_minute = 2\ntokens_per_minute = 100\n",

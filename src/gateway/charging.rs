@@ -6,8 +6,11 @@
 //! the backend fails the request is checked against the local buckets
 //! instead ([`super::shared_limits`] counts and logs the fallback). A
 //! refused charge takes nothing: when the token bucket refuses after the
-//! request bucket agreed, the request is given back. Refunds and
-//! settlements of shared charges run in the background
+//! request bucket agreed, the request is given back. A refund or settlement
+//! goes to the buckets the charge was taken from (the caller's `Ledger`):
+//! a charge that fell back to the local buckets is given back locally, not
+//! credited to Redis. Refunds and settlements of shared charges run in the
+//! background
 //! ([`SharedLimits::adjust_later`](super::shared_limits::SharedLimits::adjust_later)).
 //!
 //! Cost: one bucket lock per limit locally, one Redis round trip shared.
@@ -16,6 +19,7 @@ use std::time::Instant;
 
 use super::rate_limit::BucketStatus;
 use super::shared_limits::SharedCharge;
+use super::auth::Ledger;
 use super::{Caller, LimitKind, RateLimited};
 
 /// How the caller's buckets stand after a charge: what the `x-ratelimit-*`
@@ -46,7 +50,10 @@ impl Caller {
             )
             .await
         {
-            Ok(SharedCharge::Admitted { requests, tokens }) => Ok(RateHeaders { requests, tokens }),
+            Ok(SharedCharge::Admitted { requests, tokens }) => {
+                let _ = self.ledger.set(Ledger::Shared);
+                Ok(RateHeaders { requests, tokens })
+            }
             Ok(SharedCharge::Denied {
                 kind,
                 wait,
@@ -57,7 +64,10 @@ impl Caller {
                 retry_after: wait,
                 headers: RateHeaders { requests, tokens },
             }),
-            Err(_) => self.charge_local(tokens, now),
+            Err(_) => {
+                let _ = self.ledger.set(Ledger::Local);
+                self.charge_local(tokens, now)
+            }
         }
     }
 
@@ -102,11 +112,14 @@ impl Caller {
     }
 
     /// Hands a shared-bucket adjustment to the background; false when the
-    /// caller has no shared buckets.
+    /// caller has no shared buckets or its charge fell back to local ones.
     fn adjust_shared(&self, token_delta: i64, refund_request: bool) -> bool {
         let (Some(key), Some(shared)) = (&self.key, &self.shared) else {
             return false;
         };
+        if self.ledger.get() == Some(&Ledger::Local) {
+            return false;
+        }
         shared.adjust_later(
             &key.id,
             key.requests_per_minute,
@@ -183,6 +196,29 @@ mod tests {
             LimitKind::Requests
         );
         let key = c.key.as_ref().unwrap();
+        assert_eq!(key.tokens.as_ref().unwrap().peek(now).remaining, 70);
+    }
+
+    #[tokio::test]
+    async fn a_charge_that_fell_back_to_local_buckets_is_given_back_there() {
+        // Redis on a loopback port where nothing listens: every call fails.
+        let g = crate::gateway::auth::tests::gateway_from(
+            "limits = { backend = \"redis\", url = \"redis://127.0.0.1:9/0\", timeout = \"200ms\" }",
+            "auth = true",
+        );
+        let c = acme(&g);
+        assert!(c.shared.is_some());
+        let now = Instant::now();
+        let h = c.charge(70, now).await.unwrap();
+        assert_eq!(h.tokens.unwrap().remaining, 30, "charged locally");
+        c.refund(70, now);
+        let key = c.key.as_ref().unwrap();
+        assert_eq!(key.tokens.as_ref().unwrap().peek(now).remaining, 100);
+        assert_eq!(key.requests.as_ref().unwrap().peek(now).remaining, 2);
+        // A settlement of a fallen-back charge is local too.
+        let c = acme(&g);
+        c.charge(90, now).await.unwrap();
+        c.settle(90, 30, now);
         assert_eq!(key.tokens.as_ref().unwrap().peek(now).remaining, 70);
     }
 }
