@@ -196,8 +196,8 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         let watch_interval = cfg.server.watch_interval;
         // Before "listening" is logged: a SIGTERM right after start drains.
         let signals = Signals::install();
-        let running = llmlb::server::start(cfg, listener, admin)?;
-        let _ = running.state.config_path.set(path.to_path_buf());
+        let running =
+            llmlb::server::start_from_file(cfg, Some(path.to_path_buf()), listener, admin)?;
         let (stop_watch, watch_rx) = tokio::sync::watch::channel(false);
         if !watch_interval.is_zero() {
             tokio::spawn(llmlb::server::reload::watch_file(

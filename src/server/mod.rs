@@ -198,8 +198,20 @@ impl Running {
 }
 
 /// Starts llmlb on already-bound listeners (tests bind `127.0.0.1:0`).
+/// `POST /admin/reload` without a `path` needs [`start_from_file`].
 pub fn start(
     config: Config,
+    listener: TcpListener,
+    admin: TcpListener,
+) -> std::io::Result<Running> {
+    start_from_file(config, None, listener, admin)
+}
+
+/// [`start`] for a config read from `path`: reloads read that file, from
+/// the first request the admin listener accepts.
+pub fn start_from_file(
+    config: Config,
+    path: Option<std::path::PathBuf>,
     listener: TcpListener,
     admin: TcpListener,
 ) -> std::io::Result<Running> {
@@ -213,6 +225,9 @@ pub fn start(
         None => None,
     };
     let state = AppState::with_traces(config, traces);
+    if let Some(path) = path {
+        let _ = state.config_path.set(path);
+    }
     let (shutdown, rx) = watch::channel(false);
     let (admin_shutdown, admin_rx) = watch::channel(false);
     let config = state.config();
