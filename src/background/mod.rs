@@ -3,11 +3,15 @@
 //! step with the live topology.
 //!
 //! [`supervise`] is started by the server with a handle on the live topology,
-//! the metrics and its shutdown signal (never from a constructor). Every tick it compares the loops that run with the loops
+//! the metrics and its shutdown signal (never from a constructor). Every
+//! tick it compares the loops that run with the loops
 //! the current topology asks for (a reload may add or remove replicas or
 //! change a pool's settings), stops the extra ones, starts the missing ones,
-//! and refreshes the per-replica eligibility gauge. On shutdown it stops every
+//! refreshes the per-replica eligibility gauge and removes the gauges of
+//! replicas that left ([`series`]). On shutdown it stops every
 //! loop and waits for them.
+
+mod series;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,6 +58,7 @@ pub async fn supervise(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut loops: HashMap<Key, Loop> = HashMap::new();
+    let mut series = series::Series::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -64,6 +69,7 @@ pub async fn supervise(
         let topo = topology();
         reconcile(&topo, &mut loops, &metrics);
         refresh_gauges(&topo, &metrics);
+        series.forget_gone(&topo, &metrics);
     }
     for (_, l) in loops.drain() {
         let _ = l.stop.send(true);

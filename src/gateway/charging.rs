@@ -17,9 +17,9 @@
 
 use std::time::Instant;
 
+use super::auth::Ledger;
 use super::rate_limit::BucketStatus;
 use super::shared_limits::SharedCharge;
-use super::auth::Ledger;
 use super::{Caller, LimitKind, RateLimited};
 
 /// How the caller's buckets stand after a charge: what the `x-ratelimit-*`
