@@ -10,8 +10,6 @@
 //!   + decode_per_seq     × sequences decoding one token
 //!   + per_context_token  × tokens attended by the step (context of every
 //!                          scheduled sequence, cached prefix included)
-//!   + api_per_request    × requests admitted for the first time in the step
-//!                          while others were running
 //!   + api_per_output_token × tokens sampled in the step
 //! ```
 //!
@@ -27,17 +25,14 @@
 //! `n·s + n·(n+1)/2` query-key pairs, so a long prompt costs more per token
 //! than a short one.
 //!
-//! The two `api_*` terms are the API server's CPU work when it shares the
-//! engine's CPU (vLLM's CPU backend on a small, busy machine: the Python front
-//! end and the engine process take turns on the same cores): parsing and
-//! tokenizing a request,
-//! detokenizing and framing every streamed token. They are added to the step
-//! that causes them, so they serialise with the engine's own work as the
-//! single Python front end does on a shared core. A request that reaches an
-//! idle engine is not charged: its front-end work delayed no step, and the
-//! simulator's own HTTP path already takes that time before the engine sees
-//! the request. On a GPU replica the front end runs beside the engine and
-//! these are 0 (their default).
+//! The API server's CPU work counts when it shares the engine's CPU (vLLM's
+//! CPU backend on a small, busy machine: the Python front end and the engine
+//! process take turns on the same cores). Detokenizing and framing every
+//! streamed token (`api_per_output_token`) is added to the step that samples
+//! it. Parsing and tokenizing a request (`api_per_request`) is not a step
+//! term: it is queued work that shares the steps' time while it lasts
+//! ([`super::front_end`]). On a GPU replica the front end runs beside the
+//! engine and both are 0 (their default).
 //!
 //! Profiles name the constants and where they come from (see
 //! `docs/SIMULATOR.md`). Cost: a handful of multiplications per step. Missing
@@ -63,9 +58,9 @@ pub struct CostModel {
     /// attention during prefill); 0 keeps prefill linear.
     #[serde(default)]
     pub prefill_attention: f64,
-    /// API-server cost per request, charged to the step that first admits it
-    /// when other requests were running (the front end then took turns with
-    /// the engine).
+    /// API-server work per request that arrives while the engine is busy,
+    /// done before the scheduler sees the request, in turns with the
+    /// engine's steps ([`super::front_end`]).
     #[serde(default)]
     pub api_per_request: f64,
     /// API-server cost per output token, charged to the step that samples it.
@@ -84,8 +79,6 @@ pub struct StepShape {
     pub context_tokens: usize,
     /// Query-key pairs of the prompt tokens computed ([`attention_pairs`]).
     pub prefill_pairs: u64,
-    /// Requests admitted for the first time while others were running.
-    pub new_requests: usize,
     /// Tokens sampled (one per sequence whose computed tokens caught up).
     pub output_tokens: usize,
 }
@@ -113,7 +106,6 @@ impl CostModel {
             + self.prefill_attention * s.prefill_pairs as f64
             + self.decode_per_seq * s.decode_seqs as f64
             + self.per_context_token * s.context_tokens as f64
-            + self.api_per_request * s.new_requests as f64
             + self.api_per_output_token * s.output_tokens as f64
     }
 
@@ -216,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn api_costs_add_per_request_and_per_output_token() {
+    fn api_cost_adds_per_output_token_and_not_per_request() {
         let m = CostModel {
             api_per_request: 0.002,
             api_per_output_token: 0.0001,
@@ -228,12 +220,11 @@ mod tests {
             ..StepShape::default()
         };
         let with = StepShape {
-            new_requests: 3,
             output_tokens: 8,
             ..base
         };
         let d = m.step_time(&with) - m.step_time(&base);
-        assert!((d - (3.0 * 0.002 + 8.0 * 0.0001)).abs() < 1e-12, "{d}");
+        assert!((d - 8.0 * 0.0001).abs() < 1e-12, "{d}");
         // Zero by default: the older profiles keep their step times.
         assert_eq!(model().step_time(&with), model().step_time(&base));
     }

@@ -68,13 +68,18 @@ pub struct StepOutcome {
     pub tokens: Vec<TokenEvent>,
     pub finished: Vec<Finished>,
     pub preempted: Vec<u64>,
+    /// Seconds of API-server work done beside the step (in its duration).
+    pub front_end_time: f64,
+    /// Requests whose API-server work ended with the step: they join the
+    /// scheduler's queue.
+    pub front_end_done: usize,
 }
 
 impl StepOutcome {
-    /// Nothing happened: no request ran and none was preempted. (A step can
-    /// run nothing yet preempt, under priority scheduling; the next step
-    /// then makes progress.)
+    /// Nothing happened: no request ran, none was preempted and the API
+    /// server did no work. (A step can run nothing yet preempt, under
+    /// priority scheduling; the next step then makes progress.)
     pub fn is_idle(&self) -> bool {
-        self.num_seqs == 0 && self.preempted.is_empty()
+        self.num_seqs == 0 && self.preempted.is_empty() && self.front_end_time == 0.0
     }
 }

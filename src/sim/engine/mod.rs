@@ -22,9 +22,13 @@
 //! 3. every request whose computed tokens caught up with its known tokens
 //!    samples one output token; full blocks are committed to the prefix cache;
 //!    a request that reached `max_tokens` finishes and frees its blocks (last
-//!    block first, so a shared prefix outlives the private tail in the LRU).
+//!    block first, so a shared prefix outlives the private tail in the LRU);
+//! 4. with `api_per_request` set, the API server's queue of newcomers does
+//!    its share of work beside the step ([`front_end`]); those it finishes
+//!    join the waiting queue.
 
 pub mod cost;
+mod front_end;
 mod io;
 pub mod kv_cache;
 mod params;
@@ -40,6 +44,7 @@ pub use kv_cache::BlockPool;
 pub use params::EngineParams;
 pub use stats::{EngineStats, FinishReason, Histogram};
 
+use front_end::FrontEnd;
 use request::Seq;
 
 #[derive(Debug)]
@@ -52,6 +57,8 @@ pub struct Engine {
     seqs: HashMap<u64, Seq>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
+    /// Requests still in the API server ([`front_end`]).
+    front_end: FrontEnd,
     next_order: u64,
     stats: EngineStats,
 }
@@ -70,6 +77,7 @@ impl Engine {
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            front_end: FrontEnd::default(),
             next_order: 0,
             stats,
         }
@@ -131,7 +139,14 @@ impl Engine {
         self.next_order += 1;
         let id = seq.id;
         self.seqs.insert(id, seq);
-        self.enqueue(id, false);
+        // A busy engine's API server has work to do first; an idle one's
+        // request goes straight to the scheduler.
+        let busy = !self.running.is_empty() || !self.front_end.is_empty();
+        if self.cost.api_per_request > 0.0 && busy {
+            self.front_end.push(id, self.cost.api_per_request);
+        } else {
+            self.enqueue(id, false);
+        }
         Ok(())
     }
 
@@ -141,6 +156,7 @@ impl Engine {
         let seq = self.seqs.remove(&id)?;
         self.waiting.retain(|&w| w != id);
         self.running.retain(|&r| r != id);
+        self.front_end.remove(id);
         let freed = seq.blocks.len();
         for &b in seq.blocks.iter().rev() {
             self.pool.free(b);
@@ -153,7 +169,7 @@ impl Engine {
 
     /// Whether a step would do anything.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.front_end.is_empty()
     }
 
     pub fn num_running(&self) -> usize {
@@ -198,7 +214,6 @@ impl Engine {
             preempted: plan.preempted,
             ..StepOutcome::default()
         };
-        out.shape.new_requests = plan.new_requests;
         for &(id, n) in &plan.scheduled {
             let seq = &self.seqs[&id];
             if seq.is_decode(n) {
@@ -214,10 +229,17 @@ impl Engine {
             out.num_tokens += n;
         }
         out.num_seqs = plan.scheduled.len();
-        let duration = self.cost.step_time(&out.shape) * self.slowdown;
+        let engine_time = self.cost.step_time(&out.shape);
+        let (front_end_time, ready) = self.front_end.work(engine_time);
+        let duration = (engine_time + front_end_time) * self.slowdown;
         out.end = now + duration;
+        out.front_end_time = front_end_time;
+        out.front_end_done = ready.len();
         for &(id, n) in &plan.scheduled {
             self.advance(id, n, out.end, &mut out);
+        }
+        for id in ready {
+            self.enqueue(id, false);
         }
         if out.num_seqs > 0 {
             self.stats.iteration_tokens.observe(out.num_tokens as f64);

@@ -14,21 +14,14 @@ pub(super) struct Plan {
     /// `(request, tokens to compute)` in batch order.
     pub scheduled: Vec<(u64, usize)>,
     pub preempted: Vec<u64>,
-    /// Requests admitted for the first time while others were already
-    /// running (re-admissions after preemption do not count: the API server
-    /// saw them once; nor do admissions into an idle engine, whose front-end
-    /// work delayed no step).
-    pub new_requests: usize,
 }
 
 impl Engine {
     pub(super) fn schedule(&mut self, now: f64) -> Plan {
         let mut budget = self.params.max_num_batched_tokens;
-        let busy = !self.running.is_empty();
         let mut plan = Plan {
             scheduled: Vec::new(),
             preempted: Vec::new(),
-            new_requests: 0,
         };
 
         // 1. Running requests keep their place; preempt to make room.
@@ -72,11 +65,9 @@ impl Engine {
                 let Some(&id) = self.waiting.front() else {
                     break;
                 };
-                let first = self.seqs[&id].cached_tokens.is_none();
                 let Some(n) = self.admit(id, budget, now) else {
                     break;
                 };
-                plan.new_requests += usize::from(first && busy);
                 self.waiting.pop_front();
                 self.running.push(id);
                 plan.scheduled.push((id, n));

@@ -1,6 +1,6 @@
 //! The newer step-cost terms seen through the engine, on its injected clock:
-//! the API server's per-request and per-output-token work, and the quadratic
-//! attention term of prefill.
+//! the API server's per-request work (its front-end queue) and per-output-
+//! token work, and the quadratic attention term of prefill.
 
 use super::cost::attention_pairs;
 use super::tests::{cost, finished, params, req, run, toks};
@@ -40,33 +40,38 @@ fn busy_then(c: CostModel, p: EngineParams, later: &[(u64, Vec<u32>, usize)]) ->
 }
 
 #[test]
-fn api_per_request_is_charged_to_the_step_that_admits_it_while_others_run() {
+fn api_per_request_shares_the_steps_that_run_while_others_are_busy() {
     let later = [(1, toks(1, 40), 3), (2, toks(500, 40), 3)];
     let base = busy_then(cost(), params(), &later);
     let api = busy_then(with(|c| c.api_per_request = 0.004), params(), &later);
-    assert_eq!(base.len(), api.len());
-    let (b, a) = (durations(&base), durations(&api));
-    // The lone first request met an idle engine: no charge.
-    assert!((a[0] - b[0]).abs() < 1e-12);
-    assert_eq!(api[0].shape.new_requests, 0);
-    // Step 2 admits both newcomers beside the running one: it pays for both.
-    assert_eq!(api[1].shape.new_requests, 2);
-    assert!(
-        (a[1] - b[1] - 2.0 * 0.004).abs() < 1e-12,
-        "{} {}",
-        a[1],
-        b[1]
-    );
-    for (x, y) in a[2..].iter().zip(&b[2..]) {
-        assert!((x - y).abs() < 1e-12, "later steps do not pay again");
+    // The lone first request met an idle engine: no front-end work.
+    assert_eq!(api[0].front_end_time, 0.0);
+    assert!((api[0].end - base[0].end).abs() < 1e-12);
+    // The newcomers' 8 ms are spread over the steps while they last: no
+    // step carries more front-end work than its own engine time.
+    let spent: f64 = api.iter().map(|o| o.front_end_time).sum();
+    assert!((spent - 0.008).abs() < 1e-12, "{spent}");
+    for o in &api {
+        assert!(o.front_end_time <= (o.end - o.start) / 2.0 + 1e-12);
     }
-    // Their first tokens come out that much later.
-    assert_eq!(api[1].tokens.iter().filter(|t| t.index == 0).count(), 2);
-    assert!((api[1].end - base[1].end - 0.008).abs() < 1e-12);
+    let spread = api.iter().filter(|o| o.front_end_time > 0.0).count();
+    assert!(spread > 1, "one step took it all");
+    assert_eq!(api.iter().map(|o| o.front_end_done).sum::<usize>(), 2);
+    // The newcomers reach the scheduler, and their first token, later.
+    let first_token = |outs: &[StepOutcome], id: u64| {
+        outs.iter()
+            .find(|o| o.tokens.iter().any(|t| t.id == id && t.index == 0))
+            .map(|o| o.end)
+            .unwrap()
+    };
+    for id in [1, 2] {
+        assert!(first_token(&api, id) > first_token(&base, id));
+    }
+    assert_eq!(finished(&api).len(), 3);
 }
 
 #[test]
-fn api_per_request_is_not_charged_again_after_preemption() {
+fn api_per_request_is_paid_once_even_after_preemption() {
     // The cache of `preemption_when_blocks_run_out_and_everyone_finishes`:
     // three requests that cannot all stay resident.
     let p = EngineParams {
@@ -80,12 +85,32 @@ fn api_per_request_is_not_charged_again_after_preemption() {
     let outs = busy_then(with(|c| c.api_per_request = 0.004), p, &later);
     let preempted: usize = outs.iter().map(|o| o.preempted.len()).sum();
     assert!(preempted >= 1, "the workload must preempt");
-    let charged: usize = outs.iter().map(|o| o.shape.new_requests).sum();
-    assert_eq!(
-        charged, 2,
-        "one charge per late request, re-admissions free"
+    let spent: f64 = outs.iter().map(|o| o.front_end_time).sum();
+    assert!(
+        (spent - 0.008).abs() < 1e-12,
+        "one charge per late request, re-admissions free: {spent}"
     );
     assert_eq!(finished(&outs).len(), 3);
+}
+
+#[test]
+fn an_engine_with_only_front_end_work_still_steps() {
+    // 20 ms of front-end work, longer than a decode step.
+    let mut e = Engine::new(params(), with(|c| c.api_per_request = 0.020), 1);
+    e.add_request(req(0, toks(1, 40), 2), 0.0).unwrap();
+    let first = e.step(0.0);
+    // Arrives while 0 runs; 0 finishes in the next step, before the
+    // newcomer's front-end work is done.
+    e.add_request(req(1, toks(77, 40), 1), first.end).unwrap();
+    let (_, outs) = run(&mut e, first.end);
+    assert_eq!(finished(&outs).len(), 2, "{outs:?}");
+    // One step runs nothing but the front end, at the core's full speed.
+    let alone: Vec<&StepOutcome> = outs.iter().filter(|o| o.num_seqs == 0).collect();
+    assert_eq!(alone.len(), 1);
+    assert!((alone[0].end - alone[0].start - alone[0].front_end_time).abs() < 1e-12);
+    assert_eq!(alone[0].front_end_done, 1);
+    let spent: f64 = outs.iter().map(|o| o.front_end_time).sum();
+    assert!((spent - 0.020).abs() < 1e-12);
 }
 
 #[test]
