@@ -51,10 +51,10 @@ const POLICIES: [&str; 5] = ["round_robin", "least_connections", "jsq", "hash", 
 const PROBES: u64 = 8;
 
 /// Relative bounds asserted per policy on TTFT p50 and output throughput,
-/// from what held over repeated
-/// runs on a loaded 2-core machine (docs/SIMULATOR.md has the table).
-/// `round_robin` sends every request to the same replica on both paths, so
-/// only engine timing differs: its p50 stayed within 7 %. Where routing
+/// from what held over repeated runs on a loaded 2-core machine
+/// (docs/SIMULATOR.md has the table). `round_robin` sends every request to
+/// the same replica on both paths, so only engine timing differs: its p50
+/// stayed within 7 %. Where routing
 /// reads load (`least_connections`, `jsq`, `cache`) or a loaded replica's
 /// queue (`hash`), a few milliseconds of the host's jitter change which
 /// requests share a step or a replica, and one real run lands up to 42 %
