@@ -139,6 +139,11 @@ impl Fleet {
         self.proxy.addr
     }
 
+    /// The replicas' addresses, in the pool's order.
+    pub fn replica_addrs(&self) -> Vec<SocketAddr> {
+        self.replicas.iter().map(|r| r.addr).collect()
+    }
+
     pub fn model(&self) -> &str {
         &self.model
     }

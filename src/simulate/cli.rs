@@ -62,6 +62,11 @@ pub struct SimulateArgs {
     /// Trace: multiply block size, prompt and output lengths.
     #[arg(long, default_value_t = 1.0)]
     pub length_scale: f64,
+    /// Trace: prompts as the token ids of the text `llmlb bench` sends for
+    /// them, so `hash` and `cache` rank replicas as `serve` does behind
+    /// `bench` (slower per prompt token).
+    #[arg(long, requires = "trace")]
+    pub bench_text: bool,
     /// Multiply the arrival rate (2 = the same requests in half the time).
     #[arg(long, default_value_t = 1.0)]
     pub rate_scale: f64,
@@ -92,6 +97,10 @@ pub struct SimulateArgs {
     /// Goodput counts requests whose TTFT is at most this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub goodput_ttft: Duration,
+    /// Fixed client-side time added to every response (network, proxy,
+    /// replica HTTP front), e.g. `15ms`: TTFT and end-to-end grow by it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub network_delay: Duration,
     /// A fault on the virtual clock (repeatable), e.g. `kill:replica=3,at=60s`,
     /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`, `zone:replicas=0-63,at=10m`.
     #[arg(long = "fault")]
@@ -187,6 +196,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             faults: &args.faults,
             goodput_ttft: args.goodput_ttft.as_secs_f64(),
             seed: args.seed,
+            network_delay: args.network_delay.as_secs_f64(),
         };
         run(&spec, &policy.name())
     };
@@ -254,7 +264,12 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
 
 fn load_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
     if let Some(path) = &args.trace {
-        return SimWorkload::trace(path, args.length_scale, args.rate_scale, args.max_requests);
+        let w = SimWorkload::trace(path, args.length_scale, args.rate_scale, args.max_requests)?;
+        return Ok(if args.bench_text {
+            w.with_bench_text()
+        } else {
+            w
+        });
     }
     let Some(kind) = args.workload else {
         return Err(SimulateError::Invalid(

@@ -1,8 +1,10 @@
 //! The simulated replicas: one [`Engine`] per replica on the shared virtual
 //! clock, with what a fault did to it, and the `/metrics` scrape a replica
-//! would answer, as the [`LoadSnapshot`] llmlb's scrape loop would store.
+//! would answer, as the [`LoadSnapshot`] llmlb's scrape loop would store
+//! (gauges, prefix-cache counters and the timing histograms' sums and
+//! counts, so learned rates are learned as in `serve`).
 
-use crate::signals::LoadSnapshot;
+use crate::signals::{EngineTiming, LoadSnapshot};
 use crate::sim::engine::{Engine, StepOutcome};
 use crate::sim::profile;
 
@@ -75,10 +77,48 @@ impl Slot {
             prefix_cache_queries: Some(s.prefix_queries as f64),
             prefix_cache_hits: Some(s.prefix_hits as f64),
             prefix_cache_hit_gauge: None,
-            // Timing histograms are not modelled: learned rates stay at the
-            // pool's priors in a simulation.
-            timing: Default::default(),
+            // The sums and counts of the histograms a replica's `/metrics`
+            // exports and llmlb learns its rates from (`LearnedRates`).
+            timing: EngineTiming {
+                prefill_seconds: Some(s.prefill_time.sum),
+                prefill_requests: Some(s.prefill_time.count as f64),
+                prefill_tokens: Some(s.request_prefill_computed.sum),
+                inter_token_seconds: Some(s.itl.sum),
+                inter_tokens: Some(s.itl.count as f64),
+            },
             taken_at_ms: now_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancing::LearnedRates;
+    use crate::sim::engine::NewRequest;
+    use crate::simulate::clock::millis;
+
+    #[test]
+    fn two_scrapes_teach_the_rates_serve_would_learn() {
+        let profile = SimConfig::profile("fast").unwrap();
+        let mut slot = build(&profile, 1).remove(0);
+        let before = slot.snapshot(0);
+        let req = NewRequest {
+            id: 0,
+            prompt: (0..200).collect(),
+            max_tokens: 10,
+            priority: 0,
+        };
+        slot.engine.add_request(req, 0.0).unwrap();
+        let mut now = 0.0;
+        while slot.engine.has_work() {
+            now = slot.engine.step(now).end;
+        }
+        let learned = LearnedRates::default();
+        learned.observe(&before, &slot.snapshot(millis(now)));
+        let rates = learned.rates();
+        assert!(rates.prefill_tokens_per_second.is_some_and(|r| r > 0.0));
+        let step = rates.decode_step_seconds.unwrap();
+        assert!(step >= profile.cost.step_overhead, "{step}");
     }
 }

@@ -20,6 +20,16 @@ fn workload(count: usize, rate: f64) -> SimWorkload {
 }
 
 fn simulate(w: &SimWorkload, replicas: usize, policy: &str, faults: &[Fault]) -> RunResult {
+    simulate_with_delay(w, replicas, policy, faults, 0.0)
+}
+
+fn simulate_with_delay(
+    w: &SimWorkload,
+    replicas: usize,
+    policy: &str,
+    faults: &[Fault],
+    network_delay: f64,
+) -> RunResult {
     let profile = SimConfig::profile("fast").unwrap();
     let mut config = generated_config(&profile.model, replicas).unwrap();
     // Retry once on a refused connection, as a production pool would.
@@ -33,8 +43,25 @@ fn simulate(w: &SimWorkload, replicas: usize, policy: &str, faults: &[Fault]) ->
         faults,
         goodput_ttft: 1.0,
         seed: 0,
+        network_delay,
     };
     run(&spec, policy).unwrap()
+}
+
+#[test]
+fn network_delay_shifts_what_the_client_sees_and_nothing_else() {
+    let w = workload(40, 200.0);
+    let a = simulate(&w, 2, "least_connections", &[]);
+    let b = simulate_with_delay(&w, 2, "least_connections", &[], 0.025);
+    let shifted: Vec<f64> = a.ttft_samples.iter().map(|t| t + 0.025).collect();
+    assert_eq!(b.ttft_samples.len(), shifted.len());
+    for (x, y) in b.ttft_samples.iter().zip(&shifted) {
+        assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+    }
+    assert!((b.e2e_s.p50 - a.e2e_s.p50 - 0.025).abs() < 1e-9);
+    assert_eq!((a.itl_s.p50, a.itl_s.p99), (b.itl_s.p50, b.itl_s.p99));
+    assert_eq!(a.outcomes.output_tokens, b.outcomes.output_tokens);
+    assert_eq!(a.events, b.events);
 }
 
 #[test]
@@ -126,6 +153,7 @@ fn a_fault_beyond_the_fleet_is_an_error() {
         faults: &["kill:replica=5,at=1s".parse().unwrap()],
         goodput_ttft: 1.0,
         seed: 0,
+        network_delay: 0.0,
     };
     let err = run(&spec, "config").err().unwrap();
     assert!(err.to_string().contains("replica 5"), "{err}");
@@ -176,6 +204,7 @@ fn simulate_limited(
         faults: &[],
         goodput_ttft: 1.0,
         seed: 0,
+        network_delay: 0.0,
     };
     run(&spec, "least_connections").unwrap()
 }

@@ -10,7 +10,12 @@
 //!   [`Prompt::Tokens`](crate::routing::Prompt)). Nothing is rendered as text;
 //!   only the ids of a request in flight are held in memory. `length_scale`
 //!   scales block size, input and output the way `llmlb bench` does (the
-//!   input stays inside its last block).
+//!   input stays inside its last block). [`SimWorkload::with_bench_text`]
+//!   instead renders each block as the text `llmlb bench` sends for it and
+//!   tokenizes it with the stand-in tokenizer, as a replica and the router
+//!   behind `bench` do: the same ids, so `hash` and `cache` break ties
+//!   exactly as `serve` does on that run (about ten times the cost per
+//!   prompt token).
 //! - **Built-in** workloads of `llmlb bench` (`random`, `shared-prefix`): the
 //!   same generator and seed as `bench`, arrivals from its seeded Gamma gaps
 //!   at `--rate`; the prompt is kept as text and chat messages, so the router
@@ -32,8 +37,9 @@ pub const TRACE_BLOCK_TOKENS: usize = 512;
 /// Where a request's prompt comes from.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// Hash ids `ids[start..start + len]` of the workload's id table.
-    Blocks { start: u32, len: u32 },
+    /// Hash ids `ids[start..start + len]` of the workload's id table;
+    /// `private`: the line had none (one block named by the line).
+    Blocks { start: u32, len: u32, private: bool },
     /// A built-in workload's prompt and its tokens.
     Text(Arc<(workload::Prompt, Vec<u32>)>),
 }
@@ -55,6 +61,8 @@ pub struct SimWorkload {
     pub requests: Vec<SimRequest>,
     ids: Vec<u64>,
     block_tokens: usize,
+    /// Trace blocks as `llmlb bench`'s text, tokenized.
+    bench_text: bool,
 }
 
 impl SimWorkload {
@@ -79,6 +87,7 @@ impl SimWorkload {
             requests: Vec::new(),
             ids: Vec::new(),
             block_tokens,
+            bench_text: false,
         };
         let mut origin = None;
         for (i, line) in text.lines().enumerate() {
@@ -111,6 +120,7 @@ impl SimWorkload {
                 source: Source::Blocks {
                     start,
                     len: (w.ids.len() as u32 - start),
+                    private: n == 0,
                 },
             });
         }
@@ -157,14 +167,32 @@ impl SimWorkload {
             requests,
             ids: Vec::new(),
             block_tokens: TRACE_BLOCK_TOKENS,
+            bench_text: false,
         })
+    }
+
+    /// Trace prompts carry the token ids of the text `llmlb bench` sends
+    /// for them (see the module docs).
+    pub fn with_bench_text(mut self) -> SimWorkload {
+        self.bench_text = true;
+        self
     }
 
     /// Writes request `r`'s prompt tokens into `out` (cleared first).
     pub fn fill_prompt(&self, r: &SimRequest, out: &mut Vec<u32>) {
         out.clear();
         match &r.source {
-            Source::Blocks { start, len } => {
+            Source::Blocks {
+                start,
+                len,
+                private,
+            } if self.bench_text => {
+                let ids = &self.ids[*start as usize..(*start + *len) as usize];
+                out.extend(crate::tokenizer::tokenize(
+                    &self.bench_text_of(r, ids, *private),
+                ));
+            }
+            Source::Blocks { start, len, .. } => {
                 let ids = &self.ids[*start as usize..(*start + *len) as usize];
                 let mut left = r.input as usize;
                 for &id in ids {
@@ -175,6 +203,25 @@ impl SimWorkload {
             }
             Source::Text(p) => out.extend_from_slice(&p.1),
         }
+    }
+
+    /// The prompt `llmlb bench` sends for a trace request with these ids
+    /// (its private block, when the line had none, named as `bench` names it).
+    fn bench_text_of(&self, r: &SimRequest, ids: &[u64], private: bool) -> String {
+        use crate::bench::text::push_block;
+        let input = r.input as usize;
+        let mut text = String::with_capacity(input * 6);
+        if private {
+            push_block(&mut text, u64::MAX, input, input);
+            return text;
+        }
+        let mut left = input;
+        for &id in ids {
+            let take = left.min(self.block_tokens);
+            push_block(&mut text, id, self.block_tokens, take);
+            left -= take;
+        }
+        text
     }
 
     /// The time span of the arrivals, seconds.
@@ -247,6 +294,34 @@ mod tests {
         assert_eq!((a.len(), b.len()), (1100, 1500));
         let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
         assert_eq!(shared, 1024);
+    }
+
+    #[test]
+    fn bench_text_prompts_are_the_tokens_of_what_bench_sends() {
+        use crate::bench::workload::{Trace, TraceOptions, Workload};
+        let lines = "{\"timestamp\": 0, \"input_length\": 900, \"output_length\": 5, \"hash_ids\": [0, 1]}\n\
+             {\"timestamp\": 10, \"input_length\": 300, \"output_length\": 5, \"hash_ids\": []}\n";
+        let f = write("bench-text", lines);
+        let w = SimWorkload::trace(&f, 0.5, 1.0, None)
+            .unwrap()
+            .with_bench_text();
+        let mut bench = Trace::load(TraceOptions {
+            path: f,
+            time_scale: 1.0,
+            length_scale: 0.5,
+            max_requests: None,
+        })
+        .unwrap();
+        let mut ids = Vec::new();
+        for r in &w.requests {
+            let conv = bench.next_conversation().unwrap();
+            let crate::bench::workload::Prompt::Text(text) = &conv.turns[0].prompt else {
+                panic!("trace prompts are text");
+            };
+            w.fill_prompt(r, &mut ids);
+            assert_eq!(ids, crate::tokenizer::tokenize(text));
+            assert_eq!(ids.len(), r.input as usize);
+        }
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! Sending a request to a replica: the forwarder's choice, refused
+//! connections and retries, hung replicas, and the wait for a free slot
+//! (`max_inflight`) with its deadline and the pool queue's refusals.
+
+use crate::balancing::{InFlightGuard, ReplicaId};
+use crate::routing::{Choice, Decision, Failure, queue_capacity};
+use crate::sim::engine::NewRequest;
+use crate::simulate::clock::{Event, millis};
+use crate::simulate::fleet::State;
+
+use super::{Live, Sim, Waiter};
+
+impl Sim<'_> {
+    /// Sends request `i` (its prompt in `self.prompt`) to the replica the
+    /// forwarder's choice names, retrying refused connections up to the
+    /// pool's `retries`, or parks it until a slot frees.
+    pub(super) fn dispatch(
+        &mut self,
+        i: usize,
+        decision: Decision,
+        mut tried: Vec<ReplicaId>,
+        now: f64,
+    ) {
+        let r = &self.spec.workload.requests[i];
+        let now_ms = millis(now);
+        let retries = self.decider.pool().retries as usize;
+        loop {
+            let info = self.decider.info(r.input, r.output);
+            let replica = match self.decider.choose(&decision, &tried, &info, now_ms) {
+                Choice::Pick(replica, _) => replica,
+                Choice::Wait(_) => {
+                    if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
+                        // A newcomer: the queue may refuse it (429).
+                        let pool = self.decider.pool();
+                        let capacity = queue_capacity(&pool.replicas, now_ms);
+                        let timeout = match &self.pool_queue {
+                            Some(q) if q.refuses(self.waiting.len(), capacity) => {
+                                return self.out.rejected_429 += 1;
+                            }
+                            Some(q) => q.timeout,
+                            None => pool.timeouts.first_byte.as_secs_f64(),
+                        };
+                        self.queue
+                            .push(now + timeout, Event::SlotDeadline(i as u32));
+                    }
+                    self.waiting.push_back(Waiter {
+                        index: i,
+                        decision,
+                        tried,
+                    });
+                    return;
+                }
+                Choice::NoReplica(_) if tried.is_empty() => return self.out.no_replica += 1,
+                Choice::NoReplica(_) => return self.out.upstream += 1,
+            };
+            decision.dispatched(&replica);
+            tried.push(replica.id);
+            let at = self.decider.position(replica.id);
+            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
+            self.slots[at].dispatched += 1;
+            match self.slots[at].state {
+                State::Dead => {
+                    drop(guard);
+                    let pool = self.decider.pool();
+                    pool.record_failure_at(
+                        &replica,
+                        Failure::Connect,
+                        self.decider.metrics(),
+                        now_ms,
+                    );
+                    if tried.len() > retries {
+                        return self.out.upstream += 1;
+                    }
+                }
+                State::Hung => {
+                    self.open_request(i, at, guard, now);
+                    let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
+                    self.queue.push(now + wait, Event::Timeout(i as u32));
+                    return;
+                }
+                State::Up => {
+                    let req = NewRequest {
+                        id: i as u64,
+                        prompt: std::mem::take(&mut self.prompt),
+                        max_tokens: r.output as usize,
+                        priority: 0,
+                    };
+                    if self.slots[at].engine.add_request(req, now).is_err() {
+                        // The replica answers 400 (context too long).
+                        self.out.too_long += 1;
+                        return;
+                    }
+                    self.open_request(i, at, guard, now);
+                    if self.slots[at].pending.is_none() {
+                        self.start_step(at, now);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
+        self.live[i] = Live {
+            guard: Some(guard),
+            replica: at as u32,
+            first: None,
+            last: 0.0,
+            open: true,
+            slot_deadline: self.live[i].slot_deadline,
+            dispatched_at: now,
+        };
+        self.open += 1;
+    }
+
+    pub(super) fn close(&mut self, i: usize) {
+        let l = &mut self.live[i];
+        if l.open {
+            l.open = false;
+            l.guard = None;
+            self.open -= 1;
+            self.slot_freed = true;
+        }
+    }
+
+    /// After a slot freed: every waiter, oldest first, tries again (those
+    /// still without a slot keep their place).
+    pub(super) fn retry_waiting(&mut self, now: f64) {
+        for _ in 0..self.waiting.len() {
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            let r = &self.spec.workload.requests[w.index];
+            self.spec.workload.fill_prompt(r, &mut self.prompt);
+            self.dispatch(w.index, w.decision, w.tried, now);
+        }
+    }
+
+    /// A waiter's deadline: still without a slot, it gets `serve`'s 503.
+    pub(super) fn slot_deadline(&mut self, i: usize) {
+        if let Some(pos) = self.waiting.iter().position(|w| w.index == i) {
+            self.waiting.remove(pos);
+            self.out.slot_timeout += 1;
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! One policy over one workload: the discrete-event loop (this file: the
+//! run and its arrivals; `dispatch`: sending to a replica and waiting for
+//! a slot; `steps`: engine steps, delivery and scrapes; `outages`:
+//! faults, timeouts and health).
+//!
+//! Events (see [`Event`]) come off one heap in time order:
+//! - **arrival**: the decision adapter routes and picks exactly as `serve`
+//!   does, the request takes a real in-flight guard on the chosen
+//!   [`Replica`](crate::balancing::Replica) and enters that replica's engine;
+//!   an idle engine starts a step at once. A dead replica refuses the
+//!   connection (the pool records the failure and the next attempt goes
+//!   elsewhere, up to `retries`); a hung one swallows the request until the
+//!   pool's first-byte timeout.
+//! - **step end**: the step's tokens and finished requests are delivered at
+//!   its end time (TTFT, inter-token gaps, end-to-end; the guard shrinks with
+//!   each token and is dropped at the end), and the next step starts.
+//! - **scrape**: when the pool scrapes, every live replica's metrics are
+//!   stored as its `LoadSnapshot` at the scrape interval (all replicas in
+//!   the same tick), so balancers see load as stale as in production.
+//! - **fault**: see [`super::faults`]; health checks (when enabled) mark a
+//!   dead or hung replica down `fall × interval` later.
+//!
+//! Per-event cost: a heap operation plus the work itself; an arrival is
+//! O(replicas) (the router and balancer scan the pool, as in `serve`), a step
+//! end is O(tokens in the step), a scrape O(replicas). Prompt ids are
+//! generated into one reused buffer and moved into the engine.
+
+mod dispatch;
+mod outages;
+mod steps;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::balancing::{InFlightGuard, ReplicaId};
+use crate::config::Config;
+use crate::routing::{Decision, Prompt};
+use crate::sim::config::SimConfig;
+
+use super::SimulateError;
+use super::clock::{Event, EventQueue, millis};
+use super::decide::Decider;
+use super::faults::Fault;
+use super::fleet::{self, Slot};
+use super::pool_queue::QueueModel;
+use super::report::{Outcomes, RunResult};
+use super::stats::LogHistogram;
+use super::workload::{SimWorkload, Source};
+
+/// A request's progress.
+#[derive(Debug, Default)]
+struct Live {
+    guard: Option<InFlightGuard>,
+    replica: u32,
+    first: Option<f64>,
+    last: f64,
+    open: bool,
+    /// Its wait for a free slot has a deadline event already.
+    slot_deadline: bool,
+    /// When it was sent to its replica (seconds).
+    dispatched_at: f64,
+}
+
+/// Everything one run needs.
+pub struct RunSpec<'a> {
+    pub workload: &'a SimWorkload,
+    /// The config with the policy applied.
+    pub config: &'a Config,
+    pub model: &'a str,
+    pub profile: &'a SimConfig,
+    pub faults: &'a [Fault],
+    /// Goodput counts requests whose TTFT is at most this (seconds).
+    pub goodput_ttft: f64,
+    pub seed: u64,
+    /// Fixed time (seconds) the client waits on top of the engine for every
+    /// response: the network, the proxy and the replica's HTTP front. Every
+    /// token reaches the client this much after its step ends (TTFT and
+    /// end-to-end grow by it, inter-token gaps do not). 0: none.
+    pub network_delay: f64,
+}
+
+struct Sim<'a> {
+    spec: &'a RunSpec<'a>,
+    decider: Decider,
+    slots: Vec<Slot>,
+    live: Vec<Live>,
+    queue: EventQueue,
+    out: Outcomes,
+    itl: LogHistogram,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    open: usize,
+    arrived: usize,
+    prompt: Vec<u32>,
+    /// Requests waiting for a free slot, oldest first.
+    waiting: VecDeque<Waiter>,
+    /// A slot was freed by the last event: the waiters try again.
+    slot_freed: bool,
+    /// The pool queue, when its replicas have a `max_inflight`.
+    pool_queue: Option<QueueModel>,
+}
+
+/// A request waiting, as `serve`'s forwarder waits, for one of the replicas
+/// it may use to end a request.
+struct Waiter {
+    index: usize,
+    decision: Decision,
+    tried: Vec<ReplicaId>,
+}
+
+/// Runs the workload through the fleet under `spec.config`.
+pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError> {
+    let started = Instant::now();
+    let decider = Decider::new(spec.config, spec.model, spec.seed)?;
+    let n = decider.pool().replicas.len();
+    if let Some(f) = spec.faults.iter().find_map(|f| f.out_of_range(n)) {
+        return Err(SimulateError::Invalid(format!(
+            "--fault names replica {f}, but the fleet has {n} (0..{})",
+            n.saturating_sub(1)
+        )));
+    }
+    let requests = spec.workload.requests.len();
+    let mut sim = Sim {
+        spec,
+        decider,
+        slots: fleet::build(spec.profile, n),
+        live: (0..requests).map(|_| Live::default()).collect(),
+        queue: EventQueue::new(),
+        out: Outcomes::default(),
+        itl: LogHistogram::default(),
+        ttft: Vec::with_capacity(requests),
+        e2e: Vec::with_capacity(requests),
+        open: 0,
+        arrived: 0,
+        prompt: Vec::new(),
+        waiting: VecDeque::new(),
+        slot_freed: false,
+        pool_queue: None,
+    };
+    sim.pool_queue = QueueModel::of(sim.decider.pool());
+    sim.queue
+        .push(spec.workload.requests[0].at, Event::Arrival(0));
+    if sim.decider.pool().scrape.is_some() {
+        sim.queue.push(0.0, Event::Scrape);
+    }
+    for (i, f) in spec.faults.iter().enumerate() {
+        sim.queue.push(f.at, Event::Fault(i as u32));
+    }
+    while let Some((now, event)) = sim.queue.pop() {
+        match event {
+            Event::Arrival(i) => sim.arrive(i as usize, now),
+            Event::StepEnd { replica, epoch } => sim.step_end(replica as usize, epoch, now),
+            Event::Scrape => sim.scrape(now),
+            Event::Fault(i) => sim.fault(i as usize, now),
+            Event::Timeout(i) => sim.timeout(i as usize, now),
+            Event::Down(r) => sim.mark_down(r as usize),
+            Event::SlotDeadline(i) => sim.slot_deadline(i as usize),
+        }
+        if std::mem::take(&mut sim.slot_freed) && !sim.waiting.is_empty() {
+            sim.retry_waiting(now);
+        }
+    }
+    let events = sim.queue.handled();
+    // The last token reaches its client `network_delay` after its step.
+    let end = sim.queue.now() + spec.network_delay;
+    sim.out.unfinished = sim.open as u64;
+    for slot in &sim.slots {
+        sim.out.prefix_queries += slot.engine.stats().prefix_queries;
+        sim.out.prefix_hits += slot.engine.stats().prefix_hits;
+    }
+    Ok(RunResult::new(
+        policy,
+        n,
+        requests,
+        sim.out,
+        &mut sim.ttft,
+        &mut sim.e2e,
+        &sim.itl,
+        sim.slots.iter().map(|s| s.dispatched).collect(),
+        end,
+        spec.goodput_ttft,
+        events,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+impl Sim<'_> {
+    fn work_left(&self) -> bool {
+        self.arrived < self.live.len() || self.open > 0
+    }
+
+    fn arrive(&mut self, i: usize, now: f64) {
+        let w = self.spec.workload;
+        self.arrived += 1;
+        if let Some(next) = w.requests.get(i + 1) {
+            self.queue.push(next.at, Event::Arrival(i as u32 + 1));
+        }
+        let r = &w.requests[i];
+        let now_ms = millis(now);
+        w.fill_prompt(r, &mut self.prompt);
+        let prompt = match &r.source {
+            Source::Blocks { .. } => Prompt::Tokens(&self.prompt),
+            Source::Text(p) => crate::routing::Prompt::Tokens(&p.1),
+        };
+        let decision = match self.decider.route(prompt, now_ms) {
+            Ok(d) => d,
+            Err(_) => {
+                self.out.bad_request += 1;
+                return;
+            }
+        };
+        self.dispatch(i, decision, Vec::new(), now);
+    }
+}

@@ -1,0 +1,106 @@
+//! The engines' side of the loop: starting a step, delivering its tokens
+//! and finished requests at its end (TTFT, inter-token gaps, end-to-end,
+//! the in-flight guard shrinking), and the scrape tick that stores each
+//! replica's load as `serve`'s scrape loop would.
+
+use crate::sim::engine::StepOutcome;
+use crate::simulate::clock::{Event, millis};
+use crate::simulate::fleet::State;
+
+use super::Sim;
+
+impl Sim<'_> {
+    pub(super) fn start_step(&mut self, at: usize, now: f64) {
+        let slot = &mut self.slots[at];
+        if slot.state != State::Up || !slot.engine.has_work() {
+            return;
+        }
+        let out = slot.engine.step(now);
+        if out.is_idle() {
+            // Nothing can run (no cache room): wait for the next arrival.
+            return;
+        }
+        self.queue.push(
+            out.end,
+            Event::StepEnd {
+                replica: at as u32,
+                epoch: slot.epoch,
+            },
+        );
+        slot.pending = Some(out);
+    }
+
+    pub(super) fn step_end(&mut self, at: usize, epoch: u32, now: f64) {
+        if self.slots[at].epoch != epoch {
+            return;
+        }
+        let Some(out) = self.slots[at].pending.take() else {
+            return;
+        };
+        self.deliver(at, &out, now);
+        self.start_step(at, now);
+    }
+
+    pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
+        let arrivals = &self.spec.workload.requests;
+        self.slots[at].tokens += out.tokens.len() as u64;
+        self.out.output_tokens += out.tokens.len() as u64;
+        for t in &out.tokens {
+            let i = t.id as usize;
+            let l = &mut self.live[i];
+            match l.first {
+                None => {
+                    l.first = Some(now);
+                    self.ttft
+                        .push(now + self.spec.network_delay - arrivals[i].at);
+                    if let Some(g) = &mut l.guard {
+                        g.prefill_done();
+                    }
+                    let pool = self.decider.pool();
+                    if let Some(g) = &l.guard {
+                        g.replica().outlier.on_success(millis(now), &pool.outlier);
+                    }
+                }
+                Some(_) => self.itl.observe(now - l.last),
+            }
+            l.last = now;
+            if let Some(g) = &mut l.guard {
+                g.produced(1);
+            }
+        }
+        self.out.preemptions += out.preempted.len() as u64;
+        for f in &out.finished {
+            let i = f.id as usize;
+            self.e2e
+                .push(now + self.spec.network_delay - arrivals[i].at);
+            self.out.completed += 1;
+            self.out.prompt_tokens += f.prompt_tokens as u64;
+            self.out.cached_tokens += f.cached_tokens as u64;
+            if self.live[i].first.is_some_and(|t| {
+                t + self.spec.network_delay - arrivals[i].at <= self.spec.goodput_ttft
+            }) {
+                self.out.within_objective += 1;
+            }
+            if let Some(q) = &mut self.pool_queue {
+                q.served(now - self.live[i].dispatched_at);
+            }
+            self.close(i);
+        }
+    }
+
+    pub(super) fn scrape(&mut self, now: f64) {
+        let now_ms = millis(now);
+        let pool = std::sync::Arc::clone(self.decider.pool());
+        for (slot, replica) in self.slots.iter().zip(&pool.replicas) {
+            if slot.state == State::Up {
+                replica.store_load(slot.snapshot(now_ms));
+            }
+        }
+        if self.work_left()
+            && let Some(s) = &pool.scrape
+        {
+            self.queue
+                .push(now + s.interval.as_secs_f64().max(1e-3), Event::Scrape);
+        }
+    }
+}
