@@ -19,6 +19,14 @@
 #        PEERS_OUT       where reports and logs go (default target/peers)
 #        PEERS_TRACE     trace file (default ../shared/traces/conversation_trace.jsonl)
 #        LLMLB_PREFIX_BALANCER  a prefix-aware llmlb balancer to add to part 2
+#        PEERS_PROXIES   which proxies part 1 runs (default "llmlb nginx sglang vllm-router";
+#                        the Python routers are installed only when listed)
+#        PEERS_PART1_ONLY  set to 1 to stop after part 1 (proxy overhead)
+#        PEERS_LLMLB_BASE  another llmlb binary (an earlier build, say) run in part 1
+#                        as `llmlb-base` beside this tree's, same config, same rounds
+#
+# Part 1 also runs `llmlb-nolog`: llmlb with its access log off, as the
+# nginx proxy runs (`access_log off`); `llmlb` keeps llmlb's defaults.
 #
 # Installs what it needs: Debian's nginx (apt-get), sglang-router and
 # vllm-router (pip, in a venv under PEERS_CACHE). A peer that fails to
@@ -34,6 +42,10 @@ CACHE="${PEERS_CACHE:-$HOME/.cache/llmlb-peers}"
 OUT="${PEERS_OUT:-$ROOT/target/peers}"
 TRACE="${PEERS_TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}"
 PREFIX_BALANCER="${LLMLB_PREFIX_BALANCER:-}"
+WANTED=" ${PEERS_PROXIES:-llmlb nginx sglang vllm-router} "
+PART1_ONLY="${PEERS_PART1_ONLY:-}"
+LLMLB_BASE="${PEERS_LLMLB_BASE:-}"
+wanted() { [[ "$WANTED" == *" $1 "* ]]; }
 LLMLB="$ROOT/target/release/llmlb"
 HZ="$(getconf CLK_TCK)"
 SCRIPT_START=$SECONDS
@@ -133,12 +145,15 @@ if [ ! -x "$CACHE/venv/bin/python" ]; then
 fi
 PY="$CACHE/venv/bin/python"
 for pkg in sglang-router vllm-router; do
+    wanted "${pkg%-router}" || wanted "$pkg" || continue
     "$CACHE/venv/bin/pip" show -q "$pkg" >/dev/null 2>&1 ||
         "$CACHE/venv/bin/pip" install -q "$pkg" >"$OUT/pip-$pkg.log" 2>&1 ||
         note "$pkg: pip install failed (see $OUT/pip-$pkg.log)"
 done
 SGLANG_VERSION="$("$CACHE/venv/bin/pip" show sglang-router 2>/dev/null | awk '/^Version/{print $2}')"
 VLLM_ROUTER_VERSION="$("$CACHE/venv/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/{print $2}')"
+wanted sglang || SGLANG_VERSION=""
+wanted vllm-router || VLLM_ROUTER_VERSION=""
 
 (cd "$ROOT" && cargo build --release --quiet) || { note "cargo build --release failed"; exit 1; }
 
@@ -208,12 +223,15 @@ wait_http "$BACKEND/health" 10 || { note "nginx backend did not start (see $OUT/
 declare -A URL PG
 URL[direct]="$BACKEND"
 
-# llmlb
-LB_PORT=$(free_port)
-cat >"$OUT/llmlb-overhead.toml" <<EOF
+# llmlb_overhead NAME BINARY [EXTRA TOML]: one llmlb in front of the backend.
+llmlb_overhead() {
+    local name="$1" bin="$2" extra="${3:-}" port
+    port=$(free_port)
+    cat >"$OUT/$name-overhead.toml" <<EOF
 [server]
-listen = "127.0.0.1:$LB_PORT"
+listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$(free_port)"
+$extra
 [[pools]]
 name = "instant"
 models = ["instant"]
@@ -221,11 +239,18 @@ balancer = "least_connections"
 [[pools.replicas]]
 url = "$BACKEND"
 EOF
-start llmlb-overhead "$LLMLB" serve --config "$OUT/llmlb-overhead.toml"
-PG[llmlb]=$PGID
-URL[llmlb]="http://127.0.0.1:$LB_PORT"
+    start "$name-overhead" "$bin" serve --config "$OUT/$name-overhead.toml"
+    PG[$name]=$PGID
+    URL[$name]="http://127.0.0.1:$port"
+}
+if wanted llmlb; then
+    llmlb_overhead llmlb "$LLMLB"
+    llmlb_overhead llmlb-nolog "$LLMLB" $'[telemetry.access_log]\nenabled = false'
+    [ -n "$LLMLB_BASE" ] && llmlb_overhead llmlb-base "$LLMLB_BASE"
+fi
 
 # nginx as the proxy
+if wanted nginx; then
 NG_PORT=$(free_port)
 {
     nginx_common nginx-proxy
@@ -253,6 +278,7 @@ EOF
 start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
 PG[nginx]=$PGID
 URL[nginx]="http://127.0.0.1:$NG_PORT"
+fi
 
 # SGLang router
 if [ -n "$SGLANG_VERSION" ]; then
@@ -280,7 +306,7 @@ ready() {
         -d '{"model":"instant","prompt":"hi","max_tokens":16,"stream":true}' "$1/v1/completions"
 }
 PROXIES=()
-for p in llmlb nginx sglang vllm-router; do
+for p in llmlb llmlb-nolog llmlb-base nginx sglang vllm-router; do
     [ -n "${URL[$p]:-}" ] || continue
     ok=""
     deadline=$((SECONDS + 30))
@@ -342,6 +368,7 @@ for p in "${PROXIES[@]}"; do stop "${PG[$p]}"; done
 stop "$BACKEND_PG"
 
 # ---------------------------------------------------------------- part 2
+if [ -z "$PART1_ONLY" ]; then
 echo "== routing quality" >&2
 SIM_BLOCKS=2048
 
@@ -441,6 +468,7 @@ ROUTERS=(llmlb-jsq llmlb-least_tokens)
 for wl in shared-prefix trace; do
     for router in "${ROUTERS[@]}"; do route "$router" "$wl"; done
 done
+fi
 echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
 # ---------------------------------------------------------------- report
@@ -477,7 +505,7 @@ for r in range(1, rounds + 1):
         print(f"\nround {r}, concurrency {c}")
         print("| path | requests/s | e2e p50 (ms) | e2e p99 (ms) | added p50 (ms) | added p99 (ms) | proxy CPU per request (µs) | errors |")
         print("|---|---|---|---|---|---|---|---|")
-        for run in ("direct", "llmlb", "nginx", "sglang", "vllm-router"):
+        for run in ("direct", "llmlb", "llmlb-nolog", "llmlb-base", "nginx", "sglang", "vllm-router"):
             x = load(f"{out}/overhead-{run}-c{c}-r{r}.json")
             if x is None:
                 print(f"| {run} | did not run | | | | | | |")
@@ -497,6 +525,8 @@ try:
 except OSError:
     pass
 
+if not glob.glob(f"{out}/route-*.json"):
+    sys.exit(0)  # part 1 only
 print("Routing quality: a fresh 4-replica llmlb sim fleet (h100-8b, 2048 KV blocks each) per run;")
 print("prefix-cache hits, requests per replica and preemptions from the replicas' own /metrics")
 for wl in ("shared-prefix", "trace"):
