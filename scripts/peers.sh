@@ -59,46 +59,15 @@ NOTES="$OUT/notes.txt"
 note() { echo "$*" | tee -a "$NOTES" >&2; }
 
 # ---------------------------------------------------------------- processes
-PGIDS=()
-cleanup() {
-    local g
-    for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
-    sleep 0.5
-    for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
-    PGIDS=()
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start NAME CMD...: runs CMD in a new process group, logs to $OUT/NAME.log,
-# sets $PGID.
-start() {
-    local name="$1"
-    shift
-    setsid "$@" >"$OUT/$name.log" 2>&1 </dev/null &
-    PGID=$!
-    PGIDS+=("$PGID")
-}
-
-# stop PGID: stops one group started by `start`.
-stop() {
-    local g="$1" i left=()
-    kill -TERM -- "-$g" 2>/dev/null
-    for i in $(seq 50); do kill -0 -- "-$g" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$g" 2>/dev/null
-    for i in "${PGIDS[@]}"; do [ "$i" != "$g" ] && left+=("$i"); done
-    PGIDS=("${left[@]}")
-}
+# cleanup, start, stop, free_port, cpu_ticks and the canned $SSE answer.
+# shellcheck source=scripts/proxy_helpers.sh
+source "$ROOT/scripts/proxy_helpers.sh"
 
 check_budget() {
     if (( SECONDS - SCRIPT_START > MAX_RUNTIME )); then
         note "peers.sh: over ${MAX_RUNTIME}s, stopping"
         exit 1
     fi
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # wait_http URL SECONDS [METHOD]: until URL answers anything but a refused connection.
@@ -109,19 +78,6 @@ wait_http() {
         sleep 0.1
     done
     return 1
-}
-
-# cpu_ticks PGID: user+sys clock ticks of every live process in the group.
-cpu_ticks() {
-    local g="$1" f line rest total=0
-    for f in /proc/[0-9]*/stat; do
-        read -r line <"$f" 2>/dev/null || continue
-        rest="${line##*) }"
-        # shellcheck disable=SC2086
-        set -- $rest
-        [ "$3" = "$g" ] && total=$((total + ${12} + ${13}))
-    done
-    echo "$total"
 }
 
 # ---------------------------------------------------------------- set-up
@@ -173,48 +129,8 @@ echo "== proxy overhead (${SECS}s per run)" >&2
 TEMP="$OUT/nginx-tmp"
 mkdir -p "$TEMP"
 
-# The canned answer: 16 content chunks, a usage chunk, [DONE] (nginx turns
-# each \n in a quoted string into a newline).
-SSE=""
-for i in $(seq 0 15); do
-    SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[{"index":0,"text":" t'$i'","finish_reason":null}]}\n\n'
-done
-SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}}\n\ndata: [DONE]\n\n'
-
-nginx_common() { # $1 = name
-    cat <<EOF
-daemon off;
-pid $OUT/$1.pid;
-error_log $OUT/$1.error.log warn;
-events { worker_connections 8192; }
-EOF
-}
-nginx_http_common() {
-    cat <<EOF
-  access_log off;
-  keepalive_requests 1000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $TEMP/cb; proxy_temp_path $TEMP/pt; fastcgi_temp_path $TEMP/ft;
-  uwsgi_temp_path $TEMP/ut; scgi_temp_path $TEMP/st;
-EOF
-}
-
 BACKEND_PORT=$(free_port)
-{
-    nginx_common backend
-    echo "worker_processes 1;"
-    echo "http {"
-    nginx_http_common
-    cat <<EOF
-  server {
-    listen 127.0.0.1:$BACKEND_PORT;
-    location = /health { return 200 ''; }
-    location = /v1/models { default_type application/json; return 200 '{"object":"list","data":[{"id":"instant","object":"model"}]}'; }
-    location / { default_type text/event-stream; return 200 '$SSE'; }
-  }
-}
-EOF
-} >"$OUT/backend.conf"
+nginx_backend_conf "$BACKEND_PORT" >"$OUT/backend.conf"
 start backend "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
 BACKEND_PG=$PGID
 BACKEND="http://127.0.0.1:$BACKEND_PORT"
@@ -227,18 +143,7 @@ URL[direct]="$BACKEND"
 llmlb_overhead() {
     local name="$1" bin="$2" extra="${3:-}" port
     port=$(free_port)
-    cat >"$OUT/$name-overhead.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$(free_port)"
-$extra
-[[pools]]
-name = "instant"
-models = ["instant"]
-balancer = "least_connections"
-[[pools.replicas]]
-url = "$BACKEND"
-EOF
+    llmlb_conf "$port" "$BACKEND" "$extra" >"$OUT/$name-overhead.toml"
     start "$name-overhead" "$bin" serve --config "$OUT/$name-overhead.toml"
     PG[$name]=$PGID
     URL[$name]="http://127.0.0.1:$port"
@@ -252,29 +157,7 @@ fi
 # nginx as the proxy
 if wanted nginx; then
 NG_PORT=$(free_port)
-{
-    nginx_common nginx-proxy
-    echo "worker_processes auto;"
-    echo "http {"
-    nginx_http_common
-    cat <<EOF
-  upstream instant {
-    least_conn;
-    server 127.0.0.1:$BACKEND_PORT;
-    keepalive 128;
-  }
-  server {
-    listen 127.0.0.1:$NG_PORT;
-    location / {
-      proxy_pass http://instant;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-EOF
-} >"$OUT/nginx-proxy.conf"
+nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
 start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
 PG[nginx]=$PGID
 URL[nginx]="http://127.0.0.1:$NG_PORT"

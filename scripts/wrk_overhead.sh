@@ -34,39 +34,12 @@ command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2;
 [ -x "$NGINX" ] || { echo "nginx is required (apt-get install nginx)" >&2; exit 1; }
 [ -x "$LLMLB" ] || { echo "build llmlb first: cargo build --release" >&2; exit 1; }
 
-mkdir -p "$OUT/tmp"
+TEMP="$OUT/tmp"
+mkdir -p "$TEMP"
 rm -f "$OUT"/*.txt "$OUT"/*.log "$OUT"/*.conf "$OUT"/*.toml "$OUT"/*.lua
 
-PGIDS=()
-cleanup() {
-    local g
-    for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
-    sleep 0.5
-    for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-start() { # NAME CMD...: in a new process group; sets PGID
-    local name="$1"
-    shift
-    setsid "$@" >"$OUT/$name.log" 2>&1 </dev/null &
-    PGID=$!
-    PGIDS+=("$PGID")
-}
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-cpu_ticks() { # PGID: user+sys ticks of every process in the group
-    local g="$1" f line rest total=0
-    for f in /proc/[0-9]*/stat; do
-        read -r line <"$f" 2>/dev/null || continue
-        rest="${line##*) }"
-        # shellcheck disable=SC2086
-        set -- $rest
-        [ "$3" = "$g" ] && total=$((total + ${12} + ${13}))
-    done
-    echo "$total"
-}
+# shellcheck source=scripts/proxy_helpers.sh
+source "$ROOT/scripts/proxy_helpers.sh"
 wait_ok() { # URL HEADER...: until a completion request through URL succeeds (10 s)
     local url="$1" i
     shift
@@ -78,47 +51,8 @@ wait_ok() { # URL HEADER...: until a completion request through URL succeeds (10
     return 1
 }
 
-SSE=""
-for i in $(seq 0 15); do
-    SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[{"index":0,"text":" t'$i'","finish_reason":null}]}\n\n'
-done
-SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}}\n\ndata: [DONE]\n\n'
-TEXT=""
-for i in $(seq 0 15); do TEXT+=" t$i"; done
-JSON='{"id":"cmpl-instant","object":"text_completion","model":"instant","choices":[{"index":0,"text":"'"$TEXT"'","finish_reason":"length"}],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}}'
-
-nginx_head() { # NAME WORKERS
-    cat <<EOF
-daemon off;
-pid $OUT/$1.pid;
-error_log $OUT/$1.error.log warn;
-worker_processes $2;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $OUT/tmp/cb; proxy_temp_path $OUT/tmp/pt; fastcgi_temp_path $OUT/tmp/ft;
-  uwsgi_temp_path $OUT/tmp/ut; scgi_temp_path $OUT/tmp/st;
-EOF
-}
-
 BACKEND_PORT=$(free_port)
-{
-    nginx_head backend 1
-    cat <<EOF
-  server {
-    listen 127.0.0.1:$BACKEND_PORT;
-    location = /health { return 200 ''; }
-    location = /json { default_type application/json; return 200 '$JSON'; }
-    location / {
-      if (\$http_x_answer = json) { rewrite ^ /json last; }
-      default_type text/event-stream; return 200 '$SSE';
-    }
-  }
-}
-EOF
-} >"$OUT/backend.conf"
+nginx_backend_conf "$BACKEND_PORT" >"$OUT/backend.conf"
 start backend "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
 BACKEND="http://127.0.0.1:$BACKEND_PORT"
 
@@ -127,18 +61,7 @@ URL[direct]="$BACKEND"
 llmlb() { # NAME BINARY [EXTRA TOML]
     local port
     port=$(free_port)
-    cat >"$OUT/$1.toml" <<EOF
-[server]
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$(free_port)"
-${3:-}
-[[pools]]
-name = "instant"
-models = ["instant"]
-balancer = "least_connections"
-[[pools.replicas]]
-url = "$BACKEND"
-EOF
+    llmlb_conf "$port" "$BACKEND" "${3:-}" >"$OUT/$1.toml"
     start "$1" "$2" serve --config "$OUT/$1.toml"
     PG[$1]=$PGID
     URL[$1]="http://127.0.0.1:$port"
@@ -151,22 +74,7 @@ if [ -n "$BASE" ]; then
     RUNS+=(llmlb-base)
 fi
 NG_PORT=$(free_port)
-{
-    nginx_head nginx-proxy auto
-    cat <<EOF
-  upstream instant { least_conn; server 127.0.0.1:$BACKEND_PORT; keepalive 128; }
-  server {
-    listen 127.0.0.1:$NG_PORT;
-    location / {
-      proxy_pass http://instant;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-EOF
-} >"$OUT/nginx-proxy.conf"
+nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
 start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
 PG[nginx]=$PGID
 URL[nginx]="http://127.0.0.1:$NG_PORT"
@@ -230,7 +138,7 @@ def read(name):
     t = open(f"{out}/{name}.txt").read()
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
     total = int(re.search(r"(\d+) requests in", t).group(1))
-    p50 = ms(re.search(r"50%\s+(\S+)", t).group(1))
+    p50 = ms(re.search(r"^\s+50%\s+(\S+)", t, re.M).group(1))
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
     errs = re.search(r"Socket errors: (.*)", t)
     return rps, total, p50, int(bad.group(1)) if bad else 0, errs.group(1) if errs else ""

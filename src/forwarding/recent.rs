@@ -187,7 +187,7 @@ impl RecentDispatches {
                 Some(d)
             })
             .collect();
-        all.sort_unstable_by(|a, b| b.seq.cmp(&a.seq));
+        all.sort_unstable_by_key(|d| std::cmp::Reverse(d.seq));
         all
     }
 
