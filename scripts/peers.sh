@@ -19,6 +19,14 @@
 #        PEERS_OUT       where reports and logs go (default target/peers)
 #        PEERS_TRACE     trace file (default ../shared/traces/conversation_trace.jsonl)
 #        LLMLB_PREFIX_BALANCER  a prefix-aware llmlb balancer to add to part 2
+#        PEERS_PROXIES   which proxies part 1 runs (default "llmlb nginx sglang vllm-router";
+#                        the Python routers are installed only when listed)
+#        PEERS_PART1_ONLY  set to 1 to stop after part 1 (proxy overhead)
+#        PEERS_LLMLB_BASE  another llmlb binary (an earlier build, say) run in part 1
+#                        as `llmlb-base` beside this tree's, same config, same rounds
+#
+# Part 1 also runs `llmlb-nolog`: llmlb with its access log off, as the
+# nginx proxy runs (`access_log off`); `llmlb` keeps llmlb's defaults.
 #
 # Installs what it needs: Debian's nginx (apt-get), sglang-router and
 # vllm-router (pip, in a venv under PEERS_CACHE). A peer that fails to
@@ -34,6 +42,10 @@ CACHE="${PEERS_CACHE:-$HOME/.cache/llmlb-peers}"
 OUT="${PEERS_OUT:-$ROOT/target/peers}"
 TRACE="${PEERS_TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}"
 PREFIX_BALANCER="${LLMLB_PREFIX_BALANCER:-}"
+WANTED=" ${PEERS_PROXIES:-llmlb nginx sglang vllm-router} "
+PART1_ONLY="${PEERS_PART1_ONLY:-}"
+LLMLB_BASE="${PEERS_LLMLB_BASE:-}"
+wanted() { [[ "$WANTED" == *" $1 "* ]]; }
 LLMLB="$ROOT/target/release/llmlb"
 HZ="$(getconf CLK_TCK)"
 SCRIPT_START=$SECONDS
@@ -47,46 +59,15 @@ NOTES="$OUT/notes.txt"
 note() { echo "$*" | tee -a "$NOTES" >&2; }
 
 # ---------------------------------------------------------------- processes
-PGIDS=()
-cleanup() {
-    local g
-    for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
-    sleep 0.5
-    for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
-    PGIDS=()
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# start NAME CMD...: runs CMD in a new process group, logs to $OUT/NAME.log,
-# sets $PGID.
-start() {
-    local name="$1"
-    shift
-    setsid "$@" >"$OUT/$name.log" 2>&1 </dev/null &
-    PGID=$!
-    PGIDS+=("$PGID")
-}
-
-# stop PGID: stops one group started by `start`.
-stop() {
-    local g="$1" i left=()
-    kill -TERM -- "-$g" 2>/dev/null
-    for i in $(seq 50); do kill -0 -- "-$g" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$g" 2>/dev/null
-    for i in "${PGIDS[@]}"; do [ "$i" != "$g" ] && left+=("$i"); done
-    PGIDS=("${left[@]}")
-}
+# cleanup, start, stop, free_port, cpu_ticks and the canned $SSE answer.
+# shellcheck source=scripts/proxy_helpers.sh
+source "$ROOT/scripts/proxy_helpers.sh"
 
 check_budget() {
     if (( SECONDS - SCRIPT_START > MAX_RUNTIME )); then
         note "peers.sh: over ${MAX_RUNTIME}s, stopping"
         exit 1
     fi
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # wait_http URL SECONDS [METHOD]: until URL answers anything but a refused connection.
@@ -97,19 +78,6 @@ wait_http() {
         sleep 0.1
     done
     return 1
-}
-
-# cpu_ticks PGID: user+sys clock ticks of every live process in the group.
-cpu_ticks() {
-    local g="$1" f line rest total=0
-    for f in /proc/[0-9]*/stat; do
-        read -r line <"$f" 2>/dev/null || continue
-        rest="${line##*) }"
-        # shellcheck disable=SC2086
-        set -- $rest
-        [ "$3" = "$g" ] && total=$((total + ${12} + ${13}))
-    done
-    echo "$total"
 }
 
 # ---------------------------------------------------------------- set-up
@@ -133,12 +101,15 @@ if [ ! -x "$CACHE/venv/bin/python" ]; then
 fi
 PY="$CACHE/venv/bin/python"
 for pkg in sglang-router vllm-router; do
+    wanted "${pkg%-router}" || wanted "$pkg" || continue
     "$CACHE/venv/bin/pip" show -q "$pkg" >/dev/null 2>&1 ||
         "$CACHE/venv/bin/pip" install -q "$pkg" >"$OUT/pip-$pkg.log" 2>&1 ||
         note "$pkg: pip install failed (see $OUT/pip-$pkg.log)"
 done
 SGLANG_VERSION="$("$CACHE/venv/bin/pip" show sglang-router 2>/dev/null | awk '/^Version/{print $2}')"
 VLLM_ROUTER_VERSION="$("$CACHE/venv/bin/pip" show vllm-router 2>/dev/null | awk '/^Version/{print $2}')"
+wanted sglang || SGLANG_VERSION=""
+wanted vllm-router || VLLM_ROUTER_VERSION=""
 
 (cd "$ROOT" && cargo build --release --quiet) || { note "cargo build --release failed"; exit 1; }
 
@@ -158,48 +129,8 @@ echo "== proxy overhead (${SECS}s per run)" >&2
 TEMP="$OUT/nginx-tmp"
 mkdir -p "$TEMP"
 
-# The canned answer: 16 content chunks, a usage chunk, [DONE] (nginx turns
-# each \n in a quoted string into a newline).
-SSE=""
-for i in $(seq 0 15); do
-    SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[{"index":0,"text":" t'$i'","finish_reason":null}]}\n\n'
-done
-SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}}\n\ndata: [DONE]\n\n'
-
-nginx_common() { # $1 = name
-    cat <<EOF
-daemon off;
-pid $OUT/$1.pid;
-error_log $OUT/$1.error.log warn;
-events { worker_connections 8192; }
-EOF
-}
-nginx_http_common() {
-    cat <<EOF
-  access_log off;
-  keepalive_requests 1000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $TEMP/cb; proxy_temp_path $TEMP/pt; fastcgi_temp_path $TEMP/ft;
-  uwsgi_temp_path $TEMP/ut; scgi_temp_path $TEMP/st;
-EOF
-}
-
 BACKEND_PORT=$(free_port)
-{
-    nginx_common backend
-    echo "worker_processes 1;"
-    echo "http {"
-    nginx_http_common
-    cat <<EOF
-  server {
-    listen 127.0.0.1:$BACKEND_PORT;
-    location = /health { return 200 ''; }
-    location = /v1/models { default_type application/json; return 200 '{"object":"list","data":[{"id":"instant","object":"model"}]}'; }
-    location / { default_type text/event-stream; return 200 '$SSE'; }
-  }
-}
-EOF
-} >"$OUT/backend.conf"
+nginx_backend_conf "$BACKEND_PORT" >"$OUT/backend.conf"
 start backend "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
 BACKEND_PG=$PGID
 BACKEND="http://127.0.0.1:$BACKEND_PORT"
@@ -208,51 +139,29 @@ wait_http "$BACKEND/health" 10 || { note "nginx backend did not start (see $OUT/
 declare -A URL PG
 URL[direct]="$BACKEND"
 
-# llmlb
-LB_PORT=$(free_port)
-cat >"$OUT/llmlb-overhead.toml" <<EOF
-[server]
-listen = "127.0.0.1:$LB_PORT"
-admin_listen = "127.0.0.1:$(free_port)"
-[[pools]]
-name = "instant"
-models = ["instant"]
-balancer = "least_connections"
-[[pools.replicas]]
-url = "$BACKEND"
-EOF
-start llmlb-overhead "$LLMLB" serve --config "$OUT/llmlb-overhead.toml"
-PG[llmlb]=$PGID
-URL[llmlb]="http://127.0.0.1:$LB_PORT"
+# llmlb_overhead NAME BINARY [EXTRA TOML]: one llmlb in front of the backend.
+llmlb_overhead() {
+    local name="$1" bin="$2" extra="${3:-}" port
+    port=$(free_port)
+    llmlb_conf "$port" "$BACKEND" "$extra" >"$OUT/$name-overhead.toml"
+    start "$name-overhead" "$bin" serve --config "$OUT/$name-overhead.toml"
+    PG[$name]=$PGID
+    URL[$name]="http://127.0.0.1:$port"
+}
+if wanted llmlb; then
+    llmlb_overhead llmlb "$LLMLB"
+    llmlb_overhead llmlb-nolog "$LLMLB" $'[telemetry.access_log]\nenabled = false'
+    [ -n "$LLMLB_BASE" ] && llmlb_overhead llmlb-base "$LLMLB_BASE"
+fi
 
 # nginx as the proxy
+if wanted nginx; then
 NG_PORT=$(free_port)
-{
-    nginx_common nginx-proxy
-    echo "worker_processes auto;"
-    echo "http {"
-    nginx_http_common
-    cat <<EOF
-  upstream instant {
-    least_conn;
-    server 127.0.0.1:$BACKEND_PORT;
-    keepalive 128;
-  }
-  server {
-    listen 127.0.0.1:$NG_PORT;
-    location / {
-      proxy_pass http://instant;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-EOF
-} >"$OUT/nginx-proxy.conf"
+nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
 start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
 PG[nginx]=$PGID
 URL[nginx]="http://127.0.0.1:$NG_PORT"
+fi
 
 # SGLang router
 if [ -n "$SGLANG_VERSION" ]; then
@@ -280,7 +189,7 @@ ready() {
         -d '{"model":"instant","prompt":"hi","max_tokens":16,"stream":true}' "$1/v1/completions"
 }
 PROXIES=()
-for p in llmlb nginx sglang vllm-router; do
+for p in llmlb llmlb-nolog llmlb-base nginx sglang vllm-router; do
     [ -n "${URL[$p]:-}" ] || continue
     ok=""
     deadline=$((SECONDS + 30))
@@ -342,6 +251,7 @@ for p in "${PROXIES[@]}"; do stop "${PG[$p]}"; done
 stop "$BACKEND_PG"
 
 # ---------------------------------------------------------------- part 2
+if [ -z "$PART1_ONLY" ]; then
 echo "== routing quality" >&2
 SIM_BLOCKS=2048
 
@@ -441,6 +351,7 @@ ROUTERS=(llmlb-jsq llmlb-least_tokens)
 for wl in shared-prefix trace; do
     for router in "${ROUTERS[@]}"; do route "$router" "$wl"; done
 done
+fi
 echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 
 # ---------------------------------------------------------------- report
@@ -477,7 +388,7 @@ for r in range(1, rounds + 1):
         print(f"\nround {r}, concurrency {c}")
         print("| path | requests/s | e2e p50 (ms) | e2e p99 (ms) | added p50 (ms) | added p99 (ms) | proxy CPU per request (µs) | errors |")
         print("|---|---|---|---|---|---|---|---|")
-        for run in ("direct", "llmlb", "nginx", "sglang", "vllm-router"):
+        for run in ("direct", "llmlb", "llmlb-nolog", "llmlb-base", "nginx", "sglang", "vllm-router"):
             x = load(f"{out}/overhead-{run}-c{c}-r{r}.json")
             if x is None:
                 print(f"| {run} | did not run | | | | | | |")
@@ -497,6 +408,8 @@ try:
 except OSError:
     pass
 
+if not glob.glob(f"{out}/route-*.json"):
+    sys.exit(0)  # part 1 only
 print("Routing quality: a fresh 4-replica llmlb sim fleet (h100-8b, 2048 KV blocks each) per run;")
 print("prefix-cache hits, requests per replica and preemptions from the replicas' own /metrics")
 for wl in ("shared-prefix", "trace"):

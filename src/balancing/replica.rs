@@ -6,8 +6,8 @@
 //! held by an RAII [`InFlightGuard`] that travels inside the response body and
 //! is released at end of stream or when the client goes away.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwapOption;
 use prometheus::IntGauge;
@@ -19,6 +19,7 @@ use super::view::ScrapedLoad;
 use crate::health::ActiveHealth;
 use crate::signals::{LoadSnapshot, RestartWatch};
 use crate::telemetry::clock::now_millis;
+use crate::telemetry::{Metrics, ReplicaSeries};
 
 /// Process-unique identity of a replica, stable across config reloads while the
 /// replica stays in the config.
@@ -57,6 +58,8 @@ pub struct Replica {
     /// streams already running finish.
     draining: AtomicBool,
     in_flight_gauge: IntGauge,
+    /// Its metric series, looked up once (see [`Replica::series`]).
+    series: OnceLock<ReplicaSeries>,
 }
 
 impl Replica {
@@ -83,6 +86,7 @@ impl Replica {
             learned: LearnedRates::default(),
             draining: AtomicBool::new(false),
             in_flight_gauge,
+            series: OnceLock::new(),
         }
     }
 
@@ -102,6 +106,13 @@ impl Replica {
         self.id = old.id;
         self.counts = Arc::clone(&old.counts);
         self
+    }
+
+    /// This replica's metric series in `pool`, looked up by label the first
+    /// time (a replica belongs to one pool and one registry).
+    pub fn series(&self, pool: &str, metrics: &Metrics) -> &ReplicaSeries {
+        self.series
+            .get_or_init(|| ReplicaSeries::new(metrics, pool, &self.name))
     }
 
     /// Resolves when one of this replica's in-flight requests ends (a slot

@@ -24,10 +24,10 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use super::usage_strip::UsageStrip;
-use crate::balancing::InFlightGuard;
+use crate::balancing::{InFlightGuard, Replica};
 use crate::net::{BoxError, ReportedUsage, usage_tokens};
 use crate::routing::{Failure, Pool, StreamBroken};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, ReplicaSeries};
 
 /// The status label of a response whose stream broke midway.
 pub const STREAM_ERROR: &str = "stream_error";
@@ -41,30 +41,32 @@ pub struct Completion {
     pub metrics: Arc<Metrics>,
     /// The pool, told of a broken stream (outlier ejection).
     pub owner: Arc<Pool>,
-    pub pool: Arc<str>,
-    pub replica: Arc<str>,
+    /// The replica that answered; its metric series are counted.
+    pub replica: Arc<Replica>,
     pub status: u16,
     pub start: Instant,
     pub finished: bool,
     pub broken: StreamBroken,
 }
 
+impl Completion {
+    fn series(&self) -> &ReplicaSeries {
+        self.replica.series(&self.owner.name, &self.metrics)
+    }
+}
+
 impl Drop for Completion {
     fn drop(&mut self) {
-        let status = if self.broken.is_set() {
-            STREAM_ERROR.to_string()
+        let series = self.series();
+        if self.broken.is_set() {
+            series.finished(self.status, Some(STREAM_ERROR));
         } else if self.finished {
-            self.status.to_string()
+            series.finished(self.status, None);
         } else {
-            "499".to_string()
-        };
-        self.metrics
-            .requests
-            .with_label_values(&[&*self.pool, &*self.replica, &status])
-            .inc();
-        self.metrics
-            .request_duration
-            .with_label_values(&[&*self.pool])
+            series.finished(499, None);
+        }
+        series
+            .duration()
             .observe(self.start.elapsed().as_secs_f64());
     }
 }
@@ -169,9 +171,8 @@ impl ProxyBody {
         if !self.first_byte_seen && frame.is_data() {
             self.first_byte_seen = true;
             if let Some(c) = &self.completion {
-                c.metrics
-                    .time_to_first_byte
-                    .with_label_values(&[&*c.pool])
+                c.series()
+                    .first_byte()
                     .observe(c.start.elapsed().as_secs_f64());
             }
         }
@@ -185,9 +186,10 @@ impl ProxyBody {
         message: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(c) = &self.completion {
+            let series = c.series();
             c.metrics
                 .upstream_errors
-                .with_label_values(&[&*c.pool, &*c.replica, kind])
+                .with_label_values(&[&*series.pool, &series.replica, kind])
                 .inc();
             c.broken.set();
             if let Some(guard) = &self.guard {
@@ -229,18 +231,10 @@ fn join(last: Option<Frame<Bytes>>, rest: Option<Frame<Bytes>>) -> Option<Frame<
 /// `data:` events in one chunk, not counting the final `[DONE]`. An event
 /// split across two chunks may be missed; the estimate only steers balancing.
 fn count_sse_events(chunk: &[u8]) -> u64 {
-    let mut n = 0;
-    let mut at_line_start = true;
-    for (i, &b) in chunk.iter().enumerate() {
-        if at_line_start && chunk[i..].starts_with(b"data:") {
-            let rest = chunk[i + 5..].trim_ascii_start();
-            if !rest.starts_with(b"[DONE]") {
-                n += 1;
-            }
-        }
-        at_line_start = b == b'\n';
-    }
-    n
+    memchr::memmem::find_iter(chunk, b"data:")
+        .filter(|&i| i == 0 || chunk[i - 1] == b'\n')
+        .filter(|&i| !chunk[i + 5..].trim_ascii_start().starts_with(b"[DONE]"))
+        .count() as u64
 }
 
 impl Body for ProxyBody {

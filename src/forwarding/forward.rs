@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
-use super::recent::RecentDispatches;
+use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
 use crate::net::{ReportedUsage, ResponseBody};
 use crate::routing::{Choice, StreamBroken, choose};
@@ -100,9 +100,10 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
         req.route.dispatched(replica);
+        let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
-            Arc::from(pool.name.as_str()),
-            Arc::from(replica.name.as_str()),
+            Arc::clone(&series.pool),
+            Arc::clone(&series.replica),
             pick.branch.as_str(),
             req.route.route_label(),
             tried.len() as u32,
@@ -131,7 +132,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 if let Some(a) = &attempt {
                     a.fail("timeout");
                 }
-                req.recent.settle(seq, "timeout".into());
+                req.recent.settle(seq, Outcome::Timeout);
                 count_upstream_error(req.metrics, pool, replica, "timeout");
                 pool.record_failure(replica, Failure::Timeout, req.metrics);
                 return Err(ForwardError::UpstreamTimeout {
@@ -145,15 +146,15 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 // anything else may have reached the replica, and sending it
                 // again elsewhere could generate twice.
                 let not_sent = err.is_connect();
-                let (kind, failure) = if not_sent {
-                    ("connect", Failure::Connect)
+                let (kind, failure, outcome) = if not_sent {
+                    ("connect", Failure::Connect, Outcome::Connect)
                 } else {
-                    ("reset", Failure::Reset)
+                    ("reset", Failure::Reset, Outcome::Reset)
                 };
                 if let Some(a) = &attempt {
                     a.fail(kind);
                 }
-                req.recent.settle(seq, kind.into());
+                req.recent.settle(seq, outcome);
                 count_upstream_error(req.metrics, pool, replica, kind);
                 pool.record_failure(replica, failure, req.metrics);
                 tracing::info!(pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(&err), "upstream attempt failed");
@@ -173,7 +174,8 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                         i64::from(resp.status().as_u16()),
                     );
                 }
-                req.recent.settle(seq, resp.status().as_u16().to_string());
+                req.recent
+                    .settle(seq, Outcome::Status(resp.status().as_u16()));
                 // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
                 match resp.status().as_u16() {
                     503 => {}
@@ -182,7 +184,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
                 }
                 let mut resp = stream_back(resp, &req, replica, guard, strip_usage);
                 resp.extensions_mut().insert(super::Dispatched {
-                    replica: Arc::from(replica.name.as_str()),
+                    replica: Arc::clone(&series.replica),
                     branch: pick.branch.as_str(),
                     attempts: tried.len() as u32,
                     predicted_cached: req.route.predicted_for(replica.id),
@@ -293,8 +295,7 @@ fn stream_back(
     let completion = Completion {
         metrics: Arc::clone(req.metrics),
         owner: Arc::clone(req.pool),
-        pool: Arc::from(req.pool.name.as_str()),
-        replica: Arc::from(replica.name.as_str()),
+        replica: Arc::clone(replica),
         status: parts.status.as_u16(),
         start: req.start,
         finished: false,

@@ -16,4 +16,4 @@ pub use dispatched::Dispatched;
 pub use error::ForwardError;
 pub use forward::{ForwardRequest, forward};
 pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};
-pub use recent::{Dispatch, RecentDispatches};
+pub use recent::{Dispatch, Outcome, RecentDispatches};

@@ -5,18 +5,19 @@
 //! Each record holds only names and labels llmlb chose itself: never an API
 //! key, a tenant, a header or any prompt text.
 //!
-//! Cost: one short `Mutex<VecDeque>` push per dispatch attempt and one update
-//! when the replica answers (or fails). The lock is never held across an
-//! `.await` or while formatting anything; the strings are built before it is
-//! taken. A poisoned lock is taken over (the data is only a display aid).
-//! Contention is two pointer-sized critical sections per request, far below
-//! the cost of the upstream round trip; `/admin/status` copies the buffer
-//! under the same lock once a second.
+//! Cost: no lock. The ring is a fixed array of slots; a dispatch takes the
+//! next sequence number (one atomic add) and replaces slot `seq % capacity`
+//! (one `ArcSwap` store of a record built before), and its outcome is one
+//! compare-and-swap on the slot's outcome word, which names the sequence
+//! number it belongs to, so an outcome never lands on a newer record that
+//! took the slot meanwhile. `/admin/status` reads the slots once a second;
+//! a slot caught between its record and its outcome word shows no outcome.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
 
 /// How many dispatches the status page shows.
 pub const DEFAULT_CAPACITY: usize = 50;
@@ -42,12 +43,79 @@ pub struct Dispatch {
     pub outcome: Option<String>,
 }
 
+/// How a dispatch ended, as the ring stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The replica's HTTP status.
+    Status(u16),
+    Connect,
+    Reset,
+    Timeout,
+    /// Anything else (shown as `other`).
+    Other,
+}
+
+impl Outcome {
+    /// Outcome codes in the low 16 bits of a slot's word; 0 is "none yet".
+    fn code(self) -> u64 {
+        match self {
+            Outcome::Status(s) => u64::from(s.clamp(1, 999)),
+            Outcome::Connect => 1001,
+            Outcome::Reset => 1002,
+            Outcome::Timeout => 1003,
+            Outcome::Other => 1004,
+        }
+    }
+
+    fn from_code(code: u64) -> Option<Outcome> {
+        Some(match code {
+            0 => return None,
+            1001 => Outcome::Connect,
+            1002 => Outcome::Reset,
+            1003 => Outcome::Timeout,
+            1..=999 => Outcome::Status(code as u16),
+            _ => Outcome::Other,
+        })
+    }
+
+    fn text(self) -> String {
+        match self {
+            Outcome::Status(s) => s.to_string(),
+            Outcome::Connect => "connect".into(),
+            Outcome::Reset => "reset".into(),
+            Outcome::Timeout => "timeout".into(),
+            Outcome::Other => "other".into(),
+        }
+    }
+}
+
+impl From<&str> for Outcome {
+    fn from(text: &str) -> Outcome {
+        match text {
+            "connect" => Outcome::Connect,
+            "reset" => Outcome::Reset,
+            "timeout" => Outcome::Timeout,
+            _ => text.parse().map_or(Outcome::Other, Outcome::Status),
+        }
+    }
+}
+
+/// The sequence number's share of a slot's outcome word.
+const SEQ_SHIFT: u32 = 16;
+const CODE_MASK: u64 = (1 << SEQ_SHIFT) - 1;
+
+#[derive(Debug, Default)]
+struct Slot {
+    record: ArcSwapOption<Dispatch>,
+    /// `seq << 16 | outcome code` of the record in `record`.
+    outcome: AtomicU64,
+}
+
 /// A bounded ring of the latest dispatches.
 #[derive(Debug)]
 pub struct RecentDispatches {
-    capacity: usize,
     next_seq: AtomicU64,
-    ring: Mutex<VecDeque<Dispatch>>,
+    slots: Box<[Slot]>,
 }
 
 impl Default for RecentDispatches {
@@ -59,17 +127,15 @@ impl Default for RecentDispatches {
 impl RecentDispatches {
     /// A ring keeping at most `capacity` records (at least 1).
     pub fn new(capacity: usize) -> RecentDispatches {
-        let capacity = capacity.max(1);
         RecentDispatches {
-            capacity,
             next_seq: AtomicU64::new(1),
-            ring: Mutex::new(VecDeque::with_capacity(capacity)),
+            slots: (0..capacity.max(1)).map(|_| Slot::default()).collect(),
         }
     }
 
     /// Records a decision (outcome not yet known); returns its sequence
-    /// number for [`RecentDispatches::settle`]. The oldest record goes when
-    /// the ring is full.
+    /// number for [`RecentDispatches::settle`]. It takes the place of the
+    /// record `capacity` dispatches older.
     pub fn record(
         &self,
         pool: Arc<str>,
@@ -89,40 +155,48 @@ impl RecentDispatches {
             attempt,
             outcome: None,
         };
-        let evicted = {
-            let mut ring = self.lock();
-            let evicted = if ring.len() >= self.capacity {
-                ring.pop_front()
-            } else {
-                None
-            };
-            ring.push_back(entry);
-            evicted
-        };
-        drop(evicted); // freed outside the lock
+        let slot = self.slot(seq);
+        slot.outcome.store(seq << SEQ_SHIFT, Ordering::Release);
+        slot.record.store(Some(Arc::new(entry)));
         seq
     }
 
     /// Sets the outcome of dispatch `seq`, if it is still in the ring.
-    pub fn settle(&self, seq: u64, outcome: String) {
-        let mut ring = self.lock();
-        // Recent entries are at the back; the one sought is almost always last.
-        if let Some(d) = ring.iter_mut().rev().find(|d| d.seq == seq) {
-            d.outcome = Some(outcome);
-        }
+    pub fn settle(&self, seq: u64, outcome: Outcome) {
+        let pending = seq << SEQ_SHIFT;
+        let _ = self.slot(seq).outcome.compare_exchange(
+            pending,
+            pending | outcome.code(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// A copy of the ring, newest first.
     pub fn newest_first(&self) -> Vec<Dispatch> {
-        self.lock().iter().rev().cloned().collect()
+        let mut all: Vec<Dispatch> = self
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let record = slot.record.load_full()?;
+                let word = slot.outcome.load(Ordering::Acquire);
+                let mut d = Dispatch::clone(&record);
+                if word >> SEQ_SHIFT == d.seq {
+                    d.outcome = Outcome::from_code(word & CODE_MASK).map(Outcome::text);
+                }
+                Some(d)
+            })
+            .collect();
+        all.sort_unstable_by_key(|d| std::cmp::Reverse(d.seq));
+        all
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.slots.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Dispatch>> {
-        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    fn slot(&self, seq: u64) -> &Slot {
+        &self.slots[(seq % self.slots.len() as u64) as usize]
     }
 }
 
@@ -166,8 +240,8 @@ mod tests {
         let r = RecentDispatches::new(4);
         let a = push(&r, "a");
         let b = push(&r, "b");
-        r.settle(a, "connect".into());
-        r.settle(b, "200".into());
+        r.settle(a, Outcome::Connect);
+        r.settle(b, Outcome::Status(200));
         let all = r.newest_first();
         assert_eq!(all[0].outcome.as_deref(), Some("200"));
         assert_eq!(all[1].outcome.as_deref(), Some("connect"));
@@ -178,7 +252,7 @@ mod tests {
         let r = RecentDispatches::new(1);
         let old = push(&r, "old");
         push(&r, "new");
-        r.settle(old, "200".into());
+        r.settle(old, Outcome::Status(200));
         let all = r.newest_first();
         assert_eq!(all.len(), 1);
         assert_eq!(&*all[0].replica, "new");

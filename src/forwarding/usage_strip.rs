@@ -7,16 +7,23 @@
 //! for accounting; every other byte, `data: [DONE]` included, passes
 //! unchanged and in order.
 //!
-//! Events are cut at their blank line. A chunk that ends on an event
-//! boundary and mentions no `"usage"` passes as the same buffer (vLLM sends
-//! one event per chunk, so this is the usual case); otherwise complete
-//! events are copied out and an unfinished one waits for its rest. Only an
-//! event that mentions `"usage"` is parsed. At the end of the stream,
+//! Events are cut at their blank line. The complete events of a chunk pass
+//! as a slice of the same buffer when none of them is the usage event (vLLM
+//! sends one event per chunk, so this is the usual case); an unfinished
+//! event waits for its rest. Only an event that mentions `"usage"` is
+//! parsed, and the search for it and for the blank lines is `memchr`'s
+//! (one pass over the bytes, no per-byte comparison loop). Removing the
+//! event copies the rest of the chunk once. At the end of the stream,
 //! whatever is left passes as it is.
 
 use bytes::{Bytes, BytesMut};
+use memchr::memmem;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+
+/// The key every usage event carries.
+static USAGE_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
 
 #[derive(Debug, Default)]
 pub struct UsageStrip {
@@ -35,25 +42,46 @@ pub struct Filtered {
 
 impl UsageStrip {
     pub fn filter(&mut self, chunk: Bytes) -> Filtered {
-        if self.carry.is_empty() && ends_event(&chunk) && !contains(&chunk, b"\"usage\"") {
-            return Filtered {
-                pass: chunk,
-                usage: None,
-            };
+        let buf = if self.carry.is_empty() {
+            chunk
+        } else {
+            self.carry.extend_from_slice(&chunk);
+            self.carry.split().freeze()
+        };
+        let complete = complete_len(&buf);
+        if complete < buf.len() {
+            self.carry.extend_from_slice(&buf[complete..]);
         }
-        self.carry.extend_from_slice(&chunk);
-        let mut out = Filtered::default();
-        let mut pass = BytesMut::new();
-        while let Some(end) = event_end(&self.carry) {
-            let event = self.carry.split_to(end).freeze();
-            if out.usage.is_none() && is_usage_only(&event) {
-                out.usage = Some(event);
-            } else {
-                pass.extend_from_slice(&event);
+        let events = buf.slice(..complete);
+        // Only events that mention "usage" are looked at; the walk from one
+        // event end to the next starts where the last look ended.
+        let mut start = 0;
+        while let Some(hit) = USAGE_KEY.find(&events[start..]).map(|i| i + start) {
+            let mut end = start + event_end(&events[start..]).unwrap_or(events.len() - start);
+            while end <= hit {
+                start = end;
+                end += event_end(&events[end..]).unwrap_or(events.len() - end);
             }
+            if is_usage_only(&events[start..end]) {
+                let usage = events.slice(start..end);
+                let pass = if start == 0 {
+                    events.slice(end..)
+                } else if end == events.len() {
+                    events.slice(..start)
+                } else {
+                    Bytes::from([&events[..start], &events[end..]].concat())
+                };
+                return Filtered {
+                    pass,
+                    usage: Some(usage),
+                };
+            }
+            start = end;
         }
-        out.pass = pass.freeze();
-        out
+        Filtered {
+            pass: events,
+            usage: None,
+        }
     }
 
     /// What is left at the end of the stream (an event without its blank line).
@@ -62,26 +90,23 @@ impl UsageStrip {
     }
 }
 
-/// Whether `chunk` ends with a blank line (`\n\n`, or `\r\n\r\n`).
-fn ends_event(chunk: &[u8]) -> bool {
-    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\n\r\n")
+/// The length of the complete events at the start of `buf`.
+fn complete_len(buf: &[u8]) -> usize {
+    let mut n = 0;
+    while let Some(end) = event_end(&buf[n..]) {
+        n += end;
+    }
+    n
 }
 
-/// The length of the first complete event in `buf`, its blank line included.
+/// The length of the first complete event in `buf`, its blank line included
+/// (`\n\n`, or `\n\r\n`).
 fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        if buf[i] == b'\n' {
-            if buf[i + 1] == b'\n' {
-                return Some(i + 2);
-            }
-            if buf[i + 1] == b'\r' && buf.get(i + 2) == Some(&b'\n') {
-                return Some(i + 3);
-            }
-        }
-        i += 1;
-    }
-    None
+    memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1) {
+        Some(b'\n') => Some(i + 2),
+        Some(b'\r') if buf.get(i + 2) == Some(&b'\n') => Some(i + 3),
+        _ => None,
+    })
 }
 
 /// An event whose single `data:` line is a chunk with no choices and a usage
@@ -92,22 +117,18 @@ fn is_usage_only(event: &[u8]) -> bool {
         choices: Option<Vec<IgnoredAny>>,
         usage: Option<IgnoredAny>,
     }
-    if !contains(event, b"\"usage\"") {
+    if USAGE_KEY.find(event).is_none() {
         return false;
     }
     let text = event.trim_ascii();
     let Some(json) = text.strip_prefix(b"data:") else {
         return false;
     };
-    if json.contains(&b'\n') {
+    if memchr::memchr(b'\n', json).is_some() {
         return false;
     }
     serde_json::from_slice::<Chunk>(json.trim_ascii())
         .is_ok_and(|c| c.choices.is_some_and(|v| v.is_empty()) && c.usage.is_some())
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]

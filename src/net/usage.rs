@@ -11,6 +11,7 @@
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use memchr::memmem;
 
 /// The usage event a replica sent in a stream that llmlb removed before the
 /// client saw it. Shared through the response's extensions; set at most once.
@@ -36,24 +37,30 @@ impl ReportedUsage {
 
 /// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
 /// straddles two chunks is not seen (vLLM sends each event, and small JSON
-/// bodies, in one chunk).
+/// bodies, in one chunk). Both searches are `memchr::memmem`'s; nothing is
+/// allocated.
 pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
-    let usage = find(chunk, b"\"usage\"")?;
+    let usage = memmem::find(chunk, b"\"usage\"")?;
     let rest = &chunk[usage..];
-    let quoted = format!("\"{field}\"");
-    let key = find(rest, quoted.as_bytes())?;
-    let after = &rest[key + quoted.len()..];
-    let digits: Vec<u8> = after
+    let field = field.as_bytes();
+    // `"FIELD"`: the name with a quote on each side.
+    let after = memmem::find_iter(rest, field).find_map(|at| {
+        let quoted = at > 0 && rest[at - 1] == b'"' && rest.get(at + field.len()) == Some(&b'"');
+        quoted.then(|| &rest[at + field.len() + 1..])
+    })?;
+    let digits = after
         .iter()
-        .copied()
-        .skip_while(|b| *b == b':' || b.is_ascii_whitespace())
-        .take_while(u8::is_ascii_digit)
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+        .skip_while(|b| **b == b':' || b.is_ascii_whitespace());
+    let mut value: Option<u64> = None;
+    for b in digits.take_while(|b| b.is_ascii_digit()) {
+        value = Some(
+            value
+                .unwrap_or(0)
+                .checked_mul(10)?
+                .checked_add(u64::from(b - b'0'))?,
+        );
+    }
+    value
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod logging;
 mod metrics;
 mod model_metrics;
 pub mod prefix_loop;
+mod replica_series;
 mod signal_metrics;
 pub mod trace;
 
@@ -12,4 +13,5 @@ pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
 pub use model_metrics::ModelMetrics;
 pub use prefix_loop::PrefixLoopMetrics;
+pub use replica_series::ReplicaSeries;
 pub use signal_metrics::SignalMetrics;

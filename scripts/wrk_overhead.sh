@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Proxy overhead with JSON and SSE answers, under wrk: the same POST
+# /v1/completions straight to an instant nginx backend and through llmlb
+# (this tree's release build, with and without its access log), optionally
+# an earlier llmlb build, and nginx as a proxy, all on 127.0.0.1 in one run.
+# Reports requests/s, p50 latency and each proxy's CPU time per request
+# (user+sys of its process group from /proc, before and after each run).
+#
+# Usage: scripts/wrk_overhead.sh
+# Env:   WRK_SECONDS  seconds per run (default 8)
+#        WRK_ROUNDS   rounds, the order reversed every other round (default 2)
+#        WRK_CONNS    concurrencies (default "32 1")
+#        WRK_BASE     another llmlb binary, run as `llmlb-base`
+#        WRK_OUT      where logs and the summary go (default target/wrk-overhead)
+#
+# The backend is nginx with one worker: a request with `x-answer: json` gets
+# one JSON completion (249 bytes), any other the 16-chunk SSE stream of
+# scripts/peers.sh (usage chunk and [DONE] included). Needs nginx and wrk
+# (Debian packages). Every process started runs in its own process group
+# and is stopped on exit; every run is bounded by wrk's -d.
+
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+SECS="${WRK_SECONDS:-8}"
+ROUNDS="${WRK_ROUNDS:-2}"
+CONNS="${WRK_CONNS:-32 1}"
+BASE="${WRK_BASE:-}"
+OUT="${WRK_OUT:-$ROOT/target/wrk-overhead}"
+LLMLB="${CARGO_TARGET_DIR:-$ROOT/target}/release/llmlb"
+HZ="$(getconf CLK_TCK)"
+NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
+[ -x "$NGINX" ] || { echo "nginx is required (apt-get install nginx)" >&2; exit 1; }
+[ -x "$LLMLB" ] || { echo "build llmlb first: cargo build --release" >&2; exit 1; }
+
+TEMP="$OUT/tmp"
+mkdir -p "$TEMP"
+rm -f "$OUT"/*.txt "$OUT"/*.log "$OUT"/*.conf "$OUT"/*.toml "$OUT"/*.lua
+
+# shellcheck source=scripts/proxy_helpers.sh
+source "$ROOT/scripts/proxy_helpers.sh"
+wait_ok() { # URL HEADER...: until a completion request through URL succeeds (10 s)
+    local url="$1" i
+    shift
+    for i in $(seq 100); do
+        curl -sf -m 1 -o /dev/null "$@" -H 'content-type: application/json' \
+            -d '{"model":"instant","prompt":"hi","max_tokens":16,"stream":true}' "$url/v1/completions" && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+BACKEND_PORT=$(free_port)
+nginx_backend_conf "$BACKEND_PORT" >"$OUT/backend.conf"
+start backend "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
+BACKEND="http://127.0.0.1:$BACKEND_PORT"
+
+declare -A URL PG
+URL[direct]="$BACKEND"
+llmlb() { # NAME BINARY [EXTRA TOML]
+    local port
+    port=$(free_port)
+    llmlb_conf "$port" "$BACKEND" "${3:-}" >"$OUT/$1.toml"
+    start "$1" "$2" serve --config "$OUT/$1.toml"
+    PG[$1]=$PGID
+    URL[$1]="http://127.0.0.1:$port"
+}
+RUNS=(direct llmlb llmlb-nolog)
+llmlb llmlb "$LLMLB"
+llmlb llmlb-nolog "$LLMLB" $'[telemetry.access_log]\nenabled = false'
+if [ -n "$BASE" ]; then
+    llmlb llmlb-base "$BASE"
+    RUNS+=(llmlb-base)
+fi
+NG_PORT=$(free_port)
+nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
+start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
+PG[nginx]=$PGID
+URL[nginx]="http://127.0.0.1:$NG_PORT"
+RUNS+=(nginx)
+for run in "${RUNS[@]}"; do
+    wait_ok "${URL[$run]}" || { echo "$run: no successful request (see $OUT/$run.log)" >&2; exit 1; }
+done
+
+for answer in json sse; do
+    stream=true
+    extra=""
+    if [ "$answer" = json ]; then stream=false; extra='wrk.headers["X-Answer"] = "json"'; fi
+    cat >"$OUT/$answer.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+$extra
+wrk.body = '{"model":"instant","prompt":"How far is the moon?","max_tokens":16,"stream":$stream}'
+EOF
+done
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+    echo "loadavg at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "nginx: $("$NGINX" -v 2>&1 | sed 's/.*nginx\///')"
+    echo "wrk: $(wrk -v 2>&1 | head -1)"
+    echo "llmlb: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)${BASE:+, base: $BASE}"
+} | tee "$OUT/machine.txt" >&2
+
+ORDER=("${RUNS[@]}")
+for r in $(seq "$ROUNDS"); do
+    for answer in json sse; do
+        for c in $CONNS; do
+            for run in "${ORDER[@]}"; do
+                name="$run-$answer-c$c-r$r"
+                echo "   $name" >&2
+                before=0
+                [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
+                wrk -t1 -c"$c" -d"${SECS}s" --latency -s "$OUT/$answer.lua" \
+                    "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
+                after=0
+                [ "$run" != direct ] && after=$(cpu_ticks "${PG[$run]}")
+                echo "$((after - before))" >"$OUT/$name.cpu"
+            done
+        done
+    done
+    mapfile -t ORDER < <(printf '%s\n' "${ORDER[@]}" | tac)
+done
+echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
+
+python3 - "$OUT" "$HZ" "$ROUNDS" "$CONNS" "${RUNS[@]}" <<'EOF' | tee "$OUT/summary.md"
+import re, sys
+out, hz, rounds, conns, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5:]
+
+def ms(text):
+    v, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+def read(name):
+    t = open(f"{out}/{name}.txt").read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+    total = int(re.search(r"(\d+) requests in", t).group(1))
+    p50 = ms(re.search(r"^\s+50%\s+(\S+)", t, re.M).group(1))
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+    errs = re.search(r"Socket errors: (.*)", t)
+    return rps, total, p50, int(bad.group(1)) if bad else 0, errs.group(1) if errs else ""
+
+print(open(f"{out}/machine.txt").read())
+for r in range(1, rounds + 1):
+    for answer in ("json", "sse"):
+        for c in conns:
+            print(f"\nround {r}, {answer} answers, concurrency {c}")
+            print("| path | requests/s | p50 (ms) | added p50 (ms) | proxy CPU per request (µs) | non-2xx | socket errors |")
+            print("|---|---|---|---|---|---|---|")
+            d = read(f"direct-{answer}-c{c}-r{r}")
+            for run in runs:
+                rps, total, p50, bad, errs = read(f"{run}-{answer}-c{c}-r{r}")
+                add = cpu = "-"
+                if run != "direct":
+                    add = f"{p50 - d[2]:+.3f}"
+                    ticks = int(open(f"{out}/{run}-{answer}-c{c}-r{r}.cpu").read())
+                    cpu = f"{ticks / hz / total * 1e6:.1f}" if total else "-"
+                print(f"| {run} | {rps:,.0f} | {p50:.3f} | {add} | {cpu} | {bad} | {errs} |")
+EOF
