@@ -38,8 +38,9 @@
 //! a fast failure (connect refused, 5xx at once), a request refused
 //! downstream, or a client that went away before its answer started frees
 //! its slot without making the fleet look faster than it is. With no served
-//! request yet there is no rate: nothing is refused for its wait (only the
-//! depth bound, and a placement alone beyond the objective, apply).
+//! request yet there is no rate and the wait counts as zero (its lower
+//! bound): only the depth bound, and a placement alone beyond the objective,
+//! refuse anything.
 //!
 //! Cost: O(levels) float operations per decision, under the queue's mutex.
 
@@ -122,16 +123,15 @@ pub struct Newcomer {
 }
 
 /// The newcomer's predicted time to first token, in seconds: its queue
-/// wait at the high-percentile estimate plus its placement (`None`: it must
-/// wait and no rate is known yet).
-pub fn predicted_ttft(drain: &Drain, capacity: usize, c: Newcomer) -> Option<f64> {
-    let wait = if c.now {
-        0.0
-    } else {
-        let n = (c.ahead + 1) as f64;
-        (n + Z * n.sqrt()) / drain.rate_for(c.level, capacity)?
+/// wait at the high-percentile estimate (zero while no rate is known) plus
+/// its placement.
+pub fn predicted_ttft(drain: &Drain, capacity: usize, c: Newcomer) -> f64 {
+    let n = (c.ahead + 1) as f64;
+    let wait = match drain.rate_for(c.level, capacity) {
+        Some(rate) if !c.now => (n + Z * n.sqrt()) / rate,
+        _ => 0.0,
     };
-    Some(wait + c.placement.as_secs_f64())
+    wait + c.placement.as_secs_f64()
 }
 
 #[cfg(test)]
@@ -158,26 +158,24 @@ mod tests {
         // 4 slots held 2 s each: 2 req/s. Eight ahead: n = 9, wait
         // (9 + 2·3) ÷ 2 = 7.5 s, plus a 0.25 s placement.
         let d = drain(2.0);
-        let t = predicted_ttft(&d, 4, newcomer(0, 8, 250)).unwrap();
+        let t = predicted_ttft(&d, 4, newcomer(0, 8, 250));
         assert!((t - 7.75).abs() < 1e-9, "{t}");
         // Dispatched at once: the placement alone.
         let now = Newcomer {
             now: true,
             ..newcomer(0, 0, 250)
         };
-        assert_eq!(predicted_ttft(&d, 4, now), Some(0.25));
-        // No served request yet: no prediction for a waiter.
-        assert_eq!(
-            predicted_ttft(&Drain::default(), 4, newcomer(0, 8, 0)),
-            None
-        );
-        assert_eq!(predicted_ttft(&Drain::default(), 4, now), Some(0.25));
+        assert_eq!(predicted_ttft(&d, 4, now), 0.25);
+        // No served request yet: the wait counts as zero, its lower bound.
+        let cold = Drain::default();
+        assert_eq!(predicted_ttft(&cold, 4, newcomer(0, 8, 250)), 0.25);
+        assert_eq!(predicted_ttft(&cold, 4, now), 0.25);
     }
 
     #[test]
     fn the_wait_grows_with_position_and_shrinks_with_capacity() {
         let d = drain(1.0);
-        let at = |ahead, capacity| predicted_ttft(&d, capacity, newcomer(0, ahead, 0)).unwrap();
+        let at = |ahead, capacity| predicted_ttft(&d, capacity, newcomer(0, ahead, 0));
         for ahead in 0..50 {
             assert!(at(ahead + 1, 8) > at(ahead, 8));
             assert!(at(ahead, 16) < at(ahead, 8));
@@ -198,8 +196,8 @@ mod tests {
         let low = d.rate_for(1, 20).unwrap();
         assert_eq!(top, 20.0);
         assert!((low - 15.0).abs() < 0.5, "{low}");
-        let t0 = predicted_ttft(&d, 20, newcomer(0, 30, 0)).unwrap();
-        let t1 = predicted_ttft(&d, 20, newcomer(1, 30, 0)).unwrap();
+        let t0 = predicted_ttft(&d, 20, newcomer(0, 30, 0));
+        let t1 = predicted_ttft(&d, 20, newcomer(1, 30, 0));
         assert!((t1 / t0 - top / low).abs() < 1e-9);
         // Levels above taking everything leave the floor, not zero.
         let mut starved = drain(1.0);

@@ -301,7 +301,7 @@ impl PoolQueue {
             now: free,
             placement,
         };
-        let predicted = Duration::from_secs_f64(predicted_ttft(&inner.drain, capacity, newcomer)?);
+        let predicted = Duration::from_secs_f64(predicted_ttft(&inner.drain, capacity, newcomer));
         (predicted > objective).then_some(Refusal::OverObjective {
             estimated: predicted,
             retry_after,
@@ -643,6 +643,84 @@ mod tests {
             "{:?}",
             retry[0]
         );
+    }
+
+    /// A one-level queue of `capacity` whose level has a 2 s TTFT objective
+    /// (and a `max_wait` too long to matter).
+    fn deadline_queue(capacity: usize) -> Arc<PoolQueue> {
+        PoolQueue::new(
+            QueueParams {
+                levels: vec![Level {
+                    name: "only".into(),
+                    max_wait: Duration::from_secs(3600),
+                    promote_after: Duration::from_secs(3600),
+                    ttft_objective: Some(Duration::from_secs(2)),
+                }],
+                max_depth: 1000,
+            },
+            Box::new(move || capacity),
+        )
+    }
+
+    #[test]
+    fn a_ttft_objective_admits_waiters_while_their_predicted_ttft_holds() {
+        let q = deadline_queue(4);
+        let now = Instant::now();
+        let placement = Duration::from_millis(200);
+        // Before anything was served there is no drain rate: waiters are
+        // not refused for their wait, only a placement beyond the objective.
+        let running: Vec<Permit> = (0..4)
+            .map(|_| now_permit(q.admit(0, now, placement)))
+            .collect();
+        assert!(matches!(
+            q.admit(0, now, Duration::from_secs(3)),
+            Admit::Refused(Refusal::OverObjective { .. })
+        ));
+        let early = ticket(q.admit(0, now, placement));
+        assert!(q.cancel(early.id, early.level));
+        // Four slots held 1 s each by served requests: 4 req/s. Fast
+        // failures in between teach nothing.
+        drop(running);
+        for _ in 0..4 {
+            served(now_permit(q.admit(
+                0,
+                now - Duration::from_secs(1),
+                placement,
+            )));
+        }
+        for _ in 0..20 {
+            drop(now_permit(q.admit(0, now, placement)));
+        }
+        let _running: Vec<Permit> = (0..4)
+            .map(|_| now_permit(q.admit(0, now, placement)))
+            .collect();
+        let mut waiting = Vec::new();
+        let (predicted, retry_after) = loop {
+            match q.admit(0, now, placement) {
+                Admit::Wait(t) => waiting.push(t),
+                Admit::Refused(Refusal::OverObjective {
+                    estimated,
+                    retry_after,
+                }) => break (estimated, retry_after),
+                other => panic!("{other:?}"),
+            }
+        };
+        // n waiting ahead-or-self: (n + 2√n) ÷ 4 + 0.2 ≤ 2 holds up to n = 3
+        // (1.82 s); the fourth would be predicted at 2.2 s.
+        assert_eq!(waiting.len(), 3);
+        assert!(
+            (predicted.as_secs_f64() - 2.2).abs() < 1e-3,
+            "{predicted:?}"
+        );
+        // Retry-After: the backlog of three plus one at 4 req/s.
+        assert!(
+            (retry_after.as_secs_f64() - 1.0).abs() < 1e-3,
+            "{retry_after:?}"
+        );
+        // A waiter leaving makes room for the next one.
+        let gone = waiting.pop().unwrap();
+        assert!(q.cancel(gone.id, gone.level));
+        assert!(matches!(q.admit(0, now, placement), Admit::Wait(_)));
     }
 
     #[test]
