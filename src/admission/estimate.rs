@@ -13,11 +13,16 @@
 //!
 //! max_wait test:     estimated wait  n ÷ r  > max_wait            → 429
 //! ttft_objective:    predicted TTFT  w + placement  > objective   → 429
-//!   w  (s)      = (n + Z·√n) ÷ r_L       (0 when a slot is free now)
-//!   r_L (req/s) = r × max(1 − above_L, MIN_LEFT): the rate left to level L
-//!                 once the levels above it take their share, above_L being
-//!                 the share of recent grants that went to those levels
-//!                 (exponentially weighted over grants, weight SHARE_WEIGHT)
+//!   k (requests) = ⌈n ÷ max(1 − above_L, MIN_LEFT)⌉: the slot releases the
+//!                 newcomer waits for once the levels above take their share,
+//!                 above_L being the share of recent grants that went to
+//!                 those levels (exponentially weighted over grants, weight
+//!                 SHARE_WEIGHT)
+//!   w  (s)       = t_k + Z·√k ÷ r        (0 when a slot is free now)
+//!   t_k (s)      = when the k-th slot release comes if every request holds
+//!                 its slot S in all: slot i frees at rᵢ, rᵢ + S, rᵢ + 2S, …
+//!                 with rᵢ = max(S − age of the request holding it, 0), and
+//!                 0 for a slot free now
 //!   placement (s) the predicted TTFT on the best replica once dispatched:
 //!                 wait for a batch slot there + prefill of the uncached
 //!                 prompt tokens at the replica's learned (else prior)
@@ -26,13 +31,21 @@
 //! Retry-After (s)   = (all waiters + 1) ÷ r: the backlog's drain time
 //! ```
 //!
+//! Why a schedule rather than `k ÷ r`: requests of similar length that
+//! started together (an overload that builds at once fills every slot in
+//! a moment) end together, so slots free in waves a service time apart,
+//! and each refill starts the next wave. `k ÷ r` averages over a wave and
+//! misses the wait of a request that just missed one by up to a whole
+//! service time; the ages of the requests in service do not. When the ages
+//! are spread evenly the schedule comes back to about `k ÷ r`.
+//!
 //! The deadline test is meant to hold at a high percentile, not on
-//! average: if the slots free as a Poisson stream at rate `r_L`, the time
-//! for `n` of them is Gamma-distributed with mean `n ÷ r_L` and standard
-//! deviation `√n ÷ r_L`, so `Z = 2` standard deviations cover about 98 % of
-//! waits. The priority share matters for the low levels: a free request
-//! counted 60th in line waits for those 60 *and* for every paid request
-//! that arrives meanwhile and goes first.
+//! average: real service times vary, and if the slots freed as a Poisson
+//! stream at rate `r` the time for `k` of them would have a standard
+//! deviation of `√k ÷ r`; `Z = 2` of them cover about 98 % of waits. The
+//! priority share matters for the low levels: a free request counted 60th
+//! in line waits for those 60 *and* for every paid request that arrives
+//! meanwhile and goes first.
 //!
 //! Only requests a replica answered teach `S` ([`super::Permit::served`]):
 //! a fast failure (connect refused, 5xx at once), a request refused
@@ -124,14 +137,55 @@ pub struct Newcomer {
 
 /// The newcomer's predicted time to first token, in seconds: its queue
 /// wait at the high-percentile estimate (zero while no rate is known) plus
-/// its placement.
-pub fn predicted_ttft(drain: &Drain, capacity: usize, c: Newcomer) -> f64 {
-    let n = (c.ahead + 1) as f64;
-    let wait = match drain.rate_for(c.level, capacity) {
-        Some(rate) if !c.now => (n + Z * n.sqrt()) / rate,
-        _ => 0.0,
+/// its placement. `ages`: how long each request holding a slot has held
+/// it, in seconds.
+pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer) -> f64 {
+    let placement = c.placement.as_secs_f64();
+    let (Some(service), Some(rate), false) = (drain.service_mean, drain.rate(capacity), c.now)
+    else {
+        return placement;
     };
-    wait + c.placement.as_secs_f64()
+    let above: f64 = drain.shares.iter().take(c.level).sum();
+    let k = ((c.ahead + 1) as f64 / (1.0 - above).max(MIN_LEFT)).ceil();
+    let mut remaining: Vec<f64> = ages.iter().map(|a| (service - a).max(0.0)).collect();
+    remaining.resize(remaining.len().max(capacity), 0.0);
+    let wait = kth_release(&remaining, service, k as usize) + Z * k.sqrt() / rate;
+    wait + placement
+}
+
+/// When the `k`-th slot release comes, in seconds from now: slot `i` frees
+/// at `remaining[i]` and every `service` seconds after. Bisection on the
+/// count of releases by a time; O(slots) per step, 60 steps.
+pub fn kth_release(remaining: &[f64], service: f64, k: usize) -> f64 {
+    if remaining.is_empty() || k == 0 || service <= 0.0 {
+        return 0.0;
+    }
+    let releases = |t: f64| -> usize {
+        remaining
+            .iter()
+            .filter(|r| **r <= t)
+            .map(|r| ((t - r) / service) as usize + 1)
+            .sum()
+    };
+    let latest = remaining.iter().copied().fold(0.0, f64::max);
+    let (mut lo, mut hi) = (
+        0.0,
+        latest + service * (k as f64 / remaining.len() as f64 + 1.0),
+    );
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if releases(mid) >= k {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    // The release at or just before `hi` is the k-th itself.
+    remaining
+        .iter()
+        .filter(|r| **r <= hi)
+        .map(|r| r + ((hi - r) / service).floor() * service)
+        .fold(0.0, f64::max)
 }
 
 #[cfg(test)]
@@ -153,29 +207,68 @@ mod tests {
         }
     }
 
+    /// Ages spread evenly over one service time: one release every
+    /// `service ÷ slots`, the first one now.
+    fn spread(slots: usize, service: f64) -> Vec<f64> {
+        (0..slots)
+            .map(|i| service * (slots - i) as f64 / slots as f64)
+            .collect()
+    }
+
     #[test]
     fn predicted_ttft_is_the_high_percentile_wait_plus_the_placement() {
-        // 4 slots held 2 s each: 2 req/s. Eight ahead: n = 9, wait
-        // (9 + 2·3) ÷ 2 = 7.5 s, plus a 0.25 s placement.
+        // 4 slots held 2 s each (2 req/s), their requests' ages spread
+        // evenly: releases at 0, 0.5, 1, 1.5, 2, ... s. Eight ahead: the
+        // ninth release, at 4 s, plus 2·√9 ÷ 2 = 3 s, plus a 0.25 s placement.
         let d = drain(2.0);
-        let t = predicted_ttft(&d, 4, newcomer(0, 8, 250));
-        assert!((t - 7.75).abs() < 1e-9, "{t}");
+        let ages = spread(4, 2.0);
+        let t = predicted_ttft(&d, 4, &ages, newcomer(0, 8, 250));
+        assert!((t - 7.25).abs() < 1e-6, "{t}");
         // Dispatched at once: the placement alone.
         let now = Newcomer {
             now: true,
             ..newcomer(0, 0, 250)
         };
-        assert_eq!(predicted_ttft(&d, 4, now), 0.25);
+        assert_eq!(predicted_ttft(&d, 4, &ages, now), 0.25);
         // No served request yet: the wait counts as zero, its lower bound.
         let cold = Drain::default();
-        assert_eq!(predicted_ttft(&cold, 4, newcomer(0, 8, 250)), 0.25);
-        assert_eq!(predicted_ttft(&cold, 4, now), 0.25);
+        assert_eq!(predicted_ttft(&cold, 4, &ages, newcomer(0, 8, 250)), 0.25);
+        assert_eq!(predicted_ttft(&cold, 4, &ages, now), 0.25);
+    }
+
+    #[test]
+    fn slots_that_started_together_free_in_waves() {
+        // Four requests of 2 s started together 0.5 s ago: nothing frees
+        // for 1.5 s, then all four at once, then again 2 s later.
+        let wave = [0.5; 4];
+        let remaining: Vec<f64> = wave.iter().map(|a| 2.0 - a).collect();
+        for k in 1..=4 {
+            assert!((kth_release(&remaining, 2.0, k) - 1.5).abs() < 1e-6);
+        }
+        for k in 5..=8 {
+            assert!((kth_release(&remaining, 2.0, k) - 3.5).abs() < 1e-6);
+        }
+        // The fifth in line waits 3.5 s, a second more than k ÷ r (2.5 s)
+        // says; with the ages spread, releases come every 0.5 s from now
+        // and the fifth is at 2 s.
+        let d = drain(2.0);
+        let fifth =
+            |ages: &[f64]| predicted_ttft(&d, 4, ages, newcomer(0, 4, 0)) - 2.0 * 5f64.sqrt() / 2.0;
+        assert!((fifth(&wave) - 3.5).abs() < 1e-6, "{}", fifth(&wave));
+        assert!((fifth(&spread(4, 2.0)) - 2.0).abs() < 1e-6);
+        // Free slots release at once; a request older than the service
+        // time is due now.
+        assert_eq!(kth_release(&[0.0, 0.0], 1.0, 2), 0.0);
+        let overdue = predicted_ttft(&d, 2, &[5.0, 5.0], newcomer(0, 0, 0));
+        assert!((overdue - 2.0 * 1.0 / 1.0).abs() < 1e-6, "{overdue}");
     }
 
     #[test]
     fn the_wait_grows_with_position_and_shrinks_with_capacity() {
         let d = drain(1.0);
-        let at = |ahead, capacity| predicted_ttft(&d, capacity, newcomer(0, ahead, 0));
+        let at = |ahead, capacity| {
+            predicted_ttft(&d, capacity, &spread(capacity, 1.0), newcomer(0, ahead, 0))
+        };
         for ahead in 0..50 {
             assert!(at(ahead + 1, 8) > at(ahead, 8));
             assert!(at(ahead, 16) < at(ahead, 8));
@@ -196,9 +289,16 @@ mod tests {
         let low = d.rate_for(1, 20).unwrap();
         assert_eq!(top, 20.0);
         assert!((low - 15.0).abs() < 0.5, "{low}");
-        let t0 = predicted_ttft(&d, 20, newcomer(0, 30, 0));
-        let t1 = predicted_ttft(&d, 20, newcomer(1, 30, 0));
-        assert!((t1 / t0 - top / low).abs() < 1e-9);
+        // Thirty ahead at level 1 wait for 40 releases (30 ÷ 0.75).
+        let ages = spread(20, 1.0);
+        let t0 = predicted_ttft(&d, 20, &ages, newcomer(0, 29, 0));
+        let t1 = predicted_ttft(&d, 20, &ages, newcomer(1, 29, 0));
+        let k1 = (30.0 / (1.0 - d.shares[0])).ceil();
+        assert_eq!(k1, 40.0);
+        // Releases every 0.05 s from now: the k-th at (k − 1) ÷ 20 s.
+        let expect = |k: f64| (k - 1.0) / 20.0 + 2.0 * k.sqrt() / 20.0;
+        assert!((t0 - expect(30.0)).abs() < 1e-6, "{t0}");
+        assert!((t1 - expect(k1)).abs() < 1e-6, "{t1}");
         // Levels above taking everything leave the floor, not zero.
         let mut starved = drain(1.0);
         for _ in 0..400 {

@@ -36,6 +36,7 @@ impl PoolQueue {
         {
             let mut inner = next.lock();
             inner.active = old.active;
+            inner.started = std::mem::take(&mut old.started);
             inner.next_id = old.next_id;
             inner.drain = old.drain.clone();
             let top = inner.waiting.len() - 1;
