@@ -48,14 +48,18 @@
 //! meanwhile and goes first.
 //!
 //! Only requests a replica answered teach `S` ([`super::Permit::served`]):
-//! a fast failure (connect refused, 5xx at once), a request refused
-//! downstream, or a client that went away before its answer started frees
-//! its slot without making the fleet look faster than it is. With no served
+//! a fast failure (connect refused, 5xx at once), a request the replica
+//! refused as bad (4xx), a request refused downstream, or a client that
+//! went away before its answer started frees its slot without making the
+//! fleet look faster than it is. (A client that leaves mid-stream after a
+//! success status does count, with the shorter hold it had.) With no served
 //! request yet there is no rate and the wait counts as zero (its lower
 //! bound): only the depth bound, and a placement alone beyond the objective,
 //! refuse anything.
 //!
-//! Cost: O(levels) float operations per decision, under the queue's mutex.
+//! Cost, under the queue's mutex: O(levels) for the `max_wait` test; the
+//! deadline test also reads each slot's age and bisects the release
+//! schedule, O(60 × capacity) float operations.
 
 use std::time::Duration;
 
