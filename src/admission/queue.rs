@@ -671,17 +671,17 @@ mod tests {
             }
         };
         // The four running requests started together: all four slots free
-        // in 1 s. The n-th waiter is predicted at 1 s + 2√n ÷ 4 + 0.2 s:
-        // 1.7 s, 1.91 s, then 2.07 s for a third, refused.
-        assert_eq!(waiting.len(), 2);
-        let third = 1.0 + 2.0 * 3f64.sqrt() / 4.0 + 0.2;
+        // in 1 s, and again 1 s later. The first waiter needs k' = ⌈1 + 2⌉
+        // = 3 releases (1 s, 1.2 s with its placement); a second would need
+        // ⌈2 + 2√2⌉ = 5, the next wave (2.2 s): refused.
+        assert_eq!(waiting.len(), 1);
         assert!(
-            (predicted.as_secs_f64() - third).abs() < 1e-2,
+            (predicted.as_secs_f64() - 2.2).abs() < 1e-2,
             "{predicted:?}"
         );
-        // Retry-After: the backlog of two plus one at 4 req/s.
+        // Retry-After: the backlog of one plus one at 4 req/s.
         assert!(
-            (retry_after.as_secs_f64() - 0.75).abs() < 1e-2,
+            (retry_after.as_secs_f64() - 0.5).abs() < 1e-2,
             "{retry_after:?}"
         );
         // A waiter leaving makes room for the next one.
