@@ -671,9 +671,9 @@ mod tests {
             }
         };
         // The four running requests started together: all four slots free
-        // in 1 s, and again 1 s later. The first waiter needs k' = ⌈1 + 2⌉
-        // = 3 releases (1 s, 1.2 s with its placement); a second would need
-        // ⌈2 + 2√2⌉ = 5, the next wave (2.2 s): refused.
+        // in 1 s, and again 1 s later. The first waiter needs k' = ⌈1 +
+        // 2.33⌉ = 4 releases (1 s, 1.2 s with its placement); a second would
+        // need ⌈2 + 2.33·√2⌉ = 6, the next wave (2.2 s): refused.
         assert_eq!(waiting.len(), 1);
         assert!(
             (predicted.as_secs_f64() - 2.2).abs() < 1e-2,
