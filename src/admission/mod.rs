@@ -1,16 +1,19 @@
 //! Admission: when a pool has per-replica concurrency limits, requests that
 //! find no free slot wait in the pool's priority queue ([`queue`]) and are
 //! dispatched the moment a slot frees, or are refused at once (429) when they
-//! could not start within their level's objective.
+//! could not start within their level's objective ([`estimate`]: the drain
+//! rate, the estimated wait and the deadline test of a `ttft_objective`).
 
 mod error;
+pub mod estimate;
 mod metrics;
 pub mod queue;
 mod settlement;
 
 pub use error::AdmitError;
+pub use estimate::service_mean;
 pub use metrics::AdmissionMetrics;
-pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal, service_mean};
+pub use queue::{Admit, Level, Permit, PoolQueue, QueueParams, Refusal};
 pub use settlement::Settlement;
 
 use std::sync::Arc;
@@ -40,11 +43,12 @@ impl Admission {
         }
     }
 
-    /// Waits for a slot at `level`. Dropping the future (the client went
-    /// away) leaves the queue at once.
-    pub async fn acquire(&self, level: usize) -> Result<Permit, AdmitError> {
+    /// Waits for a slot at `level`; `placement` is the request's predicted
+    /// time to first token once dispatched (see [`PoolQueue::admit`]).
+    /// Dropping the future (the client went away) leaves the queue at once.
+    pub async fn acquire(&self, level: usize, placement: Duration) -> Result<Permit, AdmitError> {
         let start = Instant::now();
-        let ticket = match self.queue.admit(level, start) {
+        let ticket = match self.queue.admit(level, start, placement) {
             Admit::Now(permit) => {
                 self.observe_wait(permit.level, Duration::ZERO);
                 return Ok(permit);
@@ -82,6 +86,15 @@ impl Admission {
             self.observe_wait(permit.level, start.elapsed());
         }
         outcome
+    }
+
+    /// Whether requests at `level` are admitted by their predicted time to
+    /// first token (the level has a `ttft_objective`).
+    pub fn has_deadline(&self, level: usize) -> bool {
+        let levels = self.queue.levels();
+        levels
+            .get(level.min(levels.len().saturating_sub(1)))
+            .is_some_and(|l| l.ttft_objective.is_some())
     }
 
     /// Refuses now what [`Admission::acquire`] would refuse at `level`,

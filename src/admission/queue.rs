@@ -10,23 +10,25 @@
 //! - **Order**: each level's oldest waiter is considered with its *effective*
 //!   level, `level − ⌊waited / promote_after⌋` (not below 0). The lowest
 //!   effective level wins; ties go to the longest waiting.
-//! - **Estimated wait** for a newcomer is its position (waiters at its level
-//!   or above, plus itself) divided by the drain rate, `capacity ÷ mean
-//!   service time`, where service time is how long permits are held (an
-//!   exponentially weighted mean) by requests a replica answered
-//!   ([`Permit::served`]): a request refused downstream, failed upstream or
-//!   given up before its answer started frees its slot without teaching the
-//!   queue a drain rate it cannot sustain. With no served request yet there
-//!   is no estimate and only the depth bound applies.
-//! - `Retry-After` is the time to drain the whole backlog at that rate.
+//! - **Admission control** ([`super::estimate`]): a newcomer is refused
+//!   (429) when its level is full, when its estimated wait (its position ÷
+//!   the drain rate measured on requests a replica answered) exceeds the
+//!   level's `max_wait`, or, on a level with a `ttft_objective`, when its
+//!   predicted time to first token (a high-percentile queue wait plus the
+//!   placement the caller predicts) exceeds the objective. `Retry-After` is
+//!   the time to drain the whole backlog at the measured rate.
 //!
 //! Cost: O(levels) per grant under one short mutex; no `.await` inside it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
+
+use super::estimate::{Drain, Newcomer, predicted_ttft};
+
+mod reload;
 
 /// Per-level settings.
 #[derive(Debug, Clone)]
@@ -36,6 +38,8 @@ pub struct Level {
     pub max_wait: Duration,
     /// Move up one level after waiting this long.
     pub promote_after: Duration,
+    /// Admit only when the predicted time to first token is within this.
+    pub ttft_objective: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -87,8 +91,10 @@ struct Inner {
     waiting: Vec<VecDeque<Waiter>>,
     active: usize,
     next_id: u64,
-    /// Mean time a permit is held, in seconds.
-    service_mean: Option<f64>,
+    /// When each permit held now was handed out, by permit id.
+    started: HashMap<u64, Instant>,
+    /// The measured service time and the levels' shares of the slots.
+    drain: Drain,
     /// The queue that replaced this one on a reload that changed its shape:
     /// admissions, cancellations and releases go there.
     successor: Option<Arc<PoolQueue>>,
@@ -114,6 +120,7 @@ pub struct Ticket {
 #[derive(Debug)]
 pub struct Permit {
     queue: Arc<PoolQueue>,
+    id: u64,
     since: Instant,
     /// Level the request was admitted at.
     pub level: usize,
@@ -132,19 +139,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         let held = self.served.then(|| self.since.elapsed());
-        self.queue.release(held);
-    }
-}
-
-/// Weight of the newest hold time in the mean service time.
-const SERVICE_EWMA_WEIGHT: f64 = 0.2;
-
-/// The mean service time after a request held its slot `held` seconds
-/// (an exponentially weighted mean; the first sample is the mean).
-pub fn service_mean(mean: Option<f64>, held: f64) -> f64 {
-    match mean {
-        Some(m) => m + SERVICE_EWMA_WEIGHT * (held - m),
-        None => held,
+        self.queue.release(held, self.id);
     }
 }
 
@@ -162,56 +157,6 @@ impl PoolQueue {
         })
     }
 
-    /// Whether a config with `params` can keep using this queue on reload.
-    pub fn same_params(&self, params: &QueueParams) -> bool {
-        self.params.max_depth == params.max_depth
-            && self.params.levels.len() == params.levels.len()
-            && self.params.levels.iter().zip(&params.levels).all(|(a, b)| {
-                a.name == b.name && a.max_wait == b.max_wait && a.promote_after == b.promote_after
-            })
-    }
-
-    /// A queue with new `params` that takes this one's place: it starts with
-    /// this queue's requests in flight counted as active and its waiters in
-    /// line (at the same level, or the lowest new one), and from now on this
-    /// queue passes admissions, cancellations and releases to it. Permits
-    /// handed out by this queue stay valid and free their slot in the new
-    /// one.
-    pub fn replace(self: &Arc<Self>, params: QueueParams, capacity: Capacity) -> Arc<PoolQueue> {
-        let mut old = self.lock();
-        if let Some(next) = old.successor.clone() {
-            drop(old);
-            return next.replace(params, capacity);
-        }
-        let next = PoolQueue::new(params, capacity);
-        {
-            let mut inner = next.lock();
-            inner.active = old.active;
-            inner.next_id = old.next_id;
-            inner.service_mean = old.service_mean;
-            let top = inner.waiting.len() - 1;
-            for (level, q) in old.waiting.iter_mut().enumerate() {
-                inner.waiting[level.min(top)].extend(q.drain(..));
-            }
-        }
-        old.active = 0;
-        old.successor = Some(Arc::clone(&next));
-        drop(old);
-        next.poke();
-        next
-    }
-
-    fn successor(&self) -> Option<Arc<PoolQueue>> {
-        self.lock().successor.clone()
-    }
-
-    /// Replaces where capacity comes from (a reload changed the replicas)
-    /// and grants waiters the new capacity allows.
-    pub fn set_capacity(&self, capacity: Capacity) {
-        self.capacity.store(std::sync::Arc::new(capacity));
-        self.poke();
-    }
-
     pub fn levels(&self) -> &[Level] {
         &self.params.levels
     }
@@ -226,20 +171,22 @@ impl PoolQueue {
     }
 
     /// Admits a request at `level` now, queues it, or refuses it.
-    pub fn admit(&self, level: usize, now: Instant) -> Admit {
+    /// `placement` is its predicted time to first token once dispatched
+    /// (read only on a level with a `ttft_objective`).
+    pub fn admit(&self, level: usize, now: Instant, placement: Duration) -> Admit {
         if let Some(next) = self.successor() {
-            return next.admit(level, now);
+            return next.admit(level, now, placement);
         }
         let level = level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let mut inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
-        if queued == 0 && inner.active < capacity {
-            inner.active += 1;
-            return Admit::Now(self.permit(level, now));
-        }
-        if let Some(refusal) = self.refusal(&inner, level, capacity, queued) {
+        let free = queued == 0 && inner.active < capacity;
+        if let Some(refusal) = self.refusal(&inner, level, capacity, free, placement) {
             return Admit::Refused(refusal);
+        }
+        if free {
+            return Admit::Now(self.permit(&mut inner, level, now));
         }
         let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
@@ -254,7 +201,8 @@ impl PoolQueue {
     }
 
     /// What [`PoolQueue::admit`] would refuse a request at `level` with now,
-    /// without queueing it (`None`: it would be admitted or queued).
+    /// without queueing it (`None`: it would be admitted or queued), before
+    /// its placement is known (counted as zero).
     pub fn check(&self, level: usize) -> Option<Refusal> {
         if let Some(next) = self.successor() {
             return next.check(level);
@@ -263,33 +211,57 @@ impl PoolQueue {
         let capacity = (self.capacity.load())();
         let inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
-        if queued == 0 && inner.active < capacity {
-            return None;
-        }
-        self.refusal(&inner, level, capacity, queued)
+        let free = queued == 0 && inner.active < capacity;
+        self.refusal(&inner, level, capacity, free, Duration::ZERO)
     }
 
-    /// A full level, or a wait estimated beyond the level's objective.
+    /// A full level, a wait estimated beyond the level's `max_wait`, or a
+    /// time to first token predicted beyond its `ttft_objective`
+    /// ([`super::estimate`]). `free`: a slot is free and nobody waits.
     fn refusal(
         &self,
         inner: &Inner,
         level: usize,
         capacity: usize,
-        queued: usize,
+        free: bool,
+        placement: Duration,
     ) -> Option<Refusal> {
-        let rate = drain_rate(inner, capacity);
-        let backlog = Duration::from_secs_f64(rate.map_or(1.0, |r| (queued + 1) as f64 / r));
-        if inner.waiting[level].len() >= self.params.max_depth {
-            return Some(Refusal::QueueFull {
-                retry_after: backlog,
-            });
-        }
-        let rate = rate?;
+        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
+        let retry_after = inner.drain.backlog(queued, capacity);
+        let objective = self.params.levels[level].ttft_objective;
         let ahead: usize = inner.waiting[..=level].iter().map(VecDeque::len).sum();
-        let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
-        (estimated > self.params.levels[level].max_wait).then_some(Refusal::OverObjective {
-            estimated,
-            retry_after: backlog,
+        if !free {
+            if inner.waiting[level].len() >= self.params.max_depth {
+                return Some(Refusal::QueueFull { retry_after });
+            }
+            if let Some(rate) = inner.drain.rate(capacity) {
+                let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
+                if estimated > self.params.levels[level].max_wait {
+                    return Some(Refusal::OverObjective {
+                        estimated,
+                        retry_after,
+                    });
+                }
+            }
+        }
+        let objective = objective?;
+        let newcomer = Newcomer {
+            level,
+            ahead,
+            now: free,
+            placement,
+        };
+        let now = Instant::now();
+        let ages: Vec<f64> = inner
+            .started
+            .values()
+            .map(|s| now.saturating_duration_since(*s).as_secs_f64())
+            .collect();
+        let predicted = predicted_ttft(&inner.drain, capacity, &ages, newcomer);
+        let predicted = Duration::from_secs_f64(predicted);
+        (predicted > objective).then_some(Refusal::OverObjective {
+            estimated: predicted,
+            retry_after,
         })
     }
 
@@ -329,30 +301,38 @@ impl PoolQueue {
         let capacity = (self.capacity.load())();
         let inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
-        let rate = drain_rate(&inner, capacity);
-        Duration::from_secs_f64(rate.map_or(1.0, |r| queued.max(1) as f64 / r))
+        inner.drain.backlog(queued.saturating_sub(1), capacity)
     }
 
-    fn permit(&self, level: usize, now: Instant) -> Permit {
+    /// Takes a slot for a request at `level`, starting `now`.
+    fn permit(&self, inner: &mut Inner, level: usize, now: Instant) -> Permit {
+        inner.active += 1;
+        inner.drain.granted(level);
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.started.insert(id, now);
         Permit {
             queue: self.me.upgrade().expect("a live queue hands out permits"),
+            id,
             since: now,
             level,
             served: false,
         }
     }
 
-    /// Frees a slot; `held` is the service time of a served request.
-    fn release(&self, held: Option<Duration>) {
+    /// Frees permit `id`'s slot; `held` is the service time of a served
+    /// request.
+    fn release(&self, held: Option<Duration>, id: u64) {
         let granted = {
             let mut inner = self.lock();
             if let Some(next) = inner.successor.clone() {
                 drop(inner);
-                return next.release(held);
+                return next.release(held, id);
             }
             inner.active = inner.active.saturating_sub(1);
+            inner.started.remove(&id);
             if let Some(held) = held {
-                inner.service_mean = Some(service_mean(inner.service_mean, held.as_secs_f64()));
+                inner.drain.served(held.as_secs_f64());
             }
             self.grant(&mut inner)
         };
@@ -384,8 +364,8 @@ impl PoolQueue {
             if w.tx.is_closed() {
                 continue;
             }
-            inner.active += 1;
-            out.push((w.tx, self.permit(level, now)));
+            let permit = self.permit(inner, level, now);
+            out.push((w.tx, permit));
         }
         out
     }
@@ -415,11 +395,6 @@ impl PoolQueue {
     }
 }
 
-fn drain_rate(inner: &Inner, capacity: usize) -> Option<f64> {
-    let mean = inner.service_mean?;
-    (mean > 0.0 && capacity > 0).then(|| capacity as f64 / mean)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +411,7 @@ mod tests {
             name: name.into(),
             max_wait: Duration::from_secs(10),
             promote_after,
+            ttft_objective: None,
         };
         let q = PoolQueue::new(
             QueueParams {
@@ -470,10 +446,10 @@ mod tests {
     fn strict_priority_then_fifo() {
         let (q, _) = queue(1, 10, Duration::from_secs(3600));
         let t0 = Instant::now();
-        let running = now_permit(q.admit(1, t0));
-        let mut low_a = ticket(q.admit(1, t0));
-        let mut low_b = ticket(q.admit(1, t0));
-        let mut high = ticket(q.admit(0, t0));
+        let running = now_permit(q.admit(1, t0, Duration::ZERO));
+        let mut low_a = ticket(q.admit(1, t0, Duration::ZERO));
+        let mut low_b = ticket(q.admit(1, t0, Duration::ZERO));
+        let mut high = ticket(q.admit(0, t0, Duration::ZERO));
         assert_eq!(q.depths(), vec![1, 2]);
         drop(running);
         let p = high
@@ -493,10 +469,10 @@ mod tests {
     fn aging_promotes_a_long_waiting_low_request() {
         let (q, _) = queue(1, 10, Duration::from_millis(100));
         let now = Instant::now();
-        let running = now_permit(q.admit(0, now));
+        let running = now_permit(q.admit(0, now, Duration::ZERO));
         // The low request has waited 150 ms: one level up, level 0, and older.
-        let mut low = ticket(q.admit(1, now - Duration::from_millis(150)));
-        let mut high = ticket(q.admit(0, now));
+        let mut low = ticket(q.admit(1, now - Duration::from_millis(150), Duration::ZERO));
+        let mut high = ticket(q.admit(0, now, Duration::ZERO));
         drop(running);
         let _p = low
             .rx
@@ -509,29 +485,29 @@ mod tests {
     fn depth_is_bounded_per_level() {
         let (q, _) = queue(1, 2, Duration::from_secs(3600));
         let t0 = Instant::now();
-        let _running = now_permit(q.admit(0, t0));
-        let _a = ticket(q.admit(1, t0));
-        let _b = ticket(q.admit(1, t0));
+        let _running = now_permit(q.admit(0, t0, Duration::ZERO));
+        let _a = ticket(q.admit(1, t0, Duration::ZERO));
+        let _b = ticket(q.admit(1, t0, Duration::ZERO));
         assert!(matches!(
-            q.admit(1, t0),
+            q.admit(1, t0, Duration::ZERO),
             Admit::Refused(Refusal::QueueFull { .. })
         ));
         // The other level still has room.
-        let _h = ticket(q.admit(0, t0));
+        let _h = ticket(q.admit(0, t0, Duration::ZERO));
     }
 
     #[test]
     fn cancelled_waiter_frees_its_place_and_is_skipped() {
         let (q, _) = queue(1, 1, Duration::from_secs(3600));
         let t0 = Instant::now();
-        let running = now_permit(q.admit(1, t0));
-        let gone = ticket(q.admit(1, t0));
+        let running = now_permit(q.admit(1, t0, Duration::ZERO));
+        let gone = ticket(q.admit(1, t0, Duration::ZERO));
         assert!(matches!(
-            q.admit(1, t0),
+            q.admit(1, t0, Duration::ZERO),
             Admit::Refused(Refusal::QueueFull { .. })
         ));
         assert!(q.cancel(gone.id, gone.level));
-        let mut next = ticket(q.admit(1, t0));
+        let mut next = ticket(q.admit(1, t0, Duration::ZERO));
         drop(running);
         let _p = next.rx.try_recv().expect("the next request takes the slot");
         assert_eq!(q.active(), 1);
@@ -541,9 +517,9 @@ mod tests {
     fn dropped_receiver_does_not_leak_a_slot() {
         let (q, _) = queue(1, 4, Duration::from_secs(3600));
         let t0 = Instant::now();
-        let running = now_permit(q.admit(1, t0));
-        let vanished = ticket(q.admit(1, t0));
-        let mut next = ticket(q.admit(1, t0));
+        let running = now_permit(q.admit(1, t0, Duration::ZERO));
+        let vanished = ticket(q.admit(1, t0, Duration::ZERO));
+        let mut next = ticket(q.admit(1, t0, Duration::ZERO));
         drop(vanished.rx);
         drop(running);
         let _p = next
@@ -561,16 +537,24 @@ mod tests {
         // Requests that failed, or whose client left before an answer: the
         // slot frees, no rate is learned from them.
         for _ in 0..5 {
-            drop(now_permit(q.admit(0, now - Duration::from_millis(1900))));
+            drop(now_permit(q.admit(
+                0,
+                now - Duration::from_millis(1900),
+                Duration::ZERO,
+            )));
         }
         assert_eq!(q.backlog_drain_time(), no_data);
-        served(now_permit(q.admit(0, now - Duration::from_millis(1900))));
+        served(now_permit(q.admit(
+            0,
+            now - Duration::from_millis(1900),
+            Duration::ZERO,
+        )));
         let taught = q.backlog_drain_time();
         assert!((taught.as_secs_f64() - 1.9).abs() < 0.2, "{taught:?}");
         // A burst of fast failures afterwards does not make the fleet look
         // faster than it is.
         for _ in 0..20 {
-            drop(now_permit(q.admit(0, now)));
+            drop(now_permit(q.admit(0, now, Duration::ZERO)));
         }
         assert_eq!(q.backlog_drain_time(), taught);
         assert_eq!(q.active(), 0);
@@ -581,12 +565,16 @@ mod tests {
         let (q, _) = queue(1, 100, Duration::from_secs(3600));
         let now = Instant::now();
         // One request held for ~1.9 s teaches the queue its drain rate.
-        served(now_permit(q.admit(0, now - Duration::from_millis(1900))));
-        let _running = now_permit(q.admit(0, now));
+        served(now_permit(q.admit(
+            0,
+            now - Duration::from_millis(1900),
+            Duration::ZERO,
+        )));
+        let _running = now_permit(q.admit(0, now, Duration::ZERO));
         let mut retry = Vec::new();
         let mut waiting = Vec::new();
         loop {
-            match q.admit(1, now) {
+            match q.admit(1, now, Duration::ZERO) {
                 Admit::Wait(t) => waiting.push(t),
                 Admit::Refused(Refusal::OverObjective {
                     estimated,
@@ -603,10 +591,10 @@ mod tests {
         // the sixth (11.4 s) is refused.
         assert_eq!(waiting.len(), 5);
         // A bigger backlog gives a longer Retry-After.
-        let high_retry = match q.admit(0, now) {
+        let high_retry = match q.admit(0, now, Duration::ZERO) {
             Admit::Wait(t) => {
                 waiting.push(t);
-                match q.admit(1, now) {
+                match q.admit(1, now, Duration::ZERO) {
                     Admit::Refused(Refusal::OverObjective { retry_after, .. }) => retry_after,
                     other => panic!("{other:?}"),
                 }
@@ -622,16 +610,97 @@ mod tests {
         );
     }
 
+    /// A one-level queue of `capacity` whose level has a 2 s TTFT objective
+    /// (and a `max_wait` too long to matter).
+    fn deadline_queue(capacity: usize) -> Arc<PoolQueue> {
+        PoolQueue::new(
+            QueueParams {
+                levels: vec![Level {
+                    name: "only".into(),
+                    max_wait: Duration::from_secs(3600),
+                    promote_after: Duration::from_secs(3600),
+                    ttft_objective: Some(Duration::from_secs(2)),
+                }],
+                max_depth: 1000,
+            },
+            Box::new(move || capacity),
+        )
+    }
+
+    #[test]
+    fn a_ttft_objective_admits_waiters_while_their_predicted_ttft_holds() {
+        let q = deadline_queue(4);
+        let now = Instant::now();
+        let placement = Duration::from_millis(200);
+        // Before anything was served there is no drain rate: waiters are
+        // not refused for their wait, only a placement beyond the objective.
+        let running: Vec<Permit> = (0..4)
+            .map(|_| now_permit(q.admit(0, now, placement)))
+            .collect();
+        assert!(matches!(
+            q.admit(0, now, Duration::from_secs(3)),
+            Admit::Refused(Refusal::OverObjective { .. })
+        ));
+        let early = ticket(q.admit(0, now, placement));
+        assert!(q.cancel(early.id, early.level));
+        // Four slots held 1 s each by served requests: 4 req/s. Fast
+        // failures in between teach nothing.
+        drop(running);
+        for _ in 0..4 {
+            served(now_permit(q.admit(
+                0,
+                now - Duration::from_secs(1),
+                placement,
+            )));
+        }
+        for _ in 0..20 {
+            drop(now_permit(q.admit(0, now, placement)));
+        }
+        let _running: Vec<Permit> = (0..4)
+            .map(|_| now_permit(q.admit(0, now, placement)))
+            .collect();
+        let mut waiting = Vec::new();
+        let (predicted, retry_after) = loop {
+            match q.admit(0, now, placement) {
+                Admit::Wait(t) => waiting.push(t),
+                Admit::Refused(Refusal::OverObjective {
+                    estimated,
+                    retry_after,
+                }) => break (estimated, retry_after),
+                other => panic!("{other:?}"),
+            }
+        };
+        // The four running requests started together: all four slots free
+        // in 1 s, and again 1 s later. The first waiter needs k' = ⌈1 +
+        // 2.33⌉ = 4 releases (1 s, 1.2 s with its placement); a second would
+        // need ⌈2 + 2.33·√2⌉ = 6, the next wave (2.2 s): refused.
+        assert_eq!(waiting.len(), 1);
+        assert!(
+            (predicted.as_secs_f64() - 2.2).abs() < 1e-2,
+            "{predicted:?}"
+        );
+        // Retry-After: the backlog of one plus one at 4 req/s.
+        assert!(
+            (retry_after.as_secs_f64() - 0.5).abs() < 1e-2,
+            "{retry_after:?}"
+        );
+        // A waiter leaving makes room for the next one.
+        let gone = waiting.pop().unwrap();
+        assert!(q.cancel(gone.id, gone.level));
+        assert!(matches!(q.admit(0, now, placement), Admit::Wait(_)));
+    }
+
     #[test]
     fn a_replacing_queue_keeps_the_active_count_and_the_waiters() {
         let (q, _) = queue(1, 4, Duration::from_secs(3600));
         let t0 = Instant::now();
-        let running = now_permit(q.admit(1, t0));
-        let mut waiting = ticket(q.admit(1, t0));
+        let running = now_permit(q.admit(1, t0, Duration::ZERO));
+        let mut waiting = ticket(q.admit(1, t0, Duration::ZERO));
         let one = || Level {
             name: "only".into(),
             max_wait: Duration::from_secs(10),
             promote_after: Duration::from_secs(3600),
+            ttft_objective: None,
         };
         let next = q.replace(
             QueueParams {
@@ -643,7 +712,7 @@ mod tests {
         assert_eq!(next.active(), 1, "the running request still counts");
         assert_eq!(next.depths(), vec![1], "the waiter moved to the new queue");
         assert!(
-            matches!(q.admit(0, t0), Admit::Wait(_)),
+            matches!(q.admit(0, t0, Duration::ZERO), Admit::Wait(_)),
             "old handle forwards"
         );
         assert!(waiting.rx.try_recv().is_err());
@@ -655,7 +724,7 @@ mod tests {
     #[test]
     fn capacity_growth_is_picked_up_by_poke() {
         let (q, cap) = queue(0, 4, Duration::from_secs(3600));
-        let mut t = ticket(q.admit(0, Instant::now()));
+        let mut t = ticket(q.admit(0, Instant::now(), Duration::ZERO));
         cap.store(1, Ordering::SeqCst);
         q.poke();
         t.rx.try_recv().expect("granted once capacity appeared");

@@ -115,6 +115,11 @@ pub struct PriorityConfig {
     /// starvation); default: the pool's `queue.promote_after`.
     #[serde(default, deserialize_with = "opt_duration")]
     pub promote_after: Option<Duration>,
+    /// Deadline admission: a request at this level is admitted only when
+    /// its predicted time to first token (queue wait plus placement) is
+    /// within this; default: none (only `max_wait` applies).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub ttft_objective: Option<Duration>,
 }
 
 /// The levels used when the config names none.
@@ -125,6 +130,7 @@ pub fn default_priorities() -> Vec<PriorityConfig> {
             name: name.to_string(),
             max_wait: None,
             promote_after: None,
+            ttft_objective: None,
         })
         .collect()
 }

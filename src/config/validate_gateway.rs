@@ -21,7 +21,11 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
                 &format!("duplicate level {:?} (also priorities[{first}])", p.name),
             );
         }
-        for (field, d) in [("max_wait", p.max_wait), ("promote_after", p.promote_after)] {
+        for (field, d) in [
+            ("max_wait", p.max_wait),
+            ("promote_after", p.promote_after),
+            ("ttft_objective", p.ttft_objective),
+        ] {
             if d.is_some_and(|d| d.is_zero()) {
                 push(
                     out,
@@ -192,6 +196,28 @@ mod tests {
         let c = parse(&text).unwrap();
         assert_eq!(c.priorities.len(), 2);
         assert_eq!(c.pools[0].max_inflight, Some(4));
+    }
+
+    #[test]
+    fn a_ttft_objective_is_a_positive_duration() {
+        let level = |v: &str| {
+            format!(
+                "{POOL}[[priorities]]\nname = \"high\"\n[[priorities]]\nname = \"low\"\nttft_objective = {v}\n"
+            )
+        };
+        let c = parse(&level("\"2s\"")).unwrap();
+        assert_eq!(
+            c.priorities[1].ttft_objective,
+            Some(std::time::Duration::from_secs(2))
+        );
+        assert_eq!(c.priorities[0].ttft_objective, None);
+        for bad in ["\"0s\"", "\"soon\""] {
+            let issues = parse(&level(bad)).unwrap_err();
+            assert_eq!(
+                issues[0].key, "priorities[1].ttft_objective",
+                "{bad}: {issues:?}"
+            );
+        }
     }
 
     #[test]

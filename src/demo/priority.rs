@@ -26,7 +26,7 @@ pub struct PriorityRow {
 
 const TIERS: &str = "[gateway]\ntier_header = \"x-llmlb-tier\"\ndefault_tier = \"free\"\n\
 [[priorities]]\nname = \"high\"\nmax_wait = \"1s\"\n\
-[[priorities]]\nname = \"low\"\nmax_wait = \"4s\"\npromote_after = \"20s\"\n\
+[[priorities]]\nname = \"low\"\nmax_wait = \"4s\"\npromote_after = \"20s\"\nttft_objective = \"4s\"\n\
 [[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n";
 
 pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {

@@ -31,7 +31,7 @@ pub mod tiers;
 mod topology;
 
 pub use branch::RouteBranch;
-pub use decision::Decision;
+pub use decision::{Decision, placement_ttft};
 pub use dispatch::{Choice, choose};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};

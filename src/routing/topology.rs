@@ -306,6 +306,7 @@ fn queue_for(
             name: p.name.clone(),
             max_wait: p.max_wait.unwrap_or(pc.queue.max_wait),
             promote_after: p.promote_after.unwrap_or(pc.queue.promote_after),
+            ttft_objective: p.ttft_objective,
         })
         .collect();
     let members: Vec<Arc<Replica>> = replicas.to_vec();

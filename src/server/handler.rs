@@ -116,7 +116,7 @@ async fn route(
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
     let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
-    let mut permit = stages::admit(first.pool, &caller, ctx.trace).await?;
+    let mut permit = stages::admit(first.pool, &caller, estimate.prompt_tokens, ctx.trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;

@@ -260,6 +260,7 @@ mod tests {
                         name: "only".into(),
                         max_wait: Duration::from_secs(1),
                         promote_after: Duration::from_secs(1),
+                        ttft_objective: None,
                     }],
                     max_depth: 1,
                 },
@@ -274,7 +275,7 @@ mod tests {
         }
 
         fn body(&self) -> ScopedBody {
-            let Admit::Now(permit) = self.queue.admit(0, Instant::now()) else {
+            let Admit::Now(permit) = self.queue.admit(0, Instant::now(), Duration::ZERO) else {
                 panic!("a free slot");
             };
             let scope = Scope {

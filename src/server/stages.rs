@@ -6,7 +6,7 @@
 //! Each step returns what the next one needs or the error the client gets;
 //! none of them writes the response.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
@@ -21,7 +21,8 @@ use crate::admission::Permit;
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
-use crate::routing::{Pool, Resolution, Topology};
+use crate::routing::{Pool, Resolution, Topology, placement_ttft};
+use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
 /// Requests llmlb answers itself (health, CORS preflights, the model list,
@@ -259,17 +260,25 @@ pub async fn charge<'c>(
     Ok(Charge::new(caller, tokens))
 }
 
-/// Waits in the pool's queue, when it has one (a `llmlb.queue` span).
+/// Waits in the pool's queue, when it has one (a `llmlb.queue` span). A
+/// level with a `ttft_objective` is given the request's predicted time to
+/// first token on its best replica (`routing::placement_ttft`).
 pub async fn admit(
     pool: &Pool,
     caller: &Caller,
+    prompt_tokens: u32,
     trace: Option<&RequestTrace>,
 ) -> Result<Option<Permit>, ApiError> {
     let Some(admission) = &pool.admission else {
         return Ok(None);
     };
+    let placement = if admission.has_deadline(caller.level) {
+        placement_ttft(pool, u64::from(prompt_tokens), now_millis())
+    } else {
+        Duration::ZERO
+    };
     let _queued = trace.map(|t| t.stage("llmlb.queue"));
-    Ok(Some(admission.acquire(caller.level).await?))
+    Ok(Some(admission.acquire(caller.level, placement).await?))
 }
 
 /// After a queue wait, the same pool with the replicas in force now (a
