@@ -41,7 +41,7 @@ pub enum ApiError {
     },
     #[error("queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
     QueueFull { retry_after: Duration },
-    #[error("the fleet cannot start this request within its latency objective (estimated {:.1}s: its wait, or with a `ttft_objective` its time to first token); retry after {}s", estimated.as_secs_f64(), retry_secs(*retry_after))]
+    #[error("the fleet cannot start this request within its latency objective (estimated {:.1}s); retry after {}s", estimated.as_secs_f64(), retry_secs(*retry_after))]
     OverObjective {
         estimated: Duration,
         retry_after: Duration,
