@@ -3,7 +3,7 @@
 //! vector's lock each time, so the handles a finished request touches (its
 //! `llmlb_requests_total{status="200"}` counter, the pool's duration and
 //! time-to-first-byte histograms) are resolved the first time each is
-//! needed and kept with the replica ([`crate::balancing::Replica::series`]).
+//! needed and kept with the replica (`Replica::series` in `balancing`).
 //!
 //! A series still appears in `/metrics` only once something was counted in
 //! it, as before. Statuses other than 200 keep the lookup by label (they
