@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use common::*;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -226,4 +226,53 @@ async fn the_simulator_reports_usage_that_the_client_never_sees() {
     let (tenant, completion) = counters(&lb).await;
     assert!((1.0..=12.0).contains(&completion), "{completion}");
     assert!(tenant > completion, "{tenant}");
+}
+
+/// A replica that does not know `stream_options` answers 400 to it: the
+/// same replica gets the client's body as sent, the client its answer, and
+/// later streams go to that replica without the field. A client whose own
+/// `stream_options` the replica refuses gets the 400.
+#[tokio::test]
+async fn a_replica_that_refuses_stream_options_gets_the_body_as_sent() {
+    let (up, lb) = one_replica(Mode::NoStreamOptions, "", "").await;
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen: Vec<String> = up
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| String::from_utf8_lossy(&s.body).into_owned())
+        .collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].contains("stream_options"));
+    assert_eq!(seen[1], CHAT_STREAM, "the second try is the client's bytes");
+
+    // Noted: the next stream goes without the field, in one request.
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.requests(), 3);
+    assert_eq!(String::from_utf8_lossy(&up.last_seen().body), CHAT_STREAM);
+
+    // The client's own field is the client's business: its 400 comes back.
+    let asked = r#"{"model":"llama-3-8b","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", asked)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(up.requests(), 4);
+    lb.shutdown().await;
+}
+
+/// A 400 for another reason is not the field's fault: the replica gets the
+/// client's body once more, the client the second 400, and the field is
+/// still added to later streams.
+#[tokio::test]
+async fn a_bad_stream_gets_its_400_and_the_field_stays() {
+    let (up, lb) = one_replica(Mode::Status(400), "", "").await;
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(up.requests(), 2);
+    up.set_mode(Mode::Json);
+    call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert!(String::from_utf8_lossy(&up.last_seen().body).contains("stream_options"));
+    lb.shutdown().await;
 }

@@ -57,6 +57,9 @@ pub struct Replica {
     /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
     /// streams already running finish.
     draining: AtomicBool,
+    /// The replica answered 400 to a stream llmlb had added
+    /// `stream_options` to and took it without: llmlb stops adding it.
+    refuses_stream_options: AtomicBool,
     in_flight_gauge: IntGauge,
     /// Its metric series, looked up once (see [`Replica::series`]).
     series: OnceLock<ReplicaSeries>,
@@ -85,6 +88,7 @@ impl Replica {
             health: ActiveHealth::default(),
             learned: LearnedRates::default(),
             draining: AtomicBool::new(false),
+            refuses_stream_options: AtomicBool::new(false),
             in_flight_gauge,
             series: OnceLock::new(),
         }
@@ -258,6 +262,17 @@ impl Replica {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether streams go to this replica without the `stream_options`
+    /// llmlb would add (it refused them once).
+    pub fn refuses_stream_options(&self) -> bool {
+        self.refuses_stream_options.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the replica refuses `stream_options`; true the first time.
+    pub fn note_refuses_stream_options(&self) -> bool {
+        !self.refuses_stream_options.swap(true, Ordering::Relaxed)
     }
 
     /// Whether the replica is currently set aside by either kind of health.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody};
@@ -55,10 +55,6 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     } else {
         None
     };
-    let strip_usage = asked_usage.is_some();
-    if let Some(body) = asked_usage {
-        req.body = body;
-    }
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
     let mut tried: Vec<ReplicaId> = Vec::new();
@@ -116,18 +112,50 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             attempt = tried.len(),
             "dispatch"
         );
+        // The body with `stream_options` added, unless this replica
+        // refused it before.
+        let mut with_usage = asked_usage
+            .as_ref()
+            .filter(|_| !replica.refuses_stream_options());
         let mut upstream = build_request(
             &req.method,
             replica,
             req.path_and_query,
             &headers,
-            &req.body,
+            with_usage.unwrap_or(&req.body),
         )?;
         let attempt = req
             .trace
             .map(|t| t.attempt(&replica.name, tried.len(), upstream.headers_mut()));
         let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
-        match sent.await {
+        let sent = match sent.await {
+            // A 400 generated nothing: the same replica gets the body as the
+            // client sent it, and keeps getting it if that one is taken.
+            Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
+                drop(resp);
+                with_usage = None;
+                let again = build_request(
+                    &req.method,
+                    replica,
+                    req.path_and_query,
+                    &headers,
+                    &req.body,
+                )?;
+                let again =
+                    tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(again))
+                        .await;
+                if let Ok(Ok(r)) = &again
+                    && r.status() != StatusCode::BAD_REQUEST
+                    && replica.note_refuses_stream_options()
+                {
+                    tracing::warn!(pool = %pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
+                }
+                again
+            }
+            other => other,
+        };
+        let strip_usage = with_usage.is_some();
+        match sent {
             Err(_elapsed) => {
                 if let Some(a) = &attempt {
                     a.fail("timeout");

@@ -5,6 +5,13 @@
 //! reads the counts from that event and keeps it from the client
 //! ([`super::usage_strip`]).
 //!
+//! A replica that does not know the field answers 400: nothing was
+//! generated, so llmlb sends the body as the client sent it to the same
+//! replica, and when that is taken, stops adding the field for that
+//! replica (`forward.rs`; its streams' tokens are then counted from the
+//! events). A request that is bad for another reason gets its 400 twice,
+//! the second one reaching the client.
+//!
 //! The body is rewritten without re-serialising it when the client sent no
 //! `stream_options`: the member is inserted right after the opening brace
 //! and every other byte stays as sent. A client's `stream_options` without

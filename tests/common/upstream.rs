@@ -14,6 +14,9 @@ pub enum Mode {
     Hang,
     /// Answers with this status and an error body.
     Status(u16),
+    /// 400 to a body that carries `stream_options` (a server that does not
+    /// know the field), else as `Json`.
+    NoStreamOptions,
 }
 
 /// What the replica saw of one request.
@@ -165,8 +168,15 @@ impl Shared {
             body,
             path: parts.uri.path().to_string(),
         });
-        let mode = self.mode.lock().unwrap().clone();
+        let mut mode = self.mode.lock().unwrap().clone();
+        if let Mode::NoStreamOptions = mode {
+            let last = self.seen.lock().unwrap().last().map(|s| s.body.clone());
+            let named =
+                last.is_some_and(|b| String::from_utf8_lossy(&b).contains("stream_options"));
+            mode = if named { Mode::Status(400) } else { Mode::Json };
+        }
         match mode {
+            Mode::NoStreamOptions => unreachable!("resolved above"),
             Mode::Json => {
                 let body = format!(
                     r#"{{"replica":"{}","object":"chat.completion","usage":{{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}}}"#,
