@@ -2,6 +2,7 @@
 //! traces over OTLP (`[telemetry.otlp]`).
 
 use serde::Deserialize;
+use std::sync::OnceLock;
 
 use super::ConfigIssue;
 
@@ -95,6 +96,20 @@ pub struct AccessLogConfig {
     pub sample: f64,
     /// Which fields to write (default: all of [`ACCESS_LOG_FIELDS`]).
     pub fields: Vec<String>,
+    /// [`AccessLogConfig::field_mask`], worked out once per config.
+    #[serde(skip)]
+    mask: MaskCache,
+}
+
+/// A computed value kept beside the config; two configs are equal whatever
+/// it holds (it follows from the fields).
+#[derive(Debug, Clone, Default)]
+struct MaskCache(OnceLock<u32>);
+
+impl PartialEq for MaskCache {
+    fn eq(&self, _: &MaskCache) -> bool {
+        true
+    }
 }
 
 impl Default for AccessLogConfig {
@@ -103,18 +118,22 @@ impl Default for AccessLogConfig {
             enabled: true,
             sample: 1.0,
             fields: ACCESS_LOG_FIELDS.iter().map(|f| f.to_string()).collect(),
+            mask: MaskCache::default(),
         }
     }
 }
 
 impl AccessLogConfig {
-    /// A bit per entry of [`ACCESS_LOG_FIELDS`] that is written.
+    /// A bit per entry of [`ACCESS_LOG_FIELDS`] that is written (compared
+    /// name by name the first time, then kept: every request asks).
     pub fn field_mask(&self) -> u32 {
-        ACCESS_LOG_FIELDS
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| self.fields.iter().any(|x| x == *f))
-            .fold(0, |m, (i, _)| m | (1 << i))
+        *self.mask.0.get_or_init(|| {
+            ACCESS_LOG_FIELDS
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| self.fields.iter().any(|x| x == *f))
+                .fold(0, |m, (i, _)| m | (1 << i))
+        })
     }
 }
 

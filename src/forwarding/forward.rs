@@ -124,7 +124,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             &headers,
             with_usage.unwrap_or(&req.body),
         )?;
-        let attempt = req
+        let mut attempt = req
             .trace
             .map(|t| t.attempt(&replica.name, tried.len(), upstream.headers_mut()));
         let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
@@ -134,13 +134,19 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
             Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
                 drop(resp);
                 with_usage = None;
-                let again = build_request(
+                let mut again = build_request(
                     &req.method,
                     replica,
                     req.path_and_query,
                     &headers,
                     &req.body,
                 )?;
+                if let Some(a) = attempt.take() {
+                    a.set("http.response.status_code", 400);
+                }
+                attempt = req
+                    .trace
+                    .map(|t| t.attempt(&replica.name, tried.len(), again.headers_mut()));
                 let again =
                     tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(again))
                         .await;
