@@ -21,6 +21,7 @@ use crate::routing::{Choice, StreamBroken, choose};
 use crate::routing::{Decision, Failure, Pool};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
+use crate::telemetry::trace::StageSpan;
 
 /// Everything needed to send one client request upstream.
 pub struct ForwardRequest<'a> {
@@ -117,39 +118,26 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
         let mut with_usage = asked_usage
             .as_ref()
             .filter(|_| !replica.refuses_stream_options());
-        let mut upstream = build_request(
-            &req.method,
+        let (mut attempt, sent) = send_once(
+            &req,
             replica,
-            req.path_and_query,
             &headers,
             with_usage.unwrap_or(&req.body),
-        )?;
-        let mut attempt = req
-            .trace
-            .map(|t| t.attempt(&replica.name, tried.len(), upstream.headers_mut()));
-        let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream));
-        let sent = match sent.await {
+            tried.len(),
+        )
+        .await?;
+        let sent = match sent {
             // A 400 generated nothing: the same replica gets the body as the
             // client sent it, and keeps getting it if that one is taken.
             Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
                 drop(resp);
                 with_usage = None;
-                let mut again = build_request(
-                    &req.method,
-                    replica,
-                    req.path_and_query,
-                    &headers,
-                    &req.body,
-                )?;
                 if let Some(a) = attempt.take() {
                     a.set("http.response.status_code", 400);
                 }
-                attempt = req
-                    .trace
-                    .map(|t| t.attempt(&replica.name, tried.len(), again.headers_mut()));
-                let again =
-                    tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(again))
-                        .await;
+                let again;
+                (attempt, again) =
+                    send_once(&req, replica, &headers, &req.body, tried.len()).await?;
                 if let Ok(Ok(r)) = &again
                     && r.status() != StatusCode::BAD_REQUEST
                     && replica.note_refuses_stream_options()
@@ -282,6 +270,31 @@ fn prepare_upstream_headers(
             headers.insert("x-forwarded-for", v);
         }
     }
+}
+
+/// What one send gives back: a timeout, a transport error, or the head.
+type Sent = Result<
+    Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+    tokio::time::error::Elapsed,
+>;
+
+/// Sends `body` to `replica` as attempt number `n` (its own trace span,
+/// whose context goes with the request), waiting at most the pool's
+/// first-byte timeout for the response head.
+async fn send_once(
+    req: &ForwardRequest<'_>,
+    replica: &Replica,
+    headers: &HeaderMap,
+    body: &Bytes,
+    n: usize,
+) -> Result<(Option<StageSpan>, Sent), ForwardError> {
+    let mut upstream = build_request(&req.method, replica, req.path_and_query, headers, body)?;
+    let attempt = req
+        .trace
+        .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
+    let pool = req.pool;
+    let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream)).await;
+    Ok((attempt, sent))
 }
 
 fn build_request(
