@@ -179,6 +179,8 @@ class Backend:
             return
         cmd = [self.args.llmlb, "sim", "--replicas", "2", "--port", str(self.ports[0]),
                "--profile", "vllm-cpu-tiny", "--model", MODEL, "--seed", "1"]
+        if self.args.sim_config:
+            cmd += ["--config", self.args.sim_config]
         if not self.args.stand_in:
             cmd += ["--tokenizer", self.tokenizer_dir(), "--kv-events-port", str(self.events[0]),
                     "--kv-events-replay-port", str(self.replays[0])]
@@ -333,6 +335,9 @@ def main():
     ap.add_argument("--policies", default="round_robin,least_connections,hash,cache,exact")
     ap.add_argument("--llmlb", default=os.path.join(ROOT, "target", "release", "llmlb"))
     ap.add_argument("--tokenizer", help="tokenizer dir for the simulator (default: the vLLM model's, else the fixture)")
+    ap.add_argument("--sim-config",
+                    help="sim config overriding the profile, e.g. the [cost] that "
+                         "`sim_fidelity.py --fit` gives for this machine's vLLM")
     ap.add_argument("--stand-in", action="store_true",
                     help="no real tokenizer and no KV events (llmlb's stand-in tokenizer everywhere)")
     ap.add_argument("--groups", type=int, default=6)

@@ -173,6 +173,17 @@ fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
                 .with_label_values(&[&pool.name])
                 .set(unknown as i64);
         }
+        if let Some(r) = pool.router.replication() {
+            let labels = [pool.name.as_str()];
+            metrics
+                .prefix_replicated
+                .with_label_values(&labels)
+                .set(r.prefixes as i64);
+            metrics
+                .prefix_extra_copies
+                .with_label_values(&labels)
+                .set(r.extra_copies as i64);
+        }
         for r in &pool.replicas {
             metrics
                 .replica_down

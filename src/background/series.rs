@@ -24,6 +24,8 @@ pub struct Series {
     leftovers: HashSet<(String, String)>,
     /// Pools that had KV-event subscriptions (and so an unknown-replicas gauge).
     subscribed: HashSet<String>,
+    /// Pools that replicate hot prefixes (and so have their gauges).
+    replicating: HashSet<String>,
 }
 
 impl Series {
@@ -35,12 +37,19 @@ impl Series {
             if !pool.router.kv_subscriptions().is_empty() {
                 now.subscribed.insert(pool.name.clone());
             }
+            if pool.router.replication().is_some() {
+                now.replicating.insert(pool.name.clone());
+            }
             for r in &pool.replicas {
                 now.replicas.insert((pool.name.clone(), r.name.clone()));
             }
         }
         for pool in self.subscribed.difference(&now.subscribed) {
             let _ = metrics.kv_events.unknown.remove_label_values(&[pool]);
+        }
+        for pool in self.replicating.difference(&now.replicating) {
+            let _ = metrics.prefix_replicated.remove_label_values(&[pool]);
+            let _ = metrics.prefix_extra_copies.remove_label_values(&[pool]);
         }
         let gone: HashSet<(String, String)> =
             self.replicas.difference(&now.replicas).cloned().collect();

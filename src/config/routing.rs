@@ -67,6 +67,17 @@ pub struct PrefixConfig {
     /// `cache`: time to first token each request already on a replica
     /// (running or waiting) adds, in seconds.
     pub seconds_per_request_ahead: f64,
+    /// `cache` and `exact`: keep a prefix whose demand is more than one
+    /// replica should carry warm on as many replicas as it needs (off by
+    /// default: it loses in deep overload, see docs/ROUTING.md).
+    pub replicate: bool,
+    /// In-flight requests of one prefix that one replica carries before the
+    /// prefix is copied to another (the floor of a replica's capacity).
+    pub replicate_above: f64,
+    /// Time constant of the per-prefix demand estimate, and how long demand
+    /// stays below k − 1 copies before one is given up.
+    #[serde(with = "super::duration")]
+    pub replicate_hold: std::time::Duration,
 }
 
 impl Default for PrefixConfig {
@@ -79,6 +90,9 @@ impl Default for PrefixConfig {
             max_blocks_per_replica: 65_536,
             prefill_tokens_per_second: 10_000.0,
             seconds_per_request_ahead: 0.02,
+            replicate: false,
+            replicate_above: 8.0,
+            replicate_hold: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -77,6 +77,20 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be a number at least 0",
         );
     }
+    if !(p.replicate_above.is_finite() && p.replicate_above >= 1.0) {
+        push(
+            out,
+            &format!("{key}.prefix.replicate_above"),
+            "must be a number at least 1 (in-flight requests)",
+        );
+    }
+    if p.replicate_hold.is_zero() {
+        push(
+            out,
+            &format!("{key}.prefix.replicate_hold"),
+            "must be longer than 0 (e.g. \"10s\")",
+        );
+    }
     if pool.saturation.max_in_flight == Some(0) {
         push(
             out,
@@ -310,7 +324,7 @@ mod tests {
     #[test]
     fn prefix_parameters_are_checked() {
         let text = format!(
-            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\n[pools.saturation]\nmax_in_flight = 0\n{}",
+            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\n{}",
             replica(1, "")
         );
         let keys = issue_keys(&text);
@@ -320,6 +334,8 @@ mod tests {
                 "pools[0].prefix.tokens",
                 "pools[0].prefix.block_size",
                 "pools[0].prefix.prefill_tokens_per_second",
+                "pools[0].prefix.replicate_above",
+                "pools[0].prefix.replicate_hold",
                 "pools[0].saturation.max_in_flight"
             ]
         );

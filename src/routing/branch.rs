@@ -39,6 +39,9 @@ pub enum RouteBranch {
     /// llmlb sent it, because its KV events are unknown (not connected yet,
     /// or events were missed and have not refilled).
     PrefixEstimated,
+    /// The prefix is hot: kept on several replicas on purpose, and the
+    /// request went to one of its copies ([`super::prefix::hot`]).
+    PrefixReplicated,
     /// Every candidate was saturated: affinity gave way to the balancer.
     Saturated,
 }
@@ -61,6 +64,7 @@ impl RouteBranch {
             RouteBranch::PrefixMiss => "prefix_miss",
             RouteBranch::PrefixNone => "prefix_none",
             RouteBranch::PrefixEstimated => "prefix_estimated",
+            RouteBranch::PrefixReplicated => "prefix_replicated",
             RouteBranch::Saturated => "saturated",
         }
     }

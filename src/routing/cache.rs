@@ -27,6 +27,7 @@ use std::sync::Arc;
 use super::RouteBranch;
 use super::decision::Decision;
 use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::hot::Hot;
 use super::prefix::predict;
 use super::prefix::rendezvous;
 use super::prefix::score::{self, Candidate};
@@ -53,6 +54,12 @@ pub(super) fn prefer(
     }
     let holdings = Holdings::new(router, &tokens, &blocks, cands, now_ms);
     d.predicted = holdings.predicted.clone();
+    // The prefix's key: the chained hash of its first `prefix.tokens`
+    // tokens, so cold instances agree per prefix and prefixes that share
+    // only the chat template still spread.
+    let lead = (prefix.tokens / block).clamp(1, blocks.len());
+    let key = blocks[lead - 1];
+    let hot = hot_of(router, key, &blocks, cands, views, now_ms);
     // A replica at its concurrency limit cannot take the request now,
     // however warm: score only those with a free slot, if any has one.
     let with_slot: Vec<Arc<Replica>> = cands
@@ -71,6 +78,7 @@ pub(super) fn prefer(
             .max()
             .unwrap_or(0)
     };
+    let all = cands;
     let cands: &[Arc<Replica>] = if with_slot.is_empty() {
         cands
     } else {
@@ -78,34 +86,44 @@ pub(super) fn prefer(
     };
     let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
     let ahead = score::requests_ahead(&ordered, router.max_age_ms);
-    let nodes = router.affinity.nodes(cands);
-    // Tie-break order: rendezvous on the chained hash of the prompt's
-    // first `prefix.tokens` tokens, so cold instances agree per prefix
-    // and prefixes that share only the chat template still spread.
-    let lead = (prefix.tokens / block).clamp(1, blocks.len());
-    let order = rendezvous::order(blocks[lead - 1], &nodes);
+    // Tie-break order: rendezvous on the prefix's key.
+    let order = rendezvous::order(key, &router.affinity.nodes(cands));
     let mut rank = vec![0; cands.len()];
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
     }
     let cached: Vec<(u64, bool)> = cands.iter().map(|r| holdings.cached_tokens(r.id)).collect();
-    let scored: Vec<Candidate> = (0..cands.len())
-        .map(|i| Candidate {
-            ahead: ahead[i],
-            rates: ordered[i].rates,
-            cached_tokens: cached[i].0,
-            rank: rank[i],
-        })
-        .collect();
-    let Some((i, _)) = score::best(&router.cost, tokens.len() as u64, &scored) else {
-        return;
-    };
     let most = cached
         .iter()
         .map(|c| c.0)
         .max()
         .unwrap_or(0)
         .max(held_by_full);
+    // A hot prefix's copies (the first `copies` replicas of its order over
+    // every candidate, full or not) count as holding the part its requests
+    // share: the first request sent to a cold copy warms it.
+    let copy_ids: Vec<ReplicaId> = if hot.copies > 1 {
+        let order = rendezvous::order(key, &router.affinity.nodes(all));
+        order.iter().take(hot.copies).map(|&i| all[i].id).collect()
+    } else {
+        Vec::new()
+    };
+    let shared = most.min((hot.shared_blocks * block) as u64);
+    let scored: Vec<Candidate> = (0..cands.len())
+        .map(|i| Candidate {
+            ahead: ahead[i],
+            rates: ordered[i].rates,
+            cached_tokens: if copy_ids.contains(&cands[i].id) {
+                cached[i].0.max(shared)
+            } else {
+                cached[i].0
+            },
+            rank: rank[i],
+        })
+        .collect();
+    let Some((i, _)) = score::best(&router.cost, tokens.len() as u64, &scored) else {
+        return;
+    };
     d.branches.push(if most == 0 {
         RouteBranch::PrefixMiss
     } else if cached[i].0 == most {
@@ -116,11 +134,35 @@ pub(super) fn prefer(
     if cached[i].1 {
         d.branches.push(RouteBranch::PrefixEstimated);
     }
+    if copy_ids.contains(&cands[i].id) {
+        d.branches.push(RouteBranch::PrefixReplicated);
+    }
     d.preferred = Some(vec![cands[i].id]);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if prefix.mode == PrefixMode::Exact {
         d.expect = Some((Arc::clone(&router.state.held), tokens.into_owned()));
     }
+}
+
+/// How many replicas should hold the prefix `key`, and what its arrivals
+/// share ([`super::prefix::hot`]): one copy when replication is off or the
+/// prefix's demand fits one replica.
+fn hot_of(
+    router: &Router,
+    key: u64,
+    blocks: &[u64],
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+    now_ms: u64,
+) -> Hot {
+    let Some(hot) = &router.state.hot else {
+        return Hot {
+            copies: 1,
+            shared_blocks: 0,
+        };
+    };
+    let in_flight = cands.iter().map(|r| views[&r.id].in_flight).sum();
+    hot.arrive_blocks(key, blocks, now_ms, in_flight, cands.len())
 }
 
 /// `hash` mode: no scoring, but the prompt's blocks are recorded on the
@@ -302,6 +344,84 @@ mod tests {
                 .iter()
                 .all(|r| !pool.router.index(r.id).unwrap().is_empty())
         );
+    }
+
+    /// The most requests one replica holds once one long prompt brings all
+    /// the traffic to 4 replicas, 12 in flight at a time.
+    fn busiest_under_one_hot_prompt(settings: &str) -> (u64, Vec<RouteBranch>) {
+        let t = pool_of(settings, 4);
+        let pool = &t.pools[0];
+        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
+        let mut held = std::collections::VecDeque::new();
+        let mut busiest = 0;
+        let mut last = Vec::new();
+        for i in 0..300 {
+            if held.len() == 12 {
+                held.pop_front();
+            }
+            let chat = vec![
+                ChatMessage::new("system", system.clone()),
+                ChatMessage::new("user", format!("Case {i}?")),
+            ];
+            let headers = HeaderMap::new();
+            let d = route(pool, &input(&headers, None, Prompt::Chat(&chat)));
+            let id = d.preferred.as_ref().unwrap()[0];
+            let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
+            d.dispatched(r);
+            held.push_back(r.acquire());
+            if i >= 100 {
+                busiest = busiest.max(pool.replicas.iter().map(|r| r.in_flight()).max().unwrap());
+            }
+            last = d.branches;
+        }
+        (busiest, last)
+    }
+
+    #[test]
+    fn a_hot_prefix_is_kept_on_several_replicas_before_a_queue_builds() {
+        // Without replication a cold replica is tried only when a warm
+        // one's queue costs as much as the prefill it would repeat (about
+        // 10 requests of 0.02 s against 0.2 s): two warm replicas carry
+        // the 12 requests and two stay idle.
+        let (alone, _) = busiest_under_one_hot_prompt("[pools.prefix]\nmode = \"cache\"");
+        assert!(alone >= 6, "busiest {alone}");
+        // With it, the prompt is a replica's worth of demand several times
+        // over: its copies share the 12 requests by queue.
+        let (spread, branches) = busiest_under_one_hot_prompt(
+            "[pools.prefix]\nmode = \"cache\"\nreplicate = true\nreplicate_above = 2",
+        );
+        assert!(
+            spread <= 4,
+            "busiest {spread} (without replication {alone})"
+        );
+        assert!(
+            branches.contains(&RouteBranch::PrefixReplicated),
+            "{branches:?}"
+        );
+    }
+
+    #[test]
+    fn the_pool_reports_its_replicated_prefixes() {
+        let t = pool_of(
+            "[pools.prefix]\nmode = \"cache\"\nreplicate = true\nreplicate_above = 2",
+            4,
+        );
+        let pool = &t.pools[0];
+        assert_eq!(pool.router.replication().unwrap().prefixes, 0);
+        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
+        let mut held = Vec::new();
+        for i in 0..40 {
+            let chat = vec![
+                ChatMessage::new("system", system.clone()),
+                ChatMessage::new("user", format!("Case {i}?")),
+            ];
+            held.push(dispatch_chat(pool, &chat).acquire());
+        }
+        let r = pool.router.replication().unwrap();
+        assert_eq!(r.prefixes, 1);
+        assert!(r.extra_copies >= 2, "{r:?}");
+        let off = pool_of("[pools.prefix]\nmode = \"cache\"", 4);
+        assert!(off.pools[0].router.replication().is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::decision::{Held, Indexes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
+use super::prefix::hot::{HotPrefixes, HotSettings};
 use crate::balancing::{Replica, ReplicaId};
 use crate::config::{PoolConfig, PrefixMode};
 use crate::kv_events::subscriber::Endpoints;
@@ -28,6 +29,9 @@ pub struct PrefixState {
     pub held: Held,
     /// `exact` mode: where each event-publishing replica reports.
     pub kv_sources: Vec<(ReplicaId, Endpoints)>,
+    /// `cache` and `exact` modes with `replicate`: each prefix's demand and
+    /// copies. Kept across a reload while its settings stay the same.
+    pub hot: Option<Arc<HotPrefixes>>,
 }
 
 impl PrefixState {
@@ -88,11 +92,23 @@ impl PrefixState {
                 )
             })
             .collect();
+        let hot = (pc.prefix.replicate && matches!(mode, PrefixMode::Cache | PrefixMode::Exact))
+            .then(|| {
+                let settings = HotSettings {
+                    above: pc.prefix.replicate_above,
+                    hold_ms: pc.prefix.replicate_hold.as_millis() as u64,
+                };
+                previous
+                    .and_then(|p| p.hot.clone())
+                    .filter(|h| h.settings() == settings)
+                    .unwrap_or_else(|| Arc::new(HotPrefixes::new(settings)))
+            });
         PrefixState {
             capacity,
             indexes: Arc::new(indexes),
             held: Arc::new(held),
             kv_sources,
+            hot,
         }
     }
 }

@@ -42,6 +42,7 @@ use super::hash_key::hash_key;
 use super::prefix::blocks::{Prompt, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
+use super::prefix::hot::Replication;
 use super::prefix::score::CostModel;
 use super::saturation::{all_saturated, is_saturated};
 use super::tiers::PoolTiers;
@@ -132,6 +133,12 @@ impl Router {
     /// Whether no eligible replica among `replicas` has room.
     pub fn all_saturated(&self, replicas: &[Arc<Replica>], now_ms: u64) -> bool {
         all_saturated(replicas, &self.saturation, self.max_age_ms, now_ms)
+    }
+
+    /// Hot prefixes replicated right now, when the pool replicates them
+    /// (`cache` and `exact` modes with `replicate`).
+    pub fn replication(&self) -> Option<Replication> {
+        self.state.hot.as_ref().map(|h| h.replication())
     }
 
     /// The prefix index of a replica (`cache` mode, and `exact` mode's

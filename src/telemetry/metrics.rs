@@ -32,6 +32,10 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// 1 while a replica is set aside by passive health.
     pub replica_down: IntGaugeVec,
+    /// Prefixes kept warm on two or more replicas on purpose, by pool.
+    pub prefix_replicated: IntGaugeVec,
+    /// Their copies beyond the first, summed, by pool.
+    pub prefix_extra_copies: IntGaugeVec,
     /// 1 per configured (or discovered) replica, with its address: joins
     /// the `replica` label of every other metric to where it points.
     pub replica_info: IntGaugeVec,
@@ -117,6 +121,22 @@ impl Metrics {
             &["pool", "replica"],
         )
         .expect("metric");
+        let prefix_replicated = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_prefix_replicated",
+                "Prefixes kept warm on two or more replicas because one replica cannot carry their demand, by pool.",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
+        let prefix_extra_copies = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_prefix_extra_copies",
+                "Copies of replicated prefixes beyond the first, summed, by pool.",
+            ),
+            &["pool"],
+        )
+        .expect("metric");
         let replica_info = IntGaugeVec::new(
             Opts::new(
                 "llmlb_replica_info",
@@ -136,6 +156,8 @@ impl Metrics {
             Box::new(rejections.clone()),
             Box::new(decisions.clone()),
             Box::new(replica_down.clone()),
+            Box::new(prefix_replicated.clone()),
+            Box::new(prefix_extra_copies.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -156,6 +178,8 @@ impl Metrics {
             rejections,
             decisions,
             replica_down,
+            prefix_replicated,
+            prefix_extra_copies,
             replica_info,
         }
     }

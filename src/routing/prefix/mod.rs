@@ -7,10 +7,13 @@
 //! ([`cache_index`], [`score`]) remembers which prompt blocks ([`blocks`])
 //! went where and picks the replica with the lowest expected time to first
 //! token. [`predict`] says what the chosen replica should report cached.
+//! [`hot`] keeps a prefix with more demand than one replica should carry
+//! warm on as many replicas as it needs.
 
 pub mod blocks;
 pub mod cache_index;
 pub mod held;
+pub mod hot;
 pub mod predict;
 pub mod rendezvous;
 pub mod score;
