@@ -192,3 +192,52 @@ fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::test_fleet::{dispatch_chat, pool_of};
+    use crate::tokenize::ChatMessage;
+
+    #[test]
+    fn replicated_prefixes_are_exported_per_pool_and_forgotten_with_it() {
+        let topo = pool_of(
+            "[pools.prefix]\nmode = \"cache\"\nreplicate = true\nreplicate_above = 2",
+            4,
+        );
+        let metrics = Metrics::new();
+        refresh_gauges(&topo, &metrics);
+        assert!(
+            metrics
+                .render()
+                .contains("llmlb_prefix_replicated{pool=\"p\"} 0")
+        );
+        // One system prompt, 40 requests held: 3 copies (see routing::cache).
+        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
+        let mut held = Vec::new();
+        for i in 0..40 {
+            let chat = vec![
+                ChatMessage::new("system", system.clone()),
+                ChatMessage::new("user", format!("Case {i}?")),
+            ];
+            held.push(dispatch_chat(&topo.pools[0], &chat).acquire());
+        }
+        refresh_gauges(&topo, &metrics);
+        let text = metrics.render();
+        assert!(
+            text.contains("llmlb_prefix_replicated{pool=\"p\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("llmlb_prefix_extra_copies{pool=\"p\"} 2"),
+            "{text}"
+        );
+        // A reload that turns replication off takes the pool's series away.
+        let mut series = series::Series::default();
+        series.forget_gone(&topo, &metrics);
+        series.forget_gone(&pool_of("", 4), &metrics);
+        let text = metrics.render();
+        assert!(!text.contains("llmlb_prefix_replicated{"), "{text}");
+        assert!(!text.contains("llmlb_prefix_extra_copies{"), "{text}");
+    }
+}

@@ -26,7 +26,7 @@ pub mod replica_models;
 mod router;
 pub mod saturation;
 #[cfg(test)]
-mod test_fleet;
+pub(crate) mod test_fleet;
 pub mod tiers;
 mod topology;
 
