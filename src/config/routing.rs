@@ -69,7 +69,8 @@ pub struct PrefixConfig {
     pub seconds_per_request_ahead: f64,
     /// `cache` and `exact`: keep a prefix whose demand is more than one
     /// replica should carry warm on as many replicas as it needs (off by
-    /// default: it loses in deep overload, see docs/ROUTING.md).
+    /// default: on the simulated fleet it helps at some loads and hurts at
+    /// others, see docs/ROUTING.md).
     pub replicate: bool,
     /// In-flight requests of one prefix that one replica carries before the
     /// prefix is copied to another (the floor of a replica's capacity).
