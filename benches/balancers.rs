@@ -21,6 +21,7 @@ fn views(n: usize) -> Vec<ReplicaView> {
                 weight: 1 + (x % 3) as u32,
                 in_flight: x % 17,
                 outstanding_tokens: x * 131,
+                prefilling: 0,
                 load: Some(ScrapedLoad {
                     running: Some(x % 32),
                     waiting: Some(x % 11),

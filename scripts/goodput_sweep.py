@@ -6,7 +6,8 @@ busiest replica over the mean, and the replicas' own prefix-cache hit rate.
 
 Routers: llmlb's policies (`llmlb-round_robin`, `llmlb-least_connections`,
 `llmlb-jsq`, `llmlb-hash`, `llmlb-cache`, ...: a prefix mode name puts that
-prefix affinity in front of least_connections) and, when installed in the
+prefix affinity in front of least_connections; `-replicate` after it turns
+on hot-prefix replication; `llmlb-exact` has the fleet publish KV events) and, when installed in the
 venv that `scripts/peers.sh` makes (~/.cache/llmlb-peers), the SGLang router
 (`sglang-cache_aware`) and the vLLM router (`vllm-router`).
 
@@ -99,10 +100,12 @@ class Procs:
             self.stop(p)
 
 
-def start_fleet(procs, args, name):
+def start_fleet(procs, args, name, events_port=None):
     cmd = [args.llmlb, "sim", "--replicas", str(args.replicas), "--port", "0",
            "--profile", args.profile, "--num-blocks", str(args.num_blocks),
            "--max-model-len", str((args.num_blocks - 1) * 16)]
+    if events_port:
+        cmd += ["--kv-events-port", str(events_port)]
     p = procs.start("fleet-" + name, cmd)
     logf = os.path.join(procs.tmp, "fleet-" + name + ".log")
     deadline = time.time() + 20
@@ -116,20 +119,26 @@ def start_fleet(procs, args, name):
     raise RuntimeError(f"fleet did not start (see {logf})")
 
 
-def start_router(procs, args, router, urls, model, name):
+def start_router(procs, args, router, urls, model, name, events_port=None):
     port = free_port()
     if router.startswith("llmlb-"):
         policy = router[len("llmlb-"):]
+        replicate = policy.endswith("-replicate")
+        policy = policy.removesuffix("-replicate")
         lines = ["[server]", f'listen = "127.0.0.1:{port}"',
                  f'admin_listen = "127.0.0.1:{free_port()}"', "replica_header = true",
                  "[[pools]]", 'name = "sim"', f'models = ["{model}"]']
         if policy in PREFIX_MODES:
             lines += ['balancer = "least_connections"', "[pools.prefix]", f'mode = "{policy}"']
+            if replicate:
+                lines.append("replicate = true")
         else:
             lines.append(f'balancer = "{policy}"')
         lines += ["[pools.scrape]", 'interval = "100ms"', 'timeout = "100ms"', 'staleness = "1s"']
-        for u in urls:
+        for i, u in enumerate(urls):
             lines += ["[[pools.replicas]]", f'url = "{u}"']
+            if policy == "exact" and events_port:
+                lines.append(f'kv_events = "tcp://127.0.0.1:{events_port + i}"')
         cfg = os.path.join(procs.tmp, name + ".toml")
         open(cfg, "w").write("\n".join(lines) + "\n")
         p = procs.start("router-" + name, [args.llmlb, "serve", "--config", cfg])
@@ -169,9 +178,11 @@ def workload_args(args, rate):
 
 def point(procs, args, router, rate):
     name = f"{router}-{rate}"
-    fleet, urls, model = start_fleet(procs, args, name)
+    # `exact` reads the replicas' KV events: the fleet publishes them.
+    events = free_port() if router.startswith("llmlb-exact") else None
+    fleet, urls, model = start_fleet(procs, args, name, events)
     try:
-        rp, url = start_router(procs, args, router, urls, model, name)
+        rp, url = start_router(procs, args, router, urls, model, name, events)
         try:
             time.sleep(0.3)
             before = counters(urls)

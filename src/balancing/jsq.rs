@@ -75,6 +75,7 @@ mod tests {
             weight: 1,
             in_flight,
             outstanding_tokens: 0,
+            prefilling: 0,
             load: Some(ScrapedLoad {
                 waiting: Some(waiting),
                 running: Some(running),

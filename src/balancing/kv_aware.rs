@@ -85,6 +85,7 @@ mod tests {
             weight: 1,
             in_flight: 0,
             outstanding_tokens: 0,
+            prefilling: 0,
             load: Some(ScrapedLoad {
                 kv_usage: Some(usage),
                 waiting: Some(waiting),

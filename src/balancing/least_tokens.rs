@@ -62,6 +62,7 @@ mod tests {
             weight,
             in_flight,
             outstanding_tokens: tokens,
+            prefilling: 0,
             load: None,
             rates: Default::default(),
         }

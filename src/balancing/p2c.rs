@@ -115,6 +115,7 @@ mod tests {
                 weight: 1,
                 in_flight: t / 100,
                 outstanding_tokens: t,
+                prefilling: 0,
                 load: None,
                 rates: Default::default(),
             })

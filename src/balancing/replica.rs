@@ -102,6 +102,13 @@ impl Replica {
         self.counts.outstanding_tokens.load(Ordering::Relaxed)
     }
 
+    /// In-flight requests that have not had their first byte yet: their
+    /// prompt is still queued or prefilling, so any prefill the replica
+    /// takes on before theirs delays their first token.
+    pub fn prefilling(&self) -> u64 {
+        self.counts.prefilling.load(Ordering::Relaxed)
+    }
+
     /// Takes over `old`'s in-flight and token counts (builder style, before
     /// sharing): a reload that changes a replica's weight or limit builds a
     /// new `Replica` (same id), and the requests still running on the old
@@ -193,11 +200,13 @@ impl Replica {
         self.counts
             .outstanding_tokens
             .fetch_add(total, Ordering::Relaxed);
+        self.counts.prefilling.fetch_add(1, Ordering::Relaxed);
         self.dispatched_since_scrape.fetch_add(1, Ordering::Relaxed);
         self.tokens_since_scrape.fetch_add(total, Ordering::Relaxed);
         self.in_flight_gauge.inc();
         InFlightGuard {
             replica: Arc::clone(self),
+            prefilled: false,
             prompt_left: prompt_tokens,
             output_left: output_tokens,
         }
@@ -288,6 +297,8 @@ struct Counts {
     /// Estimated tokens the replica still has to process for this proxy's
     /// in-flight requests (prompt not yet prefilled + output not yet streamed).
     outstanding_tokens: AtomicU64,
+    /// Of the in-flight requests, those without a first byte yet.
+    prefilling: AtomicU64,
     /// Woken whenever an in-flight request ends.
     freed: Notify,
     /// Restarts seen in the replica's scrapes.
@@ -298,6 +309,9 @@ struct Counts {
 #[derive(Debug)]
 pub struct InFlightGuard {
     replica: Arc<Replica>,
+    /// Whether the replica has started answering (counted out of
+    /// `prefilling`).
+    prefilled: bool,
     prompt_left: u64,
     output_left: u64,
 }
@@ -309,6 +323,12 @@ impl InFlightGuard {
 
     /// The replica has started answering: the prompt is prefilled.
     pub fn prefill_done(&mut self) {
+        if !std::mem::replace(&mut self.prefilled, true) {
+            self.replica
+                .counts
+                .prefilling
+                .fetch_sub(1, Ordering::Relaxed);
+        }
         let p = std::mem::take(&mut self.prompt_left);
         if p > 0 {
             self.replica
@@ -334,6 +354,9 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         let r = &self.replica;
+        if !self.prefilled {
+            r.counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+        }
         let left = self.prompt_left + self.output_left;
         if left > 0 {
             r.counts
@@ -411,6 +434,25 @@ mod tests {
         assert_eq!(r.outstanding_tokens(), 20);
         drop(other); // a client that went away releases its whole share
         assert_eq!(r.outstanding_tokens(), 0);
+    }
+
+    #[test]
+    fn prefilling_counts_requests_until_their_first_byte() {
+        let r = replica();
+        let mut a = r.acquire_tokens(100, 50);
+        let b = r.acquire_tokens(10, 10);
+        let mut c = r.acquire();
+        assert_eq!(r.prefilling(), 3);
+        a.prefill_done();
+        a.prefill_done(); // every chunk reports it: counted once
+        assert_eq!(r.prefilling(), 2);
+        drop(b); // went away before answering
+        assert_eq!(r.prefilling(), 1);
+        c.prefill_done(); // a prompt of 0 tokens still counts
+        assert_eq!(r.prefilling(), 0);
+        drop(a);
+        drop(c);
+        assert_eq!((r.prefilling(), r.in_flight()), (0, 0));
     }
 
     #[test]

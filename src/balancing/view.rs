@@ -15,6 +15,8 @@ pub struct ReplicaView {
     pub in_flight: u64,
     /// Estimated tokens still to process for those requests.
     pub outstanding_tokens: u64,
+    /// Of those, requests without a first byte yet (prompt still ahead).
+    pub prefilling: u64,
     /// The replica's last scrape, when there is one.
     pub load: Option<ScrapedLoad>,
     /// Prefill and decode rates learned from its scrapes.
@@ -32,6 +34,7 @@ impl ReplicaView {
             weight: replica.weight,
             in_flight: replica.in_flight(),
             outstanding_tokens: replica.outstanding_tokens(),
+            prefilling: replica.prefilling(),
             load: replica.scraped_load(now_ms),
             rates: replica.learned.rates(),
         }

@@ -33,13 +33,13 @@ pub fn strip_private(
     strip_key: bool,
     upstream_auth: Option<&http::HeaderValue>,
 ) {
-    let control: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with(CONTROL_PREFIX))
-        .cloned()
-        .collect();
-    for name in control {
-        headers.remove(name);
+    // Most requests carry none: look before collecting.
+    let is_control = |k: &HeaderName| k.as_str().starts_with(CONTROL_PREFIX);
+    if headers.keys().any(is_control) {
+        let control: Vec<HeaderName> = headers.keys().filter(|k| is_control(k)).cloned().collect();
+        for name in control {
+            headers.remove(name);
+        }
     }
     if strip_key || upstream_auth.is_some() {
         for name in CLIENT_KEY {
@@ -53,15 +53,17 @@ pub fn strip_private(
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
     for name in HOP_BY_HOP {
         headers.remove(name);

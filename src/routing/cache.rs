@@ -113,6 +113,7 @@ pub(super) fn prefer(
         .map(|i| Candidate {
             ahead: ahead[i],
             rates: ordered[i].rates,
+            prefilling: ordered[i].prefilling,
             cached_tokens: if copy_ids.contains(&cands[i].id) {
                 cached[i].0.max(shared)
             } else {

@@ -79,6 +79,10 @@ pub struct SimulateArgs {
     /// Override the profile's context length (e.g. 131072 for a 128k model).
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Override the profile's KV-cache blocks per replica (a smaller GPU, or
+    /// a larger model).
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
     /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
     #[arg(
@@ -142,12 +146,17 @@ pub struct Output {
 /// Runs the command; returns the table text to print.
 pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     let mut profile = super::fleet::profile(&args.profile)?;
+    if let Some(blocks) = args.num_blocks {
+        profile.engine.num_blocks = blocks;
+    }
     if let Some(len) = args.max_model_len {
         profile.engine.max_model_len = len;
+    }
+    if args.num_blocks.is_some() || args.max_model_len.is_some() {
         profile
             .engine
             .validate()
-            .map_err(|e| SimulateError::Invalid(format!("--max-model-len: {e}")))?;
+            .map_err(|e| SimulateError::Invalid(format!("--num-blocks / --max-model-len: {e}")))?;
     }
     let policies = args
         .policies

@@ -1,5 +1,6 @@
 //! Cache-aware scoring: the expected time to first token of a request on
-//! each candidate replica, in seconds, and the lowest wins.
+//! each candidate replica, in seconds, plus what its prefill costs the
+//! requests waiting there; the lowest wins.
 //!
 //! ```text
 //! ttft = queue wait                     (s)
@@ -39,9 +40,18 @@
 //! and so does this term; the request's own output growth is not counted.)
 //! When the capacity or the usage is unknown, no KV term is charged.
 //!
+//! The pick minimises `ttft + pending × uncached prefill`, where pending is
+//! the requests on the replica whose first token is still ahead (llmlb's
+//! own requests without a first byte, or the scraped waiting queue when it
+//! is longer; at most 8; see [`best`]): a prefill a replica repeats is
+//! engine time every one of them waits for, so under load a miss costs the
+//! fleet more than its own TTFT. With nothing pending anywhere this is the
+//! TTFT alone.
+//!
 //! A warm replica therefore loses to a cold one exactly when its queue, plus
 //! what it lacks in free cache, costs more than the prefill the cache would
-//! save: one dominant system prompt spreads over as many replicas as its
+//! save (and, under load, the delay that prefill puts on the cold one's
+//! queue): one dominant system prompt spreads over as many replicas as its
 //! load needs instead of melting one. (The same trade-off as Dynamo's KV
 //! router cost and llm-d's weighted prefix, queue and KV scorers, expressed
 //! in seconds so the terms share a unit.)
@@ -157,25 +167,54 @@ pub struct Candidate {
     pub rates: Rates,
     /// Prompt tokens the replica probably has cached.
     pub cached_tokens: u64,
+    /// llmlb's requests on the replica still waiting for their first byte.
+    pub prefilling: u64,
     /// Position in the prefix's rendezvous order (tie-break, 0 first).
     pub rank: usize,
 }
 
-/// Index of the candidate with the lowest expected TTFT, with that TTFT.
+/// Most requests a repeated prefill is counted as delaying (see [`best`]).
+const MAX_DELAYED: f64 = 8.0;
+
+/// Index of the candidate with the lowest cost, with its expected TTFT.
+///
+/// The cost is the expected TTFT plus the delay the request's prefill
+/// imposes on others: the uncached tokens at the candidate's prefill rate,
+/// times the requests there whose first token is still ahead (llmlb's own
+/// requests without a first byte, or the scraped waiting queue when that is
+/// longer; at most [`MAX_DELAYED`]). The engine runs one prefill at a time
+/// (chunked or not, the steps are serial), so every one of them gets its
+/// first token that much later: under load a miss costs more than its own
+/// TTFT, and a warm replica keeps its prefix until its queue is longer by
+/// that much. With nothing pending anywhere the term is 0 and the rule is
+/// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
-    let mut best: Option<(usize, f64)> = None;
+    let mut best: Option<(usize, f64, f64)> = None;
     for (i, c) in cands.iter().enumerate() {
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
         let t = model.expected_ttft(c.ahead, &c.rates, uncached);
+        let prefill = uncached as f64
+            / c.rates
+                .prefill_tokens_per_second
+                .unwrap_or(model.prefill_tokens_per_second);
+        // Whose first token is still ahead there: llmlb's own requests
+        // without a first byte, or the replica's queue when it is longer
+        // (other clients).
+        let ahead = match c.ahead {
+            Ahead::Scraped { waiting, .. } => waiting.max(c.prefilling),
+            Ahead::Local { .. } => c.prefilling,
+        };
+        let delayed = (ahead as f64).min(MAX_DELAYED);
+        let cost = t + delayed * prefill;
         let wins = match best {
             None => true,
-            Some((b, bt)) => t < bt || (t == bt && c.rank < cands[b].rank),
+            Some((b, bc, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
         };
         if wins {
-            best = Some((i, t));
+            best = Some((i, cost, t));
         }
     }
-    best
+    best.map(|(i, _, t)| (i, t))
 }
 
 #[cfg(test)]
@@ -199,6 +238,7 @@ mod tests {
             ahead,
             rates,
             cached_tokens,
+            prefilling: 0,
             rank,
         }
     }
@@ -252,6 +292,44 @@ mod tests {
             ..warm
         };
         assert_eq!(best(&MODEL, 2_050, &[roomy, cold]).unwrap().0, 0);
+    }
+
+    #[test]
+    fn under_load_a_miss_is_charged_the_delay_of_the_queue_it_joins() {
+        // 2,000 of 2,050 prompt tokens cached on the warm replica; each
+        // waiting request costs 0.1 s, a decode step 0.02 s, and prefill
+        // runs at 2,500 tokens/s (a miss 0.82 s, a hit 0.02 s).
+        let warm = |waiting| cand(scraped(waiting, 4, 100_000, 50), LEARNED, 2_000, 1);
+        let cold = |waiting| cand(scraped(waiting, 4, 100_000, 50), LEARNED, 0, 0);
+        // Nothing waits on the cold replica (cost = its TTFT, 0.84 s); the
+        // warm one costs 0.1 s per waiting request plus its 0.04 s TTFT
+        // plus the 0.02 s hit prefill each of them waits for: it wins with
+        // 6 waiting (0.76 s) and loses with 7 (0.88 s).
+        assert_eq!(best(&MODEL, 2_050, &[warm(6), cold(0)]).unwrap().0, 0);
+        assert_eq!(best(&MODEL, 2_050, &[warm(7), cold(0)]).unwrap().0, 1);
+        // With 2 waiting on the cold replica its TTFT (1.04 s) beats the
+        // warm one's with 11 waiting (1.14 s), but the 0.82 s prefill it
+        // would repeat delays those 2: cost 2.68 s against 1.30 s, and
+        // the warm replica keeps the prefix. The TTFT returned is the
+        // winner's own.
+        let (i, t) = best(&MODEL, 2_050, &[warm(11), cold(2)]).unwrap();
+        assert_eq!(i, 0);
+        assert!((t - 1.14).abs() < 1e-9, "{t}");
+        // llmlb's own requests still without a first byte count when the
+        // scrape shows fewer waiting (it is older, or they are prefilling).
+        let mut pending = cold(0);
+        pending.prefilling = 2;
+        assert_eq!(best(&MODEL, 2_050, &[warm(11), pending]).unwrap().0, 0);
+        // Without a fresh scrape llmlb's own counts are all there is: 11
+        // in flight ahead on the warm replica (0.22 s) against a 0.2 s
+        // longer prefill on the cold one. Nothing pending there: the cold
+        // one wins; 1 request waiting for its first byte there (0.2 s
+        // more): the warm one does.
+        let local_warm = local(11, 2_000, 1);
+        let mut local_cold = local(0, 0, 0);
+        assert_eq!(best(&MODEL, 2_050, &[local_warm, local_cold]).unwrap().0, 1);
+        local_cold.prefilling = 1;
+        assert_eq!(best(&MODEL, 2_050, &[local_warm, local_cold]).unwrap().0, 0);
     }
 
     #[test]
