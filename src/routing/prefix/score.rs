@@ -13,7 +13,7 @@
 //! queue wait, otherwise (llmlb's own counts for every candidate):
 //!            = in flight × seconds_per_request_ahead
 //! KV wait    = 0 when the uncached tokens fit in the free KV cache, else
-//!            = remaining tokens per request ÷ running × decode step
+//!            = remaining output tokens per running request × decode step
 //!              (llmlb's own estimate for its in-flight requests; without
 //!              one, or before a decode step is learned:
 //!              running × seconds_per_request_ahead)
@@ -35,8 +35,7 @@
 //! whose uncached blocks do not fit in the replica's free KV cache waits in
 //! the engine's queue until running requests finish and free their blocks
 //! (or it is admitted and a running request is preempted and recomputed),
-//! so it is charged the time until the next running request ends: their
-//! ends are staggered, one every `remaining ÷ running` steps. (vLLM
+//! so it is charged the time the running batch takes to turn over. (vLLM
 //! counts blocks that hold a cached prefix but no running request as free,
 //! and so does this term; the request's own output growth is not counted.)
 //! When the capacity or the usage is unknown, no KV term is charged.
@@ -119,9 +118,7 @@ impl CostModel {
                 let kv_wait = match (fits, step) {
                     (true, _) => 0.0,
                     (false, Some(step)) if remaining_per_request > 0 => {
-                        // Staggered: one of them finishes (and frees its
-                        // blocks) every `remaining / running` steps.
-                        remaining_per_request as f64 * step / running.max(1) as f64
+                        remaining_per_request as f64 * step
                     }
                     (false, _) => running.max(1) as f64 * self.seconds_per_request_ahead,
                 };
@@ -289,19 +286,6 @@ mod tests {
         let (i, t) = best(&MODEL, 2_050, &[warm, cold]).unwrap();
         assert_eq!(i, 1, "the idle cold replica wins");
         assert!((t - 2_050.0 / 2_500.0).abs() < 1e-9, "{t}");
-        // Its wait is until the next of them ends: 200 tokens × 0.02 s
-        // over 4 running is 1 s; over 20 running, ends come five times
-        // as often (0.2 s) and the warm replica wins.
-        let warm_ttft = MODEL.expected_ttft(warm.ahead, &LEARNED, 50);
-        assert!(
-            (warm_ttft - (0.02 + 0.02 + 1.0)).abs() < 1e-9,
-            "{warm_ttft}"
-        );
-        let busier = Candidate {
-            ahead: scraped(0, 20, 0, 200),
-            ..warm
-        };
-        assert_eq!(best(&MODEL, 2_050, &[busier, cold]).unwrap().0, 0);
         // With room for the 50 uncached tokens, the warm one wins again.
         let roomy = Candidate {
             ahead: scraped(0, 4, 60, 200),
