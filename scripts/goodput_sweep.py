@@ -115,7 +115,10 @@ def start_fleet(procs, args, name, events_port=None):
         if len(urls) >= args.replicas:
             model = re.search(r'model "([^"]*)"', text)
             return p, urls[: args.replicas], model.group(1) if model else "llmlb-sim"
+        if p.poll() is not None:
+            break
         time.sleep(0.1)
+    procs.stop(p)
     raise RuntimeError(f"fleet did not start (see {logf})")
 
 
@@ -178,9 +181,19 @@ def workload_args(args, rate):
 
 def point(procs, args, router, rate):
     name = f"{router}-{rate}"
-    # `exact` reads the replicas' KV events: the fleet publishes them.
-    events = free_port() if router.startswith("llmlb-exact") else None
-    fleet, urls, model = start_fleet(procs, args, name, events)
+    # `exact` reads the replicas' KV events: the fleet publishes them, on
+    # consecutive ports from a free one; another process may hold one of
+    # the others, so a fleet that cannot bind is tried again elsewhere.
+    exact = router.startswith("llmlb-exact")
+    for attempt in range(3 if exact else 1):
+        events = free_port() if exact else None
+        try:
+            fleet, urls, model = start_fleet(procs, args, f"{name}-{attempt}" if attempt else name, events)
+            break
+        except RuntimeError:
+            if attempt == 2 or not exact:
+                raise
+            log(f"{name}: fleet did not start, trying other event ports")
     try:
         rp, url = start_router(procs, args, router, urls, model, name, events)
         try:
