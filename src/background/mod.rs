@@ -196,8 +196,7 @@ fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::test_fleet::{dispatch_chat, pool_of};
-    use crate::tokenize::ChatMessage;
+    use crate::routing::test_fleet::{hold_hot_prompt, pool_of};
 
     #[test]
     fn replicated_prefixes_are_exported_per_pool_and_forgotten_with_it() {
@@ -213,15 +212,7 @@ mod tests {
                 .contains("llmlb_prefix_replicated{pool=\"p\"} 0")
         );
         // One system prompt, 40 requests held: 3 copies (see routing::cache).
-        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
-        let mut held = Vec::new();
-        for i in 0..40 {
-            let chat = vec![
-                ChatMessage::new("system", system.clone()),
-                ChatMessage::new("user", format!("Case {i}?")),
-            ];
-            held.push(dispatch_chat(&topo.pools[0], &chat).acquire());
-        }
+        let _held = hold_hot_prompt(&topo.pools[0], 40);
         refresh_gauges(&topo, &metrics);
         let text = metrics.render();
         assert!(

@@ -261,7 +261,10 @@ mod tests {
     use http::HeaderMap;
 
     use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::test_fleet::{dispatch_chat, input, pool_of, route};
+    use crate::routing::test_fleet::{
+        dispatch_chat, dispatch_chat_with_branches, hold_hot_prompt, hot_prompt_chat, input,
+        pool_of, route,
+    };
     use crate::routing::{Prompt, RouteBranch};
     use crate::tokenize::ChatMessage;
 
@@ -352,7 +355,6 @@ mod tests {
     fn busiest_under_one_hot_prompt(settings: &str) -> (u64, Vec<RouteBranch>) {
         let t = pool_of(settings, 4);
         let pool = &t.pools[0];
-        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
         let mut held = std::collections::VecDeque::new();
         let mut busiest = 0;
         let mut last = Vec::new();
@@ -360,20 +362,12 @@ mod tests {
             if held.len() == 12 {
                 held.pop_front();
             }
-            let chat = vec![
-                ChatMessage::new("system", system.clone()),
-                ChatMessage::new("user", format!("Case {i}?")),
-            ];
-            let headers = HeaderMap::new();
-            let d = route(pool, &input(&headers, None, Prompt::Chat(&chat)));
-            let id = d.preferred.as_ref().unwrap()[0];
-            let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
-            d.dispatched(r);
+            let (r, branches) = dispatch_chat_with_branches(pool, &hot_prompt_chat(i));
             held.push_back(r.acquire());
             if i >= 100 {
                 busiest = busiest.max(pool.replicas.iter().map(|r| r.in_flight()).max().unwrap());
             }
-            last = d.branches;
+            last = branches;
         }
         (busiest, last)
     }
@@ -409,15 +403,7 @@ mod tests {
         );
         let pool = &t.pools[0];
         assert_eq!(pool.router.replication().unwrap().prefixes, 0);
-        let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
-        let mut held = Vec::new();
-        for i in 0..40 {
-            let chat = vec![
-                ChatMessage::new("system", system.clone()),
-                ChatMessage::new("user", format!("Case {i}?")),
-            ];
-            held.push(dispatch_chat(pool, &chat).acquire());
-        }
+        let _held = hold_hot_prompt(pool, 40);
         let r = pool.router.replication().unwrap();
         assert_eq!(r.prefixes, 1);
         assert!(r.extra_copies >= 2, "{r:?}");

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use super::{Decision, Pool, Prompt, RouteInput, Topology};
+use super::{Decision, Pool, Prompt, RouteBranch, RouteInput, Topology};
 use crate::admission::AdmissionMetrics;
-use crate::balancing::Replica;
+use crate::balancing::{InFlightGuard, Replica};
 use crate::telemetry::Metrics;
 use crate::tokenize::ChatMessage;
 
@@ -66,10 +66,36 @@ pub fn route(pool: &Pool, input: &RouteInput<'_>) -> Decision {
 
 /// Routes `chat` in `pool` and sends it to the preferred replica.
 pub fn dispatch_chat<'p>(pool: &'p Pool, chat: &[ChatMessage]) -> &'p Arc<Replica> {
+    dispatch_chat_with_branches(pool, chat).0
+}
+
+/// [`dispatch_chat`], also returning the decision's branches.
+pub fn dispatch_chat_with_branches<'p>(
+    pool: &'p Pool,
+    chat: &[ChatMessage],
+) -> (&'p Arc<Replica>, Vec<RouteBranch>) {
     let headers = HeaderMap::new();
     let d = route(pool, &input(&headers, None, Prompt::Chat(chat)));
     let id = d.preferred.as_ref().unwrap()[0];
     let r = pool.replicas.iter().find(|r| r.id == id).unwrap();
     d.dispatched(r);
-    r
+    (r, d.branches)
+}
+
+/// One long system prompt with a short question of its own, `i`: the
+/// requests of one hot prefix.
+pub fn hot_prompt_chat(i: usize) -> Vec<ChatMessage> {
+    let system = "Answer as the support desk of a bank, citing the rules. ".repeat(120);
+    vec![
+        ChatMessage::new("system", system),
+        ChatMessage::new("user", format!("Case {i}?")),
+    ]
+}
+
+/// Sends `n` requests of [`hot_prompt_chat`] into `pool` and holds them all
+/// in flight.
+pub fn hold_hot_prompt(pool: &Pool, n: usize) -> Vec<InFlightGuard> {
+    (0..n)
+        .map(|i| dispatch_chat(pool, &hot_prompt_chat(i)).acquire())
+        .collect()
 }
