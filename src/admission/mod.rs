@@ -2,12 +2,15 @@
 //! find no free slot wait in the pool's priority queue ([`queue`]) and are
 //! dispatched the moment a slot frees, or are refused at once (429) when they
 //! could not start within their level's objective ([`estimate`]: the drain
-//! rate, the estimated wait and the deadline test of a `ttft_objective`).
+//! rate, the estimated wait and the deadline test of a `ttft_objective`;
+//! [`refusal`]: the queue's refusal and aging as pure functions, which
+//! `llmlb simulate` calls on its virtual clock).
 
 mod error;
 pub mod estimate;
 mod metrics;
 pub mod queue;
+pub mod refusal;
 mod settlement;
 
 pub use error::AdmitError;

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::estimate::{Drain, Newcomer, predicted_ttft};
+use super::estimate::Drain;
+use super::refusal::{Standing, effective_level, refusal};
 
 mod reload;
 
@@ -217,7 +218,7 @@ impl PoolQueue {
 
     /// A full level, a wait estimated beyond the level's `max_wait`, or a
     /// time to first token predicted beyond its `ttft_objective`
-    /// ([`super::estimate`]). `free`: a slot is free and nobody waits.
+    /// ([`super::refusal`]). `free`: a slot is free and nobody waits.
     fn refusal(
         &self,
         inner: &Inner,
@@ -226,43 +227,29 @@ impl PoolQueue {
         free: bool,
         placement: Duration,
     ) -> Option<Refusal> {
-        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
-        let retry_after = inner.drain.backlog(queued, capacity);
-        let objective = self.params.levels[level].ttft_objective;
-        let ahead: usize = inner.waiting[..=level].iter().map(VecDeque::len).sum();
-        if !free {
-            if inner.waiting[level].len() >= self.params.max_depth {
-                return Some(Refusal::QueueFull { retry_after });
-            }
-            if let Some(rate) = inner.drain.rate(capacity) {
-                let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
-                if estimated > self.params.levels[level].max_wait {
-                    return Some(Refusal::OverObjective {
-                        estimated,
-                        retry_after,
-                    });
-                }
-            }
-        }
-        let objective = objective?;
-        let newcomer = Newcomer {
+        let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();
+        let standing = Standing {
             level,
-            ahead,
-            now: free,
+            depths: &depths,
+            capacity,
+            free,
             placement,
         };
-        let now = Instant::now();
-        let ages: Vec<f64> = inner
-            .started
-            .values()
-            .map(|s| now.saturating_duration_since(*s).as_secs_f64())
-            .collect();
-        let predicted = predicted_ttft(&inner.drain, capacity, &ages, newcomer);
-        let predicted = Duration::from_secs_f64(predicted);
-        (predicted > objective).then_some(Refusal::OverObjective {
-            estimated: predicted,
-            retry_after,
-        })
+        let ages = || {
+            let now = Instant::now();
+            inner
+                .started
+                .values()
+                .map(|s| now.saturating_duration_since(*s).as_secs_f64())
+                .collect()
+        };
+        refusal(
+            &self.params.levels,
+            self.params.max_depth,
+            &inner.drain,
+            standing,
+            ages,
+        )
     }
 
     /// Removes a waiter (its client went away or it timed out). Returns false
@@ -375,14 +362,8 @@ impl PoolQueue {
         let mut best: Option<(usize, Instant, usize)> = None;
         for (level, q) in inner.waiting.iter().enumerate() {
             let Some(front) = q.front() else { continue };
-            let waited = now.saturating_duration_since(front.since);
-            let step = self.params.levels[level].promote_after.as_secs_f64();
-            let promoted = if step > 0.0 {
-                (waited.as_secs_f64() / step) as usize
-            } else {
-                0
-            };
-            let effective = level.saturating_sub(promoted);
+            let waited = now.saturating_duration_since(front.since).as_secs_f64();
+            let effective = effective_level(level, waited, self.params.levels[level].promote_after);
             let better = match best {
                 None => true,
                 Some((e, since, _)) => effective < e || (effective == e && front.since < since),
