@@ -165,6 +165,7 @@ fn simulate(workload: &SimWorkload, real: &Real, policy: &str, network_delay: f6
             goodput_ttft: 2.0,
             seed: 0,
             network_delay,
+            tiers: None,
         },
         policy,
     )

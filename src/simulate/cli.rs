@@ -1,6 +1,7 @@
 //! The `llmlb simulate` command line: flags → workload, fleet config,
 //! policies; run each policy (on up to `--jobs` threads) or search the
-//! smallest fleet; print the table, write JSON and SVG.
+//! smallest fleet; print the table (and with `--tiers` one row per policy
+//! and tier), write JSON and SVG.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use super::faults::Fault;
 use super::report::{self, RunResult};
 use super::run::{RunSpec, run};
 use super::search::{self, Objective};
+use super::tiers::{TierMix, Tiers};
 use super::{SimWorkload, SimulateError};
 use crate::bench::workload::{LenRange, RandomOptions, SharedPrefixOptions, WorkloadSpec};
 use crate::config::Config;
@@ -98,6 +100,12 @@ pub struct SimulateArgs {
     /// Model name of the requests (default: the profile's, or the config's first).
     #[arg(long)]
     pub model: Option<String>,
+    /// Priority tiers of the traffic and their relative weights, e.g.
+    /// `paid=0.2,free=0.8`: names of the config's `[[tiers]]`, or of its
+    /// `[[priorities]]` levels (by default `high` and `low`). Each arrival
+    /// draws its tier from the seeded generator.
+    #[arg(long)]
+    pub tiers: Option<TierMix>,
     /// Goodput counts requests whose TTFT is at most this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub goodput_ttft: Duration,
@@ -195,6 +203,18 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             (None, n) => decide::generated_config(&model, n.unwrap_or(4)),
         }
     };
+    let tiers = match &args.tiers {
+        Some(mix) => {
+            let config = fleet(args.replicas)?;
+            let pool = decide::Decider::new(&config, &model, args.seed)?
+                .pool()
+                .name
+                .clone();
+            let n = workload.requests.len();
+            Some(Tiers::draw(mix, &config, &pool, n, args.seed)?)
+        }
+        None => None,
+    };
     let spec_for = |config: &Config, policy: &Policy| -> Result<RunResult, SimulateError> {
         let applied = policy.apply(config);
         let spec = RunSpec {
@@ -206,6 +226,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             goodput_ttft: args.goodput_ttft.as_secs_f64(),
             seed: args.seed,
             network_delay: args.network_delay.as_secs_f64(),
+            tiers: tiers.as_ref(),
         };
         run(&spec, &policy.name())
     };
@@ -242,6 +263,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         args.profile
     );
     text.push_str(&report::table(&runs));
+    text.push_str(&super::tier_report::table(&runs));
     for (policy, p) in &probes {
         let list: Vec<String> = p
             .iter()

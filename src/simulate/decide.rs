@@ -206,9 +206,14 @@ impl Decider {
         }
     }
 
-    /// The routing stage, as `serve` runs it for a request without headers,
-    /// user or tier.
-    pub fn route(&mut self, prompt: Prompt<'_>, now_ms: u64) -> Result<Decision, RouteError> {
+    /// The routing stage, as `serve` runs it for a request without headers
+    /// or user, of `tier` (a `[[tiers]]` name) or none.
+    pub fn route(
+        &mut self,
+        prompt: Prompt<'_>,
+        tier: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Decision, RouteError> {
         self.rng = splitmix(self.rng);
         let headers = http::HeaderMap::new();
         let input = RouteInput {
@@ -216,7 +221,7 @@ impl Decider {
             user: None,
             api_key: None,
             headers: &headers,
-            tier: None,
+            tier,
             prompt,
             tokens: None,
         };
@@ -237,7 +242,7 @@ impl Decider {
     }
 }
 
-fn splitmix(x: u64) -> u64 {
+pub(super) fn splitmix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -22,6 +22,8 @@ pub mod report;
 pub mod run;
 pub mod search;
 pub mod stats;
+pub mod tier_report;
+pub mod tiers;
 pub mod workload;
 
 pub use decide::Policy;
@@ -62,3 +64,6 @@ impl SimulateError {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod tier_tests;

@@ -1,6 +1,7 @@
 //! What a run produced, per policy: latency quantiles, goodput at the TTFT
 //! objective, fleet prefix-hit rate, load spread, preemptions and failures,
-//! as a table, JSON and an SVG of latency CDFs (drawn by `bench`'s plot).
+//! as a table, JSON and an SVG of latency CDFs (drawn by `bench`'s plot);
+//! with `--tiers`, each tier's figures too ([`super::tier_report`]).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -9,6 +10,7 @@ use serde::Serialize;
 
 use super::SimulateError;
 use super::stats::{LogHistogram, Quantiles};
+use super::tier_report::TierResult;
 
 /// Counters the event loop keeps.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -24,8 +26,9 @@ pub struct Outcomes {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub preemptions: u64,
-    /// 429: refused by the pool queue (full level, or a wait estimated
-    /// beyond the level's `max_wait`).
+    /// 429: refused by the pool queue (full level, a wait estimated beyond
+    /// the level's `max_wait`, or a predicted TTFT beyond its
+    /// `ttft_objective`).
     pub rejected_429: u64,
     /// 503: no eligible replica.
     pub no_replica: u64,
@@ -79,6 +82,9 @@ pub struct RunResult {
     pub events: u64,
     pub wall_s: f64,
     pub ns_per_event: f64,
+    /// Per tier, with `--tiers`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<TierResult>,
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
     #[serde(skip)]
@@ -125,6 +131,7 @@ impl RunResult {
             events,
             wall_s: wall,
             ns_per_event: wall * 1e9 / events.max(1) as f64,
+            tiers: Vec::new(),
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
             outcomes,
@@ -132,7 +139,7 @@ impl RunResult {
     }
 }
 
-fn ms(s: f64) -> String {
+pub(super) fn ms(s: f64) -> String {
     if s >= 10.0 {
         format!("{s:.1}s")
     } else {

@@ -44,6 +44,7 @@ fn simulate_with_delay(
         goodput_ttft: 1.0,
         seed: 0,
         network_delay,
+        tiers: None,
     };
     run(&spec, policy).unwrap()
 }
@@ -154,6 +155,7 @@ fn a_fault_beyond_the_fleet_is_an_error() {
         goodput_ttft: 1.0,
         seed: 0,
         network_delay: 0.0,
+        tiers: None,
     };
     let err = run(&spec, "config").err().unwrap();
     assert!(err.to_string().contains("replica 5"), "{err}");
@@ -192,10 +194,19 @@ fn simulate_limited(
     let mut config = generated_config(&profile.model, replicas).unwrap();
     config.pools[0].max_inflight = Some(limit);
     queue(&mut config.pools[0].queue);
-    let config = "least_connections"
-        .parse::<Policy>()
-        .unwrap()
-        .apply(&config);
+    run_fast(w, &config, "least_connections", None)
+}
+
+/// `w` through `config` under `policy` on `fast` replicas, without faults,
+/// goodput within 1 s.
+pub(super) fn run_fast(
+    w: &SimWorkload,
+    config: &crate::config::Config,
+    policy: &str,
+    tiers: Option<&super::tiers::Tiers>,
+) -> RunResult {
+    let profile = SimConfig::profile("fast").unwrap();
+    let config = policy.parse::<Policy>().unwrap().apply(config);
     let spec = RunSpec {
         workload: w,
         config: &config,
@@ -205,8 +216,9 @@ fn simulate_limited(
         goodput_ttft: 1.0,
         seed: 0,
         network_delay: 0.0,
+        tiers,
     };
-    run(&spec, "least_connections").unwrap()
+    run(&spec, policy).unwrap()
 }
 
 #[test]

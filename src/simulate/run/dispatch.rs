@@ -1,9 +1,10 @@
 //! Sending a request to a replica: the forwarder's choice, refused
 //! connections and retries, hung replicas, and the wait for a free slot
-//! (`max_inflight`) with its deadline and the pool queue's refusals.
+//! (`max_inflight`) with its deadline, waiters served by priority level
+//! (with aging) and oldest first within one.
 
 use crate::balancing::{InFlightGuard, ReplicaId};
-use crate::routing::{Choice, Decision, Failure, queue_capacity};
+use crate::routing::{Choice, Decision, Failure};
 use crate::sim::engine::NewRequest;
 use crate::simulate::clock::{Event, millis};
 use crate::simulate::fleet::State;
@@ -30,21 +31,19 @@ impl Sim<'_> {
                 Choice::Pick(replica, _) => replica,
                 Choice::Wait(_) => {
                     if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
-                        // A newcomer: the queue may refuse it (429).
-                        let pool = self.decider.pool();
-                        let capacity = queue_capacity(&pool.replicas, now_ms);
+                        // A newcomer (admitted on arrival): it may wait
+                        // until the queue's timeout.
                         let timeout = match &self.pool_queue {
-                            Some(q) if q.refuses(self.waiting.len(), capacity) => {
-                                return self.out.rejected_429 += 1;
-                            }
                             Some(q) => q.timeout,
-                            None => pool.timeouts.first_byte.as_secs_f64(),
+                            None => self.decider.pool().timeouts.first_byte.as_secs_f64(),
                         };
                         self.queue
                             .push(now + timeout, Event::SlotDeadline(i as u32));
                     }
                     self.waiting.push_back(Waiter {
                         index: i,
+                        level: self.level(i),
+                        since: r.at,
                         decision,
                         tried,
                     });
@@ -111,6 +110,10 @@ impl Sim<'_> {
             dispatched_at: now,
         };
         self.open += 1;
+        let level = self.level(i);
+        if let Some(q) = &mut self.pool_queue {
+            q.granted(i, level, now);
+        }
     }
 
     pub(super) fn close(&mut self, i: usize) {
@@ -120,12 +123,27 @@ impl Sim<'_> {
             l.guard = None;
             self.open -= 1;
             self.slot_freed = true;
+            if let Some(q) = &mut self.pool_queue {
+                q.released(i);
+            }
         }
     }
 
-    /// After a slot freed: every waiter, oldest first, tries again (those
-    /// still without a slot keep their place).
+    /// After a slot freed: every waiter tries again in the order `serve`'s
+    /// queue grants slots (highest effective level first, after aging, then
+    /// oldest first); those still without a slot keep their place.
     pub(super) fn retry_waiting(&mut self, now: f64) {
+        if let (Some(q), Some(_)) = (&self.pool_queue, self.spec.tiers) {
+            let mut order: Vec<Waiter> = self.waiting.drain(..).collect();
+            order.sort_by(|a, b| {
+                let rank = |w: &Waiter| q.effective_level(w.level, now - w.since);
+                rank(a)
+                    .cmp(&rank(b))
+                    .then(a.since.total_cmp(&b.since))
+                    .then(a.index.cmp(&b.index))
+            });
+            self.waiting.extend(order);
+        }
         for _ in 0..self.waiting.len() {
             let Some(w) = self.waiting.pop_front() else {
                 break;
@@ -136,11 +154,14 @@ impl Sim<'_> {
         }
     }
 
-    /// A waiter's deadline: still without a slot, it gets `serve`'s 503.
-    pub(super) fn slot_deadline(&mut self, i: usize) {
-        if let Some(pos) = self.waiting.iter().position(|w| w.index == i) {
-            self.waiting.remove(pos);
-            self.out.slot_timeout += 1;
-        }
+    /// A waiter's deadline: still without a slot, it gets `serve`'s 503
+    /// (false: it got one before).
+    pub(super) fn slot_deadline(&mut self, i: usize) -> bool {
+        let Some(pos) = self.waiting.iter().position(|w| w.index == i) else {
+            return false;
+        };
+        self.waiting.remove(pos);
+        self.out.slot_timeout += 1;
+        true
     }
 }

@@ -4,8 +4,10 @@
 //! faults, timeouts and health).
 //!
 //! Events (see [`Event`]) come off one heap in time order:
-//! - **arrival**: the decision adapter routes and picks exactly as `serve`
-//!   does, the request takes a real in-flight guard on the chosen
+//! - **arrival**: a pool with a queue admits or refuses it (429) as
+//!   `serve`'s queue does, at its tier's priority level
+//!   ([`super::pool_queue`]); the decision adapter routes and picks exactly
+//!   as `serve` does, the request takes a real in-flight guard on the chosen
 //!   [`Replica`](crate::balancing::Replica) and enters that replica's engine;
 //!   an idle engine starts a step at once. A dead replica refuses the
 //!   connection (the pool records the failure and the next attempt goes
@@ -30,11 +32,12 @@ mod outages;
 mod steps;
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::admission::refusal::Standing;
 use crate::balancing::{InFlightGuard, ReplicaId};
 use crate::config::Config;
-use crate::routing::{Decision, Prompt};
+use crate::routing::{Decision, Prompt, placement_ttft, queue_capacity};
 use crate::sim::config::SimConfig;
 
 use super::SimulateError;
@@ -45,6 +48,8 @@ use super::fleet::{self, Slot};
 use super::pool_queue::QueueModel;
 use super::report::{Outcomes, RunResult};
 use super::stats::LogHistogram;
+use super::tier_report::{TierCounts, TierResult};
+use super::tiers::{Tiers, default_level};
 use super::workload::{SimWorkload, Source};
 
 /// A request's progress.
@@ -77,6 +82,9 @@ pub struct RunSpec<'a> {
     /// token reaches the client this much after its step ends (TTFT and
     /// end-to-end grow by it, inter-token gaps do not). 0: none.
     pub network_delay: f64,
+    /// Each request's priority tier (`None`: every request at the level of
+    /// a caller naming no tier).
+    pub tiers: Option<&'a Tiers>,
 }
 
 struct Sim<'a> {
@@ -98,12 +106,20 @@ struct Sim<'a> {
     slot_freed: bool,
     /// The pool queue, when its replicas have a `max_inflight`.
     pool_queue: Option<QueueModel>,
+    /// The level of a request without a tier.
+    default_level: usize,
+    /// Per tier of `spec.tiers`.
+    tier_counts: Vec<TierCounts>,
 }
 
 /// A request waiting, as `serve`'s forwarder waits, for one of the replicas
 /// it may use to end a request.
 struct Waiter {
     index: usize,
+    /// Its priority level.
+    level: usize,
+    /// When it arrived (seconds).
+    since: f64,
     decision: Decision,
     tried: Vec<ReplicaId>,
 }
@@ -136,6 +152,8 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         waiting: VecDeque::new(),
         slot_freed: false,
         pool_queue: None,
+        default_level: default_level(spec.config),
+        tier_counts: vec![TierCounts::default(); spec.tiers.map_or(0, |t| t.tiers.len())],
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
     sim.queue
@@ -146,15 +164,36 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     for (i, f) in spec.faults.iter().enumerate() {
         sim.queue.push(f.at, Event::Fault(i as u32));
     }
+    // The time of the last event that did something: a deadline or a
+    // timeout left over from a request that ended does not stretch the run.
+    let mut last = 0.0;
     while let Some((now, event)) = sim.queue.pop() {
-        match event {
-            Event::Arrival(i) => sim.arrive(i as usize, now),
-            Event::StepEnd { replica, epoch } => sim.step_end(replica as usize, epoch, now),
-            Event::Scrape => sim.scrape(now),
-            Event::Fault(i) => sim.fault(i as usize, now),
+        let acted = match event {
+            Event::Arrival(i) => {
+                sim.arrive(i as usize, now);
+                true
+            }
+            Event::StepEnd { replica, epoch } => {
+                sim.step_end(replica as usize, epoch, now);
+                true
+            }
+            Event::Scrape => {
+                sim.scrape(now);
+                true
+            }
+            Event::Fault(i) => {
+                sim.fault(i as usize, now);
+                true
+            }
             Event::Timeout(i) => sim.timeout(i as usize, now),
-            Event::Down(r) => sim.mark_down(r as usize),
+            Event::Down(r) => {
+                sim.mark_down(r as usize);
+                true
+            }
             Event::SlotDeadline(i) => sim.slot_deadline(i as usize),
+        };
+        if acted {
+            last = now;
         }
         if std::mem::take(&mut sim.slot_freed) && !sim.waiting.is_empty() {
             sim.retry_waiting(now);
@@ -162,13 +201,22 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     }
     let events = sim.queue.handled();
     // The last token reaches its client `network_delay` after its step.
-    let end = sim.queue.now() + spec.network_delay;
+    let end = last + spec.network_delay;
     sim.out.unfinished = sim.open as u64;
     for slot in &sim.slots {
         sim.out.prefix_queries += slot.engine.stats().prefix_queries;
         sim.out.prefix_hits += slot.engine.stats().prefix_hits;
     }
-    Ok(RunResult::new(
+    let tiers = match spec.tiers {
+        Some(t) => t
+            .tiers
+            .iter()
+            .zip(std::mem::take(&mut sim.tier_counts))
+            .map(|(tier, counts)| TierResult::new(tier, counts, end))
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut result = RunResult::new(
         policy,
         n,
         requests,
@@ -181,7 +229,9 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         spec.goodput_ttft,
         events,
         started.elapsed().as_secs_f64(),
-    ))
+    );
+    result.tiers = tiers;
+    Ok(result)
 }
 
 impl Sim<'_> {
@@ -197,12 +247,24 @@ impl Sim<'_> {
         }
         let r = &w.requests[i];
         let now_ms = millis(now);
+        let tier = self.spec.tiers.map(|t| usize::from(t.of_request[i]));
+        if let Some(t) = tier {
+            self.tier_counts[t].requests += 1;
+        }
+        if self.refused(i, now) {
+            self.out.rejected_429 += 1;
+            if let Some(t) = tier {
+                self.tier_counts[t].rejected_429 += 1;
+            }
+            return;
+        }
         w.fill_prompt(r, &mut self.prompt);
         let prompt = match &r.source {
             Source::Blocks { .. } => Prompt::Tokens(&self.prompt),
             Source::Text(p) => crate::routing::Prompt::Tokens(&p.1),
         };
-        let decision = match self.decider.route(prompt, now_ms) {
+        let route_tier = self.spec.tiers.and_then(|t| t.of(i).route_tier.as_deref());
+        let decision = match self.decider.route(prompt, route_tier, now_ms) {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;
@@ -210,5 +272,44 @@ impl Sim<'_> {
             }
         };
         self.dispatch(i, decision, Vec::new(), now);
+    }
+
+    /// The priority level of request `i`.
+    fn level(&self, i: usize) -> usize {
+        self.spec
+            .tiers
+            .map_or(self.default_level, |t| t.of(i).level)
+    }
+
+    /// The pool queue's admission test for arrival `i`, as `serve`'s queue
+    /// makes it: refused (429) by a full level, a wait estimated beyond the
+    /// level's `max_wait`, or a predicted TTFT beyond its `ttft_objective`.
+    fn refused(&self, i: usize, now: f64) -> bool {
+        let Some(q) = &self.pool_queue else {
+            return false;
+        };
+        let level = self.level(i);
+        let now_ms = millis(now);
+        let pool = self.decider.pool();
+        let capacity = queue_capacity(&pool.replicas, now_ms);
+        let last = q.levels().saturating_sub(1);
+        let mut depths = vec![0; last + 1];
+        for w in &self.waiting {
+            depths[w.level.min(last)] += 1;
+        }
+        let placement = if q.has_deadline(level) {
+            let prompt = u64::from(self.spec.workload.requests[i].input);
+            placement_ttft(pool, prompt, now_ms)
+        } else {
+            Duration::ZERO
+        };
+        let standing = Standing {
+            level,
+            depths: &depths,
+            capacity,
+            free: self.waiting.is_empty() && self.open < capacity,
+            placement,
+        };
+        q.refusal(standing, now).is_some()
     }
 }

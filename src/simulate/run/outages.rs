@@ -60,9 +60,11 @@ impl Sim<'_> {
         }
     }
 
-    pub(super) fn timeout(&mut self, i: usize, now: f64) {
+    /// A request still open on a replica that does not answer gives up
+    /// (false: it had ended already).
+    pub(super) fn timeout(&mut self, i: usize, now: f64) -> bool {
         if !self.live[i].open {
-            return;
+            return false;
         }
         let r = self.live[i].replica as usize;
         let pool = std::sync::Arc::clone(self.decider.pool());
@@ -74,6 +76,7 @@ impl Sim<'_> {
         );
         self.out.timeout += 1;
         self.close(i);
+        true
     }
 
     pub(super) fn mark_down(&mut self, r: usize) {

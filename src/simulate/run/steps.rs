@@ -51,8 +51,13 @@ impl Sim<'_> {
             match l.first {
                 None => {
                     l.first = Some(now);
-                    self.ttft
-                        .push(now + self.spec.network_delay - arrivals[i].at);
+                    let ttft = now + self.spec.network_delay - arrivals[i].at;
+                    self.ttft.push(ttft);
+                    if let Some(tiers) = self.spec.tiers {
+                        self.tier_counts[usize::from(tiers.of_request[i])]
+                            .ttft
+                            .push(ttft);
+                    }
                     if let Some(g) = &mut l.guard {
                         g.prefill_done();
                     }
@@ -76,10 +81,16 @@ impl Sim<'_> {
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
-            if self.live[i].first.is_some_and(|t| {
+            let within = self.live[i].first.is_some_and(|t| {
                 t + self.spec.network_delay - arrivals[i].at <= self.spec.goodput_ttft
-            }) {
+            });
+            if within {
                 self.out.within_objective += 1;
+            }
+            if let Some(tiers) = self.spec.tiers {
+                let counts = &mut self.tier_counts[usize::from(tiers.of_request[i])];
+                counts.completed += 1;
+                counts.within_objective += u64::from(within);
             }
             if let Some(q) = &mut self.pool_queue {
                 q.served(now - self.live[i].dispatched_at);
