@@ -6,11 +6,14 @@
 //! routing and balancing code over a real topology ([`decide`]), with the
 //! proxy's in-flight counts exact and scraped load refreshed only at the
 //! scrape interval ([`run`]). Faults ([`faults`]) act on the same clock.
-//! Results per policy ([`report`]); the smallest fleet meeting an objective
-//! ([`search`]). No tokio, no sockets.
+//! A pool with `max_inflight` keeps its queue on the same clock
+//! ([`pool_queue`]: levels, aging, deadline admission), each request at the
+//! priority level of the tier it drew ([`tiers`], `--tiers`). Results per
+//! policy ([`report`]) and per tier ([`tier_report`]); the smallest fleet
+//! meeting an objective ([`search`]). No tokio, no sockets.
 //!
-//! Where it sits: `simulate` drives `routing`, `admission`-free pools and
-//! `balancing`; none of them imports it.
+//! Where it sits: `simulate` drives `routing`, `balancing` and the pure
+//! parts of `admission` (`refusal`, `estimate`); none of them imports it.
 
 pub mod cli;
 pub mod clock;
