@@ -231,7 +231,9 @@ fn join(last: Option<Frame<Bytes>>, rest: Option<Frame<Bytes>>) -> Option<Frame<
 /// `data:` events in one chunk, not counting the final `[DONE]`. An event
 /// split across two chunks may be missed; the estimate only steers balancing.
 fn count_sse_events(chunk: &[u8]) -> u64 {
-    memchr::memmem::find_iter(chunk, b"data:")
+    static DATA: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"data:"));
+    DATA.find_iter(chunk)
         .filter(|&i| i == 0 || chunk[i - 1] == b'\n')
         .filter(|&i| !chunk[i + 5..].trim_ascii_start().starts_with(b"[DONE]"))
         .count() as u64

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
-use super::headers::{REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
+use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
 use crate::net::{ReportedUsage, ResponseBody};
@@ -32,6 +32,9 @@ pub struct ForwardRequest<'a> {
     pub headers: HeaderMap,
     /// The original request body, unchanged.
     pub body: Bytes,
+    /// The body asks for a stream (`"stream": true`): only then is it
+    /// read again for `stream_options`.
+    pub stream: bool,
     pub info: RequestInfo<'a>,
     /// The routing stage's limits and preference among the pool's replicas.
     pub route: &'a Decision,
@@ -51,7 +54,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
-    let asked_usage = if pool.stream_usage {
+    let asked_usage = if pool.stream_usage && req.stream {
         super::stream_usage::ask_for_usage(req.path_and_query, &req.body)
     } else {
         None
@@ -262,12 +265,13 @@ fn prepare_upstream_headers(
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
     if let Some(ip) = client_ip {
-        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        let value = match headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
             Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
             _ => ip.to_string(),
         };
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert("x-forwarded-for", v);
+        // The string's buffer becomes the value's, without a second copy.
+        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+            headers.insert(FORWARDED_FOR, v);
         }
     }
 }

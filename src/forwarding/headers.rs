@@ -4,9 +4,10 @@
 use http::HeaderMap;
 use http::header::{self, HeaderName};
 
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Response header naming the replica that served the request (opt-in).
-pub const REPLICA_HEADER: &str = "x-llmlb-replica";
+pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-llmlb-replica");
+pub const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 const HOP_BY_HOP: &[HeaderName] = &[
     header::CONNECTION,
@@ -51,25 +52,47 @@ pub fn strip_private(
     }
 }
 
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || *name == KEEP_ALIVE || *name == PROXY_CONNECTION
+}
+
+/// Whether a `Connection` option names a header to remove (`close` and
+/// `keep-alive` are the usual ones and name nothing else).
+fn names_other_header(option: &str) -> bool {
+    !(option.is_empty()
+        || option.eq_ignore_ascii_case("close")
+        || option.eq_ignore_ascii_case("keep-alive"))
+}
+
 /// Removes hop-by-hop headers, including any the `Connection` header names.
+///
+/// A message has a handful of headers and usually no hop-by-hop one but
+/// `Connection`: the names are scanned, and only those present are removed
+/// (a removal by name hashes it, a scan compares a few).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
+    let options = || {
+        headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .map(str::trim)
+    };
+    if options().any(names_other_header) {
+        let named: Vec<HeaderName> = options()
+            .filter(|o| names_other_header(o))
+            .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
             .collect();
         for name in named {
             headers.remove(name);
         }
     }
-    for name in HOP_BY_HOP {
+    while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
         headers.remove(name);
     }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
 }
 
 #[cfg(test)]
@@ -89,5 +112,19 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
         assert_eq!(left, vec!["authorization", "x-custom"]);
+    }
+
+    #[test]
+    fn keeps_everything_else_when_connection_names_only_its_own_options() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
+        h.append("connection", "Close".parse().unwrap());
+        h.insert("proxy-connection", "keep-alive".parse().unwrap());
+        h.insert("content-type", "text/event-stream".parse().unwrap());
+        h.insert("x-request-id", "abc".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, vec!["content-type", "x-request-id"]);
     }
 }

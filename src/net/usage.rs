@@ -8,7 +8,7 @@
 //! kept from the client (see `forwarding::usage_strip`) to the layers above
 //! the forwarding body: settlement and the access log read it there.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use bytes::Bytes;
 use memchr::memmem;
@@ -35,12 +35,17 @@ impl ReportedUsage {
     }
 }
 
+/// The `"usage"` key, its searcher built once (building one costs more
+/// than searching a short chunk with it).
+pub static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+
 /// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
 /// straddles two chunks is not seen (vLLM sends each event, and small JSON
 /// bodies, in one chunk). Both searches are `memchr::memmem`'s; nothing is
 /// allocated.
 pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
-    let usage = memmem::find(chunk, b"\"usage\"")?;
+    let usage = USAGE_KEY.find(chunk)?;
     let rest = &chunk[usage..];
     let field = field.as_bytes();
     // `"FIELD"`: the name with a quote on each side.

@@ -115,9 +115,12 @@ impl Pool {
     /// Counts a balancer decision by branch; the stale-metrics fallback is
     /// also counted on its own and logged when it starts and when it ends.
     pub fn record_branch(&self, branch: Branch, metrics: &Metrics) {
-        metrics
-            .decisions
-            .with_label_values(&[&self.name, branch.as_str()])
+        self.decision_series
+            .get(branch, || {
+                metrics
+                    .decisions
+                    .with_label_values(&[&self.name, branch.as_str()])
+            })
             .inc();
         let stale = branch == Branch::FallbackStaleMetrics;
         if stale {

@@ -2,12 +2,14 @@
 //! balancer, router, queue and clients; and a request's [`Resolution`] to
 //! one.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
+use prometheus::IntCounter;
 
 use super::{RouteBranch, Router};
 use crate::admission::Admission;
-use crate::balancing::{Balancer, Replica};
+use crate::balancing::{Balancer, Branch, Replica};
 use crate::config::{BalancingConfig, HealthConfig, OutlierConfig, ScrapeConfig, TimeoutConfig};
 use crate::health::Prober;
 use crate::net::{UpstreamClient, UpstreamTls};
@@ -29,6 +31,9 @@ pub struct Pool {
     pub health: HealthConfig,
     /// Whether the last pick fell back to local counts (to log transitions only).
     pub stale_fallback: AtomicBool,
+    /// The `decisions` series of each branch, looked up on first use rather
+    /// than by label on every request.
+    pub decision_series: DecisionSeries,
     pub client: UpstreamClient,
     /// Certificate checks for `https://` replicas (`client` and `prober` use them).
     pub tls: UpstreamTls,
@@ -44,6 +49,17 @@ pub struct Pool {
     pub replica_models: Option<super::replica_models::ReplicaModels>,
     /// Ask streams for `usage` (`stream_usage`).
     pub stream_usage: bool,
+}
+
+/// One pool's series of the `decisions` counter, one per balancer branch,
+/// each resolved from the labelled vector the first time it is counted.
+#[derive(Debug, Default)]
+pub struct DecisionSeries([OnceLock<IntCounter>; Branch::COUNT]);
+
+impl DecisionSeries {
+    pub fn get(&self, branch: Branch, resolve: impl FnOnce() -> IntCounter) -> &IntCounter {
+        self.0[branch as usize].get_or_init(resolve)
+    }
 }
 
 impl Pool {

@@ -246,6 +246,7 @@ fn build_pool(
         scrape: pc.scrape_enabled().then(|| pc.scrape.clone()),
         health: pc.health.clone(),
         stale_fallback: AtomicBool::new(false),
+        decision_series: Default::default(),
         client: crate::net::tls_client(&pc.timeouts, &tls),
         prober: Prober::new(&tls),
         tls,

@@ -101,7 +101,8 @@ pub struct Details {
 /// The last `"usage": {...}` object in `tail`, when it parses.
 pub fn find_usage(tail: &[u8]) -> Option<Usage> {
     let key = b"\"usage\"";
-    let at = tail.windows(key.len()).rposition(|w| w == key)?;
+    // The last match, found forwards: the forward searcher is the vectorised one.
+    let at = crate::net::USAGE_KEY.find_iter(tail).last()?;
     let rest = &tail[at + key.len()..];
     let open = rest.iter().position(|&b| b == b'{')?;
     if !rest[..open]
@@ -129,18 +130,20 @@ pub fn find_usage(tail: &[u8]) -> Option<Usage> {
 /// Whether an SSE frame carries generated text (a non-empty `content`,
 /// `reasoning_content` or `text` string).
 pub fn has_content(frame: &[u8]) -> bool {
-    [
-        &b"\"content\":\""[..],
-        b"\"text\":\"",
-        b"\"content\": \"",
-        b"\"text\": \"",
-    ]
-    .iter()
-    .any(|key| {
-        frame
-            .windows(key.len())
-            .enumerate()
-            .any(|(i, w)| w == *key && frame.get(i + key.len()).is_some_and(|&c| c != b'"'))
+    use memchr::memmem::Finder;
+    static KEYS: std::sync::LazyLock<[Finder<'static>; 4]> = std::sync::LazyLock::new(|| {
+        [
+            &b"\"content\":\""[..],
+            b"\"text\":\"",
+            b"\"content\": \"",
+            b"\"text\": \"",
+        ]
+        .map(Finder::new)
+    });
+    KEYS.iter().any(|key| {
+        let len = key.needle().len();
+        key.find_iter(frame)
+            .any(|i| frame.get(i + len).is_some_and(|&c| c != b'"'))
     })
 }
 
@@ -247,8 +250,12 @@ fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
     } else {
         "false"
     };
+    // The digits, borrowed; `e.status` came from a `StatusCode`, so the
+    // fallback is never taken.
+    let code = http::StatusCode::from_u16(e.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let status = code.as_str();
     m.requests
-        .with_label_values(&[pool, model, stream, &e.status.to_string()])
+        .with_label_values(&[pool, model, stream, status])
         .inc();
     if let Some(t) = first.filter(|_| e.status < 400) {
         m.ttft

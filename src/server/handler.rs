@@ -144,6 +144,7 @@ async fn route(
         body,
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
+        stream: meta.stream,
         estimate: &estimate,
         strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,

@@ -262,6 +262,26 @@ impl<'de> Visitor<'de> for TextSeed<'_> {
     skip_scalars!((), ());
 }
 
+/// The error for valid JSON with a field of the wrong type or value: the
+/// field is named by a second, path-tracking parse (broken JSON further on
+/// is reported as such).
+fn name_bad_field(body: &[u8], first: serde_json::Error) -> ApiError {
+    if let Err(e) = serde_json::from_slice::<IgnoredAny>(body) {
+        return ApiError::BadRequest(format!("request body is not valid JSON: {e}"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, Wire>(&mut de) {
+        Err(e) => ApiError::InvalidParam {
+            param: e.path().to_string(),
+            reason: e.into_inner().to_string(),
+        },
+        Ok(_) => ApiError::InvalidParam {
+            param: ".".into(),
+            reason: first.to_string(),
+        },
+    }
+}
+
 /// Extracts [`RequestMeta`] from an OpenAI-style JSON body, in one pass
 /// over the bytes: only the fields llmlb reads are built, and a chat
 /// request's text is copied once, into its messages.
@@ -276,19 +296,12 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    let wire: Wire = match serde_path_to_error::deserialize(&mut de) {
+    // The path to a bad field is tracked only when there is one: tracking it
+    // on every request costs an allocation per key.
+    let wire = match Wire::deserialize(&mut de) {
         Ok(wire) => wire,
-        Err(e) if e.inner().is_data() => {
-            // Valid JSON with a field of the wrong type or value: name the
-            // field (unless the JSON breaks further on).
-            serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
-            let param = e.path().to_string();
-            return Err(ApiError::InvalidParam {
-                reason: e.into_inner().to_string(),
-                param,
-            });
-        }
-        Err(e) => return Err(not_json(e.into_inner())),
+        Err(e) if e.is_data() => return Err(name_bad_field(body, e)),
+        Err(e) => return Err(not_json(e)),
     };
     de.end().map_err(not_json)?;
     let model = match wire.model {

@@ -75,6 +75,8 @@ pub struct Outgoing<'a> {
     /// The model name the replica serves.
     pub model: &'a str,
     pub user: Option<&'a str>,
+    /// The body asks for a stream (`"stream": true`).
+    pub stream: bool,
     pub estimate: &'a Estimate,
     /// Remove the client's key: llmlb checked it, the replica has no use
     /// for it.
@@ -106,6 +108,7 @@ pub async fn send(
         path_and_query,
         headers: upstream_headers(parts.headers, out.strip_key, pool),
         body,
+        stream: out.stream,
         info: RequestInfo {
             model: out.model,
             prompt_tokens: out.estimate.prompt_tokens,
