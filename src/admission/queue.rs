@@ -183,7 +183,7 @@ impl PoolQueue {
         let mut inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
         let free = queued == 0 && inner.active < capacity;
-        if let Some(refusal) = self.refusal(&inner, level, capacity, free, placement) {
+        if let Some(refusal) = self.refusal(&inner, level, capacity, free, placement, now) {
             return Admit::Refused(refusal);
         }
         if free {
@@ -213,7 +213,14 @@ impl PoolQueue {
         let inner = self.lock();
         let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
         let free = queued == 0 && inner.active < capacity;
-        self.refusal(&inner, level, capacity, free, Duration::ZERO)
+        self.refusal(
+            &inner,
+            level,
+            capacity,
+            free,
+            Duration::ZERO,
+            Instant::now(),
+        )
     }
 
     /// A full level, a wait estimated beyond the level's `max_wait`, or a
@@ -226,17 +233,34 @@ impl PoolQueue {
         capacity: usize,
         free: bool,
         placement: Duration,
+        now: Instant,
     ) -> Option<Refusal> {
         let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();
+        // Each level is oldest first, so its lifted waiters are a prefix.
+        let promoted = inner
+            .waiting
+            .iter()
+            .enumerate()
+            .skip(level + 1)
+            .map(|(l, q)| {
+                let step = self.params.levels[l].promote_after;
+                q.iter()
+                    .take_while(|w| {
+                        let waited = now.saturating_duration_since(w.since).as_secs_f64();
+                        effective_level(l, waited, step) <= level
+                    })
+                    .count()
+            })
+            .sum();
         let standing = Standing {
             level,
             depths: &depths,
+            promoted,
             capacity,
             free,
             placement,
         };
         let ages = || {
-            let now = Instant::now();
             inner
                 .started
                 .values()
@@ -460,6 +484,36 @@ mod tests {
             .try_recv()
             .expect("aged low request goes before the newer high one");
         assert!(high.rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn low_waiters_lifted_by_aging_count_against_a_high_newcomer() {
+        for (promote_after, refused) in [
+            (Duration::from_secs(3600), false),
+            (Duration::from_millis(100), true),
+        ] {
+            let (q, _) = queue(1, 100, promote_after);
+            let now = Instant::now();
+            // One request held for ~1.9 s teaches the queue its drain rate.
+            served(now_permit(q.admit(
+                0,
+                now - Duration::from_millis(1900),
+                Duration::ZERO,
+            )));
+            let _running = now_permit(q.admit(0, now, Duration::ZERO));
+            // Five low requests that have waited 150 ms.
+            let _low: Vec<Ticket> = (0..5)
+                .map(|_| ticket(q.admit(1, now - Duration::from_millis(150), Duration::ZERO)))
+                .collect();
+            // Lifted, they go before a high newcomer: six at ~1.9 s is over
+            // the 10 s max_wait; not lifted, it goes first (~1.9 s).
+            let high = q.admit(0, now, Duration::ZERO);
+            assert_eq!(
+                matches!(high, Admit::Refused(Refusal::OverObjective { .. })),
+                refused,
+                "promote_after {promote_after:?}: {high:?}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! - [`refusal`]: whether a newcomer at a level is refused (429), and why:
 //!   its level full (`max_depth` waiters), its estimated wait (waiters at
-//!   its level or above, + 1, ÷ the drain rate) beyond the level's
+//!   its level or above, and those of lower levels that aging has lifted
+//!   to its level or above, + 1, ÷ the drain rate) beyond the level's
 //!   `max_wait`, or, on a level with a `ttft_objective`, its predicted time
 //!   to first token beyond the objective ([`super::estimate`]).
 //! - [`effective_level`]: aging. A waiter counts `⌊waited ÷ promote_after⌋`
@@ -26,6 +27,10 @@ pub struct Standing<'a> {
     pub level: usize,
     /// Waiters per level, highest level first.
     pub depths: &'a [usize],
+    /// Waiters of lower levels whose aging ([`effective_level`]) lifts
+    /// them to the newcomer's level or above: they are older, so they go
+    /// before it too.
+    pub promoted: usize,
     /// Slots of the replicas that may take work.
     pub capacity: usize,
     /// A slot is free and nobody waits: it would be dispatched at once.
@@ -48,7 +53,7 @@ pub fn refusal(
     let level = s.level.min(levels.len().saturating_sub(1));
     let queued: usize = s.depths.iter().sum();
     let retry_after = drain.backlog(queued, s.capacity);
-    let ahead: usize = s.depths.iter().take(level + 1).sum();
+    let ahead: usize = s.depths.iter().take(level + 1).sum::<usize>() + s.promoted;
     let at_level = s.depths.get(level).copied().unwrap_or(0);
     let settings = levels.get(level)?;
     if !s.free {
@@ -112,6 +117,7 @@ mod tests {
             depths,
             capacity: 2,
             free,
+            promoted: 0,
             placement: Duration::ZERO,
         }
     }
@@ -144,6 +150,22 @@ mod tests {
             refusal(&levels, 0, &drain, standing(1, &[0, 0], true), none),
             None
         );
+    }
+
+    #[test]
+    fn aged_waiters_of_lower_levels_count_as_ahead() {
+        let levels = [level(10, None), level(3600, None)];
+        let mut drain = Drain::default();
+        drain.served(2.0);
+        // 1 request/s with 2 slots: 9 waiting at level 0 is a 10 s wait,
+        // within max_wait; one more, lifted from level 1, is not.
+        let mut s = standing(0, &[9, 5], false);
+        assert_eq!(refusal(&levels, 100, &drain, s, Vec::new), None);
+        s.promoted = 1;
+        assert!(matches!(
+            refusal(&levels, 100, &drain, s, Vec::new),
+            Some(Refusal::OverObjective { .. })
+        ));
     }
 
     #[test]

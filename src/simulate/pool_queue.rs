@@ -126,6 +126,7 @@ mod tests {
         Standing {
             level,
             depths,
+            promoted: 0,
             capacity,
             free: false,
             placement: Duration::from_millis(100),

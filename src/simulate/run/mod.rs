@@ -294,8 +294,12 @@ impl Sim<'_> {
         let capacity = queue_capacity(&pool.replicas, now_ms);
         let last = q.levels().saturating_sub(1);
         let mut depths = vec![0; last + 1];
+        let mut promoted = 0;
         for w in &self.waiting {
             depths[w.level.min(last)] += 1;
+            if w.level > level && q.effective_level(w.level, now - w.since) <= level {
+                promoted += 1;
+            }
         }
         let placement = if q.has_deadline(level) {
             let prompt = u64::from(self.spec.workload.requests[i].input);
@@ -306,6 +310,7 @@ impl Sim<'_> {
         let standing = Standing {
             level,
             depths: &depths,
+            promoted,
             capacity,
             free: self.waiting.is_empty() && self.open < capacity,
             placement,
