@@ -32,9 +32,11 @@ pub struct ForwardRequest<'a> {
     pub headers: HeaderMap,
     /// The original request body, unchanged.
     pub body: Bytes,
-    /// The body asks for a stream (`"stream": true`): only then is it
-    /// read again for `stream_options`.
+    /// The body asks for a stream (`"stream": true`): only then is
+    /// `stream_options` looked at.
     pub stream: bool,
+    /// The body's `stream_options`, as its parse read them.
+    pub stream_options: super::StreamOptions,
     pub info: RequestInfo<'a>,
     /// The routing stage's limits and preference among the pool's replicas.
     pub route: &'a Decision,
@@ -55,7 +57,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
     let asked_usage = if pool.stream_usage && req.stream {
-        super::stream_usage::ask_for_usage(req.path_and_query, &req.body)
+        super::stream_usage::ask_for_usage(req.path_and_query, &req.body, req.stream_options)
     } else {
         None
     };

@@ -17,3 +17,4 @@ pub use error::ForwardError;
 pub use forward::{ForwardRequest, forward};
 pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};
 pub use recent::{Dispatch, Outcome, RecentDispatches};
+pub use stream_usage::StreamOptions;

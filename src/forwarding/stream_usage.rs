@@ -18,10 +18,10 @@
 //! `include_usage: true` (say `continuous_usage_stats` alone) is merged,
 //! which re-serialises the body (key order may change).
 //!
-//! Cost: one JSON scan of the request body (values skipped, not built) for
-//! streaming-shaped requests on the two completion paths; nothing otherwise.
-//! A body that is not a JSON object, or does not say `"stream": true`, goes
-//! unchanged.
+//! Cost: none beyond the request's one parse, which reads `stream` and
+//! `stream_options` ([`StreamOptions`]); a body is re-serialised only for a
+//! merge. A body that is not a JSON object, or does not say
+//! `"stream": true`, goes unchanged.
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
@@ -30,47 +30,95 @@ use serde_json::{Map, Value};
 /// The member inserted into a body that has no `stream_options`.
 const INCLUDE_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
 
-#[derive(Deserialize)]
-struct StreamFields {
-    #[serde(default)]
-    stream: Option<Value>,
-    /// `Some(Null)` for `"stream_options": null`, `None` when absent.
-    #[serde(default, deserialize_with = "present")]
-    stream_options: Option<Value>,
+/// What a request body's `stream_options` says about usage, read by the
+/// body's one parse (`server::request`), so the body is not parsed again
+/// here: absent (or the body was not read), `include_usage: true` already,
+/// or anything else (`null`, another value, an object without it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StreamOptions {
+    #[default]
+    Absent,
+    IncludesUsage,
+    Other,
 }
 
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+impl<'de> Deserialize<'de> for StreamOptions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StreamOptions;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StreamOptions, A::Error> {
+                // The last `include_usage` wins, as when the body is parsed
+                // into a map.
+                let mut usage = false;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "include_usage" {
+                        usage = map.next_value::<Value>()? == Value::Bool(true);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(if usage {
+                    StreamOptions::IncludesUsage
+                } else {
+                    StreamOptions::Other
+                })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StreamOptions, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(StreamOptions::Other)
+            }
+            fn visit_unit<E>(self) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<StreamOptions, E> {
+                Ok(StreamOptions::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The body to forward when llmlb must ask for usage itself, or `None` when
 /// the body goes as sent (not a stream, not a completion path, or the client
 /// asked for usage already).
-pub fn ask_for_usage(path_and_query: &str, body: &Bytes) -> Option<Bytes> {
+pub fn ask_for_usage(path_and_query: &str, body: &Bytes, options: StreamOptions) -> Option<Bytes> {
     let path = path_and_query.split('?').next().unwrap_or("");
     if !(path.ends_with("/chat/completions") || path.ends_with("/completions")) {
         return None;
     }
     let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[open] != b'{' || !contains(body, b"\"stream\"") {
+    if body[open] != b'{' {
         return None;
     }
-    let fields: StreamFields = serde_json::from_slice(body).ok()?;
-    if fields.stream != Some(Value::Bool(true)) {
-        return None;
+    match options {
+        StreamOptions::Absent => {
+            let mut out = BytesMut::with_capacity(body.len() + INCLUDE_USAGE.len());
+            out.extend_from_slice(&body[..=open]);
+            // Not the last member: the body has `"stream": true` after it.
+            out.extend_from_slice(INCLUDE_USAGE);
+            out.extend_from_slice(&body[open + 1..]);
+            Some(out.freeze())
+        }
+        StreamOptions::IncludesUsage => None,
+        StreamOptions::Other => merge(body),
     }
-    let Some(options) = fields.stream_options else {
-        let mut out = BytesMut::with_capacity(body.len() + INCLUDE_USAGE.len());
-        out.extend_from_slice(&body[..=open]);
-        // Not the last member: the body has `"stream": true` after it.
-        out.extend_from_slice(INCLUDE_USAGE);
-        out.extend_from_slice(&body[open + 1..]);
-        return Some(out.freeze());
-    };
-    if options.get("include_usage") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    merge(body)
 }
 
 /// Sets `stream_options.include_usage = true` in a body that has
@@ -89,16 +137,25 @@ fn merge(body: &[u8]) -> Option<Bytes> {
     serde_json::to_vec(&map).ok().map(Bytes::from)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// What `forward` does with a body the request parse read: only a
+    /// stream is asked, with the options the parse found.
     fn ask(path: &str, body: &str) -> Option<String> {
-        ask_for_usage(path, &Bytes::from(body.to_string()))
+        #[derive(Deserialize)]
+        struct Read {
+            #[serde(default)]
+            stream: Option<bool>,
+            #[serde(default)]
+            stream_options: StreamOptions,
+        }
+        let read: Read = serde_json::from_str(body).ok()?;
+        if read.stream != Some(true) {
+            return None;
+        }
+        ask_for_usage(path, &Bytes::from(body.to_string()), read.stream_options)
             .map(|b| String::from_utf8(b.to_vec()).unwrap())
     }
 

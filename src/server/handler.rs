@@ -145,6 +145,7 @@ async fn route(
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
         stream: meta.stream,
+        stream_options: meta.stream_options,
         estimate: &estimate,
         strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::ApiError;
+use crate::forwarding::StreamOptions;
 use crate::tokenize::{ChatMessage, MessageContent};
 
 /// What routing and balancing need to know about an inference request.
@@ -16,6 +17,8 @@ use crate::tokenize::{ChatMessage, MessageContent};
 pub struct RequestMeta {
     pub model: String,
     pub stream: bool,
+    /// What `stream_options` says about usage (for `stream_usage`).
+    pub stream_options: StreamOptions,
     /// `max_completion_tokens`, else `max_tokens`.
     pub max_tokens: Option<u32>,
     pub user: Option<String>,
@@ -53,6 +56,8 @@ struct Wire<'a> {
     model: Option<serde_json::Value>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    stream_options: StreamOptions,
     #[serde(default)]
     max_tokens: Option<u64>,
     #[serde(default)]
@@ -347,6 +352,7 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
     Ok(RequestMeta {
         model,
         stream: wire.stream.unwrap_or(false),
+        stream_options: wire.stream_options,
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).map(clamp),
         user: wire.user,
         prompt_text,
@@ -376,6 +382,28 @@ mod tests {
         let messages = m.messages.unwrap();
         assert_eq!(messages[0], ChatMessage::new("system", "Be brief."));
         assert_eq!(messages[1].parts(), ["Hi"]);
+    }
+
+    #[test]
+    fn stream_options_are_read_for_the_usage_request() {
+        let options = |body: &str| extract(body.as_bytes()).unwrap().stream_options;
+        assert_eq!(
+            options(r#"{"model":"m","stream":true}"#),
+            StreamOptions::Absent
+        );
+        assert_eq!(
+            options(r#"{"model":"m","stream_options":{"include_usage":true}}"#),
+            StreamOptions::IncludesUsage
+        );
+        for other in [
+            r#"{"model":"m","stream_options":null}"#,
+            r#"{"model":"m","stream_options":{"include_usage":"true"}}"#,
+            r#"{"model":"m","stream_options":{"include_usage":true,"include_usage":false}}"#,
+            r#"{"model":"m","stream_options":{"continuous_usage_stats":true}}"#,
+            r#"{"model":"m","stream_options":[1]}"#,
+        ] {
+            assert_eq!(options(other), StreamOptions::Other, "{other}");
+        }
     }
 
     #[test]

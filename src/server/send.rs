@@ -17,7 +17,7 @@ use super::stages::Estimate;
 use super::{ApiError, AppState};
 use crate::admission::Permit;
 use crate::balancing::RequestInfo;
-use crate::forwarding::{ForwardRequest, forward, strip_hop_by_hop, strip_private};
+use crate::forwarding::{ForwardRequest, StreamOptions, forward, strip_hop_by_hop, strip_private};
 use crate::net::ResponseBody;
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
@@ -77,6 +77,8 @@ pub struct Outgoing<'a> {
     pub user: Option<&'a str>,
     /// The body asks for a stream (`"stream": true`).
     pub stream: bool,
+    /// The body's `stream_options`.
+    pub stream_options: StreamOptions,
     pub estimate: &'a Estimate,
     /// Remove the client's key: llmlb checked it, the replica has no use
     /// for it.
@@ -109,6 +111,7 @@ pub async fn send(
         headers: upstream_headers(parts.headers, out.strip_key, pool),
         body,
         stream: out.stream,
+        stream_options: out.stream_options,
         info: RequestInfo {
             model: out.model,
             prompt_tokens: out.estimate.prompt_tokens,
