@@ -83,9 +83,7 @@ pub enum Branch {
 impl Branch {
     /// How many branches there are.
     pub const COUNT: usize = Branch::NoHealthy as usize + 1;
-}
 
-impl Branch {
     pub fn as_str(self) -> &'static str {
         match self {
             Branch::RoundRobin => "round_robin",

@@ -32,11 +32,9 @@ pub struct ForwardRequest<'a> {
     pub headers: HeaderMap,
     /// The original request body, unchanged.
     pub body: Bytes,
-    /// The body asks for a stream (`"stream": true`): only then is
-    /// `stream_options` looked at.
-    pub stream: bool,
-    /// The body's `stream_options`, as its parse read them.
-    pub stream_options: super::StreamOptions,
+    /// `Some` when the body asks for a stream (`"stream": true`), with
+    /// what its `stream_options` say, as the request's parse read them.
+    pub stream: Option<super::StreamOptions>,
     pub info: RequestInfo<'a>,
     /// The routing stage's limits and preference among the pool's replicas.
     pub route: &'a Decision,
@@ -56,10 +54,11 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBod
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
-    let asked_usage = if pool.stream_usage && req.stream {
-        super::stream_usage::ask_for_usage(req.path_and_query, &req.body, req.stream_options)
-    } else {
-        None
+    let asked_usage = match req.stream {
+        Some(options) if pool.stream_usage => {
+            super::stream_usage::ask_for_usage(req.path_and_query, &req.body, options)
+        }
+        _ => None,
     };
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);

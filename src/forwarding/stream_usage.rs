@@ -43,55 +43,16 @@ pub enum StreamOptions {
 }
 
 impl<'de> Deserialize<'de> for StreamOptions {
+    /// Built as a value (the field is small and rarely sent): an object
+    /// whose `include_usage` is `true` (the last one, when repeated) asks
+    /// already; any other value does not.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = StreamOptions;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any value")
+        Ok(match Value::deserialize(d)? {
+            Value::Object(o) if o.get("include_usage") == Some(&Value::Bool(true)) => {
+                StreamOptions::IncludesUsage
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StreamOptions, A::Error> {
-                // The last `include_usage` wins, as when the body is parsed
-                // into a map.
-                let mut usage = false;
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "include_usage" {
-                        usage = map.next_value::<Value>()? == Value::Bool(true);
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(if usage {
-                    StreamOptions::IncludesUsage
-                } else {
-                    StreamOptions::Other
-                })
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StreamOptions, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(StreamOptions::Other)
-            }
-            fn visit_unit<E>(self) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<StreamOptions, E> {
-                Ok(StreamOptions::Other)
-            }
-        }
-        d.deserialize_any(V)
+            _ => StreamOptions::Other,
+        })
     }
 }
 

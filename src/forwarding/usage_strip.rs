@@ -17,13 +17,11 @@
 //! whatever is left passes as it is.
 
 use bytes::{Bytes, BytesMut};
-use memchr::memmem;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-/// The key every usage event carries.
-static USAGE_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+// The key every usage event carries.
+use crate::net::USAGE_KEY;
 
 #[derive(Debug, Default)]
 pub struct UsageStrip {

@@ -100,10 +100,10 @@ pub struct Details {
 
 /// The last `"usage": {...}` object in `tail`, when it parses.
 pub fn find_usage(tail: &[u8]) -> Option<Usage> {
-    let key = b"\"usage\"";
+    let key = &crate::net::USAGE_KEY;
     // The last match, found forwards: the forward searcher is the vectorised one.
-    let at = crate::net::USAGE_KEY.find_iter(tail).last()?;
-    let rest = &tail[at + key.len()..];
+    let at = key.find_iter(tail).last()?;
+    let rest = &tail[at + key.needle().len()..];
     let open = rest.iter().position(|&b| b == b'{')?;
     if !rest[..open]
         .iter()

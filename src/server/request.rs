@@ -267,12 +267,16 @@ impl<'de> Visitor<'de> for TextSeed<'_> {
     skip_scalars!((), ());
 }
 
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::BadRequest(format!("request body is not valid JSON: {e}"))
+}
+
 /// The error for valid JSON with a field of the wrong type or value: the
 /// field is named by a second, path-tracking parse (broken JSON further on
 /// is reported as such).
 fn name_bad_field(body: &[u8], first: serde_json::Error) -> ApiError {
     if let Err(e) = serde_json::from_slice::<IgnoredAny>(body) {
-        return ApiError::BadRequest(format!("request body is not valid JSON: {e}"));
+        return not_json(e);
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     match serde_path_to_error::deserialize::<_, Wire>(&mut de) {
@@ -291,8 +295,6 @@ fn name_bad_field(body: &[u8], first: serde_json::Error) -> ApiError {
 /// over the bytes: only the fields llmlb reads are built, and a chat
 /// request's text is copied once, into its messages.
 pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
-    let not_json =
-        |e: serde_json::Error| ApiError::BadRequest(format!("request body is not valid JSON: {e}"));
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         // Report broken JSON as such; valid JSON that is not an object here.
         serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;

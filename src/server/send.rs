@@ -75,10 +75,8 @@ pub struct Outgoing<'a> {
     /// The model name the replica serves.
     pub model: &'a str,
     pub user: Option<&'a str>,
-    /// The body asks for a stream (`"stream": true`).
-    pub stream: bool,
-    /// The body's `stream_options`.
-    pub stream_options: StreamOptions,
+    /// `Some` when the body asks for a stream, with its `stream_options`.
+    pub stream: Option<StreamOptions>,
     pub estimate: &'a Estimate,
     /// Remove the client's key: llmlb checked it, the replica has no use
     /// for it.
@@ -111,7 +109,6 @@ pub async fn send(
         headers: upstream_headers(parts.headers, out.strip_key, pool),
         body,
         stream: out.stream,
-        stream_options: out.stream_options,
         info: RequestInfo {
             model: out.model,
             prompt_tokens: out.estimate.prompt_tokens,

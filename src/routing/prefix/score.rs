@@ -88,16 +88,22 @@ pub enum Ahead {
 }
 
 impl CostModel {
+    /// Seconds to prefill `tokens` at the replica's learned prefill rate,
+    /// else the prior.
+    pub fn prefill_seconds(&self, rates: &Rates, tokens: u64) -> f64 {
+        let rate = rates
+            .prefill_tokens_per_second
+            .unwrap_or(self.prefill_tokens_per_second);
+        tokens as f64 / rate
+    }
+
     /// Expected time to first token, in seconds, of a request with
     /// `uncached_tokens` left to prefill on a replica with `ahead` and `rates`.
     pub fn expected_ttft(&self, ahead: Ahead, rates: &Rates, uncached_tokens: u64) -> f64 {
-        let prefill_rate = rates
-            .prefill_tokens_per_second
-            .unwrap_or(self.prefill_tokens_per_second);
         let per_request = rates
             .prefill_seconds_per_request
             .unwrap_or(self.seconds_per_request_ahead);
-        let prefill = uncached_tokens as f64 / prefill_rate;
+        let prefill = self.prefill_seconds(rates, uncached_tokens);
         match ahead {
             Ahead::Local { in_flight } => {
                 in_flight as f64 * self.seconds_per_request_ahead + prefill
@@ -193,10 +199,7 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     for (i, c) in cands.iter().enumerate() {
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
         let t = model.expected_ttft(c.ahead, &c.rates, uncached);
-        let prefill = uncached as f64
-            / c.rates
-                .prefill_tokens_per_second
-                .unwrap_or(model.prefill_tokens_per_second);
+        let prefill = model.prefill_seconds(&c.rates, uncached);
         // Whose first token is still ahead there: llmlb's own requests
         // without a first byte, or the replica's queue when it is longer
         // (other clients).
