@@ -34,15 +34,12 @@ CASES="${CG_CASES:-json sse stream}"
 LLMLB="${CARGO_TARGET_DIR:-$ROOT/target}/release/llmlb"
 BINARIES=("$@")
 [ ${#BINARIES[@]} -eq 0 ] && BINARIES=("$LLMLB")
-NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
-command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install valgrind)" >&2; exit 1; }
-[ -x "$NGINX" ] || { echo "nginx is required (apt-get install nginx)" >&2; exit 1; }
-[ -x "$LLMLB" ] || { echo "build llmlb first: cargo build --release" >&2; exit 1; }
-TEMP="$OUT/tmp"
-mkdir -p "$TEMP"
 
 # shellcheck source=scripts/proxy_helpers.sh
 source "$ROOT/scripts/proxy_helpers.sh"
+require_tools "$LLMLB" valgrind
+TEMP="$OUT/tmp"
+mkdir -p "$TEMP"
 
 wait_up() { # PORT: until the proxy answers anything (60 s: valgrind starts slowly)
     local i

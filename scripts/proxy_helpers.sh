@@ -35,6 +35,20 @@ stop() {
     PGIDS=("${left[@]}")
 }
 
+# require_tools LLMLB TOOL...: exits with an install hint when a TOOL (a
+# Debian package of the same name), nginx or the llmlb binary LLMLB is
+# missing; sets $NGINX.
+require_tools() {
+    local llmlb="$1" tool
+    shift
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || { echo "$tool is required (apt-get install $tool)" >&2; exit 1; }
+    done
+    NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+    [ -x "$NGINX" ] || { echo "nginx is required (apt-get install nginx)" >&2; exit 1; }
+    [ -x "$llmlb" ] || { echo "build llmlb first: cargo build --release" >&2; exit 1; }
+}
+
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

@@ -29,17 +29,14 @@ BASE="${WRK_BASE:-}"
 OUT="${WRK_OUT:-$ROOT/target/wrk-overhead}"
 LLMLB="${CARGO_TARGET_DIR:-$ROOT/target}/release/llmlb"
 HZ="$(getconf CLK_TCK)"
-NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
-command -v wrk >/dev/null || { echo "wrk is required (apt-get install wrk)" >&2; exit 1; }
-[ -x "$NGINX" ] || { echo "nginx is required (apt-get install nginx)" >&2; exit 1; }
-[ -x "$LLMLB" ] || { echo "build llmlb first: cargo build --release" >&2; exit 1; }
+
+# shellcheck source=scripts/proxy_helpers.sh
+source "$ROOT/scripts/proxy_helpers.sh"
+require_tools "$LLMLB" wrk
 
 TEMP="$OUT/tmp"
 mkdir -p "$TEMP"
 rm -f "$OUT"/*.txt "$OUT"/*.log "$OUT"/*.conf "$OUT"/*.toml "$OUT"/*.lua
-
-# shellcheck source=scripts/proxy_helpers.sh
-source "$ROOT/scripts/proxy_helpers.sh"
 wait_ok() { # URL HEADER...: until a completion request through URL succeeds (10 s)
     local url="$1" i
     shift
