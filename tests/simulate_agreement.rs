@@ -54,7 +54,8 @@ const PROBES: u64 = 8;
 /// from what held over repeated runs on a loaded 2-core machine
 /// (docs/SIMULATOR.md has the table). `round_robin` sends every request to
 /// the same replica on both paths, so only engine timing differs: its p50
-/// stayed within 7 %. Where routing
+/// stayed within 7 % here and landed 17 % above once on a loaded CI host,
+/// so it is held to 25 %. Where routing
 /// reads load (`least_connections`, `jsq`, `cache`) or a loaded replica's
 /// queue (`hash`), a few milliseconds of the host's jitter change which
 /// requests share a step or a replica, and one real run lands up to 42 %
@@ -62,7 +63,7 @@ const PROBES: u64 = 8;
 /// printed only: on the real path it carries the host's worst stalls.
 fn bounds(policy: &str) -> (f64, f64) {
     match policy {
-        "round_robin" => (0.15, 0.25),
+        "round_robin" => (0.25, 0.25),
         _ => (0.50, 0.25),
     }
 }
