@@ -11,7 +11,8 @@ pub enum AdmitError {
     /// The estimated wait exceeds the level's latency objective.
     #[error("the fleet cannot start this request within its latency objective")]
     OverObjective {
-        estimated: Duration,
+        /// `None`: no request served yet to estimate a wait from.
+        estimated: Option<Duration>,
         retry_after: Duration,
     },
     /// Waited the pool's `queue_timeout` without a slot.

@@ -31,6 +31,7 @@
 //!                 prompt tokens at the replica's learned (else prior)
 //!                 prefill rate, computed by routing's cost model before the
 //!                 request queues (`routing::placement_ttft`)
+//!   no S yet:     a newcomer that would wait has no prediction → 429
 //! Retry-After (s)   = (all waiters + 1) ÷ r: the backlog's drain time
 //! ```
 //!
@@ -60,10 +61,13 @@
 //! fleet look faster than it is. (A client that leaves mid-stream after a
 //! success status does count, with the shorter hold it had.) Before any
 //! request was served there is no `S` and no rate for `max_wait`; the
-//! deadline test then takes the age of the oldest request in service as
-//! `S`, a lower bound (it has held its slot that long and not finished),
-//! so a queue that builds up before the first answer ends is still held
-//! back, if less than it will be once `S` is measured.
+//! deadline test then refuses a newcomer that would wait: every slot is
+//! held by a request that has not finished, and nothing says when one
+//! will. (Taking the oldest age as `S`, a lower bound, admitted requests
+//! that then waited for a whole first wave of long requests to end: on the
+//! virtual clock they made the p99 of an overload that builds at once 3.6
+//! times the objective.) It costs refusals only while every slot is taken
+//! before the first answer ends.
 //!
 //! Cost, under the queue's mutex: O(levels) for the `max_wait` test; the
 //! deadline test also reads each slot's age and bisects the release
@@ -149,22 +153,22 @@ pub struct Newcomer {
 }
 
 /// The newcomer's predicted time to first token, in seconds: its queue
-/// wait at the high-percentile estimate (zero while no rate is known) plus
-/// its placement. `ages`: how long each request holding a slot has held
-/// it, in seconds.
-pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer) -> f64 {
+/// wait at the high-percentile estimate plus its placement. `ages`: how
+/// long each request holding a slot has held it, in seconds. `None` when it
+/// would wait and no request has been served yet: nothing says when a slot
+/// frees.
+pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer) -> Option<f64> {
     let placement = c.placement.as_secs_f64();
-    let oldest = ages.iter().copied().fold(0.0, f64::max);
-    let service = drain.service_mean.unwrap_or(oldest);
-    if c.now || service <= 0.0 {
-        return placement;
+    if c.now || ages.is_empty() {
+        return Some(placement);
     }
+    let service = drain.service_mean.filter(|s| *s > 0.0)?;
     let above: f64 = drain.shares.iter().take(c.level).sum();
     let k = (c.ahead + 1) as f64 / (1.0 - above).max(MIN_LEFT);
     let k = (k + Z * k.sqrt()).ceil() as usize;
     let mut remaining: Vec<f64> = ages.iter().map(|a| (service - a).max(0.0)).collect();
     remaining.resize(remaining.len().max(capacity), 0.0);
-    kth_release(&remaining, service, k) + placement
+    Some(kth_release(&remaining, service, k) + placement)
 }
 
 /// When the `k`-th slot release comes, in seconds from now: slot `i` frees
@@ -237,23 +241,24 @@ mod tests {
         // placement.
         let d = drain(2.0);
         let ages = spread(4, 2.0);
-        let t = predicted_ttft(&d, 4, &ages, newcomer(0, 8, 250));
+        let t = predicted_ttft(&d, 4, &ages, newcomer(0, 8, 250)).unwrap();
         assert!((t - 7.75).abs() < 1e-6, "{t}");
         // Dispatched at once: the placement alone.
         let now = Newcomer {
             now: true,
             ..newcomer(0, 0, 250)
         };
-        assert_eq!(predicted_ttft(&d, 4, &ages, now), 0.25);
-        // No served request yet: the oldest age (2 s) stands in for S.
+        assert_eq!(predicted_ttft(&d, 4, &ages, now), Some(0.25));
+        // No served request yet: a newcomer that would wait has no
+        // prediction, one dispatched at once has its placement.
         let cold = Drain::default();
-        let t = predicted_ttft(&cold, 4, &ages, newcomer(0, 8, 250));
-        assert!((t - 7.75).abs() < 1e-6, "{t}");
-        let younger: Vec<f64> = ages.iter().map(|a| a / 2.0).collect();
-        assert!(predicted_ttft(&cold, 4, &younger, newcomer(0, 8, 250)) < t);
+        assert_eq!(predicted_ttft(&cold, 4, &ages, newcomer(0, 8, 250)), None);
+        assert_eq!(predicted_ttft(&cold, 4, &ages, now), Some(0.25));
         // Nothing in service and nothing served: no wait to predict.
-        assert_eq!(predicted_ttft(&cold, 4, &[], newcomer(0, 8, 250)), 0.25);
-        assert_eq!(predicted_ttft(&cold, 4, &ages, now), 0.25);
+        assert_eq!(
+            predicted_ttft(&cold, 4, &[], newcomer(0, 8, 250)),
+            Some(0.25)
+        );
     }
 
     #[test]
@@ -273,14 +278,15 @@ mod tests {
         // a second more than k' ÷ r (3 s) says. With the ages spread,
         // releases come every 0.5 s from now and the sixth is at 2.5 s.
         let d = drain(2.0);
-        let wait = |ages: &[f64], ahead| predicted_ttft(&d, 4, ages, newcomer(0, ahead, 0));
+        let wait =
+            |ages: &[f64], ahead| predicted_ttft(&d, 4, ages, newcomer(0, ahead, 0)).unwrap();
         assert!((wait(&wave, 0) - 1.5).abs() < 1e-6);
         assert!((wait(&wave, 1) - 3.5).abs() < 1e-6, "{}", wait(&wave, 1));
         assert!((wait(&spread(4, 2.0), 1) - 2.5).abs() < 1e-6);
         // Free slots release at once; a request older than the service
         // time is due now.
         assert_eq!(kth_release(&[0.0, 0.0], 1.0, 2), 0.0);
-        let overdue = predicted_ttft(&drain(1.0), 2, &[5.0, 5.0], newcomer(0, 0, 0));
+        let overdue = predicted_ttft(&drain(1.0), 2, &[5.0, 5.0], newcomer(0, 0, 0)).unwrap();
         assert!((overdue - 1.0).abs() < 1e-6, "{overdue}");
     }
 
@@ -288,7 +294,7 @@ mod tests {
     fn the_wait_grows_with_position_and_shrinks_with_capacity() {
         let d = drain(1.0);
         let at = |ahead, capacity| {
-            predicted_ttft(&d, capacity, &spread(capacity, 1.0), newcomer(0, ahead, 0))
+            predicted_ttft(&d, capacity, &spread(capacity, 1.0), newcomer(0, ahead, 0)).unwrap()
         };
         for ahead in 0..50 {
             assert!(at(ahead + 1, 8) >= at(ahead, 8));
@@ -313,8 +319,8 @@ mod tests {
         assert!((low - 15.0).abs() < 0.5, "{low}");
         // Thirty in line at level 1 wait for about 40 releases (30 ÷ 0.75).
         let ages = spread(20, 1.0);
-        let t0 = predicted_ttft(&d, 20, &ages, newcomer(0, 29, 0));
-        let t1 = predicted_ttft(&d, 20, &ages, newcomer(1, 29, 0));
+        let t0 = predicted_ttft(&d, 20, &ages, newcomer(0, 29, 0)).unwrap();
+        let t1 = predicted_ttft(&d, 20, &ages, newcomer(1, 29, 0)).unwrap();
         let k1 = 30.0 / (1.0 - d.shares[0]);
         assert!((39.0..41.0).contains(&k1), "{k1}");
         // Releases every 0.05 s from now: the k'-th at (k' − 1) ÷ 20 s.

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::estimate::Drain;
-use super::refusal::{Standing, effective_level, refusal};
+use super::refusal::{Standing, effective_level, lift_horizon, refusal};
 
 mod reload;
 
@@ -57,7 +57,9 @@ pub enum Refusal {
         retry_after: Duration,
     },
     OverObjective {
-        estimated: Duration,
+        /// The estimate that missed; `None`: no request served yet to
+        /// estimate a wait from.
+        estimated: Option<Duration>,
         retry_after: Duration,
     },
 }
@@ -237,6 +239,7 @@ impl PoolQueue {
     ) -> Option<Refusal> {
         let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();
         // Each level is oldest first, so its lifted waiters are a prefix.
+        let horizon = lift_horizon(&self.params.levels, level);
         let promoted = inner
             .waiting
             .iter()
@@ -247,7 +250,7 @@ impl PoolQueue {
                 q.iter()
                     .take_while(|w| {
                         let waited = now.saturating_duration_since(w.since).as_secs_f64();
-                        effective_level(l, waited, step) <= level
+                        effective_level(l, waited + horizon, step) <= level
                     })
                     .count()
             })
@@ -517,6 +520,45 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_newcomer_counts_waiters_aging_lifts_before_its_objective() {
+        // High: 2 s objective. Low: lifted one level per second waited.
+        let level = |name: &str, objective: Option<u64>| Level {
+            name: name.into(),
+            max_wait: Duration::from_secs(3600),
+            promote_after: Duration::from_secs(1),
+            ttft_objective: objective.map(Duration::from_secs),
+        };
+        let q = PoolQueue::new(
+            QueueParams {
+                levels: vec![level("high", Some(2)), level("low", None)],
+                max_depth: 100,
+            },
+            Box::new(|| 1),
+        );
+        let now = Instant::now();
+        // The one slot turns over every 0.25 s.
+        served(now_permit(q.admit(
+            0,
+            now - Duration::from_millis(250),
+            Duration::ZERO,
+        )));
+        let _running = now_permit(q.admit(0, now, Duration::ZERO));
+        // A high newcomer alone waits for k' = ⌈1 + 2.33⌉ = 4 releases: 1 s.
+        let alone = ticket(q.admit(0, now, Duration::ZERO));
+        assert!(q.cancel(alone.id, alone.level));
+        // Six low requests that waited 0.2 s: none is lifted yet, all are
+        // within the next 2 s, and then they are older than the newcomer
+        // and go first: k' = ⌈7 + 2.33·√7⌉ = 14 releases, 3.5 s.
+        let _low: Vec<Ticket> = (0..6)
+            .map(|_| ticket(q.admit(1, now - Duration::from_millis(200), Duration::ZERO)))
+            .collect();
+        assert!(matches!(
+            q.admit(0, now, Duration::ZERO),
+            Admit::Refused(Refusal::OverObjective { .. })
+        ));
+    }
+
+    #[test]
     fn depth_is_bounded_per_level() {
         let (q, _) = queue(1, 2, Duration::from_secs(3600));
         let t0 = Instant::now();
@@ -615,7 +657,7 @@ mod tests {
                     estimated,
                     retry_after,
                 }) => {
-                    assert!(estimated > Duration::from_secs(10));
+                    assert!(estimated.unwrap() > Duration::from_secs(10));
                     retry.push(retry_after);
                     break;
                 }
@@ -667,17 +709,27 @@ mod tests {
         let q = deadline_queue(4);
         let now = Instant::now();
         let placement = Duration::from_millis(200);
-        // Before anything was served there is no drain rate: waiters are
-        // not refused for their wait, only a placement beyond the objective.
-        let running: Vec<Permit> = (0..4)
+        // Before anything was served, a free slot admits by the placement
+        // alone; once every slot is taken a newcomer would wait for a
+        // release nothing predicts yet: refused, with no estimate.
+        let mut running: Vec<Permit> = (0..3)
             .map(|_| now_permit(q.admit(0, now, placement)))
             .collect();
         assert!(matches!(
             q.admit(0, now, Duration::from_secs(3)),
-            Admit::Refused(Refusal::OverObjective { .. })
+            Admit::Refused(Refusal::OverObjective {
+                estimated: Some(_),
+                ..
+            })
         ));
-        let early = ticket(q.admit(0, now, placement));
-        assert!(q.cancel(early.id, early.level));
+        running.push(now_permit(q.admit(0, now, placement)));
+        assert!(matches!(
+            q.admit(0, now, placement),
+            Admit::Refused(Refusal::OverObjective {
+                estimated: None,
+                ..
+            })
+        ));
         // Four slots held 1 s each by served requests: 4 req/s. Fast
         // failures in between teach nothing.
         drop(running);
@@ -711,7 +763,7 @@ mod tests {
         // need ⌈2 + 2.33·√2⌉ = 6, the next wave (2.2 s): refused.
         assert_eq!(waiting.len(), 1);
         assert!(
-            (predicted.as_secs_f64() - 2.2).abs() < 1e-2,
+            (predicted.unwrap().as_secs_f64() - 2.2).abs() < 1e-2,
             "{predicted:?}"
         );
         // Retry-After: the backlog of one plus one at 4 req/s.

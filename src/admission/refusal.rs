@@ -28,8 +28,8 @@ pub struct Standing<'a> {
     /// Waiters per level, highest level first.
     pub depths: &'a [usize],
     /// Waiters of lower levels whose aging ([`effective_level`]) lifts
-    /// them to the newcomer's level or above: they are older, so they go
-    /// before it too.
+    /// them to the newcomer's level or above within [`lift_horizon`]: they
+    /// are older, so they go before it too.
     pub promoted: usize,
     /// Slots of the replicas that may take work.
     pub capacity: usize,
@@ -64,7 +64,7 @@ pub fn refusal(
             let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
             if estimated > settings.max_wait {
                 return Some(Refusal::OverObjective {
-                    estimated,
+                    estimated: Some(estimated),
                     retry_after,
                 });
             }
@@ -77,12 +77,26 @@ pub fn refusal(
         now: s.free,
         placement: s.placement,
     };
-    let predicted = predicted_ttft(drain, s.capacity, &ages(), newcomer);
-    let predicted = Duration::from_secs_f64(predicted);
-    (predicted > objective).then_some(Refusal::OverObjective {
-        estimated: predicted,
-        retry_after,
-    })
+    let predicted =
+        predicted_ttft(drain, s.capacity, &ages(), newcomer).map(Duration::from_secs_f64);
+    predicted
+        .is_none_or(|p| p > objective)
+        .then_some(Refusal::OverObjective {
+            estimated: predicted,
+            retry_after,
+        })
+}
+
+/// How far ahead, in seconds, a newcomer at `level` looks for waiters of
+/// lower levels that aging lifts to its level: they are older, so any
+/// lifted before it is served goes first. A level with a `ttft_objective`
+/// admits only newcomers that start within it, so that is the horizon;
+/// other levels count the waiters lifted by now.
+pub fn lift_horizon(levels: &[Level], level: usize) -> f64 {
+    levels
+        .get(level)
+        .and_then(|l| l.ttft_objective)
+        .map_or(0.0, |o| o.as_secs_f64())
 }
 
 /// The level a waiter at `level` competes at after waiting `waited`
@@ -176,7 +190,7 @@ mod tests {
         s.placement = Duration::from_secs(3);
         assert!(matches!(
             refusal(&levels, 10, &drain, s, Vec::new),
-            Some(Refusal::OverObjective { estimated, .. }) if estimated == Duration::from_secs(3)
+            Some(Refusal::OverObjective { estimated, .. }) if estimated == Some(Duration::from_secs(3))
         ));
         s.placement = Duration::from_secs(1);
         assert_eq!(refusal(&levels, 10, &drain, s, Vec::new), None);

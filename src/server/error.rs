@@ -41,9 +41,9 @@ pub enum ApiError {
     },
     #[error("queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
     QueueFull { retry_after: Duration },
-    #[error("the fleet cannot start this request within its latency objective (estimated {:.1}s); retry after {}s", estimated.as_secs_f64(), retry_secs(*retry_after))]
+    #[error("the fleet cannot start this request within its latency objective ({}); retry after {}s", estimate_words(*estimated), retry_secs(*retry_after))]
     OverObjective {
-        estimated: Duration,
+        estimated: Option<Duration>,
         retry_after: Duration,
     },
     #[error("request waited too long in the queue; retry after {}s", retry_secs(*retry_after))]
@@ -52,6 +52,14 @@ pub enum ApiError {
     BodyTimeout(String),
     #[error("llmlb holds too many request bodies right now; retry shortly")]
     ServerBusy,
+}
+
+/// The estimate behind an over-objective refusal, in words.
+fn estimate_words(estimated: Option<Duration>) -> String {
+    match estimated {
+        Some(e) => format!("estimated {:.1}s", e.as_secs_f64()),
+        None => "every slot is busy and no request has finished yet to estimate the wait".into(),
+    }
 }
 
 /// Whole seconds for `Retry-After`, at least 1.

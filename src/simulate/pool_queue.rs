@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::admission::estimate::Drain;
-use crate::admission::refusal::{Standing, effective_level, refusal};
+use crate::admission::refusal::{Standing, effective_level, lift_horizon, refusal};
 use crate::admission::{Level, Refusal};
 use crate::routing::Pool;
 
@@ -69,6 +69,11 @@ impl QueueModel {
     pub fn refusal(&self, standing: Standing<'_>, now: f64) -> Option<Refusal> {
         let ages = || self.started.values().map(|s| now - s).collect();
         refusal(&self.levels, self.max_depth, &self.drain, standing, ages)
+    }
+
+    /// How far ahead a newcomer at `level` counts waiters lifted by aging.
+    pub fn lift_horizon(&self, level: usize) -> f64 {
+        lift_horizon(&self.levels, level)
     }
 
     /// The level a waiter at `level` competes at after `waited` seconds.
