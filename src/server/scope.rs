@@ -14,6 +14,14 @@
 //! `net::ReportedUsage`). The end-of-answer work runs exactly once, when the
 //! body ends, fails or is dropped (the client went away).
 //!
+//! The chain a frame crosses is one static type, [`ScopedBody`], with no
+//! boxed body in between: the scope watches an [`AnswerBody`], the
+//! replica's `ProxyBody` itself or a body llmlb made (an error, a local
+//! answer); the accept loop then wraps it in its per-connection count
+//! (`net::Guarded`). Every answer is wrapped, also one with nothing to do
+//! at its end (an empty scope and no log line): that costs a length add
+//! per frame, less than a boxed layer would.
+//!
 //! Order at the end: the forwarding body (its in-flight guard) goes first,
 //! then the version record, the pending guard and the queue permit (a
 //! waiter the permit grants finds the replica's slot already free), then
@@ -29,12 +37,13 @@ use bytes::Bytes;
 use http::Response;
 use http::header;
 use http_body::Body;
-use http_body_util::BodyExt;
+use http_body_util::Either;
 
 use super::AppState;
 use super::access_log::{AccessStart, Entry, RouteFields, Usage, find_usage, has_content};
 use super::pending::PendingGuard;
 use crate::admission::{Permit, Settlement};
+use crate::forwarding::ProxyBody;
 use crate::net::{End, ReportedUsage, ResponseBody, Watch, Watched};
 use crate::routing::VersionRecord;
 
@@ -73,30 +82,27 @@ impl Scope {
             settlement: settles.then_some(settlement),
         }
     }
-
-    fn is_empty(&self) -> bool {
-        self.version.is_none()
-            && self.pending.is_none()
-            && self.permit.is_none()
-            && self.settlement.is_none()
-    }
 }
 
+/// An answer's body before its scope: the replica's stream as forwarding
+/// passes it on (`Left`), or a body llmlb made itself (`Right`).
+pub type AnswerBody = Either<ProxyBody, ResponseBody>;
+
+/// The response body of every answer: the [`AnswerBody`] watched by the
+/// request's [`Scoped`] state.
+pub type ScopedBody = Watched<Scoped, AnswerBody>;
+
 /// Wraps `resp` in the request's scope: its access-log entry (when there is
-/// a line to write or a pool to count) and what `scope` holds. Returns the
-/// response as it is when there is nothing to do at its end.
+/// a line to write or a pool to count) and what `scope` holds.
 pub fn respond(
     state: &AppState,
     access: AccessStart,
     fields: RouteFields,
     scope: Scope,
-    resp: Response<ResponseBody>,
-) -> Response<ResponseBody> {
+    resp: Response<AnswerBody>,
+) -> Response<ScopedBody> {
     let (parts, body) = resp.into_parts();
     let entry = Entry::new(state, access, fields, &parts);
-    if entry.is_none() && scope.is_empty() {
-        return Response::from_parts(parts, body);
-    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -110,12 +116,8 @@ pub fn respond(
         .or_else(|| body.size_hint().exact());
     let kept = parts.extensions.get::<ReportedUsage>().cloned();
     let scoped = Scoped::new(scope, entry, sse, length, kept);
-    Response::from_parts(parts, Watched::new(body, scoped).boxed_unsync())
+    Response::from_parts(parts, Watched::new(body, scoped))
 }
-
-/// The response body of a request with something to do at its end: the
-/// forwarding body watched by the request's [`Scoped`] state.
-pub type ScopedBody = Watched<Scoped>;
 
 /// What a request's answer holds and observes until it ends.
 pub struct Scoped {
@@ -236,6 +238,7 @@ mod tests {
     use crate::net::{Guarded, full_body};
     use crate::routing::RoutingMetrics;
     use crate::server::pending::{Gate, Gates};
+    use http_body_util::BodyExt;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -298,6 +301,7 @@ mod tests {
                     Arc::clone(&self.held_at_inner_drop),
                 ),
             );
+            let inner = Either::Right(inner.boxed_unsync());
             Watched::new(inner, Scoped::new(scope, None, true, None, None))
         }
 
