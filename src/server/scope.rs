@@ -29,7 +29,7 @@
 //! its line with its last byte, as a server may drop it without polling
 //! its end. Cost per frame: a length add, a content scan until the first
 //! content, and a copy into the tail buffer while a settlement or a line
-//! is pending.
+//! is pending (cut back once per 8 KiB of body, not per frame).
 
 use std::time::Instant;
 
@@ -119,6 +119,27 @@ pub fn respond(
     Response::from_parts(parts, Watched::new(body, scoped))
 }
 
+/// The last [`TAIL_BYTES`] of a body, where its `usage` is read. Up to
+/// twice that is kept and cut back at once: one copy per 8 KiB of body
+/// rather than one per frame.
+#[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, data: &[u8]) {
+        self.0.extend_from_slice(data);
+        if self.0.len() > 2 * TAIL_BYTES {
+            let cut = self.0.len() - TAIL_BYTES;
+            self.0.drain(..cut);
+        }
+    }
+
+    /// The last [`TAIL_BYTES`] (all of a shorter body).
+    fn last(&self) -> &[u8] {
+        &self.0[self.0.len().saturating_sub(TAIL_BYTES)..]
+    }
+}
+
 /// What a request's answer holds and observes until it ends.
 pub struct Scoped {
     scope: Scope,
@@ -129,7 +150,7 @@ pub struct Scoped {
     length: Option<u64>,
     seen: u64,
     first_content: Option<Instant>,
-    tail: Vec<u8>,
+    tail: Tail,
     /// The usage event llmlb asked a stream for and kept from the client.
     kept: Option<ReportedUsage>,
     /// The usage once read (the body's usage, the token total).
@@ -151,7 +172,7 @@ impl Scoped {
             length,
             seen: 0,
             first_content: None,
-            tail: Vec::new(),
+            tail: Tail::default(),
             kept,
             usage: None,
         }
@@ -170,7 +191,7 @@ impl Scoped {
             .as_ref()
             .and_then(ReportedUsage::event)
             .and_then(|e| find_usage(e));
-        let body = find_usage(&self.tail);
+        let body = find_usage(self.tail.last());
         let total = kept
             .and_then(|u| u.total_tokens)
             .or(body.and_then(|u| u.total_tokens));
@@ -199,11 +220,7 @@ impl Watch for Scoped {
         if self.first_content.is_none() && !data.is_empty() && (!self.sse || has_content(data)) {
             self.first_content = Some(Instant::now());
         }
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > TAIL_BYTES {
-            let cut = self.tail.len() - TAIL_BYTES;
-            self.tail.drain(..cut);
-        }
+        self.tail.push(data);
         if at_end || self.length.is_some_and(|n| self.seen >= n) {
             self.log("complete");
         }
@@ -361,11 +378,23 @@ mod tests {
         let mut body = f.body();
         let scoped = body.watch_mut();
         scoped.kept = Some(kept);
-        scoped.tail = br#"data: {"usage":null}"#.to_vec();
+        scoped.tail = Tail(br#"data: {"usage":null}"#.to_vec());
         let (usage, total) = scoped.usage();
         assert_eq!(total, Some(7));
         assert_eq!(usage.and_then(|u| u.completion_tokens), Some(4));
-        scoped.tail.clear();
+        scoped.tail.0.clear();
         assert_eq!(scoped.usage().0, usage, "read once");
+    }
+
+    #[test]
+    fn the_tail_is_the_last_8_kib_however_much_is_kept() {
+        let mut tail = Tail::default();
+        let body: Vec<u8> = (0..5 * TAIL_BYTES + 123).map(|i| (i % 251) as u8).collect();
+        for (n, frame) in body.chunks(1000).enumerate() {
+            tail.push(frame);
+            let seen = ((n + 1) * 1000).min(body.len());
+            assert_eq!(tail.last(), &body[seen.saturating_sub(TAIL_BYTES)..seen]);
+            assert!(tail.0.len() <= 2 * TAIL_BYTES);
+        }
     }
 }
