@@ -18,16 +18,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use tokio::time::Sleep;
-
+use super::idle::IdleTimer;
 use super::usage_strip::UsageStrip;
 use crate::balancing::{InFlightGuard, Replica};
 use crate::net::{BoxError, ReportedUsage, usage_tokens};
 use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::{Metrics, ReplicaSeries};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 
 /// The status label of a response whose stream broke midway.
 pub const STREAM_ERROR: &str = "stream_error";
@@ -73,8 +72,7 @@ impl Drop for Completion {
 
 pub struct ProxyBody {
     inner: Incoming,
-    idle: Pin<Box<Sleep>>,
-    idle_timeout: Duration,
+    idle: IdleTimer,
     /// Released at end of stream.
     guard: Option<InFlightGuard>,
     completion: Option<Completion>,
@@ -98,8 +96,7 @@ impl ProxyBody {
     ) -> ProxyBody {
         ProxyBody {
             inner,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
-            idle_timeout,
+            idle: IdleTimer::new(idle_timeout),
             guard: Some(guard),
             completion: Some(completion),
             sse,
@@ -257,8 +254,7 @@ impl Body for ProxyBody {
                     if let Some(data) = frame.data_ref() {
                         this.account(data);
                     }
-                    let deadline = tokio::time::Instant::now() + this.idle_timeout;
-                    this.idle.as_mut().reset(deadline);
+                    this.idle.touch();
                     // A body of known length ends with its last byte: hyper
                     // stops polling there, so this is where the answer is
                     // complete (not a client that went away).
@@ -286,18 +282,16 @@ impl Body for ProxyBody {
                     this.finish();
                     return Poll::Ready(rest.map(Ok));
                 }
-                Poll::Pending => {
-                    return match this.idle.as_mut().poll(cx) {
-                        Poll::Ready(()) => this.fail(
-                            "idle_timeout",
-                            format!(
-                                "replica sent nothing for {}",
-                                crate::config::format_duration(this.idle_timeout)
-                            ),
+                Poll::Pending if this.idle.expired(cx) => {
+                    return this.fail(
+                        "idle_timeout",
+                        format!(
+                            "replica sent nothing for {}",
+                            crate::config::format_duration(this.idle.timeout())
                         ),
-                        Poll::Pending => Poll::Pending,
-                    };
+                    );
                 }
+                Poll::Pending => return Poll::Pending,
             }
         }
     }

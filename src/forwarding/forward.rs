@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
-use crate::net::{ReportedUsage, ResponseBody};
+use crate::net::ReportedUsage;
 use crate::routing::{Choice, StreamBroken, choose};
 use crate::routing::{Decision, Failure, Pool};
 use crate::telemetry::Metrics;
@@ -50,7 +50,7 @@ pub struct ForwardRequest<'a> {
     pub trace: Option<&'a crate::telemetry::trace::RequestTrace>,
 }
 
-pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ResponseBody>, ForwardError> {
+pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>, ForwardError> {
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
@@ -325,7 +325,7 @@ fn stream_back(
     replica: &Arc<Replica>,
     guard: balancing::InFlightGuard,
     strip_usage: bool,
-) -> Response<ResponseBody> {
+) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts
@@ -361,7 +361,7 @@ fn stream_back(
         parts.extensions.insert(reported.clone());
         body = body.strip_usage(reported);
     }
-    Response::from_parts(parts, body.boxed_unsync())
+    Response::from_parts(parts, body)
 }
 
 fn count_upstream_error(metrics: &Metrics, pool: &Pool, replica: &Replica, kind: &str) {

@@ -7,6 +7,7 @@ mod dispatched;
 mod error;
 mod forward;
 mod headers;
+mod idle;
 mod recent;
 mod stream_usage;
 mod usage_strip;

@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -21,7 +23,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-use super::body::ResponseBody;
+use super::body::BoxError;
 use super::client_tls::ClientIo;
 use super::connection::{Activity, Ended, Phase, TrackedIo, drive};
 use super::guarded::Guarded;
@@ -135,8 +137,10 @@ impl ConnMetrics {
 /// Serves `listener` until `shutdown` turns true, then stops accepting and
 /// waits up to the drain timeout for open connections to finish their
 /// requests; connections still open then are closed. `metrics`, when
-/// given, counts the connections open and closed.
-pub async fn run<H, F>(
+/// given, counts the connections open and closed. Each answer's body `B` is
+/// served as it is, held by the connection's count of requests in flight
+/// (no boxed body in between).
+pub async fn run<H, F, B>(
     listener: TcpListener,
     handler: H,
     mut shutdown: watch::Receiver<bool>,
@@ -144,7 +148,9 @@ pub async fn run<H, F>(
     metrics: Option<ConnMetrics>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

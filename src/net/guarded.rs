@@ -4,6 +4,11 @@
 //! (the client went away). On a drop the inner body (and whatever guards
 //! it holds) goes first, then the watcher's end.
 //!
+//! `Watched` is generic over its inner body, so watchers stack without a
+//! boxed body between them: a frame crosses them as direct, inlinable
+//! calls, with one dynamic `poll_frame` at most (wherever a boxed body sits
+//! inside).
+//!
 //! [`Guarded`] is the simplest watcher: a guard held until the end, used to
 //! count a request as pending (per connection) for exactly as long as its
 //! answer is streaming. The request's scope (`server::scope`) is another.
@@ -13,9 +18,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 
-use super::body::{BoxError, ResponseBody, full_body};
+use super::body::ResponseBody;
 
 /// How a watched body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,26 +43,23 @@ pub trait Watch: Send + Unpin + 'static {
     fn end(&mut self, how: End);
 }
 
-pub struct Watched<W: Watch> {
-    inner: ResponseBody,
-    watch: W,
-    done: bool,
+/// `inner` watched by `watch`. The fields drop in order: the inner body
+/// first, then the [`Watcher`], which calls the end of a body that did not
+/// reach it.
+pub struct Watched<W: Watch, B: Body + Unpin = ResponseBody> {
+    inner: B,
+    watch: Watcher<W>,
 }
 
-impl<W: Watch> Watched<W> {
-    pub fn new(inner: ResponseBody, watch: W) -> Watched<W> {
-        Watched {
-            inner,
-            watch,
-            done: false,
-        }
-    }
+/// The watcher and whether its end has been called.
+struct Watcher<W: Watch> {
+    watch: W,
+    done: bool,
+    /// Whether the inner body said it was at its end when dropped.
+    at_end: bool,
+}
 
-    /// The watcher (its state, for tests and inspection).
-    pub fn watch_mut(&mut self) -> &mut W {
-        &mut self.watch
-    }
-
+impl<W: Watch> Watcher<W> {
     fn end(&mut self, how: End) {
         if !std::mem::replace(&mut self.done, true) {
             self.watch.end(how);
@@ -66,25 +67,51 @@ impl<W: Watch> Watched<W> {
     }
 }
 
-impl<W: Watch> Body for Watched<W> {
-    type Data = Bytes;
-    type Error = BoxError;
+impl<W: Watch> Drop for Watcher<W> {
+    fn drop(&mut self) {
+        let at_end = self.at_end;
+        self.end(End::Dropped { at_end });
+    }
+}
 
+impl<W: Watch, B: Body + Unpin> Watched<W, B> {
+    pub fn new(inner: B, watch: W) -> Watched<W, B> {
+        Watched {
+            inner,
+            watch: Watcher {
+                watch,
+                done: false,
+                at_end: false,
+            },
+        }
+    }
+
+    /// The watcher (its state, for tests and inspection).
+    pub fn watch_mut(&mut self) -> &mut W {
+        &mut self.watch.watch
+    }
+}
+
+impl<W: Watch, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        // `Watched` is `Unpin`: a boxed body, an `Unpin` watcher and a flag.
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        // `Watched` is `Unpin`: an `Unpin` body, an `Unpin` watcher and flags.
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.watch.data(data, this.inner.is_end_stream());
+                    this.watch.watch.data(data, this.inner.is_end_stream());
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.end(End::Failed),
-            Poll::Ready(None) => this.end(End::Complete),
+            Poll::Ready(Some(Err(_))) => this.watch.end(End::Failed),
+            Poll::Ready(None) => this.watch.end(End::Complete),
             Poll::Pending => {}
         }
         polled
@@ -99,11 +126,11 @@ impl<W: Watch> Body for Watched<W> {
     }
 }
 
-impl<W: Watch> Drop for Watched<W> {
+impl<W: Watch, B: Body + Unpin> Drop for Watched<W, B> {
+    /// Notes whether the inner body was at its end; the fields then drop in
+    /// order (the inner body, then the watcher's end).
     fn drop(&mut self) {
-        let at_end = self.inner.is_end_stream();
-        drop(std::mem::replace(&mut self.inner, full_body(Bytes::new())));
-        self.end(End::Dropped { at_end });
+        self.watch.at_end = self.inner.is_end_stream();
     }
 }
 
@@ -112,8 +139,8 @@ pub struct Guarded<G>(Option<G>);
 
 impl<G: Send + 'static> Guarded<G> {
     /// Wraps `body`; `guard` is dropped at end of stream or with the body.
-    pub fn wrap(body: ResponseBody, guard: G) -> ResponseBody {
-        Watched::new(body, Guarded(Some(guard))).boxed_unsync()
+    pub fn wrap<B: Body + Unpin>(body: B, guard: G) -> Watched<Guarded<G>, B> {
+        Watched::new(body, Guarded(Some(guard)))
     }
 }
 
@@ -129,8 +156,9 @@ impl<G> Unpin for Guarded<G> {}
 mod tests {
     use super::*;
     use crate::net::full_body;
-    use std::sync::Arc;
+    use http_body_util::BodyExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
 
     struct Count(Arc<AtomicUsize>);
     impl Drop for Count {
@@ -150,5 +178,46 @@ mod tests {
         drop(b);
         assert_eq!(n.load(Ordering::SeqCst), 0, "dropped body released");
         drop(a);
+    }
+
+    /// Notes each end it is told, with how many inner guards were alive.
+    struct Ends {
+        alive: Arc<AtomicUsize>,
+        seen: Arc<Mutex<Vec<(End, usize)>>>,
+    }
+
+    impl Watch for Ends {
+        fn end(&mut self, how: End) {
+            let alive = self.alive.load(Ordering::SeqCst);
+            self.seen.lock().unwrap().push((how, alive));
+        }
+    }
+
+    #[tokio::test]
+    async fn each_end_is_told_once_and_a_drop_after_the_inner_body() {
+        let alive = Arc::new(AtomicUsize::new(2));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let ends = || Ends {
+            alive: Arc::clone(&alive),
+            seen: Arc::clone(&seen),
+        };
+        let guarded = |text| Guarded::wrap(full_body(text), Count(Arc::clone(&alive)));
+        let mut complete = Watched::new(full_body("q"), ends());
+        assert!(complete.frame().await.unwrap().is_ok());
+        assert!(complete.frame().await.is_none());
+        drop(complete);
+        // Read to its last byte, then dropped without a poll for its end.
+        let mut read = Watched::new(guarded("abc"), ends());
+        assert!(read.frame().await.unwrap().is_ok());
+        drop(read);
+        drop(Watched::new(guarded("xyz"), ends()));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                (End::Complete, 2),
+                (End::Dropped { at_end: true }, 1),
+                (End::Dropped { at_end: false }, 0),
+            ]
+        );
     }
 }

@@ -7,17 +7,17 @@ use std::time::Instant;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
+use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::closed::ClientClosed;
-use super::scope::{self, Scope};
+use super::scope::{self, AnswerBody, Scope, ScopedBody};
 use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
 use super::{access_log, stages, surface};
 use crate::admission::Settlement;
 use crate::forwarding::REQUEST_ID;
 use crate::gateway::RateHeaders;
-use crate::net::ResponseBody;
 
 /// Handles one request. The client-closed record is made when hyper hands
 /// the request over, before the future first runs: hyper may drop a future
@@ -26,7 +26,7 @@ pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
-) -> impl Future<Output = Response<ResponseBody>> + Send {
+) -> impl Future<Output = Response<ScopedBody>> + Send {
     let closed = ClientClosed::new(&state.metrics);
     handle_counted(state, peer, req, closed)
 }
@@ -36,7 +36,7 @@ async fn handle_counted(
     peer: SocketAddr,
     req: Request<Incoming>,
     mut closed: ClientClosed,
-) -> Response<ResponseBody> {
+) -> Response<ScopedBody> {
     let start = Instant::now();
     let request_id = request_id(req.headers());
     let origin = req.headers().get(header::ORIGIN).cloned();
@@ -67,12 +67,12 @@ async fn handle_counted(
                 .with_label_values(&[err.reason()])
                 .inc();
             tracing::info!(code = err.code(), error = %err.log_message(), request_id = ?request_id, "request rejected");
-            (err.into_response(), Scope::default())
+            (err.into_response().map(Either::Right), Scope::default())
         }
     };
     super::limit_headers::apply(&rate, resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
-    surface::apply_cors(&state, origin.as_ref(), &mut resp);
+    surface::apply_cors(&state, origin.as_ref(), resp.headers_mut());
     scope::respond(&state, access, fields, scope, resp)
 }
 
@@ -92,10 +92,10 @@ async fn route(
     ctx: &RequestCtx<'_>,
     req: Request<Incoming>,
     notes: Notes<'_>,
-) -> Result<(Response<ResponseBody>, Scope), ApiError> {
+) -> Result<(Response<AnswerBody>, Scope), ApiError> {
     let state = ctx.state;
     if let Some(answer) = stages::answer_locally(state, &req).await {
-        return answer.map(|resp| (resp, Scope::default()));
+        return answer.map(|resp| (resp.map(Either::Right), Scope::default()));
     }
     // One generation for the whole request: its gateway, config and
     // topology always belong together, whatever reloads meanwhile.
@@ -156,7 +156,10 @@ async fn route(
         estimated: estimate.total,
         metrics: state.admission_metrics.clone(),
     };
-    Ok((resp, Scope::routed(version, pending, permit, settlement)))
+    Ok((
+        resp.map(Either::Left),
+        Scope::routed(version, pending, permit, settlement),
+    ))
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh version-4

@@ -14,6 +14,14 @@
 //! `net::ReportedUsage`). The end-of-answer work runs exactly once, when the
 //! body ends, fails or is dropped (the client went away).
 //!
+//! The chain a frame crosses is one static type, [`ScopedBody`], with no
+//! boxed body in between: the scope watches an [`AnswerBody`], the
+//! replica's `ProxyBody` itself or a body llmlb made (an error, a local
+//! answer); the accept loop then wraps it in its per-connection count
+//! (`net::Guarded`). Every answer is wrapped, also one with nothing to do
+//! at its end (an empty scope and no log line): that costs a length add
+//! per frame, less than a boxed layer would.
+//!
 //! Order at the end: the forwarding body (its in-flight guard) goes first,
 //! then the version record, the pending guard and the queue permit (a
 //! waiter the permit grants finds the replica's slot already free), then
@@ -21,7 +29,7 @@
 //! its line with its last byte, as a server may drop it without polling
 //! its end. Cost per frame: a length add, a content scan until the first
 //! content, and a copy into the tail buffer while a settlement or a line
-//! is pending.
+//! is pending (cut back once per 8 KiB of body, not per frame).
 
 use std::time::Instant;
 
@@ -29,12 +37,13 @@ use bytes::Bytes;
 use http::Response;
 use http::header;
 use http_body::Body;
-use http_body_util::BodyExt;
+use http_body_util::Either;
 
 use super::AppState;
 use super::access_log::{AccessStart, Entry, RouteFields, Usage, find_usage, has_content};
 use super::pending::PendingGuard;
 use crate::admission::{Permit, Settlement};
+use crate::forwarding::ProxyBody;
 use crate::net::{End, ReportedUsage, ResponseBody, Watch, Watched};
 use crate::routing::VersionRecord;
 
@@ -73,30 +82,27 @@ impl Scope {
             settlement: settles.then_some(settlement),
         }
     }
-
-    fn is_empty(&self) -> bool {
-        self.version.is_none()
-            && self.pending.is_none()
-            && self.permit.is_none()
-            && self.settlement.is_none()
-    }
 }
 
+/// An answer's body before its scope: the replica's stream as forwarding
+/// passes it on (`Left`), or a body llmlb made itself (`Right`).
+pub type AnswerBody = Either<ProxyBody, ResponseBody>;
+
+/// The response body of every answer: the [`AnswerBody`] watched by the
+/// request's [`Scoped`] state.
+pub type ScopedBody = Watched<Scoped, AnswerBody>;
+
 /// Wraps `resp` in the request's scope: its access-log entry (when there is
-/// a line to write or a pool to count) and what `scope` holds. Returns the
-/// response as it is when there is nothing to do at its end.
+/// a line to write or a pool to count) and what `scope` holds.
 pub fn respond(
     state: &AppState,
     access: AccessStart,
     fields: RouteFields,
     scope: Scope,
-    resp: Response<ResponseBody>,
-) -> Response<ResponseBody> {
+    resp: Response<AnswerBody>,
+) -> Response<ScopedBody> {
     let (parts, body) = resp.into_parts();
     let entry = Entry::new(state, access, fields, &parts);
-    if entry.is_none() && scope.is_empty() {
-        return Response::from_parts(parts, body);
-    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -110,12 +116,29 @@ pub fn respond(
         .or_else(|| body.size_hint().exact());
     let kept = parts.extensions.get::<ReportedUsage>().cloned();
     let scoped = Scoped::new(scope, entry, sse, length, kept);
-    Response::from_parts(parts, Watched::new(body, scoped).boxed_unsync())
+    Response::from_parts(parts, Watched::new(body, scoped))
 }
 
-/// The response body of a request with something to do at its end: the
-/// forwarding body watched by the request's [`Scoped`] state.
-pub type ScopedBody = Watched<Scoped>;
+/// The last [`TAIL_BYTES`] of a body, where its `usage` is read. Up to
+/// twice that is kept and cut back at once: one copy per 8 KiB of body
+/// rather than one per frame.
+#[derive(Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, data: &[u8]) {
+        self.0.extend_from_slice(data);
+        if self.0.len() > 2 * TAIL_BYTES {
+            let cut = self.0.len() - TAIL_BYTES;
+            self.0.drain(..cut);
+        }
+    }
+
+    /// The last [`TAIL_BYTES`] (all of a shorter body).
+    fn last(&self) -> &[u8] {
+        &self.0[self.0.len().saturating_sub(TAIL_BYTES)..]
+    }
+}
 
 /// What a request's answer holds and observes until it ends.
 pub struct Scoped {
@@ -127,7 +150,7 @@ pub struct Scoped {
     length: Option<u64>,
     seen: u64,
     first_content: Option<Instant>,
-    tail: Vec<u8>,
+    tail: Tail,
     /// The usage event llmlb asked a stream for and kept from the client.
     kept: Option<ReportedUsage>,
     /// The usage once read (the body's usage, the token total).
@@ -149,7 +172,7 @@ impl Scoped {
             length,
             seen: 0,
             first_content: None,
-            tail: Vec::new(),
+            tail: Tail::default(),
             kept,
             usage: None,
         }
@@ -168,7 +191,7 @@ impl Scoped {
             .as_ref()
             .and_then(ReportedUsage::event)
             .and_then(|e| find_usage(e));
-        let body = find_usage(&self.tail);
+        let body = find_usage(self.tail.last());
         let total = kept
             .and_then(|u| u.total_tokens)
             .or(body.and_then(|u| u.total_tokens));
@@ -197,11 +220,7 @@ impl Watch for Scoped {
         if self.first_content.is_none() && !data.is_empty() && (!self.sse || has_content(data)) {
             self.first_content = Some(Instant::now());
         }
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > TAIL_BYTES {
-            let cut = self.tail.len() - TAIL_BYTES;
-            self.tail.drain(..cut);
-        }
+        self.tail.push(data);
         if at_end || self.length.is_some_and(|n| self.seen >= n) {
             self.log("complete");
         }
@@ -236,6 +255,7 @@ mod tests {
     use crate::net::{Guarded, full_body};
     use crate::routing::RoutingMetrics;
     use crate::server::pending::{Gate, Gates};
+    use http_body_util::BodyExt;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -298,6 +318,7 @@ mod tests {
                     Arc::clone(&self.held_at_inner_drop),
                 ),
             );
+            let inner = Either::Right(inner.boxed_unsync());
             Watched::new(inner, Scoped::new(scope, None, true, None, None))
         }
 
@@ -357,11 +378,23 @@ mod tests {
         let mut body = f.body();
         let scoped = body.watch_mut();
         scoped.kept = Some(kept);
-        scoped.tail = br#"data: {"usage":null}"#.to_vec();
+        scoped.tail = Tail(br#"data: {"usage":null}"#.to_vec());
         let (usage, total) = scoped.usage();
         assert_eq!(total, Some(7));
         assert_eq!(usage.and_then(|u| u.completion_tokens), Some(4));
-        scoped.tail.clear();
+        scoped.tail.0.clear();
         assert_eq!(scoped.usage().0, usage, "read once");
+    }
+
+    #[test]
+    fn the_tail_is_the_last_8_kib_however_much_is_kept() {
+        let mut tail = Tail::default();
+        let body: Vec<u8> = (0..5 * TAIL_BYTES + 123).map(|i| (i % 251) as u8).collect();
+        for (n, frame) in body.chunks(1000).enumerate() {
+            tail.push(frame);
+            let seen = ((n + 1) * 1000).min(body.len());
+            assert_eq!(tail.last(), &body[seen.saturating_sub(TAIL_BYTES)..seen]);
+            assert!(tail.0.len() <= 2 * TAIL_BYTES);
+        }
     }
 }

@@ -17,8 +17,9 @@ use super::stages::Estimate;
 use super::{ApiError, AppState};
 use crate::admission::Permit;
 use crate::balancing::RequestInfo;
-use crate::forwarding::{ForwardRequest, StreamOptions, forward, strip_hop_by_hop, strip_private};
-use crate::net::ResponseBody;
+use crate::forwarding::{
+    ForwardRequest, ProxyBody, StreamOptions, forward, strip_hop_by_hop, strip_private,
+};
 use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
@@ -95,7 +96,7 @@ pub async fn send(
     decision: &Decision,
     out: Outgoing<'_>,
     permit: Option<&mut Permit>,
-) -> Result<(Response<ResponseBody>, Option<VersionRecord>), ApiError> {
+) -> Result<(Response<ProxyBody>, Option<VersionRecord>), ApiError> {
     let Outgoing { parts, body, .. } = out;
     let path_and_query = parts
         .uri
@@ -163,11 +164,11 @@ fn upstream_headers(mut headers: HeaderMap, strip_key: bool, pool: &Pool) -> Hea
 /// Tags the response with its canary version; the record it returns notes
 /// the version's outcome when the answer ends.
 fn tag_version(
-    mut resp: Response<ResponseBody>,
+    mut resp: Response<ProxyBody>,
     ctx: &RequestCtx<'_>,
     pool: &str,
     version: &Arc<str>,
-) -> (Response<ResponseBody>, Option<VersionRecord>) {
+) -> (Response<ProxyBody>, Option<VersionRecord>) {
     let record = VersionRecord {
         metrics: ctx.state.routing_metrics.clone(),
         pool: pool.to_string(),

@@ -129,13 +129,9 @@ fn preflight(cors: &CorsConfig, origin: &HeaderValue) -> Response<ResponseBody> 
     resp
 }
 
-/// Adds CORS headers to an answer for a request from `origin` when
-/// `[server.cors]` allows it.
-pub fn apply_cors(
-    state: &AppState,
-    origin: Option<&HeaderValue>,
-    resp: &mut Response<ResponseBody>,
-) {
+/// Adds CORS headers to an answer's `headers` for a request from `origin`
+/// when `[server.cors]` allows it.
+pub fn apply_cors(state: &AppState, origin: Option<&HeaderValue>, headers: &mut HeaderMap) {
     let config = state.config();
     let (Some(cors), Some(origin)) = (&config.server.cors, origin) else {
         return;
@@ -144,13 +140,12 @@ pub fn apply_cors(
         return;
     };
     if let Ok(v) = HeaderValue::from_str(&allowed) {
-        let h = resp.headers_mut();
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
-        h.insert(
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        headers.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
             HeaderValue::from_static("x-request-id, retry-after"),
         );
-        h.append(header::VARY, HeaderValue::from_static("origin"));
+        headers.append(header::VARY, HeaderValue::from_static("origin"));
     }
 }
 

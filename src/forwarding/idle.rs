@@ -1,0 +1,103 @@
+//! The idle-between-chunks timer of a streamed answer: [`IdleTimer`] fires
+//! once the replica has sent nothing for its timeout.
+//!
+//! A frame only notes the time (one clock read). The timer itself is moved
+//! on when it fires before the last frame's deadline, so a stream of many
+//! frames resets it about once per timeout rather than once per frame
+//! (resetting a tokio timer costs several times a clock read).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+pub struct IdleTimer {
+    /// Fires at the deadline it was last set to, which may be early.
+    sleep: Pin<Box<Sleep>>,
+    timeout: Duration,
+    /// When the replica last sent a frame (or the timer was made).
+    last: Instant,
+}
+
+impl IdleTimer {
+    pub fn new(timeout: Duration) -> IdleTimer {
+        let now = Instant::now();
+        IdleTimer {
+            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+            timeout,
+            last: now,
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A frame came: the timeout counts from now.
+    pub fn touch(&mut self) {
+        self.last = Instant::now();
+    }
+
+    /// Whether nothing came for the timeout; otherwise `cx` is woken when
+    /// that may have happened.
+    pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            let deadline = self.last + self.timeout;
+            if deadline <= Instant::now() {
+                return true;
+            }
+            self.sleep.as_mut().reset(deadline);
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use std::task::Poll;
+
+    /// Polls `timer` once.
+    async fn expired(timer: &mut IdleTimer) -> bool {
+        poll_fn(|cx| Poll::Ready(timer.expired(cx))).await
+    }
+
+    /// Waits until `timer` fires.
+    async fn fired(timer: &mut IdleTimer) {
+        poll_fn(|cx| match timer.expired(cx) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fires_a_timeout_after_the_last_frame_and_not_before() {
+        let start = Instant::now();
+        let mut timer = IdleTimer::new(Duration::from_millis(200));
+        // Frames every 150 ms for 600 ms: never idle for 200 ms.
+        for _ in 0..4 {
+            tokio::time::advance(Duration::from_millis(150)).await;
+            assert!(!expired(&mut timer).await);
+            timer.touch();
+        }
+        let last = Instant::now();
+        tokio::time::advance(Duration::from_millis(199)).await;
+        assert!(!expired(&mut timer).await, "one ms before the deadline");
+        fired(&mut timer).await;
+        assert_eq!(Instant::now() - last, Duration::from_millis(200));
+        assert_eq!(last - start, Duration::from_millis(600));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_answer_times_out_from_the_start() {
+        let start = Instant::now();
+        let mut timer = IdleTimer::new(Duration::from_secs(3));
+        fired(&mut timer).await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(3));
+        assert!(expired(&mut timer).await, "stays expired");
+    }
+}
