@@ -85,6 +85,10 @@ pub struct SimulateArgs {
     /// a larger model).
     #[arg(long)]
     pub num_blocks: Option<usize>,
+    /// Override the profile's most sequences batched at once per replica
+    /// (vLLM's `--max-num-seqs`).
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
     /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
     #[arg(
@@ -160,11 +164,15 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     if let Some(len) = args.max_model_len {
         profile.engine.max_model_len = len;
     }
-    if args.num_blocks.is_some() || args.max_model_len.is_some() {
-        profile
-            .engine
-            .validate()
-            .map_err(|e| SimulateError::Invalid(format!("--num-blocks / --max-model-len: {e}")))?;
+    if let Some(seqs) = args.max_num_seqs {
+        profile.engine.max_num_seqs = seqs;
+    }
+    if args.num_blocks.is_some() || args.max_model_len.is_some() || args.max_num_seqs.is_some() {
+        profile.engine.validate().map_err(|e| {
+            SimulateError::Invalid(format!(
+                "--num-blocks / --max-model-len / --max-num-seqs: {e}"
+            ))
+        })?;
     }
     let policies = args
         .policies

@@ -161,3 +161,11 @@ fn the_tiers_flag_names_a_bad_tier_and_adds_a_table_only_when_given() {
         "{tiered}"
     );
 }
+
+#[test]
+fn the_engine_shape_flags_are_checked() {
+    let err = execute_flags(&["--max-num-seqs", "0"]).unwrap_err();
+    assert!(err.contains("--max-num-seqs"), "{err}");
+    let out = execute_flags(&["--max-num-seqs", "2"]).unwrap();
+    assert!(out.contains("least_connections"), "{out}");
+}
