@@ -12,7 +12,7 @@
 //! n             (requests)  = waiters at the newcomer's level or above, + 1
 //!
 //! max_wait test:     estimated wait  n ÷ r  > max_wait            → 429
-//! ttft_objective:    predicted TTFT  w + placement  > objective   → 429
+//! ttft_objective:    predicted TTFT  w + placement + wave  > objective → 429
 //!   k (requests) = n ÷ max(1 − above_L, MIN_LEFT): the slot releases the
 //!                 newcomer waits for once the levels above take their share,
 //!                 above_L being the share of recent grants that went to
@@ -31,6 +31,12 @@
 //!                 prompt tokens at the replica's learned (else prior)
 //!                 prefill rate, computed by routing's cost model before the
 //!                 request queues (`routing::placement_ttft`)
+//!   wave (s)     = j ÷ replicas × own prefill: j, the releases within
+//!                 WAVE·S before t_k' (the same wave), are dispatched with
+//!                 the newcomer, spread over the replicas, and their
+//!                 prompts are prefilled in the same engine steps as its
+//!                 own (a placement priced before dispatch does not see
+//!                 them)
 //!   no S yet:     a newcomer that would wait has no prediction → 429
 //! Retry-After (s)   = (all waiters + 1) ÷ r: the backlog's drain time
 //! ```
@@ -85,6 +91,9 @@ const MIN_LEFT: f64 = 0.1;
 /// Standard deviations of the release count a deadline prediction adds
 /// (one-sided 99 %).
 const Z: f64 = 2.33;
+/// Releases this close together (a share of the service time) form one
+/// wave: their waiters are dispatched together.
+const WAVE: f64 = 0.02;
 
 /// The mean service time after a request held its slot `held` seconds
 /// (an exponentially weighted mean; the first sample is the mean).
@@ -140,6 +149,29 @@ impl Drain {
     }
 }
 
+/// A newcomer's predicted time to first token once dispatched, as the
+/// routing stage prices it before it queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Placement {
+    /// On the best replica now.
+    pub ttft: Duration,
+    /// Its own prefill there: what each request dispatched to the same
+    /// replica in the same wave of releases, before it, adds.
+    pub prefill: Duration,
+    /// Replicas that may take it (a wave spreads over them).
+    pub replicas: usize,
+}
+
+impl From<Duration> for Placement {
+    /// A placement known only as a time.
+    fn from(ttft: Duration) -> Placement {
+        Placement {
+            ttft,
+            ..Placement::default()
+        }
+    }
+}
+
 /// A newcomer as the deadline test sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Newcomer {
@@ -149,7 +181,7 @@ pub struct Newcomer {
     /// A slot is free and nobody waits: it is dispatched at once.
     pub now: bool,
     /// Predicted TTFT once dispatched.
-    pub placement: Duration,
+    pub placement: Placement,
 }
 
 /// The newcomer's predicted time to first token, in seconds: its queue
@@ -158,7 +190,7 @@ pub struct Newcomer {
 /// would wait and no request has been served yet: nothing says when a slot
 /// frees.
 pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer) -> Option<f64> {
-    let placement = c.placement.as_secs_f64();
+    let placement = c.placement.ttft.as_secs_f64();
     if c.now || ages.is_empty() {
         return Some(placement);
     }
@@ -168,7 +200,23 @@ pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer)
     let k = (k + Z * k.sqrt()).ceil() as usize;
     let mut remaining: Vec<f64> = ages.iter().map(|a| (service - a).max(0.0)).collect();
     remaining.resize(remaining.len().max(capacity), 0.0);
-    Some(kth_release(&remaining, service, k) + placement)
+    let at = kth_release(&remaining, service, k);
+    // Released in the same wave before it: dispatched with it, their
+    // prefills share its replicas' next steps.
+    let before_wave = releases_by(&remaining, service, at - WAVE * service);
+    let with_it = k.saturating_sub(before_wave + 1) as f64;
+    let wave = with_it / c.placement.replicas.max(1) as f64 * c.placement.prefill.as_secs_f64();
+    Some(at + placement + wave)
+}
+
+/// How many slot releases come by `t` seconds from now: slot `i` frees at
+/// `remaining[i]` and every `service` seconds after.
+fn releases_by(remaining: &[f64], service: f64, t: f64) -> usize {
+    remaining
+        .iter()
+        .filter(|r| **r <= t)
+        .map(|r| ((t - r) / service) as usize + 1)
+        .sum()
 }
 
 /// When the `k`-th slot release comes, in seconds from now: slot `i` frees
@@ -178,13 +226,7 @@ pub fn kth_release(remaining: &[f64], service: f64, k: usize) -> f64 {
     if remaining.is_empty() || k == 0 || service <= 0.0 {
         return 0.0;
     }
-    let releases = |t: f64| -> usize {
-        remaining
-            .iter()
-            .filter(|r| **r <= t)
-            .map(|r| ((t - r) / service) as usize + 1)
-            .sum()
-    };
+    let releases = |t: f64| releases_by(remaining, service, t);
     let latest = remaining.iter().copied().fold(0.0, f64::max);
     let (mut lo, mut hi) = (
         0.0,
@@ -221,7 +263,7 @@ mod tests {
             level,
             ahead,
             now: false,
-            placement: Duration::from_millis(placement_ms),
+            placement: Duration::from_millis(placement_ms).into(),
         }
     }
 
@@ -259,6 +301,32 @@ mod tests {
             predicted_ttft(&cold, 4, &[], newcomer(0, 8, 250)),
             Some(0.25)
         );
+    }
+
+    #[test]
+    fn requests_released_in_one_wave_share_the_prefill() {
+        // Two replicas, 0.1 s of prefill for this prompt, 0.25 s placement.
+        let placement = Placement {
+            ttft: Duration::from_millis(250),
+            prefill: Duration::from_millis(100),
+            replicas: 2,
+        };
+        let c = Newcomer {
+            placement,
+            ..newcomer(0, 0, 0)
+        };
+        let d = drain(2.0);
+        // Four requests of 2 s started together 0.5 s ago: all four slots
+        // free at 1.5 s. The newcomer needs k' = ⌈1 + 2.33⌉ = 4 releases:
+        // the last of the wave, with three dispatched at the same moment,
+        // half of them on its replica: 1.5 + 0.25 + 1.5 × 0.1 s.
+        let t = predicted_ttft(&d, 4, &[0.5; 4], c).unwrap();
+        assert!((t - 1.9).abs() < 1e-6, "{t}");
+        // The same releases spread over the service time: the fourth comes
+        // alone, nothing shares its prefill.
+        let t = predicted_ttft(&d, 4, &spread(4, 2.0), c).unwrap();
+        let alone = predicted_ttft(&d, 4, &spread(4, 2.0), newcomer(0, 0, 250)).unwrap();
+        assert!((t - alone).abs() < 1e-6, "{t} vs {alone}");
     }
 
     #[test]

@@ -49,7 +49,11 @@ impl Admission {
     /// Waits for a slot at `level`; `placement` is the request's predicted
     /// time to first token once dispatched (see [`PoolQueue::admit`]).
     /// Dropping the future (the client went away) leaves the queue at once.
-    pub async fn acquire(&self, level: usize, placement: Duration) -> Result<Permit, AdmitError> {
+    pub async fn acquire(
+        &self,
+        level: usize,
+        placement: impl Into<estimate::Placement>,
+    ) -> Result<Permit, AdmitError> {
         let start = Instant::now();
         let ticket = match self.queue.admit(level, start, placement) {
             Admit::Now(permit) => {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::estimate::Drain;
+use super::estimate::{Drain, Placement};
 use super::refusal::{Standing, effective_level, lift_horizon, refusal};
 
 mod reload;
@@ -176,7 +176,8 @@ impl PoolQueue {
     /// Admits a request at `level` now, queues it, or refuses it.
     /// `placement` is its predicted time to first token once dispatched
     /// (read only on a level with a `ttft_objective`).
-    pub fn admit(&self, level: usize, now: Instant, placement: Duration) -> Admit {
+    pub fn admit(&self, level: usize, now: Instant, placement: impl Into<Placement>) -> Admit {
+        let placement = placement.into();
         if let Some(next) = self.successor() {
             return next.admit(level, now, placement);
         }
@@ -220,7 +221,7 @@ impl PoolQueue {
             level,
             capacity,
             free,
-            Duration::ZERO,
+            Placement::default(),
             Instant::now(),
         )
     }
@@ -234,7 +235,7 @@ impl PoolQueue {
         level: usize,
         capacity: usize,
         free: bool,
-        placement: Duration,
+        placement: Placement,
         now: Instant,
     ) -> Option<Refusal> {
         let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();

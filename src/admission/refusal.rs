@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use super::estimate::{Drain, Newcomer, predicted_ttft};
+use super::estimate::{Drain, Newcomer, Placement, predicted_ttft};
 use super::queue::{Level, Refusal};
 
 /// The queue as a newcomer at `level` finds it.
@@ -37,7 +37,7 @@ pub struct Standing<'a> {
     pub free: bool,
     /// Its predicted time to first token once dispatched (read only on a
     /// level with a `ttft_objective`).
-    pub placement: Duration,
+    pub placement: Placement,
 }
 
 /// Why a newcomer is refused, or `None` when it is admitted or queued.
@@ -132,7 +132,7 @@ mod tests {
             capacity: 2,
             free,
             promoted: 0,
-            placement: Duration::ZERO,
+            placement: Placement::default(),
         }
     }
 
@@ -187,12 +187,12 @@ mod tests {
         let levels = [level(3600, Some(2))];
         let drain = Drain::default();
         let mut s = standing(0, &[0], true);
-        s.placement = Duration::from_secs(3);
+        s.placement = Duration::from_secs(3).into();
         assert!(matches!(
             refusal(&levels, 10, &drain, s, Vec::new),
             Some(Refusal::OverObjective { estimated, .. }) if estimated == Some(Duration::from_secs(3))
         ));
-        s.placement = Duration::from_secs(1);
+        s.placement = Duration::from_secs(1).into();
         assert_eq!(refusal(&levels, 10, &drain, s, Vec::new), None);
     }
 

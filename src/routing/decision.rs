@@ -22,12 +22,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::prefix::blocks::{chained_hashes, exact_seed};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::score::requests_ahead;
 use super::{Pool, RouteBranch};
+use crate::admission::estimate::Placement;
 use crate::balancing::{Replica, ReplicaId, ReplicaView};
 
 /// Each replica's prefix index (`cache` mode, and `exact` mode's estimate).
@@ -117,19 +119,27 @@ impl Decision {
 /// nothing of it cached, on the eligible replica of `pool` where it is
 /// shortest at `now_ms` (zero when no replica is eligible: the forwarder
 /// answers that case).
-pub fn placement_ttft(pool: &Pool, prompt_tokens: u64, now_ms: u64) -> std::time::Duration {
+pub fn placement_ttft(pool: &Pool, prompt_tokens: u64, now_ms: u64) -> Placement {
     let views: Vec<ReplicaView> = pool
         .eligible_at(now_ms)
         .iter()
         .map(|r| ReplicaView::at(r, now_ms))
         .collect();
     let ahead = requests_ahead(&views, pool.router.max_age_ms);
+    let cost = &pool.router.cost;
     let best = views
         .iter()
         .zip(ahead)
-        .map(|(v, a)| pool.router.cost.expected_ttft(a, &v.rates, prompt_tokens))
-        .fold(f64::INFINITY, f64::min);
-    std::time::Duration::from_secs_f64(if best.is_finite() { best } else { 0.0 })
+        .map(|(v, a)| (cost.expected_ttft(a, &v.rates, prompt_tokens), v))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let Some((ttft, v)) = best else {
+        return Placement::default();
+    };
+    Placement {
+        ttft: Duration::from_secs_f64(ttft),
+        prefill: Duration::from_secs_f64(cost.prefill_seconds(&v.rates, prompt_tokens)),
+        replicas: views.len(),
+    }
 }
 
 /// Membership in a sorted id list.
@@ -170,7 +180,7 @@ mod tests {
         // pool's priors (10,000 prompt tokens/s, 0.02 s per request ahead).
         let t = pool_of("", 3);
         let pool = &t.pools[0];
-        let secs = |tokens| placement_ttft(pool, tokens, 0).as_secs_f64();
+        let secs = |tokens| placement_ttft(pool, tokens, 0).ttft.as_secs_f64();
         assert!((secs(2_000) - 0.2).abs() < 1e-9, "{}", secs(2_000));
         let _busy: Vec<_> = pool.replicas[..2]
             .iter()

@@ -6,7 +6,7 @@
 //! Each step returns what the next one needs or the error the client gets;
 //! none of them writes the response.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
@@ -18,6 +18,7 @@ use super::prompt_tokens::PromptTokens;
 use super::request::{RequestMeta, content_length};
 use super::{ApiError, AppState, surface};
 use crate::admission::Permit;
+use crate::admission::estimate::Placement;
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
@@ -275,7 +276,7 @@ pub async fn admit(
     let placement = if admission.has_deadline(caller.level) {
         placement_ttft(pool, u64::from(prompt_tokens), now_millis())
     } else {
-        Duration::ZERO
+        Placement::default()
     };
     let _queued = trace.map(|t| t.stage("llmlb.queue"));
     Ok(Some(admission.acquire(caller.level, placement).await?))

@@ -134,7 +134,7 @@ mod tests {
             promoted: 0,
             capacity,
             free: false,
-            placement: Duration::from_millis(100),
+            placement: Duration::from_millis(100).into(),
         }
     }
 

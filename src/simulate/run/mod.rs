@@ -32,8 +32,9 @@ mod outages;
 mod steps;
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::admission::estimate::Placement;
 use crate::admission::refusal::Standing;
 use crate::balancing::{InFlightGuard, ReplicaId};
 use crate::config::Config;
@@ -306,7 +307,7 @@ impl Sim<'_> {
             let prompt = u64::from(self.spec.workload.requests[i].input);
             placement_ttft(pool, prompt, now_ms)
         } else {
-            Duration::ZERO
+            Placement::default()
         };
         let standing = Standing {
             level,
