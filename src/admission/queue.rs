@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::estimate::{Drain, Placement};
-use super::refusal::{Standing, effective_level, lift_horizon, refusal};
+use super::refusal::{Standing, effective_level, lifted_ahead, refusal};
 
 mod reload;
 
@@ -240,18 +240,16 @@ impl PoolQueue {
     ) -> Option<Refusal> {
         let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();
         // Each level is oldest first, so its lifted waiters are a prefix.
-        let horizon = lift_horizon(&self.params.levels, level);
         let promoted = inner
             .waiting
             .iter()
             .enumerate()
             .skip(level + 1)
             .map(|(l, q)| {
-                let step = self.params.levels[l].promote_after;
                 q.iter()
                     .take_while(|w| {
                         let waited = now.saturating_duration_since(w.since).as_secs_f64();
-                        effective_level(l, waited + horizon, step) <= level
+                        lifted_ahead(&self.params.levels, level, l, waited)
                     })
                     .count()
             })

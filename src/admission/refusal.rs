@@ -27,9 +27,8 @@ pub struct Standing<'a> {
     pub level: usize,
     /// Waiters per level, highest level first.
     pub depths: &'a [usize],
-    /// Waiters of lower levels whose aging ([`effective_level`]) lifts
-    /// them to the newcomer's level or above within [`lift_horizon`]: they
-    /// are older, so they go before it too.
+    /// Waiters of lower levels that go before the newcomer
+    /// ([`lifted_ahead`]).
     pub promoted: usize,
     /// Slots of the replicas that may take work.
     pub capacity: usize,
@@ -87,16 +86,22 @@ pub fn refusal(
         })
 }
 
-/// How far ahead, in seconds, a newcomer at `level` looks for waiters of
-/// lower levels that aging lifts to its level: they are older, so any
-/// lifted before it is served goes first. A level with a `ttft_objective`
-/// admits only newcomers that start within it, so that is the horizon;
-/// other levels count the waiters lifted by now.
-pub fn lift_horizon(levels: &[Level], level: usize) -> f64 {
-    levels
-        .get(level)
+/// Whether a waiter at level `waiter` that has waited `waited` seconds
+/// goes before a newcomer at level `newcomer`: it is of a lower level and
+/// aging ([`effective_level`]) lifts it to the newcomer's level or above
+/// within the newcomer's horizon. Being older, a lifted waiter goes first.
+/// A level with a `ttft_objective` admits only newcomers that start within
+/// it, so that is its horizon; other levels count the waiters lifted by
+/// now.
+pub fn lifted_ahead(levels: &[Level], newcomer: usize, waiter: usize, waited: f64) -> bool {
+    let Some(w) = levels.get(waiter).filter(|_| waiter > newcomer) else {
+        return false;
+    };
+    let horizon = levels
+        .get(newcomer)
         .and_then(|l| l.ttft_objective)
-        .map_or(0.0, |o| o.as_secs_f64())
+        .map_or(0.0, |o| o.as_secs_f64());
+    effective_level(waiter, waited + horizon, w.promote_after) <= newcomer
 }
 
 /// The level a waiter at `level` competes at after waiting `waited`
@@ -194,6 +199,22 @@ mod tests {
         ));
         s.placement = Duration::from_secs(1).into();
         assert_eq!(refusal(&levels, 10, &drain, s, Vec::new), None);
+    }
+
+    #[test]
+    fn a_deadline_newcomer_looks_its_objective_ahead_for_lifted_waiters() {
+        // Level 0 with a 2 s objective, levels 1 and 2 lifted every 5 s.
+        let levels = [level(3600, Some(2)), level(3600, None), level(3600, None)];
+        assert!(!lifted_ahead(&levels, 0, 1, 2.9));
+        assert!(lifted_ahead(&levels, 0, 1, 3.0), "lifted within 2 s");
+        assert!(!lifted_ahead(&levels, 0, 2, 7.9));
+        assert!(lifted_ahead(&levels, 0, 2, 8.0));
+        // Without an objective: only those lifted by now; never a waiter
+        // of the newcomer's own level or above, nor of a level not defined.
+        assert!(!lifted_ahead(&levels, 1, 2, 4.9));
+        assert!(lifted_ahead(&levels, 1, 2, 5.0));
+        assert!(!lifted_ahead(&levels, 1, 1, 60.0));
+        assert!(!lifted_ahead(&levels, 1, 7, 60.0));
     }
 
     #[test]

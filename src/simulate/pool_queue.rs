@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::admission::estimate::Drain;
-use crate::admission::refusal::{Standing, effective_level, lift_horizon, refusal};
+use crate::admission::refusal::{Standing, effective_level, lifted_ahead, refusal};
 use crate::admission::{Level, Refusal};
 use crate::routing::Pool;
 
@@ -71,9 +71,10 @@ impl QueueModel {
         refusal(&self.levels, self.max_depth, &self.drain, standing, ages)
     }
 
-    /// How far ahead a newcomer at `level` counts waiters lifted by aging.
-    pub fn lift_horizon(&self, level: usize) -> f64 {
-        lift_horizon(&self.levels, level)
+    /// Whether a waiter at `waiter` that has waited `waited` seconds goes
+    /// before a newcomer at `newcomer` (aging, as `serve`'s queue counts it).
+    pub fn lifted_ahead(&self, newcomer: usize, waiter: usize, waited: f64) -> bool {
+        lifted_ahead(&self.levels, newcomer, waiter, waited)
     }
 
     /// The level a waiter at `level` competes at after `waited` seconds.

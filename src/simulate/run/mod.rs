@@ -296,12 +296,9 @@ impl Sim<'_> {
         let last = q.levels().saturating_sub(1);
         let mut depths = vec![0; last + 1];
         let mut promoted = 0;
-        let horizon = q.lift_horizon(level);
         for w in &self.waiting {
             depths[w.level.min(last)] += 1;
-            if w.level > level && q.effective_level(w.level, now - w.since + horizon) <= level {
-                promoted += 1;
-            }
+            promoted += usize::from(q.lifted_ahead(level, w.level, now - w.since));
         }
         let placement = if q.has_deadline(level) {
             let prompt = u64::from(self.spec.workload.requests[i].input);
