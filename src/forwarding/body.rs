@@ -18,15 +18,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
 use super::idle::IdleTimer;
 use super::usage_strip::UsageStrip;
 use crate::balancing::{InFlightGuard, Replica};
 use crate::net::{BoxError, ReportedUsage, usage_tokens};
 use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::{Metrics, ReplicaSeries};
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 /// The status label of a response whose stream broke midway.
 pub const STREAM_ERROR: &str = "stream_error";
