@@ -119,6 +119,17 @@ def metric_sum(text, name):
     return total
 
 
+def branches(text):
+    """llmlb's routing decisions by branch, from its own /metrics."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llmlb_routing_decisions_total{"):
+            series, value = line.rsplit(" ", 1)
+            b = series.split('branch="', 1)[1].split('"', 1)[0]
+            out[b] = out.get(b, 0) + int(float(value))
+    return out
+
+
 def doctor(backend, args, tmp):
     """`llmlb doctor` on the running replicas, with the pool's tokenizer
     and with the stand-in; prints both reports."""
@@ -297,6 +308,7 @@ def run_policy(backend, policy, args, tmp):
         "cached_predicted": metric_sum(own, "llmlb_prefix_cached_tokens_predicted_total"),
         "cached_reported": metric_sum(own, "llmlb_prefix_cached_tokens_reported_total"),
         "req_per_s": report.get("request_throughput"),
+        "branches": branches(own),
     }
 
 
@@ -310,6 +322,10 @@ def table(rows):
                    f"{' / '.join(str(int(s)) for s in r['served'])} | {r['busiest_over_mean']:.2f} | "
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
                    f"{r['mean_prompt_tokens']:.0f} | {loop(r)} |")
+    notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
+             for r in rows if r.get("branches")]
+    if notes:
+        out += ["", "routing decisions by branch:"] + notes
     return "\n".join(out)
 
 

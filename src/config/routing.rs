@@ -79,6 +79,12 @@ pub struct PrefixConfig {
     /// stays below k − 1 copies before one is given up.
     #[serde(with = "super::duration")]
     pub replicate_hold: std::time::Duration,
+    /// `cache` and `exact`: give every prefix a home replica, chosen by
+    /// rendezvous order within a bound on each replica's share of the
+    /// demand, and prefer it when nothing holds the prefix (off by default:
+    /// on the simulated fleet it helps where caches are small for the
+    /// prefixes and is mixed elsewhere, see docs/ROUTING.md).
+    pub homes: bool,
 }
 
 impl Default for PrefixConfig {
@@ -94,6 +100,7 @@ impl Default for PrefixConfig {
             replicate: false,
             replicate_above: 8.0,
             replicate_hold: std::time::Duration::from_secs(10),
+            homes: false,
         }
     }
 }

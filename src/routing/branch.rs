@@ -42,6 +42,9 @@ pub enum RouteBranch {
     /// The prefix is hot: kept on several replicas on purpose, and the
     /// request went to one of its copies ([`super::prefix::hot`]).
     PrefixReplicated,
+    /// The request went to its prefix's home ([`super::prefix::home`]),
+    /// which won only because it is counted as keeping the prefix.
+    PrefixHome,
     /// Every candidate was saturated: affinity gave way to the balancer.
     Saturated,
 }
@@ -65,6 +68,7 @@ impl RouteBranch {
             RouteBranch::PrefixNone => "prefix_none",
             RouteBranch::PrefixEstimated => "prefix_estimated",
             RouteBranch::PrefixReplicated => "prefix_replicated",
+            RouteBranch::PrefixHome => "prefix_home",
             RouteBranch::Saturated => "saturated",
         }
     }

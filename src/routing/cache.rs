@@ -27,6 +27,7 @@ use std::sync::Arc;
 use super::RouteBranch;
 use super::decision::Decision;
 use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::cache_index::BlockIndex;
 use super::prefix::hot::Hot;
 use super::prefix::predict;
 use super::prefix::rendezvous;
@@ -52,14 +53,16 @@ pub(super) fn prefer(
         d.branches.push(RouteBranch::PrefixNone);
         return;
     }
-    let holdings = Holdings::new(router, &tokens, &blocks, cands, now_ms);
+    let holdings = Holdings::new(router, &tokens, &blocks, cands, views, now_ms);
     d.predicted = holdings.predicted.clone();
     // The prefix's key: the chained hash of its first `prefix.tokens`
     // tokens, so cold instances agree per prefix and prefixes that share
     // only the chat template still spread.
     let lead = (prefix.tokens / block).clamp(1, blocks.len());
     let key = blocks[lead - 1];
-    let hot = hot_of(router, key, &blocks, cands, views, now_ms);
+    let all_nodes = router.affinity.nodes(cands);
+    let hot = hot_of(router, key, &blocks, cands, &all_nodes, views, now_ms);
+    let home = hot.home.map(|i| cands[i].id);
     // A replica at its concurrency limit cannot take the request now,
     // however warm: score only those with a free slot, if any has one.
     let with_slot: Vec<Arc<Replica>> = cands
@@ -99,16 +102,28 @@ pub(super) fn prefer(
         .max()
         .unwrap_or(0)
         .max(held_by_full);
-    // A hot prefix's copies (the first `copies` replicas of its order over
-    // every candidate, full or not) count as holding the part its requests
-    // share: the first request sent to a cold copy warms it.
+    // A hot prefix's copies (its home, then the first replicas of its
+    // order over every candidate, full or not, up to `copies`) count as
+    // holding the part its requests share: the first request sent to a cold
+    // copy warms it.
     let copy_ids: Vec<ReplicaId> = if hot.copies > 1 {
-        let order = rendezvous::order(key, &router.affinity.nodes(all));
+        let mut order = rendezvous::order(key, &all_nodes);
+        if let Some(h) = hot.home {
+            order.retain(|&i| i != h);
+            order.insert(0, h);
+        }
         order.iter().take(hot.copies).map(|&i| all[i].id).collect()
     } else {
         Vec::new()
     };
-    let shared = most.min((hot.shared_blocks * block) as u64);
+    let shared_tokens = ((hot.shared_blocks * block) as u64).min(tokens.len() as u64);
+    let shared = most.min(shared_tokens);
+    // Every arrival of the prefix shares at least the blocks its key is
+    // made of, the first one included. The home is counted as keeping them
+    // only while no replica holds as much: a prefix held elsewhere is a hit
+    // there, not a reason to prefill it again at home.
+    let kept = shared_tokens.max((lead * block) as u64);
+    let kept = if most < kept { kept } else { 0 };
     let scored: Vec<Candidate> = (0..cands.len())
         .map(|i| Candidate {
             ahead: ahead[i],
@@ -119,6 +134,9 @@ pub(super) fn prefer(
             } else {
                 cached[i].0
             },
+            // The prefix's home is where its next requests will look for
+            // the part they share, held now or not.
+            kept_tokens: if home == Some(cands[i].id) { kept } else { 0 },
             rank: rank[i],
         })
         .collect();
@@ -138,6 +156,19 @@ pub(super) fn prefer(
     if copy_ids.contains(&cands[i].id) {
         d.branches.push(RouteBranch::PrefixReplicated);
     }
+    if home == Some(cands[i].id) && scored[i].kept_tokens > scored[i].cached_tokens {
+        // Whether the home won only for what it is counted as keeping.
+        let as_held: Vec<Candidate> = scored
+            .iter()
+            .map(|c| Candidate {
+                kept_tokens: 0,
+                ..*c
+            })
+            .collect();
+        if score::best(&router.cost, tokens.len() as u64, &as_held).map(|b| b.0) != Some(i) {
+            d.branches.push(RouteBranch::PrefixHome);
+        }
+    }
     d.preferred = Some(vec![cands[i].id]);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if prefix.mode == PrefixMode::Exact {
@@ -153,6 +184,7 @@ fn hot_of(
     key: u64,
     blocks: &[u64],
     cands: &[Arc<Replica>],
+    nodes: &[rendezvous::Node],
     views: &HashMap<ReplicaId, ReplicaView>,
     now_ms: u64,
 ) -> Hot {
@@ -160,10 +192,11 @@ fn hot_of(
         return Hot {
             copies: 1,
             shared_blocks: 0,
+            home: None,
         };
     };
     let in_flight = cands.iter().map(|r| views[&r.id].in_flight).sum();
-    hot.arrive_blocks(key, blocks, now_ms, in_flight, cands.len())
+    hot.arrive_blocks(key, blocks, now_ms, in_flight, nodes)
 }
 
 /// `hash` mode: no scoring, but the prompt's blocks are recorded on the
@@ -173,6 +206,7 @@ pub(super) fn record_for_prediction(
     router: &Router,
     d: &mut Decision,
     cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
     model: &str,
     tokens: &[u32],
 ) {
@@ -181,10 +215,19 @@ pub(super) fn record_for_prediction(
     for r in cands {
         if let Some(i) = router.state.indexes.get(&r.id) {
             i.observe_restarts(r.restarts());
+            fit_to_replica(i, &views[&r.id], bs);
         }
     }
     d.predicted = predict::from_sent(&router.state.indexes, cands, &blocks, tokens.len(), bs);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
+}
+
+/// Bounds a replica's index to the KV capacity it reports, in the index's
+/// blocks of `block_size` tokens.
+fn fit_to_replica(index: &BlockIndex, view: &ReplicaView, block_size: usize) {
+    if let Some(tokens) = view.load.and_then(|l| l.kv_capacity_tokens) {
+        index.fit((tokens / block_size.max(1) as u64) as usize);
+    }
 }
 
 /// The prompt tokens each candidate probably holds: from its KV events in
@@ -202,6 +245,7 @@ impl Holdings {
         tokens: &[u32],
         blocks: &[u64],
         cands: &[Arc<Replica>],
+        views: &HashMap<ReplicaId, ReplicaView>,
         now_ms: u64,
     ) -> Holdings {
         let exact = router.prefix.mode == PrefixMode::Exact;
@@ -219,6 +263,7 @@ impl Holdings {
             }
             if let Some(i) = index {
                 i.observe_restarts(restarts);
+                fit_to_replica(i, &views[&r.id], router.prefix.block_size);
             }
             let reported = held
                 .filter(|h| h.known())
@@ -348,6 +393,81 @@ mod tests {
                 .iter()
                 .all(|r| !pool.router.index(r.id).unwrap().is_empty())
         );
+    }
+
+    #[test]
+    fn the_index_lists_no_more_than_the_replica_reports_room_for() {
+        use crate::signals::LoadSnapshot;
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
+        let pool = &t.pools[0];
+        let chat = hot_prompt_chat(0);
+        let r = dispatch_chat(pool, &chat);
+        let headers = HeaderMap::new();
+        let predicted = || {
+            route(pool, &input(&headers, None, Prompt::Chat(&chat)))
+                .predicted_for(r.id)
+                .unwrap()
+        };
+        let whole = predicted();
+        assert!(whole > 200, "{whole}");
+        // The replica reports a cache of 64 tokens (4 blocks of 16): its
+        // index keeps the prompt's first 4 blocks, the tail goes first.
+        r.store_load(LoadSnapshot {
+            kv_capacity_tokens: Some(64),
+            taken_at_ms: 1,
+            ..LoadSnapshot::default()
+        });
+        assert_eq!(predicted(), 64);
+        assert_eq!(pool.router.index(r.id).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn with_homes_prefixes_that_prefer_one_replica_are_spread() {
+        let chat = |p: usize, q: usize| {
+            vec![
+                ChatMessage::new(
+                    "system",
+                    format!("Desk {p}: answer with the rules. ").repeat(40),
+                ),
+                ChatMessage::new("user", format!("Case {q}?")),
+            ]
+        };
+        // Eight prefixes whose rendezvous order starts with the same
+        // replica: without homes, each goes there (fresh pool each time).
+        let plain = |p: usize| {
+            let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
+            let first = t.pools[0].replicas[0].id;
+            dispatch_chat(&t.pools[0], &chat(p, 0)).id == first
+        };
+        let prefixes: Vec<usize> = (0..).filter(|&p| plain(p)).take(8).collect();
+        // With homes, at most a quarter over an even split by demand, and
+        // each prefix's next request, with nothing cached left (no room
+        // reported), goes back where its first went.
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"\nhomes = true", 2);
+        let pool = &t.pools[0];
+        let first: Vec<_> = prefixes
+            .iter()
+            .map(|&p| dispatch_chat(pool, &chat(p, 0)).id)
+            .collect();
+        let on_first = first
+            .iter()
+            .filter(|&&id| id == pool.replicas[0].id)
+            .count();
+        assert!(
+            (3..=5).contains(&on_first),
+            "{on_first} of 8 on the replica all prefer"
+        );
+        for r in &pool.replicas {
+            r.store_load(crate::signals::LoadSnapshot {
+                kv_capacity_tokens: Some(16),
+                taken_at_ms: 1,
+                ..Default::default()
+            });
+        }
+        for (&p, id) in prefixes.iter().zip(&first) {
+            let (r, branches) = dispatch_chat_with_branches(pool, &chat(p, 1));
+            assert_eq!(r.id, *id, "prefix {p}: {branches:?}");
+        }
     }
 
     /// The most requests one replica holds once one long prompt brings all

@@ -29,8 +29,9 @@ pub struct PrefixState {
     pub held: Held,
     /// `exact` mode: where each event-publishing replica reports.
     pub kv_sources: Vec<(ReplicaId, Endpoints)>,
-    /// `cache` and `exact` modes with `replicate`: each prefix's demand and
-    /// copies. Kept across a reload while its settings stay the same.
+    /// `cache` and `exact` modes with `replicate` or `homes`: each prefix's
+    /// demand, copies and home. Kept across a reload while its settings
+    /// stay the same.
     pub hot: Option<Arc<HotPrefixes>>,
 }
 
@@ -92,17 +93,19 @@ impl PrefixState {
                 )
             })
             .collect();
-        let hot = (pc.prefix.replicate && matches!(mode, PrefixMode::Cache | PrefixMode::Exact))
-            .then(|| {
-                let settings = HotSettings {
-                    above: pc.prefix.replicate_above,
-                    hold_ms: pc.prefix.replicate_hold.as_millis() as u64,
-                };
-                previous
-                    .and_then(|p| p.hot.clone())
-                    .filter(|h| h.settings() == settings)
-                    .unwrap_or_else(|| Arc::new(HotPrefixes::new(settings)))
-            });
+        let tracked = pc.prefix.replicate || pc.prefix.homes;
+        let hot = (tracked && matches!(mode, PrefixMode::Cache | PrefixMode::Exact)).then(|| {
+            let settings = HotSettings {
+                replicate: pc.prefix.replicate,
+                homes: pc.prefix.homes,
+                above: pc.prefix.replicate_above,
+                hold_ms: pc.prefix.replicate_hold.as_millis() as u64,
+            };
+            previous
+                .and_then(|p| p.hot.clone())
+                .filter(|h| h.settings() == settings)
+                .unwrap_or_else(|| Arc::new(HotPrefixes::new(settings)))
+        });
         PrefixState {
             capacity,
             indexes: Arc::new(indexes),

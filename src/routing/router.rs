@@ -138,7 +138,11 @@ impl Router {
     /// Hot prefixes replicated right now, when the pool replicates them
     /// (`cache` and `exact` modes with `replicate`).
     pub fn replication(&self) -> Option<Replication> {
-        self.state.hot.as_ref().map(|h| h.replication())
+        self.state
+            .hot
+            .as_ref()
+            .filter(|h| h.settings().replicate)
+            .map(|h| h.replication())
     }
 
     /// The prefix index of a replica (`cache` mode, and `exact` mode's
@@ -222,7 +226,7 @@ impl Router {
                         .prefer(&mut d, &cands, key, &saturated, Key::Prefix),
                     None => d.branches.push(super::RouteBranch::PrefixNone),
                 }
-                cache::record_for_prediction(self, &mut d, &cands, input.model, &tokens);
+                cache::record_for_prediction(self, &mut d, &cands, &views, input.model, &tokens);
             }
             PrefixMode::Cache | PrefixMode::Exact => {
                 let tokens = self.tokens(input);

@@ -3,9 +3,15 @@
 //!
 //! It is approximate in both directions: the replica may have evicted a
 //! block llmlb still lists (its cache is smaller, or other clients used it),
-//! and it may hold blocks sent by someone else. Bounding the index to about
-//! the replica's KV capacity keeps the first error small; the scoring treats
-//! a match as "probably cached", never as a promise.
+//! and it may hold blocks sent by someone else. Bounding the index to the
+//! replica's KV capacity keeps the first error small: the index holds at
+//! most `max_blocks_per_replica` blocks, and no more than the replica
+//! reports room for (`vllm:cache_config_info`, [`BlockIndex::fit`]), so a
+//! replica whose cache holds three system prompts is not listed with ten.
+//! A prompt's blocks are listed last block first, so when the index is full
+//! the tails of older prompts go before their shared beginnings, as in
+//! vLLM, which frees a finished request's blocks tail first. The scoring
+//! treats a match as "probably cached", never as a promise.
 //!
 //! A replica that restarts loses its cache: the scrape loop sees its
 //! cumulative `prefix_cache_queries` counter go down and counts a restart
@@ -35,7 +41,11 @@ struct Lru {
     /// Uses in order; entries whose stamp is outdated are skipped.
     order: VecDeque<(u64, u64)>,
     next: u64,
+    /// Blocks listed at most now: `limit`, or less when the replica
+    /// reports a smaller cache.
     capacity: usize,
+    /// The configured bound.
+    limit: usize,
     /// The replica's restart count at the last check.
     restarts_seen: Option<u64>,
 }
@@ -48,6 +58,7 @@ impl BlockIndex {
                 order: VecDeque::new(),
                 next: 0,
                 capacity: capacity.max(1),
+                limit: capacity.max(1),
                 restarts_seen: None,
             }),
         }
@@ -68,11 +79,24 @@ impl BlockIndex {
             .count()
     }
 
-    /// Records that `blocks` were sent to the replica (most recent use).
+    /// Records that `blocks` were sent to the replica (most recent use;
+    /// the first block the most recent of all).
     pub fn record(&self, blocks: &[u64]) {
         let mut lru = self.lock();
-        for &h in blocks {
+        for &h in blocks.iter().rev() {
             lru.touch(h);
+        }
+    }
+
+    /// Bounds the index to a replica cache of `blocks` blocks (of the
+    /// index's block size), within the configured bound; the least recently
+    /// sent go first.
+    pub fn fit(&self, blocks: usize) {
+        let mut lru = self.lock();
+        let capacity = lru.limit.min(blocks).max(1);
+        if capacity != lru.capacity {
+            lru.capacity = capacity;
+            lru.evict_over();
         }
     }
 
@@ -113,6 +137,10 @@ impl Lru {
         self.next += 1;
         self.stamps.insert(h, stamp);
         self.order.push_back((h, stamp));
+        self.evict_over();
+    }
+
+    fn evict_over(&mut self) {
         while self.stamps.len() > self.capacity {
             let Some((old, s)) = self.order.pop_front() else {
                 break;
@@ -147,13 +175,44 @@ mod tests {
     fn bounded_and_least_recently_used_go_first() {
         let idx = BlockIndex::new(4);
         idx.record(&[1, 2, 3, 4]);
-        idx.record(&[1]); // 1 is now the most recent
-        idx.record(&[5, 6]); // evicts 2 and 3
+        idx.record(&[3]); // 3 is now the most recent
+        idx.record(&[5, 6]); // evicts 4 (a tail) and 2
         assert_eq!(idx.len(), 4);
         assert_eq!(idx.matched(&[1]), 1);
-        assert_eq!(idx.matched(&[2]), 0);
-        assert_eq!(idx.matched(&[3]), 0);
+        assert_eq!(idx.matched(&[1, 2]), 1);
+        assert_eq!(idx.matched(&[3]), 1);
+        assert_eq!(idx.matched(&[4]), 0);
+        assert_eq!(idx.matched(&[5, 6]), 2);
+    }
+
+    #[test]
+    fn the_tail_of_a_prompt_goes_before_its_beginning() {
+        // Two prompts sharing blocks 1, 2 and a third unrelated one, in an
+        // index of 6: the first prompt's last block goes, the shared part
+        // stays.
+        let idx = BlockIndex::new(6);
+        idx.record(&[1, 2, 3, 4]);
+        idx.record(&[1, 2, 5]);
+        idx.record(&[7, 8]);
+        assert_eq!(idx.matched(&[1, 2, 3, 4]), 3);
+        assert_eq!(idx.matched(&[1, 2, 5]), 3);
+    }
+
+    #[test]
+    fn fitting_to_a_smaller_replica_cache_drops_the_oldest() {
+        let idx = BlockIndex::new(100);
+        idx.record(&[1, 2, 3]);
+        idx.record(&[4, 5, 6]);
+        idx.fit(4);
+        assert_eq!(idx.len(), 4);
         assert_eq!(idx.matched(&[4, 5, 6]), 3);
+        assert_eq!(idx.matched(&[1, 2, 3]), 1);
+        // Never above the configured bound, and not below one block.
+        idx.fit(1_000);
+        idx.record(&(10..200).collect::<Vec<u64>>());
+        assert_eq!(idx.len(), 100);
+        idx.fit(0);
+        assert_eq!(idx.len(), 1);
     }
 
     #[test]

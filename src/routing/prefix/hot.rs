@@ -39,6 +39,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::home::Homes;
+use super::rendezvous::Node;
+
 /// Prefixes tracked per pool before the coldest are dropped.
 pub const MAX_TRACKED: usize = 4_096;
 
@@ -59,6 +62,12 @@ const HEADROOM: f64 = 1.5;
 /// The controller's settings (from `[pools.prefix]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HotSettings {
+    /// Copy a prefix to more replicas when its demand calls for it (else
+    /// every prefix keeps one copy and only its home and shared part are
+    /// tracked).
+    pub replicate: bool,
+    /// Give every prefix a home ([`super::home`]).
+    pub homes: bool,
     /// In-flight requests of one prefix one replica carries before the
     /// prefix is copied to another (the capacity floor).
     pub above: f64,
@@ -78,6 +87,7 @@ pub struct HotPrefixes {
 struct State {
     pool: Decayed,
     prefixes: HashMap<u64, Entry>,
+    homes: Homes,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +100,8 @@ struct Entry {
     /// [`MAX_BLOCKS`]), and how many of them the arrival before shared.
     last: Vec<u64>,
     shared: usize,
+    /// The name hash of the prefix's home, once it has one.
+    home: Option<u64>,
 }
 
 /// What one arrival learns: how many replicas should hold its prefix, and
@@ -99,23 +111,26 @@ struct Entry {
 pub struct Hot {
     pub copies: usize,
     pub shared_blocks: usize,
+    /// The prefix's home: an index into the candidates it was asked for
+    /// (`None` with homes off, or a single candidate).
+    pub home: Option<usize>,
 }
 
 /// An exponentially decayed count of arrivals: steady arrivals at λ per
 /// second hold it near λ × τ, so a ratio of two is a ratio of rates.
 #[derive(Debug, Default, Clone, Copy)]
-struct Decayed {
+pub(super) struct Decayed {
     value: f64,
     at_ms: u64,
 }
 
 impl Decayed {
-    fn at(&self, now_ms: u64, tau_ms: f64) -> f64 {
+    pub(super) fn at(&self, now_ms: u64, tau_ms: f64) -> f64 {
         let dt = now_ms.saturating_sub(self.at_ms) as f64;
         self.value * (-dt / tau_ms).exp()
     }
 
-    fn add(&mut self, now_ms: u64, tau_ms: f64) {
+    pub(super) fn add(&mut self, now_ms: u64, tau_ms: f64) {
         self.value = self.at(now_ms, tau_ms) + 1.0;
         self.at_ms = self.at_ms.max(now_ms);
     }
@@ -147,31 +162,44 @@ impl HotPrefixes {
     }
 
     /// Counts an arrival of prefix `key` at `now_ms` in a pool of `replicas`
-    /// replicas with `in_flight` requests (not counting this one), and
+    /// equal replicas with `in_flight` requests (not counting this one), and
     /// returns how many replicas should hold the prefix.
+    #[cfg(test)]
     pub fn arrive(&self, key: u64, now_ms: u64, in_flight: u64, replicas: usize) -> usize {
-        self.arrive_blocks(key, &[], now_ms, in_flight, replicas)
+        let nodes: Vec<Node> = (0..replicas as u64)
+            .map(|i| Node {
+                name_hash: super::rendezvous::mix(i),
+                weight: 1,
+            })
+            .collect();
+        self.arrive_blocks(key, &[], now_ms, in_flight, &nodes)
             .copies
     }
 
-    /// [`HotPrefixes::arrive`] for a prompt of `blocks` (chained hashes),
-    /// also saying how many of them the prefix's previous arrival shared.
+    /// Counts an arrival of prefix `key`, a prompt of `blocks` (chained
+    /// hashes), at `now_ms` in a pool whose candidates are `nodes`, with
+    /// `in_flight` requests (not counting this one): how many replicas
+    /// should hold the prefix, how many blocks its previous arrival shared,
+    /// and its home.
     pub fn arrive_blocks(
         &self,
         key: u64,
         blocks: &[u64],
         now_ms: u64,
         in_flight: u64,
-        replicas: usize,
+        nodes: &[Node],
     ) -> Hot {
+        let replicas = nodes.len();
         if replicas <= 1 {
             return Hot {
                 copies: 1,
                 shared_blocks: 0,
+                home: None,
             };
         }
         let tau = self.tau();
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut *guard;
         s.pool.add(now_ms, tau);
         let pool = s.pool.value;
         if s.prefixes.len() >= MAX_TRACKED && !s.prefixes.contains_key(&key) {
@@ -183,12 +211,27 @@ impl HotPrefixes {
             below_since: None,
             last: Vec::new(),
             shared: 0,
+            home: None,
         });
         e.demand.add(now_ms, tau);
         let head = &blocks[..blocks.len().min(MAX_BLOCKS)];
         e.shared = e.last.iter().zip(head).take_while(|(a, b)| a == b).count();
         e.last.clear();
         e.last.extend_from_slice(head);
+        let home = if self.settings.homes {
+            let home = s.homes.place(e.home, key, nodes, now_ms, tau);
+            e.home = home.map(|i| nodes[i].name_hash);
+            home
+        } else {
+            None
+        };
+        if !self.settings.replicate {
+            return Hot {
+                copies: 1,
+                shared_blocks: e.shared,
+                home,
+            };
+        }
         let share = (e.demand.value / (pool + PRIOR)).min(1.0);
         let load = (in_flight + 1) as f64;
         let demand = share * load;
@@ -211,6 +254,7 @@ impl HotPrefixes {
         Hot {
             copies: e.copies,
             shared_blocks: e.shared,
+            home,
         }
     }
 
@@ -253,6 +297,8 @@ mod tests {
 
     fn hot() -> HotPrefixes {
         HotPrefixes::new(HotSettings {
+            replicate: true,
+            homes: false,
             above: 4.0,
             hold_ms: 10_000,
         })
@@ -378,17 +424,34 @@ mod tests {
         assert!(h.arrive(0, 3 * MAX_TRACKED as u64, 40, 4) >= 2);
     }
 
+    fn nodes(n: u64) -> Vec<Node> {
+        (0..n)
+            .map(|i| Node {
+                name_hash: super::super::rendezvous::mix(i),
+                weight: 1,
+            })
+            .collect()
+    }
+
     #[test]
     fn the_shared_part_is_what_two_arrivals_have_in_common() {
         let h = hot();
-        let first = h.arrive_blocks(7, &[1, 2, 3, 4], 0, 0, 2);
+        let first = h.arrive_blocks(7, &[1, 2, 3, 4], 0, 0, &nodes(2));
         assert_eq!(first.shared_blocks, 0);
         assert_eq!(
-            h.arrive_blocks(7, &[1, 2, 3, 9, 9], 1, 0, 2).shared_blocks,
+            h.arrive_blocks(7, &[1, 2, 3, 9, 9], 1, 0, &nodes(2))
+                .shared_blocks,
             3
         );
-        assert_eq!(h.arrive_blocks(7, &[1, 2], 2, 0, 2).shared_blocks, 2);
-        assert_eq!(h.arrive_blocks(7, &[1, 2, 3], 3, 0, 2).shared_blocks, 2);
+        assert_eq!(
+            h.arrive_blocks(7, &[1, 2], 2, 0, &nodes(2)).shared_blocks,
+            2
+        );
+        assert_eq!(
+            h.arrive_blocks(7, &[1, 2, 3], 3, 0, &nodes(2))
+                .shared_blocks,
+            2
+        );
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! went where and picks the replica with the lowest expected time to first
 //! token. [`predict`] says what the chosen replica should report cached.
 //! [`hot`] keeps a prefix with more demand than one replica should carry
-//! warm on as many replicas as it needs.
+//! warm on as many replicas as it needs, and [`home`] gives every prefix
+//! one replica to go back to, spreading prefixes by demand.
 
 pub mod blocks;
 pub mod cache_index;
 pub mod held;
+pub mod home;
 pub mod hot;
 pub mod predict;
 pub mod rendezvous;

@@ -48,6 +48,12 @@
 //! fleet more than its own TTFT. With nothing pending anywhere this is the
 //! TTFT alone.
 //!
+//! The cost counts a prefix's home ([`super::home`]) as holding the part
+//! the prefix's requests share even when it does not hold it now (the
+//! returned TTFT does not): a miss goes home unless another replica is
+//! faster by more than that part's prefill, and warms the replica its next
+//! requests will look at.
+//!
 //! A warm replica therefore loses to a cold one exactly when its queue, plus
 //! what it lacks in free cache, costs more than the prefill the cache would
 //! save (and, under load, the delay that prefill puts on the cold one's
@@ -173,6 +179,11 @@ pub struct Candidate {
     pub rates: Rates,
     /// Prompt tokens the replica probably has cached.
     pub cached_tokens: u64,
+    /// Prompt tokens the replica is counted as keeping for the prefix's
+    /// next requests, whether it holds them now or not (the prefix's home,
+    /// [`super::home`]): the cost reads the larger of the two, the
+    /// returned TTFT only what is cached.
+    pub kept_tokens: u64,
     /// llmlb's requests on the replica still waiting for their first byte.
     pub prefilling: u64,
     /// Position in the prefix's rendezvous order (tie-break, 0 first).
@@ -199,7 +210,9 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     for (i, c) in cands.iter().enumerate() {
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
         let t = model.expected_ttft(c.ahead, &c.rates, uncached);
-        let prefill = model.prefill_seconds(&c.rates, uncached);
+        let missing = prompt_tokens.saturating_sub(c.cached_tokens.max(c.kept_tokens));
+        let prefill = model.prefill_seconds(&c.rates, missing);
+        let kept = model.prefill_seconds(&c.rates, uncached - missing);
         // Whose first token is still ahead there: llmlb's own requests
         // without a first byte, or the replica's queue when it is longer
         // (other clients).
@@ -208,7 +221,7 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             Ahead::Local { .. } => c.prefilling,
         };
         let delayed = (ahead as f64).min(MAX_DELAYED);
-        let cost = t + delayed * prefill;
+        let cost = t - kept + delayed * prefill;
         let wins = match best {
             None => true,
             Some((b, bc, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
@@ -241,6 +254,7 @@ mod tests {
             ahead,
             rates,
             cached_tokens,
+            kept_tokens: 0,
             prefilling: 0,
             rank,
         }

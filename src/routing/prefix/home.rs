@@ -1,0 +1,202 @@
+//! A home for every prompt prefix: the replica that keeps it, so that a
+//! prefix's requests are prefilled in one place unless a less busy replica
+//! is worth the miss, and the pool's prefixes are spread over its replicas
+//! in proportion to their demand.
+//!
+//! A prefix gets its home at its first arrival (and again if that replica
+//! leaves the candidates): the first replica of the prefix's rendezvous
+//! order whose homed demand is below its share by weight, with a quarter to
+//! spare (consistent hashing with bounded loads, Mirrokni, Thorup and
+//! Zadimoghaddam):
+//!
+//! ```text
+//! homed(r)  = decayed arrivals of the prefixes whose home is r
+//!             (requests; the decay of the prefix demand in [`super::hot`])
+//! accepted  when homed(r) + 1 ≤ max(1, (1 + HEADROOM) × (Σ homed + 1) × weight(r) ÷ Σ weight)
+//!             (the arrival counted on both sides; an empty replica always
+//!             accepts, so a fresh pool's first prefix goes to its first choice)
+//! otherwise the replica with the least homed demand per unit of weight
+//! ```
+//!
+//! Rendezvous order alone spreads prefixes evenly only on average: six
+//! prefixes over two replicas split 5/1 or worse about one time in five,
+//! and the replica with five then cycles them through a cache that holds
+//! two or three. The bound keeps the split within a quarter of even by
+//! demand, and a prefix keeps its home as long as it is tracked.
+//!
+//! `cache` and `exact` scoring count a prefix's home as holding the part its
+//! arrivals share ([`super::hot::Hot::shared_blocks`]) even when it does not
+//! hold it now: a request with nothing warm anywhere then goes home instead
+//! of to whichever cold replica happens to be idlest, and warms the replica
+//! the prefix's next requests will look for. It is a preference in the cost,
+//! not a rule: a busy home still loses to an idle replica.
+//!
+//! Homes are this llmlb's own: two instances agree on a home when they saw
+//! the same prefixes in the same order (the rendezvous order is shared, the
+//! loads are not).
+//!
+//! Cost: one rendezvous score per candidate when a home is chosen, a hash
+//! lookup otherwise; memory: one decayed count per replica.
+
+use std::collections::HashMap;
+
+use super::hot::Decayed;
+use super::rendezvous::{self, Node};
+
+/// How far above its share by weight a replica's homed demand may be when
+/// it takes another prefix.
+pub const HEADROOM: f64 = 0.25;
+
+/// The homed demand of every replica of a pool, by the hash of its name.
+#[derive(Debug, Default)]
+pub struct Homes {
+    homed: HashMap<u64, Decayed>,
+}
+
+impl Homes {
+    /// The home among `nodes` of prefix `key`, whose home so far is the
+    /// replica named by `current` (a name hash), for an arrival at `now_ms`;
+    /// the arrival is counted on the home. `None` only when `nodes` is empty.
+    pub fn place(
+        &mut self,
+        current: Option<u64>,
+        key: u64,
+        nodes: &[Node],
+        now_ms: u64,
+        tau_ms: f64,
+    ) -> Option<usize> {
+        let kept = current.and_then(|h| nodes.iter().position(|n| n.name_hash == h));
+        let home = kept.or_else(|| self.choose(key, nodes, now_ms, tau_ms))?;
+        self.homed
+            .entry(nodes[home].name_hash)
+            .or_default()
+            .add(now_ms, tau_ms);
+        if self.homed.len() > 2 * nodes.len() + 64 {
+            self.homed
+                .retain(|h, _| nodes.iter().any(|n| n.name_hash == *h));
+        }
+        Some(home)
+    }
+
+    /// The first replica of `key`'s rendezvous order with room under the
+    /// bound, else the least loaded by weight (the earliest in the order
+    /// among equals).
+    fn choose(&self, key: u64, nodes: &[Node], now_ms: u64, tau_ms: f64) -> Option<usize> {
+        let weight = |n: &Node| f64::from(n.weight.max(1));
+        let total_weight: f64 = nodes.iter().map(weight).sum();
+        let load: Vec<f64> = nodes
+            .iter()
+            .map(|n| {
+                self.homed
+                    .get(&n.name_hash)
+                    .map_or(0.0, |d| d.at(now_ms, tau_ms))
+            })
+            .collect();
+        let pool = load.iter().sum::<f64>() + 1.0;
+        let share = |i: usize| weight(&nodes[i]) / total_weight;
+        let order = rendezvous::order(key, nodes);
+        order
+            .iter()
+            .copied()
+            .find(|&i| load[i] + 1.0 <= ((1.0 + HEADROOM) * pool * share(i)).max(1.0))
+            .or_else(|| {
+                order.iter().copied().min_by(|&a, &b| {
+                    (load[a] / weight(&nodes[a])).total_cmp(&(load[b] / weight(&nodes[b])))
+                })
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: u64) -> Vec<Node> {
+        (0..n)
+            .map(|i| Node {
+                name_hash: rendezvous::hash64(format!("10.0.0.{i}:8000").as_bytes()),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    /// Prefix keys whose rendezvous order over `nodes` starts with node 0.
+    fn keys_preferring_first(nodes: &[Node], n: usize) -> Vec<u64> {
+        (0u64..)
+            .filter(|&k| rendezvous::first(k, nodes) == Some(0))
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn prefixes_that_all_prefer_one_replica_are_split_by_demand() {
+        // Six prefixes, all first in rendezvous order on replica 0, arrive
+        // in turn: rendezvous alone would put all six there.
+        let nodes = nodes(2);
+        let keys = keys_preferring_first(&nodes, 6);
+        let mut homes = Homes::default();
+        let mut current: HashMap<u64, u64> = HashMap::new();
+        let mut served = [0u32; 2];
+        for t in 0..600u64 {
+            let key = keys[(t % 6) as usize];
+            let h = homes
+                .place(current.get(&key).copied(), key, &nodes, t * 10, 10_000.0)
+                .unwrap();
+            current.insert(key, nodes[h].name_hash);
+            served[h] += 1;
+        }
+        let on_first = current
+            .values()
+            .filter(|&&h| h == nodes[0].name_hash)
+            .count();
+        assert_eq!(on_first, 3, "{on_first} of 6 on replica 0");
+        assert_eq!(served, [300, 300]);
+    }
+
+    #[test]
+    fn a_prefix_keeps_its_home_while_it_is_a_candidate() {
+        let nodes = nodes(3);
+        let mut homes = Homes::default();
+        let first = homes.place(None, 42, &nodes, 0, 10_000.0).unwrap();
+        assert_eq!(
+            Some(first),
+            rendezvous::first(42, &nodes),
+            "an empty pool: the first choice"
+        );
+        let name = nodes[first].name_hash;
+        for t in 1..50 {
+            assert_eq!(
+                homes.place(Some(name), 42, &nodes, t, 10_000.0),
+                Some(first)
+            );
+        }
+        // Its home leaves the candidates: another replica takes it.
+        let rest: Vec<Node> = nodes
+            .iter()
+            .copied()
+            .filter(|n| n.name_hash != name)
+            .collect();
+        let moved = homes.place(Some(name), 42, &rest, 60, 10_000.0).unwrap();
+        assert!(rest[moved].name_hash != name);
+        assert_eq!(homes.place(None, 42, &[], 70, 10_000.0), None);
+    }
+
+    #[test]
+    fn a_heavier_replica_homes_more_demand() {
+        let mut nodes = nodes(2);
+        nodes[1].weight = 3;
+        let mut homes = Homes::default();
+        let mut current: HashMap<u64, u64> = HashMap::new();
+        let mut served = [0u32; 2];
+        for t in 0..4_000u64 {
+            let key = t % 40;
+            let h = homes
+                .place(current.get(&key).copied(), key, &nodes, t, 100_000.0)
+                .unwrap();
+            current.insert(key, nodes[h].name_hash);
+            served[h] += 1;
+        }
+        // Weight 3 of 4: at most a quarter over its share of 3,000.
+        assert!(served[1] >= 2_500 && served[0] <= 1_250, "{served:?}");
+    }
+}
