@@ -52,6 +52,9 @@ POLICIES = {
     "hash": ("least_connections", "hash"),
     "cache": ("least_connections", "cache"),
     "exact": ("least_connections", "exact"),
+    # with [pools.prefix] homes = true
+    "cache_homes": ("least_connections", "cache"),
+    "exact_homes": ("least_connections", "exact"),
 }
 
 
@@ -245,6 +248,8 @@ def proxy_config(backend, policy, args, stand_in=None):
         lines += ["", "[pools.prefix]", f'mode = "{mode}"']
         if mode == "cache":
             lines.append(f"block_size = {args.block_size}")
+        if policy.endswith("_homes"):
+            lines.append("homes = true")
     if not stand_in:
         lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
     for port, ev, rp in zip(backend.ports, backend.subscribe, backend.replays):
