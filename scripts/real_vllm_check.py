@@ -10,8 +10,10 @@ workload. Per policy it reports, from the replicas' own /metrics (deltas over
 the run): the fleet prefix-cache hit rate, how many requests each replica
 served (busiest / mean), preemptions and the mean real prompt length; from
 llmlb's /metrics: the cached prompt tokens it predicted against those the
-replicas reported (the closed loop); and from the load generator: TTFT p50 /
-p99 and throughput. Before the policies, `llmlb doctor` checks the replicas
+replicas reported (the closed loop) and its routing decisions by branch;
+and from the load generator: TTFT p50 / p99 and throughput. The policies
+`cache_homes` and `exact_homes` are `cache` and `exact` with
+`[pools.prefix] homes = true` (not in the default list). Before the policies, `llmlb doctor` checks the replicas
 twice: with the pool's tokenizer (should agree) and with the stand-in
 (should name the wrong tokenizer). Last, it says whether the two backends
 rank the policies the same way by p99 TTFT and by hit rate.
