@@ -60,7 +60,13 @@ pub(super) fn prefer(
     // only the chat template still spread.
     let lead = (prefix.tokens / block).clamp(1, blocks.len());
     let key = blocks[lead - 1];
-    let all_nodes = router.affinity.nodes(cands);
+    // Rendezvous nodes of every candidate, for a prefix's home and copies
+    // (none without the demand tracker).
+    let all_nodes = if router.state.hot.is_some() {
+        router.affinity.nodes(cands)
+    } else {
+        Vec::new()
+    };
     let hot = hot_of(router, key, &blocks, cands, &all_nodes, views, now_ms);
     let home = hot.home.map(|i| cands[i].id);
     // A replica at its concurrency limit cannot take the request now,

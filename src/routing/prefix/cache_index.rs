@@ -28,10 +28,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[derive(Debug)]
 pub struct BlockIndex {
     inner: Mutex<Lru>,
+    /// The replica cache size last given to [`BlockIndex::fit`], so that an
+    /// unchanged one costs no lock.
+    fitted: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -61,6 +65,7 @@ impl BlockIndex {
                 limit: capacity.max(1),
                 restarts_seen: None,
             }),
+            fitted: AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -92,7 +97,13 @@ impl BlockIndex {
     /// index's block size), within the configured bound; the least recently
     /// sent go first.
     pub fn fit(&self, blocks: usize) {
+        if self.fitted.swap(blocks, Ordering::Relaxed) == blocks {
+            return;
+        }
         let mut lru = self.lock();
+        // The latest size asked for, should two calls with different sizes
+        // have crossed.
+        let blocks = self.fitted.load(Ordering::Relaxed);
         let capacity = lru.limit.min(blocks).max(1);
         if capacity != lru.capacity {
             lru.capacity = capacity;
