@@ -5,8 +5,11 @@
 //!
 //! What a replica holds comes from its KV events in `exact` mode when its
 //! record is known ([`super::prefix::held`]), else from what llmlb sent it
-//! ([`super::prefix::cache_index`]); a pick made on that estimate in `exact`
-//! mode records `prefix_estimated`. A replica at its concurrency limit is
+//! ([`super::prefix::cache_index`], no more than the KV capacity the
+//! replica's scrape reports); a pick made on that estimate in `exact`
+//! mode records `prefix_estimated`. With `homes`, a prefix nothing holds
+//! is scored as if its home ([`super::prefix::home`]) held the part its
+//! requests share (`prefix_home` when that decided the pick). A replica at its concurrency limit is
 //! skipped while another has a free slot, however warm. Ties go by
 //! rendezvous rank on the prompt's leading blocks, so cold instances agree
 //! per prefix. The branch says whether the most-cached replica won
