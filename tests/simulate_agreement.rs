@@ -16,15 +16,27 @@
 //! fleet first (`probe_network_delay`) and given to `simulate` as its
 //! `network_delay`: one figure for every policy, never fitted to one.
 //!
-//! Asserted for every policy: the same requests complete and fail, and the
-//! fleet prefix-hit rate agrees within 10 %; TTFT and throughput as far as
-//! [`bounds`] says. Every figure is printed (`--nocapture`).
+//! One run of either path is one draw: a fraction of a millisecond of
+//! arrival jitter changes which requests share an engine step or a replica,
+//! and the run diverges from there. So each real run's own lateness (how
+//! late `bench` sent against the trace's schedule, on average) is measured
+//! and given to `simulate` as its `--arrival-jitter`, several seeded draws
+//! are simulated per real run, and the means are compared.
+//! `AGREEMENT_RUNS=N` repeats the real path N times per policy (default 1;
+//! docs/SIMULATOR.md has the comparison at 8).
+//!
+//! Asserted for every policy: the same requests complete and fail in every
+//! run and draw, and the mean fleet prefix-hit rate agrees within 10 %; mean
+//! TTFT and throughput as far as [`bounds`] says. Every figure is printed
+//! (`--nocapture`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use llmlb::bench::workload::{LenRange, RandomOptions, TraceOptions, WorkloadSpec};
+use llmlb::bench::workload::{
+    LenRange, RandomOptions, SharedPrefixOptions, TraceOptions, WorkloadSpec,
+};
 use llmlb::bench::{Arrivals, BenchSpec, Limits};
 use llmlb::demo::fleet::{Fleet, FleetSpec, PrefixCache};
 use llmlb::sim::SimConfig;
@@ -50,9 +62,10 @@ const POLICIES: [&str; 5] = ["round_robin", "least_connections", "jsq", "hash", 
 /// Requests of the idle probe, one at a time.
 const PROBES: u64 = 8;
 
-/// Relative bounds asserted per policy on TTFT p50 and output throughput,
-/// from what held over repeated runs on a loaded 2-core machine
-/// (docs/SIMULATOR.md has the table). `round_robin` sends every request to
+/// Relative bounds asserted per policy on the means of TTFT p50 and output
+/// throughput, wide enough for one real run (the default) against the
+/// simulated mean on a loaded 2-core machine; the means of 8 real runs
+/// agreed within 10 % on the trace (docs/SIMULATOR.md has the tables). `round_robin` sends every request to
 /// the same replica on both paths, so only engine timing differs: its p50
 /// stayed within 7 % here and landed 17 % above once on a loaded CI host,
 /// so it is held to 25 %. Where routing
@@ -111,6 +124,8 @@ fn profile() -> SimConfig {
 /// What one real run gives back.
 struct Real {
     figures: llmlb::bench::stats::Figures,
+    /// When each request was sent, wall ms from the start of the run.
+    sent_ms: Vec<f64>,
     cache: PrefixCache,
     replicas: Vec<SocketAddr>,
     model: String,
@@ -141,6 +156,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
     };
     let report = llmlb::bench::run(&bench).await.unwrap();
     let real = Real {
+        sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
         figures: report.figures,
         cache: fleet.prefix_cache().await,
         replicas: fleet.replica_addrs(),
@@ -150,7 +166,13 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
     real
 }
 
-fn simulate(workload: &SimWorkload, real: &Real, policy: &str, network_delay: f64) -> RunResult {
+fn simulate(
+    workload: &SimWorkload,
+    real: &Real,
+    policy: &str,
+    network_delay: f64,
+    seed: u64,
+) -> RunResult {
     let config =
         policy
             .parse::<Policy>()
@@ -164,7 +186,7 @@ fn simulate(workload: &SimWorkload, real: &Real, policy: &str, network_delay: f6
             profile: &profile(),
             faults: &[],
             goodput_ttft: 2.0,
-            seed: 0,
+            seed,
             network_delay,
             tiers: None,
         },
@@ -190,7 +212,7 @@ async fn probe_network_delay() -> f64 {
     .await;
     assert_eq!(real.figures.completed, PROBES, "probe requests");
     let one = SimWorkload::builtin(&spec, 1, 1.0, 1.0, 0).unwrap();
-    let engine = simulate(&one, &real, "round_robin", 0.0).ttft_s.p50;
+    let engine = simulate(&one, &real, "round_robin", 0.0, 0).ttft_s.p50;
     let seen = real.figures.ttft_ms.p50 / 1000.0 * SIM_TIME_SCALE;
     println!(
         "idle probe: TTFT {:.1} ms real, {:.1} ms engine (simulated ms)",
@@ -200,62 +222,199 @@ async fn probe_network_delay() -> f64 {
     (seen - engine).max(0.0)
 }
 
-struct Row {
-    policy: &'static str,
-    real: (u64, u64),
-    sim: (u64, u64),
-    hit: (f64, f64),
-    p50: (f64, f64),
-    p99: (f64, f64),
-    tput: (f64, f64),
+/// Real runs per policy: `AGREEMENT_RUNS` (default 1). One run of either
+/// path is one draw of a spread (see [`bounds`]); the comparison in
+/// docs/SIMULATOR.md sets it higher and compares means.
+fn real_runs() -> usize {
+    std::env::var("AGREEMENT_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
+/// Simulated draws per real run: the same replica addresses, each with its
+/// own seeded arrival lateness (of the real run's mean).
+const DRAWS_PER_RUN: u64 = 8;
+
+/// One run of one path, in simulated time.
+#[derive(Clone, Copy, Debug)]
+struct Figures {
+    completed: u64,
+    failed: u64,
+    hit: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    tok_s: f64,
+}
+
+/// Mean, smallest and largest of `f` over `runs`.
+fn summary(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
+    let values: Vec<f64> = runs.iter().map(f).collect();
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, lo, hi)
+}
+
+/// How late `bench` sent the requests of `real` against the trace's
+/// schedule, on average, in simulated seconds: its timer wakes late and the
+/// loaded host runs it late. Sends and schedule are paired in time order.
+fn mean_lateness(real: &Real, workload: &SimWorkload) -> f64 {
+    let mut sent = real.sent_ms.clone();
+    sent.sort_by(f64::total_cmp);
+    let late_wall_ms: f64 = sent
+        .iter()
+        .zip(&workload.requests)
+        .map(|(s, r)| (s - r.at * 1000.0 / SIM_TIME_SCALE).max(0.0))
+        .sum::<f64>()
+        / sent.len().max(1) as f64;
+    late_wall_ms * SIM_TIME_SCALE / 1000.0
+}
+
+fn real_figures(real: &Real) -> Figures {
+    let f = &real.figures;
+    // Wall milliseconds on the replicas' scaled clock → simulated ms.
+    Figures {
+        completed: f.completed,
+        failed: f.failed,
+        hit: real.cache.hit_rate().unwrap_or(0.0),
+        p50_ms: f.ttft_ms.p50 * SIM_TIME_SCALE,
+        p99_ms: f.ttft_ms.p99 * SIM_TIME_SCALE,
+        tok_s: f.output_throughput / SIM_TIME_SCALE,
+    }
+}
+
+fn sim_figures(sim: &RunResult) -> Figures {
+    Figures {
+        completed: sim.outcomes.completed,
+        failed: sim.outcomes.errors(),
+        hit: sim.prefix_hit_rate,
+        p50_ms: sim.ttft_s.p50 * 1000.0,
+        p99_ms: sim.ttft_s.p99 * 1000.0,
+        tok_s: sim.output_tokens_per_s,
+    }
 }
 
 fn within(pair: (f64, f64), tolerance: f64) -> bool {
     (pair.0 / pair.1 - 1.0).abs() <= tolerance
 }
 
+/// A workload as both paths run it.
+struct Case {
+    name: &'static str,
+    /// What `bench` sends, and when.
+    bench: WorkloadSpec,
+    arrivals: Arrivals,
+    /// The same requests for `simulate`, arrivals in simulated seconds.
+    sim: SimWorkload,
+}
+
+/// The first `REQUESTS` of the conversation trace, twelve times its rate.
+fn trace_case() -> Case {
+    Case {
+        name: "conversation trace",
+        bench: WorkloadSpec::Trace(TraceOptions {
+            path: trace(),
+            time_scale: 1.0 / (RATE_SCALE * SIM_TIME_SCALE),
+            length_scale: LENGTH_SCALE,
+            max_requests: Some(REQUESTS),
+        }),
+        arrivals: Arrivals::Timestamps,
+        // The prompts' token ids as the replicas and the router see them
+        // behind `bench`, so `hash` and `cache` rank replicas as `serve` does.
+        sim: SimWorkload::trace(&trace(), LENGTH_SCALE, RATE_SCALE, Some(REQUESTS))
+            .unwrap()
+            .with_bench_text(),
+    }
+}
+
+/// Arrivals per simulated second of the shared-prefix case: the replicas
+/// batch, and a miss's 1,000-token prefill delays what shares its step.
+const SHARED_PREFIX_RATE: f64 = 40.0;
+
+/// Eight system prompts of 1,000 tokens, 15 questions each, Poisson arrivals
+/// from `bench`'s own seeded generator (the same gaps on both paths): most
+/// of each prompt can come from the prefix cache, so hit rates say
+/// something here (the trace's first requests share little).
+fn shared_prefix_case() -> Case {
+    let spec = WorkloadSpec::SharedPrefix(SharedPrefixOptions {
+        groups: 8,
+        prompts_per_group: REQUESTS / 8,
+        system_len: 1000,
+        question_len: 64,
+        output_len: 64,
+    });
+    Case {
+        name: "shared prefix",
+        bench: spec.clone(),
+        arrivals: Arrivals::Open {
+            rate: SHARED_PREFIX_RATE * SIM_TIME_SCALE,
+            burstiness: 1.0,
+        },
+        sim: SimWorkload::builtin(&spec, REQUESTS, SHARED_PREFIX_RATE, 1.0, 0).unwrap(),
+    }
+}
+
+/// The real fleets of two tests must not share the two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulate_agrees_with_the_real_time_path() {
+    let _one_at_a_time = SERIAL.lock().await;
+    agreement(trace_case()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_agrees_with_the_real_time_path_on_shared_prefixes() {
+    let _one_at_a_time = SERIAL.lock().await;
+    agreement(shared_prefix_case()).await;
+}
+
+async fn agreement(case: Case) {
+    println!("== {}", case.name);
     let delay = probe_network_delay().await;
     println!("network delay given to simulate: {:.1} ms", delay * 1000.0);
-    // The prompts' token ids as the replicas and the router see them behind
-    // `bench`, so `hash` and `cache` rank replicas as `serve` does.
-    let workload = SimWorkload::trace(&trace(), LENGTH_SCALE, RATE_SCALE, Some(REQUESTS))
-        .unwrap()
-        .with_bench_text();
-    let mut rows = Vec::new();
-    for policy in POLICIES {
-        let real = run_real(
-            policy,
-            WorkloadSpec::Trace(TraceOptions {
-                path: trace(),
-                time_scale: 1.0 / (RATE_SCALE * SIM_TIME_SCALE),
-                length_scale: LENGTH_SCALE,
-                max_requests: Some(REQUESTS),
-            }),
-            Arrivals::Timestamps,
-            REQUESTS as u64,
-        )
-        .await;
-        let sim = simulate(&workload, &real, policy, delay);
-        let f = &real.figures;
-        // Wall milliseconds on the replicas' scaled clock → simulated ms.
-        let real_ms = |wall_ms: f64| wall_ms * SIM_TIME_SCALE;
-        rows.push(Row {
-            policy,
-            real: (f.completed, f.failed),
-            sim: (sim.outcomes.completed, sim.outcomes.errors()),
-            hit: (real.cache.hit_rate().unwrap_or(0.0), sim.prefix_hit_rate),
-            p50: (real_ms(f.ttft_ms.p50), sim.ttft_s.p50 * 1000.0),
-            p99: (real_ms(f.ttft_ms.p99), sim.ttft_s.p99 * 1000.0),
-            tput: (
-                f.output_throughput / SIM_TIME_SCALE,
-                sim.output_tokens_per_s,
-            ),
-        });
+    let workload = &case.sim;
+    let runs = real_runs();
+    let mut real: Vec<Vec<Figures>> = vec![Vec::new(); POLICIES.len()];
+    let mut sim: Vec<Vec<Figures>> = vec![Vec::new(); POLICIES.len()];
+    let mut lateness = Vec::new();
+    // Rounds of every policy, so that a slow spell of the host falls on all.
+    for round in 0..runs {
+        for (k, policy) in POLICIES.iter().enumerate() {
+            let one = run_real(
+                policy,
+                case.bench.clone(),
+                case.arrivals.clone(),
+                REQUESTS as u64,
+            )
+            .await;
+            let late = mean_lateness(&one, workload);
+            lateness.push(late);
+            real[k].push(real_figures(&one));
+            for draw in 0..DRAWS_PER_RUN {
+                let seed = (round as u64) * DRAWS_PER_RUN + draw + 1;
+                let jittered = workload.clone().with_arrival_jitter(late, seed);
+                sim[k].push(sim_figures(&simulate(&jittered, &one, policy, delay, seed)));
+            }
+        }
     }
+    let (late_mean, late_lo, late_hi) = (
+        lateness.iter().sum::<f64>() / lateness.len() as f64,
+        lateness.iter().copied().fold(f64::INFINITY, f64::min),
+        lateness.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
     println!(
-        "{:<18} {:>9} {:>9} {:>11} {:>17} {:>17} {:>13}",
+        "{runs} real run(s) and {} simulated draws per policy; bench sent {:.1} simulated ms late \
+         on average ({:.1} to {:.1} per run), given to simulate as its arrival jitter",
+        runs as u64 * DRAWS_PER_RUN,
+        late_mean * 1000.0,
+        late_lo * 1000.0,
+        late_hi * 1000.0
+    );
+    println!(
+        "means, real/sim (simulated ms; ranges over the runs below)\n{:<18} {:>9} {:>9} {:>11} {:>17} {:>17} {:>13}",
         "policy",
         "done r/s",
         "fail r/s",
@@ -264,38 +423,64 @@ async fn simulate_agrees_with_the_real_time_path() {
         "TTFT p99 ms r/s",
         "tok/s r/s"
     );
-    for r in &rows {
+    let mut checks = Vec::new();
+    for (k, policy) in POLICIES.iter().enumerate() {
+        let (r, m) = (&real[k], &sim[k]);
+        let hit = (summary(r, |f| f.hit).0, summary(m, |f| f.hit).0);
+        let p50 = (summary(r, |f| f.p50_ms).0, summary(m, |f| f.p50_ms).0);
+        let p99 = (summary(r, |f| f.p99_ms).0, summary(m, |f| f.p99_ms).0);
+        let tput = (summary(r, |f| f.tok_s).0, summary(m, |f| f.tok_s).0);
         println!(
-            "{:<18} {:>4}/{:<4} {:>4}/{:<4} {:>5.1}/{:<5.1} {:>8.0}/{:<8.0} {:>8.0}/{:<8.0} {:>6.0}/{:<6.0}",
-            r.policy,
-            r.real.0,
-            r.sim.0,
-            r.real.1,
-            r.sim.1,
-            r.hit.0 * 100.0,
-            r.hit.1 * 100.0,
-            r.p50.0,
-            r.p50.1,
-            r.p99.0,
-            r.p99.1,
-            r.tput.0,
-            r.tput.1
+            "{:<18} {:>4.0}/{:<4.0} {:>4.0}/{:<4.0} {:>5.1}/{:<5.1} {:>8.0}/{:<8.0} {:>8.0}/{:<8.0} {:>6.0}/{:<6.0}",
+            policy,
+            summary(r, |f| f.completed as f64).0,
+            summary(m, |f| f.completed as f64).0,
+            summary(r, |f| f.failed as f64).0,
+            summary(m, |f| f.failed as f64).0,
+            hit.0 * 100.0,
+            hit.1 * 100.0,
+            p50.0,
+            p50.1,
+            p99.0,
+            p99.1,
+            tput.0,
+            tput.1
         );
+        let range = |v: &[Figures], f: fn(&Figures) -> f64| {
+            let (_, lo, hi) = summary(v, f);
+            format!("{lo:.0}..{hi:.0}")
+        };
+        println!(
+            "{:<18} p50 {} / {}, p99 {} / {}, tok/s {} / {}",
+            "",
+            range(r, |f| f.p50_ms),
+            range(m, |f| f.p50_ms),
+            range(r, |f| f.p99_ms),
+            range(m, |f| f.p99_ms),
+            range(r, |f| f.tok_s),
+            range(m, |f| f.tok_s)
+        );
+        checks.push((*policy, hit, p50, tput));
     }
-    for r in &rows {
-        let p = r.policy;
-        assert_eq!(r.real, r.sim, "{p}: completed and failed requests");
+    for (k, policy) in POLICIES.iter().enumerate() {
+        for (i, r) in real[k].iter().enumerate() {
+            let draws = &sim[k][i * DRAWS_PER_RUN as usize..(i + 1) * DRAWS_PER_RUN as usize];
+            for d in draws {
+                assert_eq!(
+                    (r.completed, r.failed),
+                    (d.completed, d.failed),
+                    "{policy}: completed and failed requests, real run {i}"
+                );
+            }
+        }
+    }
+    for (p, hit, p50, tput) in checks {
+        assert!(within(hit, 0.10), "{p}: prefix-hit rate real/sim {hit:?}");
+        let (p50_bound, tput_bound) = bounds(p);
+        assert!(within(p50, p50_bound), "{p}: TTFT p50 ms real/sim {p50:?}");
         assert!(
-            within(r.hit, 0.10),
-            "{p}: prefix-hit rate real/sim {:?}",
-            r.hit
-        );
-        let (p50, tput) = bounds(p);
-        assert!(within(r.p50, p50), "{p}: TTFT p50 ms real/sim {:?}", r.p50);
-        assert!(
-            within(r.tput, tput),
-            "{p}: output tok/s real/sim {:?}",
-            r.tput
+            within(tput, tput_bound),
+            "{p}: output tok/s real/sim {tput:?}"
         );
     }
 }

@@ -117,6 +117,12 @@ pub struct SimulateArgs {
     /// replica HTTP front), e.g. `15ms`: TTFT and end-to-end grow by it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub network_delay: Duration,
+    /// Mean lateness of each arrival, e.g. `3ms`: every request arrives
+    /// later by a seeded exponential draw with this mean, as a real client's
+    /// sends come late by a little and differently each run. With it, runs
+    /// under different --seed values are draws of that spread. 0: on time.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub arrival_jitter: Duration,
     /// A fault on the virtual clock (repeatable), e.g. `kill:replica=3,at=60s`,
     /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`, `zone:replicas=0-63,at=10m`.
     #[arg(long = "fault")]
@@ -302,6 +308,11 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
 }
 
 fn load_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
+    let w = unjittered_workload(args)?;
+    Ok(w.with_arrival_jitter(args.arrival_jitter.as_secs_f64(), args.seed))
+}
+
+fn unjittered_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
     if let Some(path) = &args.trace {
         let w = SimWorkload::trace(path, args.length_scale, args.rate_scale, args.max_requests)?;
         return Ok(if args.bench_text {

@@ -224,6 +224,26 @@ impl SimWorkload {
         text
     }
 
+    /// Each arrival later by a draw of an exponential lateness with mean
+    /// `mean` seconds (seeded; 0 leaves the workload as it is), then the
+    /// requests in their new order. A real client sends late by a little,
+    /// and differently each run (its timer wakes late, its host is busy);
+    /// this makes one simulated run one such draw. A request's TTFT counts
+    /// from its late arrival, as `bench` counts from the real send.
+    pub fn with_arrival_jitter(mut self, mean: f64, seed: u64) -> SimWorkload {
+        if mean <= 0.0 {
+            return self;
+        }
+        let mut rng = crate::bench::text::SplitMix::new(crate::bench::text::mix(seed, 0x6a69_7474));
+        for r in &mut self.requests {
+            // Uniform in (0, 1]: 53 random bits, never 0 (ln 0 = -inf).
+            let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+            r.at += -mean * u.ln();
+        }
+        self.requests.sort_by(|a, b| a.at.total_cmp(&b.at));
+        self
+    }
+
     /// The time span of the arrivals, seconds.
     pub fn span(&self) -> f64 {
         self.requests.last().map_or(0.0, |r| r.at)
@@ -276,6 +296,27 @@ mod tests {
         ));
         std::fs::write(&path, lines).unwrap();
         path
+    }
+
+    #[test]
+    fn arrival_jitter_delays_every_arrival_by_its_mean_on_average() {
+        let spec = WorkloadSpec::Random(workload::RandomOptions {
+            input_len: workload::LenRange::fixed(8),
+            output_len: workload::LenRange::fixed(1),
+        });
+        let w = SimWorkload::builtin(&spec, 2000, 10.0, 1.0, 3).unwrap();
+        let base: f64 = w.requests.iter().map(|r| r.at).sum();
+        let late = w.clone().with_arrival_jitter(0.005, 1);
+        let shift = (late.requests.iter().map(|r| r.at).sum::<f64>() - base) / 2000.0;
+        assert!((shift - 0.005).abs() < 0.0005, "mean lateness {shift}");
+        assert!(late.requests.windows(2).all(|p| p[0].at <= p[1].at));
+        // Seeded: the same draw again, another with another seed.
+        let again = w.clone().with_arrival_jitter(0.005, 1);
+        let other = w.clone().with_arrival_jitter(0.005, 2);
+        let at = |w: &SimWorkload| w.requests.iter().map(|r| r.at).collect::<Vec<_>>();
+        assert_eq!(at(&late), at(&again));
+        assert_ne!(at(&late), at(&other));
+        assert_eq!(at(&w.clone().with_arrival_jitter(0.0, 1)), at(&w));
     }
 
     #[test]
