@@ -12,7 +12,7 @@ served (busiest / mean), preemptions and the mean real prompt length; from
 llmlb's /metrics: the cached prompt tokens it predicted against those the
 replicas reported (the closed loop) and its routing decisions by branch;
 and from the load generator: TTFT p50 / p99 and throughput. The policies
-`cache_homes` and `exact_homes` are `cache` and `exact` with
+`hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
 `[pools.prefix] homes = true` (not in the default list). Before the policies, `llmlb doctor` checks the replicas
 twice: with the pool's tokenizer (should agree) and with the stand-in
 (should name the wrong tokenizer). Last, it says whether the two backends
@@ -55,6 +55,7 @@ POLICIES = {
     "cache": ("least_connections", "cache"),
     "exact": ("least_connections", "exact"),
     # with [pools.prefix] homes = true
+    "hash_homes": ("least_connections", "hash"),
     "cache_homes": ("least_connections", "cache"),
     "exact_homes": ("least_connections", "exact"),
 }

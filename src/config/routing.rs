@@ -79,11 +79,13 @@ pub struct PrefixConfig {
     /// stays below k − 1 copies before one is given up.
     #[serde(with = "super::duration")]
     pub replicate_hold: std::time::Duration,
-    /// `cache` and `exact`: give every prefix a home replica, chosen by
-    /// rendezvous order within a bound on each replica's share of the
-    /// demand, and prefer it when nothing holds the prefix (off by default:
-    /// on the simulated fleet it helps where caches are small for the
-    /// prefixes and is mixed elsewhere, see docs/ROUTING.md).
+    /// Give every prefix a home replica, chosen by rendezvous order within a
+    /// bound on each replica's share of the demand. `cache` and `exact`
+    /// prefer it when nothing holds the prefix; `hash` sends the prefix
+    /// there instead of to its rendezvous first choice, and overflows in
+    /// rendezvous order (off by default: on the simulated fleet it helps
+    /// where caches are small for the prefixes and is mixed elsewhere, see
+    /// docs/ROUTING.md).
     pub homes: bool,
 }
 

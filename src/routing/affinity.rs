@@ -3,6 +3,10 @@
 //! replica, the first unsaturated one in the key's rendezvous order
 //! ([`super::prefix::rendezvous`]).
 //!
+//! In `hash` mode with `[pools.prefix] homes`, the key's home (chosen by
+//! rendezvous order within a bound on each replica's share of the demand)
+//! goes first, and the rendezvous order follows it.
+//!
 //! A key whose first choice is saturated moves on to the next one in its
 //! order (branch `session_overflow` or `prefix_overflow`); when every
 //! candidate is saturated nothing is preferred (branch `saturated`) and the
@@ -64,9 +68,33 @@ impl Affinity {
         saturated: &dyn Fn(&Replica) -> bool,
         kind: Key,
     ) {
+        self.prefer_home(d, cands, key, None, saturated, kind);
+    }
+
+    /// As [`Self::prefer`], with `home` (an index into `cands`: the key's
+    /// home, [`super::prefix::home`]) in front of the rendezvous order.
+    pub fn prefer_home(
+        &self,
+        d: &mut Decision,
+        cands: &[Arc<Replica>],
+        key: u64,
+        home: Option<usize>,
+        saturated: &dyn Fn(&Replica) -> bool,
+        kind: Key,
+    ) {
+        if let Some(h) = home.filter(|&h| !saturated(&cands[h])) {
+            d.preferred = Some(vec![cands[h].id]);
+            d.branches.push(match kind {
+                Key::Session => RouteBranch::Session,
+                Key::Prefix => RouteBranch::PrefixHit,
+            });
+            return;
+        }
         let nodes = self.nodes(cands);
         match rendezvous::first_acceptable(key, &nodes, |i| !saturated(&cands[i])) {
             Some((i, rank)) => {
+                // Past a saturated home, nothing is a first choice.
+                let rank = rank + usize::from(home.is_some());
                 d.preferred = Some(vec![cands[i].id]);
                 d.branches.push(match (kind, rank) {
                     (Key::Session, 0) => RouteBranch::Session,

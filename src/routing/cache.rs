@@ -208,6 +208,23 @@ fn hot_of(
     hot.arrive_blocks(key, blocks, now_ms, in_flight, nodes)
 }
 
+/// `hash` mode with homes: the home of prefix `key` among `cands` (an index
+/// into them), its arrival counted; `None` without homes.
+pub(super) fn home_of(
+    router: &Router,
+    key: u64,
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+    now_ms: u64,
+) -> Option<usize> {
+    let hot = router.state.hot.as_ref()?;
+    if !hot.settings().homes {
+        return None;
+    }
+    let nodes = router.affinity.nodes(cands);
+    hot_of(router, key, &[], cands, &nodes, views, now_ms).home
+}
+
 /// `hash` mode: no scoring, but the prompt's blocks are recorded on the
 /// replica it goes to, and what each candidate will report cached is
 /// predicted from them (the closed-loop metrics).
@@ -476,6 +493,45 @@ mod tests {
         for (&p, id) in prefixes.iter().zip(&first) {
             let (r, branches) = dispatch_chat_with_branches(pool, &chat(p, 1));
             assert_eq!(r.id, *id, "prefix {p}: {branches:?}");
+        }
+    }
+
+    #[test]
+    fn hash_mode_with_homes_spreads_prefixes_and_keeps_each_at_home() {
+        let chat = |p: usize, q: usize| {
+            vec![
+                ChatMessage::new("system", format!("Desk {p}: answer with the rules.")),
+                ChatMessage::new("user", format!("Case {q}?")),
+            ]
+        };
+        // Eight system prompts whose rendezvous order starts with the same
+        // replica: plain `hash` sends all eight there.
+        let plain = pool_of("[pools.prefix]\nmode = \"hash\"", 2);
+        let prefixes: Vec<usize> = (0..)
+            .filter(|&p| {
+                dispatch_chat(&plain.pools[0], &chat(p, 0)).id == plain.pools[0].replicas[0].id
+            })
+            .take(8)
+            .collect();
+        let t = pool_of("[pools.prefix]\nmode = \"hash\"\nhomes = true", 2);
+        let pool = &t.pools[0];
+        let first = pool.replicas[0].id;
+        let homes: Vec<_> = prefixes
+            .iter()
+            .map(|&p| dispatch_chat(pool, &chat(p, 0)).id)
+            .collect();
+        let on_first = homes.iter().filter(|&&id| id == first).count();
+        assert!(
+            (3..=5).contains(&on_first),
+            "{on_first} of 8 on the replica all prefer"
+        );
+        // Every later request of a prefix goes to its home.
+        for (&p, home) in prefixes.iter().zip(&homes) {
+            for q in 1..4 {
+                let (r, branches) = dispatch_chat_with_branches(pool, &chat(p, q));
+                assert_eq!(r.id, *home, "prefix {p}: {branches:?}");
+                assert_eq!(branches, vec![RouteBranch::PrefixHit]);
+            }
         }
     }
 

@@ -93,10 +93,13 @@ impl PrefixState {
                 )
             })
             .collect();
-        let tracked = pc.prefix.replicate || pc.prefix.homes;
-        let hot = (tracked && matches!(mode, PrefixMode::Cache | PrefixMode::Exact)).then(|| {
+        // `hash` places by homes but never replicates.
+        let scored = matches!(mode, PrefixMode::Cache | PrefixMode::Exact);
+        let replicate = pc.prefix.replicate && scored;
+        let tracked = replicate || (pc.prefix.homes && (scored || mode == PrefixMode::Hash));
+        let hot = tracked.then(|| {
             let settings = HotSettings {
-                replicate: pc.prefix.replicate,
+                replicate,
                 homes: pc.prefix.homes,
                 above: pc.prefix.replicate_above,
                 hold_ms: pc.prefix.replicate_hold.as_millis() as u64,

@@ -221,9 +221,17 @@ impl Router {
                 match hash_key(&self.prefix, input.model, input.prompt, || {
                     Cow::Borrowed(&tokens)
                 }) {
-                    Some(key) => self
-                        .affinity
-                        .prefer(&mut d, &cands, key, &saturated, Key::Prefix),
+                    Some(key) => {
+                        let home = cache::home_of(self, key, &cands, &views, now_ms);
+                        self.affinity.prefer_home(
+                            &mut d,
+                            &cands,
+                            key,
+                            home,
+                            &saturated,
+                            Key::Prefix,
+                        )
+                    }
                     None => d.branches.push(super::RouteBranch::PrefixNone),
                 }
                 cache::record_for_prediction(self, &mut d, &cands, &views, input.model, &tokens);
