@@ -13,7 +13,9 @@ llmlb's /metrics: the cached prompt tokens it predicted against those the
 replicas reported (the closed loop) and its routing decisions by branch;
 and from the load generator: TTFT p50 / p99 and throughput. The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
-`[pools.prefix] homes = true` (not in the default list). Before the policies, `llmlb doctor` checks the replicas
+`[pools.prefix] homes = true`, and `hash_homes_capped` also has
+`[pools.saturation] max_in_flight = --saturation-in-flight` (none of them
+in the default list). Before the policies, `llmlb doctor` checks the replicas
 twice: with the pool's tokenizer (should agree) and with the stand-in
 (should name the wrong tokenizer). Last, it says whether the two backends
 rank the policies the same way by p99 TTFT and by hit rate.
@@ -56,6 +58,8 @@ POLICIES = {
     "exact": ("least_connections", "exact"),
     # with [pools.prefix] homes = true
     "hash_homes": ("least_connections", "hash"),
+    # with homes and [pools.saturation] max_in_flight = --saturation-in-flight
+    "hash_homes_capped": ("least_connections", "hash"),
     "cache_homes": ("least_connections", "cache"),
     "exact_homes": ("least_connections", "exact"),
 }
@@ -251,8 +255,10 @@ def proxy_config(backend, policy, args, stand_in=None):
         lines += ["", "[pools.prefix]", f'mode = "{mode}"']
         if mode == "cache":
             lines.append(f"block_size = {args.block_size}")
-        if policy.endswith("_homes"):
+        if "_homes" in policy:
             lines.append("homes = true")
+        if policy.endswith("_capped"):
+            lines += ["", "[pools.saturation]", f"max_in_flight = {args.saturation_in_flight}"]
     if not stand_in:
         lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
     for port, ev, rp in zip(backend.ports, backend.subscribe, backend.replays):
@@ -372,6 +378,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--block-size", type=int, default=128, help="cache mode block size (vLLM CPU uses 128)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--saturation-in-flight", type=int, default=5,
+                    help="[pools.saturation] max_in_flight of the *_capped policies")
     ap.add_argument("--replica-port", type=int, default=18000)
     ap.add_argument("--events-port", type=int, default=15557)
     ap.add_argument("--replay-port", type=int, default=15567)

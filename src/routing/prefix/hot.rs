@@ -131,7 +131,12 @@ impl Decayed {
     }
 
     pub(super) fn add(&mut self, now_ms: u64, tau_ms: f64) {
-        self.value = self.at(now_ms, tau_ms) + 1.0;
+        self.shift(now_ms, tau_ms, 1.0);
+    }
+
+    /// Adds `by` (may be negative; the value stays at or above 0).
+    pub(super) fn shift(&mut self, now_ms: u64, tau_ms: f64, by: f64) {
+        self.value = (self.at(now_ms, tau_ms) + by).max(0.0);
         self.at_ms = self.at_ms.max(now_ms);
     }
 }
@@ -219,7 +224,10 @@ impl HotPrefixes {
         e.last.clear();
         e.last.extend_from_slice(head);
         let home = if self.settings.homes {
-            let home = s.homes.place(e.home, key, nodes, now_ms, tau);
+            // Its arrivals before this one (this one is counted on the home
+            // after the choice).
+            let demand = (e.demand.at(now_ms, tau) - 1.0).max(0.0);
+            let home = s.homes.place(e.home, key, demand, nodes, now_ms, tau);
             e.home = home.map(|i| nodes[i].name_hash);
             home
         } else {
