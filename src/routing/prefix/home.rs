@@ -119,14 +119,7 @@ impl Homes {
     ) -> usize {
         let weight = |n: &Node| f64::from(n.weight.max(1));
         let total_weight: f64 = nodes.iter().map(weight).sum();
-        let load: Vec<f64> = nodes
-            .iter()
-            .map(|n| {
-                self.homed
-                    .get(&n.name_hash)
-                    .map_or(0.0, |d| d.at(now_ms, tau_ms))
-            })
-            .collect();
+        let load = self.loads(nodes, now_ms, tau_ms);
         let pool: f64 = load.iter().sum();
         if pool < SETTLED_PER_REPLICA * nodes.len() as f64 {
             return k;
@@ -137,9 +130,7 @@ impl Homes {
         }
         let per = |i: usize, l: f64| l / weight(&nodes[i]);
         let target = rendezvous::order(key, nodes).into_iter().find(|&t| {
-            t != k
-                && load[t] + demand <= bound(t)
-                && per(t, load[t] + demand) < per(k, load[k])
+            t != k && load[t] + demand <= bound(t) && per(t, load[t] + demand) < per(k, load[k])
         });
         let Some(t) = target else {
             return k;
@@ -156,20 +147,25 @@ impl Homes {
         t
     }
 
-    /// The first replica of `key`'s rendezvous order with room under the
-    /// bound, else the least loaded by weight (the earliest in the order
-    /// among equals).
-    fn choose(&self, key: u64, nodes: &[Node], now_ms: u64, tau_ms: f64) -> Option<usize> {
-        let weight = |n: &Node| f64::from(n.weight.max(1));
-        let total_weight: f64 = nodes.iter().map(weight).sum();
-        let load: Vec<f64> = nodes
+    /// The homed demand of each of `nodes` at `now_ms`.
+    fn loads(&self, nodes: &[Node], now_ms: u64, tau_ms: f64) -> Vec<f64> {
+        nodes
             .iter()
             .map(|n| {
                 self.homed
                     .get(&n.name_hash)
                     .map_or(0.0, |d| d.at(now_ms, tau_ms))
             })
-            .collect();
+            .collect()
+    }
+
+    /// The first replica of `key`'s rendezvous order with room under the
+    /// bound, else the least loaded by weight (the earliest in the order
+    /// among equals).
+    fn choose(&self, key: u64, nodes: &[Node], now_ms: u64, tau_ms: f64) -> Option<usize> {
+        let weight = |n: &Node| f64::from(n.weight.max(1));
+        let total_weight: f64 = nodes.iter().map(weight).sum();
+        let load = self.loads(nodes, now_ms, tau_ms);
         let pool = load.iter().sum::<f64>() + 1.0;
         let share = |i: usize| weight(&nodes[i]) / total_weight;
         let order = rendezvous::order(key, nodes);
@@ -218,7 +214,14 @@ mod tests {
         for t in 0..600u64 {
             let key = keys[(t % 6) as usize];
             let h = homes
-                .place(current.get(&key).copied(), key, 0.0, &nodes, t * 10, 10_000.0)
+                .place(
+                    current.get(&key).copied(),
+                    key,
+                    0.0,
+                    &nodes,
+                    t * 10,
+                    10_000.0,
+                )
                 .unwrap();
             current.insert(key, nodes[h].name_hash);
             served[h] += 1;
@@ -284,7 +287,9 @@ mod tests {
             .copied()
             .filter(|n| n.name_hash != name)
             .collect();
-        let moved = homes.place(Some(name), 42, 51.0, &rest, 60, 10_000.0).unwrap();
+        let moved = homes
+            .place(Some(name), 42, 51.0, &rest, 60, 10_000.0)
+            .unwrap();
         assert!(rest[moved].name_hash != name);
         assert_eq!(homes.place(None, 42, 52.0, &[], 70, 10_000.0), None);
     }
