@@ -19,11 +19,13 @@
 //! One run of either path is one draw: a fraction of a millisecond of
 //! arrival jitter changes which requests share an engine step or a replica,
 //! and the run diverges from there. So each real run's own lateness (how
-//! late `bench` sent against the trace's schedule, on average) is measured
-//! and given to `simulate` as its `--arrival-jitter`, several seeded draws
-//! are simulated per real run, and the means are compared.
+//! late `bench` sent against the schedule: its mean and standard deviation)
+//! is measured and given to `simulate` as its arrival jitter, several seeded
+//! draws are simulated per real run, and the means are compared.
 //! `AGREEMENT_RUNS=N` repeats the real path N times per policy (default 1;
-//! docs/SIMULATOR.md has the comparison at 8).
+//! docs/SIMULATOR.md has the comparison at 8); `AGREEMENT_POLICIES=jsq,hash`
+//! compares only those; `AGREEMENT_DECISIONS=1` prints each real run's
+//! balancer decisions by branch (the proxy's `/metrics`).
 //!
 //! Asserted for every policy: the same requests complete and fail in every
 //! run and draw, and the mean fleet prefix-hit rate agrees within 10 %; mean
@@ -128,7 +130,19 @@ struct Real {
     sent_ms: Vec<f64>,
     cache: PrefixCache,
     replicas: Vec<SocketAddr>,
+    /// Requests on the busiest replica ÷ the mean (the `x-llmlb-replica`
+    /// of each answer).
+    busiest: f64,
     model: String,
+}
+
+fn busiest_over_mean(records: &[llmlb::bench::record::RequestRecord], replicas: usize) -> f64 {
+    let mut per: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for r in records {
+        *per.entry(r.replica.as_deref().unwrap_or("")).or_default() += 1;
+    }
+    let most = per.values().copied().max().unwrap_or(0) as f64;
+    most / (records.len().max(1) as f64 / replicas.max(1) as f64)
 }
 
 /// Starts a 4-replica fleet under `policy`, runs `bench` against it, stops it.
@@ -155,8 +169,26 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         ..Limits::default()
     };
     let report = llmlb::bench::run(&bench).await.unwrap();
+    if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(fleet.admin_addr())
+            .await
+            .unwrap();
+        c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).await.unwrap();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("llmlb_balancer_decisions_total"))
+        {
+            println!("{policy}: {line}");
+        }
+    }
     let real = Real {
         sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
+        busiest: busiest_over_mean(&report.requests, fleet.replica_addrs().len()),
         figures: report.figures,
         cache: fleet.prefix_cache().await,
         replicas: fleet.replica_addrs(),
@@ -233,6 +265,15 @@ fn real_runs() -> usize {
         .unwrap_or(1)
 }
 
+/// The policies compared: `AGREEMENT_POLICIES` (comma-separated), else all.
+fn policies() -> Vec<&'static str> {
+    let only = std::env::var("AGREEMENT_POLICIES").unwrap_or_default();
+    POLICIES
+        .into_iter()
+        .filter(|p| only.is_empty() || only.split(',').any(|o| o.trim() == *p))
+        .collect()
+}
+
 /// Simulated draws per real run: the same replica addresses, each with its
 /// own seeded arrival lateness (of the real run's mean).
 const DRAWS_PER_RUN: u64 = 8;
@@ -246,6 +287,10 @@ struct Figures {
     p50_ms: f64,
     p99_ms: f64,
     tok_s: f64,
+    /// Requests on the busiest replica ÷ the mean.
+    busiest: f64,
+    /// The worst TTFT (simulated ms).
+    worst_ms: f64,
 }
 
 /// Mean, smallest and largest of `f` over `runs`.
@@ -258,18 +303,22 @@ fn summary(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
 }
 
 /// How late `bench` sent the requests of `real` against the trace's
-/// schedule, on average, in simulated seconds: its timer wakes late and the
-/// loaded host runs it late. Sends and schedule are paired in time order.
-fn mean_lateness(real: &Real, workload: &SimWorkload) -> f64 {
+/// schedule, in simulated seconds: mean and standard deviation. Its timer
+/// wakes late (tokio's wheel ticks in milliseconds) and the loaded host
+/// runs it late; the spread is well under the mean on a quiet host. Sends
+/// and schedule are paired in time order.
+fn lateness(real: &Real, workload: &SimWorkload) -> (f64, f64) {
     let mut sent = real.sent_ms.clone();
     sent.sort_by(f64::total_cmp);
-    let late_wall_ms: f64 = sent
+    let late: Vec<f64> = sent
         .iter()
         .zip(&workload.requests)
-        .map(|(s, r)| (s - r.at * 1000.0 / SIM_TIME_SCALE).max(0.0))
-        .sum::<f64>()
-        / sent.len().max(1) as f64;
-    late_wall_ms * SIM_TIME_SCALE / 1000.0
+        .map(|(s, r)| (s - r.at * 1000.0 / SIM_TIME_SCALE).max(0.0) * SIM_TIME_SCALE / 1000.0)
+        .collect();
+    let n = late.len().max(1) as f64;
+    let mean = late.iter().sum::<f64>() / n;
+    let sd = (late.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / n).sqrt();
+    (mean, sd)
 }
 
 fn real_figures(real: &Real) -> Figures {
@@ -282,6 +331,8 @@ fn real_figures(real: &Real) -> Figures {
         p50_ms: f.ttft_ms.p50 * SIM_TIME_SCALE,
         p99_ms: f.ttft_ms.p99 * SIM_TIME_SCALE,
         tok_s: f.output_throughput / SIM_TIME_SCALE,
+        busiest: real.busiest,
+        worst_ms: f.ttft_ms.max * SIM_TIME_SCALE,
     }
 }
 
@@ -293,6 +344,8 @@ fn sim_figures(sim: &RunResult) -> Figures {
         p50_ms: sim.ttft_s.p50 * 1000.0,
         p99_ms: sim.ttft_s.p99 * 1000.0,
         tok_s: sim.output_tokens_per_s,
+        busiest: sim.busiest_over_mean,
+        worst_ms: sim.ttft_s.max * 1000.0,
     }
 }
 
@@ -377,12 +430,13 @@ async fn agreement(case: Case) {
     println!("network delay given to simulate: {:.1} ms", delay * 1000.0);
     let workload = &case.sim;
     let runs = real_runs();
-    let mut real: Vec<Vec<Figures>> = vec![Vec::new(); POLICIES.len()];
-    let mut sim: Vec<Vec<Figures>> = vec![Vec::new(); POLICIES.len()];
-    let mut lateness = Vec::new();
+    let policies = policies();
+    let mut real: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
+    let mut sim: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
+    let mut late_all = Vec::new();
     // Rounds of every policy, so that a slow spell of the host falls on all.
     for round in 0..runs {
-        for (k, policy) in POLICIES.iter().enumerate() {
+        for (k, policy) in policies.iter().enumerate() {
             let one = run_real(
                 policy,
                 case.bench.clone(),
@@ -390,28 +444,29 @@ async fn agreement(case: Case) {
                 REQUESTS as u64,
             )
             .await;
-            let late = mean_lateness(&one, workload);
-            lateness.push(late);
+            let (late, sd) = lateness(&one, workload);
+            late_all.push((late, sd));
             real[k].push(real_figures(&one));
             for draw in 0..DRAWS_PER_RUN {
                 let seed = (round as u64) * DRAWS_PER_RUN + draw + 1;
-                let jittered = workload.clone().with_arrival_jitter(late, seed);
+                let jittered = workload.clone().with_arrival_jitter(late, sd, seed);
                 sim[k].push(sim_figures(&simulate(&jittered, &one, policy, delay, seed)));
             }
         }
     }
-    let (late_mean, late_lo, late_hi) = (
-        lateness.iter().sum::<f64>() / lateness.len() as f64,
-        lateness.iter().copied().fold(f64::INFINITY, f64::min),
-        lateness.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    );
+    let means: Vec<f64> = late_all.iter().map(|l| l.0 * 1000.0).collect();
+    let sds: Vec<f64> = late_all.iter().map(|l| l.1 * 1000.0).collect();
+    let span = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.2} to {hi:.2}")
+    };
     println!(
-        "{runs} real run(s) and {} simulated draws per policy; bench sent {:.1} simulated ms late \
-         on average ({:.1} to {:.1} per run), given to simulate as its arrival jitter",
+        "{runs} real run(s) and {} simulated draws per policy; bench sent late by {} simulated ms \
+         on average per run (standard deviation {}), given to simulate as its arrival jitter",
         runs as u64 * DRAWS_PER_RUN,
-        late_mean * 1000.0,
-        late_lo * 1000.0,
-        late_hi * 1000.0
+        span(&means),
+        span(&sds),
     );
     println!(
         "means, real/sim (simulated ms; ranges over the runs below)\n{:<18} {:>9} {:>9} {:>11} {:>17} {:>17} {:>13}",
@@ -424,7 +479,7 @@ async fn agreement(case: Case) {
         "tok/s r/s"
     );
     let mut checks = Vec::new();
-    for (k, policy) in POLICIES.iter().enumerate() {
+    for (k, policy) in policies.iter().enumerate() {
         let (r, m) = (&real[k], &sim[k]);
         let hit = (summary(r, |f| f.hit).0, summary(m, |f| f.hit).0);
         let p50 = (summary(r, |f| f.p50_ms).0, summary(m, |f| f.p50_ms).0);
@@ -451,18 +506,22 @@ async fn agreement(case: Case) {
             format!("{lo:.0}..{hi:.0}")
         };
         println!(
-            "{:<18} p50 {} / {}, p99 {} / {}, tok/s {} / {}",
+            "{:<18} p50 {} / {}, p99 {} / {}, worst {} / {}, tok/s {} / {}, busiest/mean {:.2} / {:.2}",
             "",
             range(r, |f| f.p50_ms),
             range(m, |f| f.p50_ms),
             range(r, |f| f.p99_ms),
             range(m, |f| f.p99_ms),
+            range(r, |f| f.worst_ms),
+            range(m, |f| f.worst_ms),
             range(r, |f| f.tok_s),
-            range(m, |f| f.tok_s)
+            range(m, |f| f.tok_s),
+            summary(r, |f| f.busiest).0,
+            summary(m, |f| f.busiest).0,
         );
         checks.push((*policy, hit, p50, tput));
     }
-    for (k, policy) in POLICIES.iter().enumerate() {
+    for (k, policy) in policies.iter().enumerate() {
         for (i, r) in real[k].iter().enumerate() {
             let draws = &sim[k][i * DRAWS_PER_RUN as usize..(i + 1) * DRAWS_PER_RUN as usize];
             for d in draws {

@@ -140,6 +140,11 @@ impl Fleet {
     }
 
     /// The replicas' addresses, in the pool's order.
+    /// The proxy's admin listener (`/metrics`, `/status`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.proxy.admin_addr
+    }
+
     pub fn replica_addrs(&self) -> Vec<SocketAddr> {
         self.replicas.iter().map(|r| r.addr).collect()
     }

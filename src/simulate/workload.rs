@@ -224,21 +224,24 @@ impl SimWorkload {
         text
     }
 
-    /// Each arrival later by a draw of an exponential lateness with mean
-    /// `mean` seconds (seeded; 0 leaves the workload as it is), then the
-    /// requests in their new order. A real client sends late by a little,
-    /// and differently each run (its timer wakes late, its host is busy);
-    /// this makes one simulated run one such draw. A request's TTFT counts
-    /// from its late arrival, as `bench` counts from the real send.
-    pub fn with_arrival_jitter(mut self, mean: f64, seed: u64) -> SimWorkload {
+    /// Each arrival later by a seeded draw of a lateness with mean `mean`
+    /// and standard deviation `sd` seconds (at most `mean`): a constant
+    /// `mean − sd` plus an exponential of mean `sd`, so `sd = mean` is a
+    /// plain exponential. Then the requests in their new order; 0 leaves
+    /// the workload as it is. A real client sends late by a little, and
+    /// differently each run (its timer wakes late, its host is busy); this
+    /// makes one simulated run one such draw. A request's TTFT counts from
+    /// its late arrival, as `bench` counts from the real send.
+    pub fn with_arrival_jitter(mut self, mean: f64, sd: f64, seed: u64) -> SimWorkload {
         if mean <= 0.0 {
             return self;
         }
+        let sd = sd.clamp(0.0, mean);
         let mut rng = crate::bench::text::SplitMix::new(crate::bench::text::mix(seed, 0x6a69_7474));
         for r in &mut self.requests {
             // Uniform in (0, 1]: 53 random bits, never 0 (ln 0 = -inf).
             let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-            r.at += -mean * u.ln();
+            r.at += mean - sd - sd * u.ln();
         }
         self.requests.sort_by(|a, b| a.at.total_cmp(&b.at));
         self
@@ -306,17 +309,31 @@ mod tests {
         });
         let w = SimWorkload::builtin(&spec, 2000, 10.0, 1.0, 3).unwrap();
         let base: f64 = w.requests.iter().map(|r| r.at).sum();
-        let late = w.clone().with_arrival_jitter(0.005, 1);
+        let late = w.clone().with_arrival_jitter(0.005, 0.005, 1);
         let shift = (late.requests.iter().map(|r| r.at).sum::<f64>() - base) / 2000.0;
         assert!((shift - 0.005).abs() < 0.0005, "mean lateness {shift}");
         assert!(late.requests.windows(2).all(|p| p[0].at <= p[1].at));
+        // A narrower spread: the same mean, every arrival at least
+        // mean − sd late, and the lateness's spread near `sd`.
+        let narrow = w.clone().with_arrival_jitter(0.005, 0.001, 1);
+        let gaps: Vec<f64> = w
+            .requests
+            .iter()
+            .zip(&narrow.requests)
+            .map(|(a, b)| b.at - a.at)
+            .collect();
+        let mean = gaps.iter().sum::<f64>() / 2000.0;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / 2000.0).sqrt();
+        assert!((mean - 0.005).abs() < 0.0002, "mean {mean}");
+        assert!((sd - 0.001).abs() < 0.0002, "sd {sd}");
+        assert!(gaps.iter().all(|&g| g >= 0.004 - 1e-12));
         // Seeded: the same draw again, another with another seed.
-        let again = w.clone().with_arrival_jitter(0.005, 1);
-        let other = w.clone().with_arrival_jitter(0.005, 2);
+        let again = w.clone().with_arrival_jitter(0.005, 0.005, 1);
+        let other = w.clone().with_arrival_jitter(0.005, 0.005, 2);
         let at = |w: &SimWorkload| w.requests.iter().map(|r| r.at).collect::<Vec<_>>();
         assert_eq!(at(&late), at(&again));
         assert_ne!(at(&late), at(&other));
-        assert_eq!(at(&w.clone().with_arrival_jitter(0.0, 1)), at(&w));
+        assert_eq!(at(&w.clone().with_arrival_jitter(0.0, 0.0, 1)), at(&w));
     }
 
     #[test]
