@@ -24,7 +24,7 @@
 //! draws are simulated per real run, and the means are compared.
 //! `AGREEMENT_RUNS=N` repeats the real path N times per policy (default 1;
 //! docs/SIMULATOR.md has the comparison at 8); `AGREEMENT_POLICIES=jsq,hash`
-//! compares only those; `AGREEMENT_DECISIONS=1` prints each real run's
+//! compares only those; `AGREEMENT_DECISIONS=1` prints each real run's scrape ages and
 //! balancer decisions by branch (the proxy's `/metrics`).
 //!
 //! Asserted for every policy: the same requests complete and fail in every
@@ -133,6 +133,9 @@ struct Real {
     /// Requests on the busiest replica ÷ the mean (the `x-llmlb-replica`
     /// of each answer).
     busiest: f64,
+    /// When the replicas' next scrape came after `bench` started, in
+    /// simulated seconds (the mean over the replicas).
+    scrape_phase: f64,
     model: String,
 }
 
@@ -168,6 +171,17 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         request_timeout: Duration::from_secs(30),
         ..Limits::default()
     };
+    // Each replica's scrape loop runs on its own interval from the proxy's
+    // start; traffic starts now.
+    let ages = fleet.scrape_ages_ms();
+    if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
+        println!("{policy}: scrape ages at start (wall ms) {ages:?}");
+    }
+    let next_wall_ms = ages
+        .iter()
+        .map(|&a| (SCRAPE_MS - a as f64).rem_euclid(SCRAPE_MS))
+        .sum::<f64>()
+        / ages.len().max(1) as f64;
     let report = llmlb::bench::run(&bench).await.unwrap();
     if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -189,6 +203,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
     let real = Real {
         sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
         busiest: busiest_over_mean(&report.requests, fleet.replica_addrs().len()),
+        scrape_phase: next_wall_ms * SIM_TIME_SCALE / 1000.0,
         figures: report.figures,
         cache: fleet.prefix_cache().await,
         replicas: fleet.replica_addrs(),
@@ -220,6 +235,7 @@ fn simulate(
             goodput_ttft: 2.0,
             seed,
             network_delay,
+            scrape_phase: real.scrape_phase,
             tiers: None,
         },
         policy,
@@ -434,6 +450,7 @@ async fn agreement(case: Case) {
     let mut real: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
     let mut sim: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
     let mut late_all = Vec::new();
+    let mut phases = Vec::new();
     // Rounds of every policy, so that a slow spell of the host falls on all.
     for round in 0..runs {
         for (k, policy) in policies.iter().enumerate() {
@@ -446,6 +463,7 @@ async fn agreement(case: Case) {
             .await;
             let (late, sd) = lateness(&one, workload);
             late_all.push((late, sd));
+            phases.push(one.scrape_phase * 1000.0);
             real[k].push(real_figures(&one));
             for draw in 0..DRAWS_PER_RUN {
                 let seed = (round as u64) * DRAWS_PER_RUN + draw + 1;
@@ -467,6 +485,11 @@ async fn agreement(case: Case) {
         runs as u64 * DRAWS_PER_RUN,
         span(&means),
         span(&sds),
+    );
+    println!(
+        "the replicas' next scrape came {} simulated ms after the traffic started, \
+         given to simulate as its scrape phase",
+        span(&phases)
     );
     println!(
         "means, real/sim (simulated ms; ranges over the runs below)\n{:<18} {:>9} {:>9} {:>11} {:>17} {:>17} {:>13}",

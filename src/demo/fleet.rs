@@ -145,6 +145,20 @@ impl Fleet {
         self.proxy.admin_addr
     }
 
+    /// How old each replica's last scrape is now (ms), in pool order:
+    /// where the next scrapes fall against traffic that starts now.
+    pub fn scrape_ages_ms(&self) -> Vec<u64> {
+        let now = crate::telemetry::clock::now_millis();
+        self.proxy
+            .state
+            .topology()
+            .pools
+            .iter()
+            .flat_map(|p| p.replicas.iter())
+            .filter_map(|r| r.load_snapshot().map(|s| now.saturating_sub(s.taken_at_ms)))
+            .collect()
+    }
+
     pub fn replica_addrs(&self) -> Vec<SocketAddr> {
         self.replicas.iter().map(|r| r.addr).collect()
     }

@@ -117,6 +117,12 @@ pub struct SimulateArgs {
     /// replica HTTP front), e.g. `15ms`: TTFT and end-to-end grow by it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub network_delay: Duration,
+    /// When the second scrape of every replica comes, e.g. `40ms` (the
+    /// first is at 0, before any arrival; default: one scrape interval).
+    /// Reproduces a real run whose scrapes fell at that phase against its
+    /// traffic.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub scrape_phase: Duration,
     /// Mean lateness of each arrival, e.g. `3ms`: every request arrives
     /// later by a seeded exponential draw with this mean, as a real client's
     /// sends come late by a little and differently each run. With it, runs
@@ -245,6 +251,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             goodput_ttft: args.goodput_ttft.as_secs_f64(),
             seed: args.seed,
             network_delay: args.network_delay.as_secs_f64(),
+            scrape_phase: args.scrape_phase.as_secs_f64(),
             tiers: tiers.as_ref(),
         };
         run(&spec, &policy.name())

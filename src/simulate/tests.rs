@@ -44,6 +44,7 @@ fn simulate_with_delay(
         goodput_ttft: 1.0,
         seed: 0,
         network_delay,
+        scrape_phase: 0.0,
         tiers: None,
     };
     run(&spec, policy).unwrap()
@@ -155,6 +156,7 @@ fn a_fault_beyond_the_fleet_is_an_error() {
         goodput_ttft: 1.0,
         seed: 0,
         network_delay: 0.0,
+        scrape_phase: 0.0,
         tiers: None,
     };
     let err = run(&spec, "config").err().unwrap();
@@ -216,6 +218,7 @@ pub(super) fn run_fast(
         goodput_ttft: 1.0,
         seed: 0,
         network_delay: 0.0,
+        scrape_phase: 0.0,
         tiers,
     };
     run(&spec, policy).unwrap()

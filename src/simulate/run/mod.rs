@@ -83,6 +83,12 @@ pub struct RunSpec<'a> {
     /// token reaches the client this much after its step ends (TTFT and
     /// end-to-end grow by it, inter-token gaps do not). 0: none.
     pub network_delay: f64,
+    /// When the second scrape comes (seconds; the first is at 0, before any
+    /// arrival, as `serve` has scraped once before it is ready). 0: one
+    /// scrape interval. A real proxy's scrapes fall at some fixed phase
+    /// against its traffic, and balancers that read the scraped queue
+    /// (`jsq`) decide differently at different phases.
+    pub scrape_phase: f64,
     /// Each request's priority tier (`None`: every request at the level of
     /// a caller naming no tier).
     pub tiers: Option<&'a Tiers>,

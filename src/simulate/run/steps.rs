@@ -110,8 +110,12 @@ impl Sim<'_> {
         if self.work_left()
             && let Some(s) = &pool.scrape
         {
-            self.queue
-                .push(now + s.interval.as_secs_f64().max(1e-3), Event::Scrape);
+            let gap = if now == 0.0 && self.spec.scrape_phase > 0.0 {
+                self.spec.scrape_phase
+            } else {
+                s.interval.as_secs_f64()
+            };
+            self.queue.push(now + gap.max(1e-3), Event::Scrape);
         }
     }
 }
