@@ -30,6 +30,17 @@ fn simulate_with_delay(
     faults: &[Fault],
     network_delay: f64,
 ) -> RunResult {
+    simulate_with(w, replicas, policy, faults, network_delay, 0.0)
+}
+
+fn simulate_with(
+    w: &SimWorkload,
+    replicas: usize,
+    policy: &str,
+    faults: &[Fault],
+    network_delay: f64,
+    scrape_phase: f64,
+) -> RunResult {
     let profile = SimConfig::profile("fast").unwrap();
     let mut config = generated_config(&profile.model, replicas).unwrap();
     // Retry once on a refused connection, as a production pool would.
@@ -44,7 +55,7 @@ fn simulate_with_delay(
         goodput_ttft: 1.0,
         seed: 0,
         network_delay,
-        scrape_phase: 0.0,
+        scrape_phase,
         tiers: None,
     };
     run(&spec, policy).unwrap()
@@ -64,6 +75,23 @@ fn network_delay_shifts_what_the_client_sees_and_nothing_else() {
     assert_eq!((a.itl_s.p50, a.itl_s.p99), (b.itl_s.p50, b.itl_s.p99));
     assert_eq!(a.outcomes.output_tokens, b.outcomes.output_tokens);
     assert_eq!(a.events, b.events);
+}
+
+#[test]
+fn the_scrape_phase_moves_what_reads_the_scrape_and_nothing_else() {
+    let w = workload(200, 400.0);
+    // Round-robin reads no scrape: the same run at any phase.
+    let rr = simulate_with(&w, 3, "round_robin", &[], 0.0, 0.0);
+    for phase in [0.013, 0.031] {
+        let other = simulate_with(&w, 3, "round_robin", &[], 0.0, phase);
+        assert_eq!(rr.ttft_samples, other.ttft_samples);
+    }
+    // JSQ compares the scraped queues: some phase changes its decisions.
+    let jsq = simulate_with(&w, 3, "jsq", &[], 0.0, 0.0);
+    let moved = [0.007, 0.013, 0.021, 0.031, 0.043].iter().any(|&phase| {
+        simulate_with(&w, 3, "jsq", &[], 0.0, phase).ttft_samples != jsq.ttft_samples
+    });
+    assert!(moved, "no scrape phase changed jsq's run");
 }
 
 #[test]
