@@ -290,8 +290,9 @@ fn policies() -> Vec<&'static str> {
         .collect()
 }
 
-/// Simulated draws per real run: the same replica addresses, each with its
-/// own seeded arrival lateness (of the real run's mean).
+/// Simulated draws per real run: the same replica addresses and scrape
+/// phase, each with its own seeded arrival lateness (of the real run's mean
+/// and spread).
 const DRAWS_PER_RUN: u64 = 8;
 
 /// One run of one path, in simulated time.
@@ -309,13 +310,17 @@ struct Figures {
     worst_ms: f64,
 }
 
-/// Mean, smallest and largest of `f` over `runs`.
-fn summary(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
-    let values: Vec<f64> = runs.iter().map(f).collect();
+/// Mean, smallest and largest of `values`.
+fn stats(values: &[f64]) -> (f64, f64, f64) {
     let mean = values.iter().sum::<f64>() / values.len() as f64;
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     (mean, lo, hi)
+}
+
+/// Mean, smallest and largest of `f` over `runs`.
+fn summary(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
+    stats(&runs.iter().map(f).collect::<Vec<_>>())
 }
 
 /// How late `bench` sent the requests of `real` against the trace's
@@ -475,8 +480,7 @@ async fn agreement(case: Case) {
     let means: Vec<f64> = late_all.iter().map(|l| l.0 * 1000.0).collect();
     let sds: Vec<f64> = late_all.iter().map(|l| l.1 * 1000.0).collect();
     let span = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (_, lo, hi) = stats(v);
         format!("{lo:.2} to {hi:.2}")
     };
     println!(

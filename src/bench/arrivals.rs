@@ -67,7 +67,7 @@ impl GapSampler {
 }
 
 /// Uniform in (0, 1), never 0 or 1.
-fn uniform(rng: &mut SplitMix) -> f64 {
+pub(crate) fn uniform(rng: &mut SplitMix) -> f64 {
     ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 

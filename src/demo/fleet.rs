@@ -139,7 +139,6 @@ impl Fleet {
         self.proxy.addr
     }
 
-    /// The replicas' addresses, in the pool's order.
     /// The proxy's admin listener (`/metrics`, `/status`).
     pub fn admin_addr(&self) -> SocketAddr {
         self.proxy.admin_addr
@@ -159,6 +158,7 @@ impl Fleet {
             .collect()
     }
 
+    /// The replicas' addresses, in the pool's order.
     pub fn replica_addrs(&self) -> Vec<SocketAddr> {
         self.replicas.iter().map(|r| r.addr).collect()
     }

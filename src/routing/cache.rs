@@ -209,7 +209,8 @@ fn hot_of(
 }
 
 /// `hash` mode with homes: the home of prefix `key` among `cands` (an index
-/// into them), its arrival counted; `None` without homes.
+/// into them), its arrival counted; `None` without homes (in `hash` mode
+/// the demand tracker exists only for homes).
 pub(super) fn home_of(
     router: &Router,
     key: u64,
@@ -217,10 +218,8 @@ pub(super) fn home_of(
     views: &HashMap<ReplicaId, ReplicaView>,
     now_ms: u64,
 ) -> Option<usize> {
-    let hot = router.state.hot.as_ref()?;
-    if !hot.settings().homes {
-        return None;
-    }
+    // No tracker, no homes: and no candidate nodes built per request.
+    router.state.hot.as_ref()?;
     let nodes = router.affinity.nodes(cands);
     hot_of(router, key, &[], cands, &nodes, views, now_ms).home
 }

@@ -124,7 +124,8 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub scrape_phase: Duration,
     /// Mean lateness of each arrival, e.g. `3ms`: every request arrives
-    /// later by a seeded exponential draw with this mean, as a real client's
+    /// later by a seeded draw with this mean (its spread:
+    /// --arrival-jitter-sd), as a real client's
     /// sends come late by a little and differently each run. With it, runs
     /// under different --seed values are draws of that spread. 0: on time.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]

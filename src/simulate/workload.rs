@@ -239,8 +239,7 @@ impl SimWorkload {
         let sd = sd.clamp(0.0, mean);
         let mut rng = crate::bench::text::SplitMix::new(crate::bench::text::mix(seed, 0x6a69_7474));
         for r in &mut self.requests {
-            // Uniform in (0, 1]: 53 random bits, never 0 (ln 0 = -inf).
-            let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+            let u = crate::bench::arrivals::uniform(&mut rng);
             r.at += mean - sd - sd * u.ln();
         }
         self.requests.sort_by(|a, b| a.at.total_cmp(&b.at));

@@ -171,13 +171,7 @@ impl HotPrefixes {
     /// returns how many replicas should hold the prefix.
     #[cfg(test)]
     pub fn arrive(&self, key: u64, now_ms: u64, in_flight: u64, replicas: usize) -> usize {
-        let nodes: Vec<Node> = (0..replicas as u64)
-            .map(|i| Node {
-                name_hash: super::rendezvous::mix(i),
-                weight: 1,
-            })
-            .collect();
-        self.arrive_blocks(key, &[], now_ms, in_flight, &nodes)
+        self.arrive_blocks(key, &[], now_ms, in_flight, &tests::nodes(replicas as u64))
             .copies
     }
 
@@ -432,7 +426,8 @@ mod tests {
         assert!(h.arrive(0, 3 * MAX_TRACKED as u64, 40, 4) >= 2);
     }
 
-    fn nodes(n: u64) -> Vec<Node> {
+    /// `n` replicas of weight 1.
+    pub(super) fn nodes(n: u64) -> Vec<Node> {
         (0..n)
             .map(|i| Node {
                 name_hash: super::super::rendezvous::mix(i),
