@@ -11,7 +11,10 @@
 #
 # Usage: scripts/callgrind_overhead.sh [BINARY...]
 #   BINARY: llmlb binaries to measure (default: this tree's release build);
-#   nginx is measured too when it is installed.
+#   nginx is measured too when it is installed. A BINARY may also be a link
+#   to `examples/hyper_floor` named `...-answer`, `...-pooled` or
+#   `...-inline` (the bare proxy on llmlb's HTTP stack; `answer` for the
+#   json and sse cases only, it sends nothing upstream).
 # Env:   CG_CASES  "json sse stream" (default all three):
 #          json    the instant nginx backend's JSON answer (249 bytes)
 #          sse     its 16-event SSE answer, which arrives in one read

@@ -36,6 +36,10 @@ pub struct Replica {
     pub authority: http::uri::Authority,
     /// `http` or `https`, from the replica's URL.
     pub scheme: http::uri::Scheme,
+    /// The `Host` header of a request to it: the authority, without a port
+    /// that is the scheme's default (what hyper would derive from the URI,
+    /// made once instead of per request).
+    pub host: http::HeaderValue,
     pub weight: u32,
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
@@ -72,11 +76,13 @@ impl Replica {
         weight: u32,
         in_flight_gauge: IntGauge,
     ) -> Replica {
+        let scheme = http::uri::Scheme::HTTP;
         Replica {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name,
+            host: host_header(&authority, &scheme),
             authority,
-            scheme: http::uri::Scheme::HTTP,
+            scheme,
             weight,
             max_inflight: None,
             counts: Arc::default(),
@@ -135,6 +141,7 @@ impl Replica {
 
     /// Sets the URL scheme, `http` unless told (builder style, before sharing).
     pub fn with_scheme(mut self, scheme: http::uri::Scheme) -> Replica {
+        self.host = host_header(&self.authority, &scheme);
         self.scheme = scheme;
         self
     }
@@ -370,9 +377,38 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// `host[:port]` for the `Host` header, the port left out when it is the
+/// scheme's default (80 for `http`, 443 for `https`).
+fn host_header(authority: &http::uri::Authority, scheme: &http::uri::Scheme) -> http::HeaderValue {
+    let default_port = match scheme.as_str() {
+        "https" => 443,
+        _ => 80,
+    };
+    let text = match authority.port_u16() {
+        Some(port) if port == default_port => authority.host(),
+        _ => authority.as_str(),
+    };
+    http::HeaderValue::from_str(text).expect("an authority is a valid header value")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_header_leaves_out_only_the_schemes_default_port() {
+        let host = |authority: &str, scheme: http::uri::Scheme| {
+            host_header(&authority.parse().unwrap(), &scheme)
+        };
+        assert_eq!(
+            host("10.0.0.7:8000", http::uri::Scheme::HTTP),
+            "10.0.0.7:8000"
+        );
+        assert_eq!(host("vllm-0:80", http::uri::Scheme::HTTP), "vllm-0");
+        assert_eq!(host("vllm-0:443", http::uri::Scheme::HTTP), "vllm-0:443");
+        assert_eq!(host("vllm-0:443", http::uri::Scheme::HTTPS), "vllm-0");
+        assert_eq!(host("vllm-0", http::uri::Scheme::HTTPS), "vllm-0");
+    }
 
     fn replica() -> Arc<Replica> {
         Arc::new(Replica::new(

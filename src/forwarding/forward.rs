@@ -13,7 +13,7 @@ use http_body_util::Full;
 
 use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
-use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
+use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
 use crate::net::ReportedUsage;
@@ -261,16 +261,20 @@ fn prepare_upstream_headers(
     request_id: &HeaderValue,
     client_ip: Option<IpAddr>,
 ) {
-    // hyper sets Host from the upstream URI and Content-Length from the body.
+    // Each attempt sets the replica's Host; hyper sets Content-Length from
+    // the body.
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
     if let Some(ip) = client_ip {
-        let value = match headers.get(FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prev) if !prev.is_empty() => format!("{prev}, {ip}"),
-            _ => ip.to_string(),
-        };
-        // The string's buffer becomes the value's, without a second copy.
+        let mut value = Vec::with_capacity(64);
+        let prev = headers.get(FORWARDED_FOR);
+        if let Some(prev) = prev.filter(|v| !v.is_empty() && v.to_str().is_ok()) {
+            value.extend_from_slice(prev.as_bytes());
+            value.extend_from_slice(b", ");
+        }
+        write_ip(ip, &mut value);
+        // The buffer becomes the value's, without a second copy.
         if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
             headers.insert(FORWARDED_FOR, v);
         }
@@ -316,6 +320,7 @@ fn build_request(
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers.clone();
+    req.headers_mut().insert(header::HOST, replica.host.clone());
     Ok(req)
 }
 

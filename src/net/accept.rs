@@ -30,6 +30,9 @@ use super::guarded::Guarded;
 use super::shutdown::stopped;
 use crate::config::ServerConfig;
 
+/// The header count hyper's HTTP/1 server allows when not told otherwise.
+const HYPER_MAX_HEADERS: usize = 100;
+
 /// Connection-level limits of one listener, and its TLS acceptor if any.
 #[derive(Clone)]
 pub struct Limits {
@@ -153,10 +156,13 @@ pub async fn run<H, F, B>(
     B::Error: Into<BoxError>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .max_buf_size(limits.max_header_bytes)
-        .max_headers(limits.max_headers);
+    builder.http1().max_buf_size(limits.max_header_bytes);
+    // hyper's own limit is 100 headers, kept in a stack array; a limit set
+    // explicitly, even the same 100, is filled element by element on every
+    // request (about 1.7 k instructions), so it is set only when it differs.
+    if limits.max_headers != HYPER_MAX_HEADERS {
+        builder.http1().max_headers(limits.max_headers);
+    }
     builder
         .http2()
         .max_header_list_size(limits.max_header_bytes.min(u32::MAX as usize) as u32);

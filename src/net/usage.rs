@@ -40,6 +40,11 @@ impl ReportedUsage {
 pub static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
 
+/// The usage fields llmlb reads, their searchers built once too.
+static FIELD_KEYS: LazyLock<[memmem::Finder<'static>; 3]> = LazyLock::new(|| {
+    [&b"prompt_tokens"[..], b"completion_tokens", b"total_tokens"].map(memmem::Finder::new)
+});
+
 /// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
 /// straddles two chunks is not seen (vLLM sends each event, and small JSON
 /// bodies, in one chunk). Both searches are `memchr::memmem`'s; nothing is
@@ -49,10 +54,14 @@ pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
     let rest = &chunk[usage..];
     let field = field.as_bytes();
     // `"FIELD"`: the name with a quote on each side.
-    let after = memmem::find_iter(rest, field).find_map(|at| {
+    let quoted = |at: usize| {
         let quoted = at > 0 && rest[at - 1] == b'"' && rest.get(at + field.len()) == Some(&b'"');
         quoted.then(|| &rest[at + field.len() + 1..])
-    })?;
+    };
+    let after = match FIELD_KEYS.iter().find(|f| f.needle() == field) {
+        Some(finder) => finder.find_iter(rest).find_map(quoted),
+        None => memmem::find_iter(rest, field).find_map(quoted),
+    }?;
     let digits = after
         .iter()
         .skip_while(|b| **b == b':' || b.is_ascii_whitespace());
