@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use super::idle::IdleTimer;
 use super::usage_strip::UsageStrip;
 use crate::balancing::{InFlightGuard, Replica};
-use crate::net::{BoxError, ReportedUsage, usage_tokens};
+use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
 use crate::routing::{Failure, Pool, StreamBroken};
 use crate::telemetry::{Metrics, ReplicaSeries};
 
@@ -119,13 +119,15 @@ impl ProxyBody {
 
     /// Output tokens: the replica's own count when it reports `usage`, else
     /// about one per SSE `data:` event.
-    fn account(&mut self, data: &[u8]) {
+    /// `usage_at`: where `"usage"` is in `data`, if it is.
+    fn account(&mut self, data: &[u8], usage_at: Option<usize>) {
         let Some(guard) = self.guard.as_mut() else {
             return;
         };
         // Prefill is over once the replica answers.
         guard.prefill_done();
-        let seen = match usage_tokens(data, "completion_tokens") {
+        let reported = usage_at.and_then(|at| usage_tokens_after(data, at, "completion_tokens"));
+        let seen = match reported {
             Some(n) => n.max(self.output_seen),
             None if self.sse => self.output_seen + count_sse_events(data),
             None => self.output_seen,
@@ -136,7 +138,7 @@ impl ProxyBody {
 
     /// The frame for the client: the usage event llmlb asked for is taken
     /// out. `None` when nothing is left of it.
-    fn outgoing(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+    fn outgoing(&mut self, frame: Frame<Bytes>, usage_at: Option<usize>) -> Option<Frame<Bytes>> {
         let Some((strip, reported)) = self.strip.as_mut() else {
             return Some(frame);
         };
@@ -144,7 +146,7 @@ impl ProxyBody {
             Ok(data) => data,
             Err(other) => return Some(other),
         };
-        let filtered = strip.filter(data);
+        let filtered = strip.filter(data, usage_at);
         if let Some(event) = filtered.usage {
             reported.set(event);
         }
@@ -252,15 +254,18 @@ impl Body for ProxyBody {
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
+                    // One search for `"usage"` per frame, for both the
+                    // token count and the usage filter.
+                    let usage_at = frame.data_ref().and_then(|d| USAGE_KEY.find(d));
                     if let Some(data) = frame.data_ref() {
-                        this.account(data);
+                        this.account(data, usage_at);
                     }
                     this.idle.touch();
                     // A body of known length ends with its last byte: hyper
                     // stops polling there, so this is where the answer is
                     // complete (not a client that went away).
                     let last = this.inner.is_end_stream();
-                    let mut out = this.outgoing(frame);
+                    let mut out = this.outgoing(frame, usage_at);
                     if last {
                         out = join(out, this.leftover());
                         this.finish();

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Context;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -19,6 +19,10 @@ pub struct IdleTimer {
     timeout: Duration,
     /// When the replica last sent a frame (or the timer was made).
     last: Instant,
+    /// The waker the timer was last polled with while pending: polled again
+    /// with the same one before its deadline, it has nothing to do, and a
+    /// clock read is cheaper than the poll (which re-registers the waker).
+    registered: Option<Waker>,
 }
 
 impl IdleTimer {
@@ -28,6 +32,7 @@ impl IdleTimer {
             sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
             timeout,
             last: now,
+            registered: None,
         }
     }
 
@@ -43,12 +48,28 @@ impl IdleTimer {
     /// Whether nothing came for the timeout; otherwise `cx` is woken when
     /// that may have happened.
     pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+            && Instant::now() < self.sleep.deadline()
+        {
+            return false;
+        }
         while self.sleep.as_mut().poll(cx).is_ready() {
             let deadline = self.last + self.timeout;
             if deadline <= Instant::now() {
+                self.registered = None;
                 return true;
             }
             self.sleep.as_mut().reset(deadline);
+        }
+        if !self
+            .registered
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            self.registered = Some(cx.waker().clone());
         }
         false
     }

@@ -39,7 +39,13 @@ pub struct Filtered {
 }
 
 impl UsageStrip {
-    pub fn filter(&mut self, chunk: Bytes) -> Filtered {
+    /// `chunk`'s complete events, the usage event taken out. `usage_at` is
+    /// where the caller found the first `"usage"` in `chunk` (`None`: not
+    /// in it), so that the first search is not made twice.
+    pub fn filter(&mut self, chunk: Bytes, usage_at: Option<usize>) -> Filtered {
+        // Without a carried start, the events are the chunk's own bytes and
+        // the caller's search holds for them.
+        let mut first = self.carry.is_empty().then_some(usage_at);
         let buf = if self.carry.is_empty() {
             chunk
         } else {
@@ -54,7 +60,12 @@ impl UsageStrip {
         // Only events that mention "usage" are looked at; the walk from one
         // event end to the next starts where the last look ended.
         let mut start = 0;
-        while let Some(hit) = USAGE_KEY.find(&events[start..]).map(|i| i + start) {
+        let search = |start: usize| USAGE_KEY.find(&events[start..]).map(|i| i + start);
+        while let Some(hit) = first
+            .take()
+            .unwrap_or_else(|| search(start))
+            .filter(|&hit| hit < events.len())
+        {
             let mut end = start + event_end(&events[start..]).unwrap_or(events.len() - start);
             while end <= hit {
                 start = end;
@@ -143,7 +154,7 @@ mod tests {
         let mut text = Vec::new();
         let mut usage = None;
         for c in chunks {
-            let f = s.filter(Bytes::from(c.to_string()));
+            let f = s.filter(Bytes::from(c.to_string()), USAGE_KEY.find(c.as_bytes()));
             text.extend_from_slice(&f.pass);
             usage = usage.or(f.usage);
         }

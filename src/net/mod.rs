@@ -29,4 +29,4 @@ pub use guarded::{End, Guarded, Watch, Watched};
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;
-pub use usage::{ReportedUsage, USAGE_KEY, usage_tokens};
+pub use usage::{ReportedUsage, USAGE_KEY, usage_tokens, usage_tokens_after};

@@ -50,8 +50,13 @@ static FIELD_KEYS: LazyLock<[memmem::Finder<'static>; 3]> = LazyLock::new(|| {
 /// bodies, in one chunk). Both searches are `memchr::memmem`'s; nothing is
 /// allocated.
 pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
-    let usage = USAGE_KEY.find(chunk)?;
-    let rest = &chunk[usage..];
+    usage_tokens_after(chunk, USAGE_KEY.find(chunk)?, field)
+}
+
+/// [`usage_tokens`] for a caller that has found `"usage"` in `chunk`
+/// already, at `usage`.
+pub fn usage_tokens_after(chunk: &[u8], usage: usize, field: &str) -> Option<u64> {
+    let rest = chunk.get(usage..)?;
     let field = field.as_bytes();
     // `"FIELD"`: the name with a quote on each side.
     let quoted = |at: usize| {
