@@ -114,7 +114,9 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub goodput_ttft: Duration,
     /// Fixed client-side time added to every response (network, proxy,
-    /// replica HTTP front), e.g. `15ms`: TTFT and end-to-end grow by it.
+    /// replica HTTP front), e.g. `15ms`, half on the way to the engine and
+    /// half on the way back (the request counts in flight for both): TTFT
+    /// and end-to-end grow by it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub network_delay: Duration,
     /// When the second scrape of every replica comes, e.g. `40ms` (the

@@ -26,6 +26,12 @@ pub enum Event {
     SlotDeadline(u32),
     /// Health checks have failed `fall` times in a row on replica `index`.
     Down(u32),
+    /// Request `index` reaches its replica's engine (half the network
+    /// delay after it was sent).
+    Enter(u32),
+    /// The proxy sees the end of request `index`'s answer (half the network
+    /// delay after its last step): its in-flight guard goes.
+    Release(u32),
 }
 
 #[derive(Debug)]

@@ -62,19 +62,66 @@ fn simulate_with(
 }
 
 #[test]
-fn network_delay_shifts_what_the_client_sees_and_nothing_else() {
+fn network_delay_shifts_what_the_client_sees_when_decisions_do_not_read_load() {
+    // Round-robin decides the same at any timing: each engine sees the same
+    // requests half the delay later, and the client its tokens half the
+    // delay after that.
     let w = workload(40, 200.0);
-    let a = simulate(&w, 2, "least_connections", &[]);
-    let b = simulate_with_delay(&w, 2, "least_connections", &[], 0.025);
+    let a = simulate(&w, 2, "round_robin", &[]);
+    let b = simulate_with_delay(&w, 2, "round_robin", &[], 0.025);
     let shifted: Vec<f64> = a.ttft_samples.iter().map(|t| t + 0.025).collect();
     assert_eq!(b.ttft_samples.len(), shifted.len());
     for (x, y) in b.ttft_samples.iter().zip(&shifted) {
-        assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+        assert!((x - y).abs() < 1e-9, "{x} vs {y}");
     }
     assert!((b.e2e_s.p50 - a.e2e_s.p50 - 0.025).abs() < 1e-9);
     assert_eq!((a.itl_s.p50, a.itl_s.p99), (b.itl_s.p50, b.itl_s.p99));
     assert_eq!(a.outcomes.output_tokens, b.outcomes.output_tokens);
-    assert_eq!(a.events, b.events);
+    // One event more per request each way.
+    assert_eq!(b.events, a.events + 2 * 40);
+}
+
+#[test]
+fn a_request_counts_in_flight_on_its_way_in_and_out() {
+    // One replica that takes one request at a time: the second of two
+    // simultaneous requests waits until the proxy sees the first one end,
+    // then reaches the engine half the delay later.
+    let w = workload(2, 1e6);
+    let limited = |delay: f64| {
+        let profile = SimConfig::profile("fast").unwrap();
+        let mut config = generated_config(&profile.model, 1).unwrap();
+        config.pools[0].replicas[0].max_inflight = Some(1);
+        let spec = RunSpec {
+            workload: &w,
+            config: &config,
+            model: &profile.model,
+            profile: &profile,
+            faults: &[],
+            goodput_ttft: 1.0,
+            seed: 0,
+            network_delay: delay,
+            scrape_phase: 0.0,
+            tiers: None,
+        };
+        run(&spec, "least_connections").unwrap()
+    };
+    let a = limited(0.0);
+    let b = limited(0.1);
+    assert_eq!(b.outcomes.completed, 2);
+    let (first, second) = (
+        a.ttft_samples[0].min(a.ttft_samples[1]),
+        a.ttft_samples[0].max(a.ttft_samples[1]),
+    );
+    let (first_d, second_d) = (
+        b.ttft_samples[0].min(b.ttft_samples[1]),
+        b.ttft_samples[0].max(b.ttft_samples[1]),
+    );
+    assert!((first_d - first - 0.1).abs() < 1e-9, "{first_d} vs {first}");
+    // The second waits for the first's whole round trip: one more delay.
+    assert!(
+        (second_d - second - 0.2).abs() < 1e-9,
+        "{second_d} vs {second}"
+    );
 }
 
 #[test]

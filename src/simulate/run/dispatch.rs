@@ -78,24 +78,56 @@ impl Sim<'_> {
                     return;
                 }
                 State::Up => {
-                    let req = NewRequest {
-                        id: i as u64,
-                        prompt: std::mem::take(&mut self.prompt),
-                        max_tokens: r.output as usize,
-                        priority: 0,
-                    };
-                    if self.slots[at].engine.add_request(req, now).is_err() {
-                        // The replica answers 400 (context too long).
-                        self.out.too_long += 1;
-                        return;
-                    }
                     self.open_request(i, at, guard, now);
-                    if self.slots[at].pending.is_none() {
-                        self.start_step(at, now);
+                    self.live[i].prompt = std::mem::take(&mut self.prompt);
+                    let half = self.half_delay();
+                    if half > 0.0 {
+                        self.queue.push(now + half, Event::Enter(i as u32));
+                    } else {
+                        self.enter(i, now);
                     }
                     return;
                 }
             }
+        }
+    }
+
+    /// Request `i`, sent to its replica, reaches the replica's engine. A
+    /// replica that died meanwhile broke the connection (the request was
+    /// closed then); one that hung swallows it until the timeout it set.
+    pub(super) fn enter(&mut self, i: usize, now: f64) {
+        let l = &mut self.live[i];
+        if !l.open {
+            return;
+        }
+        let at = l.replica as usize;
+        if self.slots[at].state != State::Up {
+            return;
+        }
+        let req = NewRequest {
+            id: i as u64,
+            prompt: std::mem::take(&mut l.prompt),
+            max_tokens: self.spec.workload.requests[i].output as usize,
+            priority: 0,
+        };
+        if self.slots[at].engine.add_request(req, now).is_err() {
+            // The replica answers 400 (context too long).
+            self.out.too_long += 1;
+            self.close(i);
+            return;
+        }
+        if self.slots[at].pending.is_none() {
+            self.start_step(at, now);
+        }
+    }
+
+    /// The proxy sees the end of request `i`'s answer.
+    pub(super) fn release(&mut self, i: usize, now: f64) {
+        if self.live[i].open {
+            if let Some(q) = &mut self.pool_queue {
+                q.served(now - self.live[i].dispatched_at);
+            }
+            self.close(i);
         }
     }
 
@@ -108,6 +140,8 @@ impl Sim<'_> {
             open: true,
             slot_deadline: self.live[i].slot_deadline,
             dispatched_at: now,
+            prompt: Vec::new(),
+            done: false,
         };
         self.open += 1;
         let level = self.level(i);

@@ -8,14 +8,17 @@
 //!   `serve`'s queue does, at its tier's priority level
 //!   ([`super::pool_queue`]); the decision adapter routes and picks exactly
 //!   as `serve` does, the request takes a real in-flight guard on the chosen
-//!   [`Replica`](crate::balancing::Replica) and enters that replica's engine;
-//!   an idle engine starts a step at once. A dead replica refuses the
+//!   [`Replica`](crate::balancing::Replica) and enters that replica's engine
+//!   half the network delay later (**enter**); an idle engine starts a step
+//!   at once. A dead replica refuses the
 //!   connection (the pool records the failure and the next attempt goes
 //!   elsewhere, up to `retries`); a hung one swallows the request until the
 //!   pool's first-byte timeout.
 //! - **step end**: the step's tokens and finished requests are delivered at
-//!   its end time (TTFT, inter-token gaps, end-to-end; the guard shrinks with
-//!   each token and is dropped at the end), and the next step starts.
+//!   its end time (TTFT, inter-token gaps, end-to-end, each seen by the
+//!   client half the network delay later; the guard shrinks with each token
+//!   and is dropped when the proxy sees the end, half the delay after the
+//!   last step: **release**), and the next step starts.
 //! - **scrape**: when the pool scrapes, every live replica's metrics are
 //!   stored as its `LoadSnapshot` at the scrape interval (all replicas in
 //!   the same tick), so balancers see load as stale as in production.
@@ -65,6 +68,10 @@ struct Live {
     slot_deadline: bool,
     /// When it was sent to its replica (seconds).
     dispatched_at: f64,
+    /// Its prompt, on its way to the replica (see [`Event::Enter`]).
+    prompt: Vec<u32>,
+    /// Its last token is out; it stays open until the proxy sees the end.
+    done: bool,
 }
 
 /// Everything one run needs.
@@ -79,9 +86,12 @@ pub struct RunSpec<'a> {
     pub goodput_ttft: f64,
     pub seed: u64,
     /// Fixed time (seconds) the client waits on top of the engine for every
-    /// response: the network, the proxy and the replica's HTTP front. Every
-    /// token reaches the client this much after its step ends (TTFT and
-    /// end-to-end grow by it, inter-token gaps do not). 0: none.
+    /// response: the network, the proxy and the replica's HTTP front. Half
+    /// of it is on the way in (a request reaches its engine that much after
+    /// the proxy sent it, counted in flight meanwhile), half on the way out
+    /// (every token reaches the client that much after its step ends, and
+    /// the proxy drops the request's in-flight count then). TTFT and
+    /// end-to-end grow by it, inter-token gaps do not. 0: none.
     pub network_delay: f64,
     /// When the second scrape comes (seconds; the first is at 0, before any
     /// arrival, as `serve` has scraped once before it is ready). 0: one
@@ -198,6 +208,14 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
                 true
             }
             Event::SlotDeadline(i) => sim.slot_deadline(i as usize),
+            Event::Enter(i) => {
+                sim.enter(i as usize, now);
+                true
+            }
+            Event::Release(i) => {
+                sim.release(i as usize, now);
+                true
+            }
         };
         if acted {
             last = now;
@@ -207,8 +225,9 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         }
     }
     let events = sim.queue.handled();
-    // The last token reaches its client `network_delay` after its step.
-    let end = last + spec.network_delay;
+    // The last token reaches its client half the network delay after its
+    // step, when the proxy sees the end (the last event).
+    let end = last;
     sim.out.unfinished = sim.open as u64;
     for slot in &sim.slots {
         sim.out.prefix_queries += slot.engine.stats().prefix_queries;
@@ -242,6 +261,11 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
 }
 
 impl Sim<'_> {
+    /// Half the network delay: the way in, or the way out.
+    fn half_delay(&self) -> f64 {
+        self.spec.network_delay / 2.0
+    }
+
     fn work_left(&self) -> bool {
         self.arrived < self.live.len() || self.open > 0
     }

@@ -31,7 +31,11 @@ impl Sim<'_> {
         slot.epoch += 1;
         slot.pending = None;
         let open: Vec<usize> = (0..self.live.len())
-            .filter(|&i| self.live[i].open && self.live[i].replica as usize == r)
+            // An answer that is out already, on its way back, is not lost.
+            .filter(|&i| {
+                let l = &self.live[i];
+                l.open && !l.done && l.replica as usize == r
+            })
             .collect();
         let timeouts = self.decider.pool().timeouts.clone();
         for i in open {
@@ -63,7 +67,7 @@ impl Sim<'_> {
     /// A request still open on a replica that does not answer gives up
     /// (false: it had ended already).
     pub(super) fn timeout(&mut self, i: usize, now: f64) -> bool {
-        if !self.live[i].open {
+        if !self.live[i].open || self.live[i].done {
             return false;
         }
         let r = self.live[i].replica as usize;

@@ -43,6 +43,9 @@ impl Sim<'_> {
 
     pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
         let arrivals = &self.spec.workload.requests;
+        // Tokens reach the client, and the proxy sees the end, this long
+        // after the step.
+        let out_delay = self.half_delay();
         self.slots[at].tokens += out.tokens.len() as u64;
         self.out.output_tokens += out.tokens.len() as u64;
         for t in &out.tokens {
@@ -51,7 +54,7 @@ impl Sim<'_> {
             match l.first {
                 None => {
                     l.first = Some(now);
-                    let ttft = now + self.spec.network_delay - arrivals[i].at;
+                    let ttft = now + out_delay - arrivals[i].at;
                     self.ttft.push(ttft);
                     if let Some(tiers) = self.spec.tiers {
                         self.tier_counts[usize::from(tiers.of_request[i])]
@@ -76,14 +79,13 @@ impl Sim<'_> {
         self.out.preemptions += out.preempted.len() as u64;
         for f in &out.finished {
             let i = f.id as usize;
-            self.e2e
-                .push(now + self.spec.network_delay - arrivals[i].at);
+            self.e2e.push(now + out_delay - arrivals[i].at);
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
-            let within = self.live[i].first.is_some_and(|t| {
-                t + self.spec.network_delay - arrivals[i].at <= self.spec.goodput_ttft
-            });
+            let within = self.live[i]
+                .first
+                .is_some_and(|t| t + out_delay - arrivals[i].at <= self.spec.goodput_ttft);
             if within {
                 self.out.within_objective += 1;
             }
@@ -92,10 +94,12 @@ impl Sim<'_> {
                 counts.completed += 1;
                 counts.within_objective += u64::from(within);
             }
-            if let Some(q) = &mut self.pool_queue {
-                q.served(now - self.live[i].dispatched_at);
+            self.live[i].done = true;
+            if out_delay > 0.0 {
+                self.queue.push(now + out_delay, Event::Release(i as u32));
+            } else {
+                self.release(i, now);
             }
-            self.close(i);
         }
     }
 
