@@ -184,15 +184,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         / ages.len().max(1) as f64;
     let report = llmlb::bench::run(&bench).await.unwrap();
     if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut c = tokio::net::TcpStream::connect(fleet.admin_addr())
-            .await
-            .unwrap();
-        c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut text = String::new();
-        c.read_to_string(&mut text).await.unwrap();
+        let text = fleet.proxy_metrics().await.unwrap_or_default();
         for line in text
             .lines()
             .filter(|l| l.starts_with("llmlb_balancer_decisions_total"))

@@ -139,9 +139,10 @@ impl Fleet {
         self.proxy.addr
     }
 
-    /// The proxy's admin listener (`/metrics`, `/status`).
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.proxy.admin_addr
+    /// The proxy's own `/metrics` text (its admin listener), scraped over
+    /// HTTP like the replicas'.
+    pub async fn proxy_metrics(&self) -> Option<String> {
+        scrape(self.proxy.admin_addr).await
     }
 
     /// How old each replica's last scrape is now (ms), in pool order:

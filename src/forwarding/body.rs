@@ -256,10 +256,11 @@ impl Body for ProxyBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     // One search for `"usage"` per frame, for both the
                     // token count and the usage filter.
-                    let usage_at = frame.data_ref().and_then(|d| USAGE_KEY.find(d));
-                    if let Some(data) = frame.data_ref() {
-                        this.account(data, usage_at);
-                    }
+                    let usage_at = frame.data_ref().and_then(|data| {
+                        let at = USAGE_KEY.find(data);
+                        this.account(data, at);
+                        at
+                    });
                     this.idle.touch();
                     // A body of known length ends with its last byte: hyper
                     // stops polling there, so this is where the answer is

@@ -48,12 +48,11 @@ impl IdleTimer {
     /// Whether nothing came for the timeout; otherwise `cx` is woken when
     /// that may have happened.
     pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        if self
+        let same_waker = self
             .registered
             .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-            && Instant::now() < self.sleep.deadline()
-        {
+            .is_some_and(|w| w.will_wake(cx.waker()));
+        if same_waker && Instant::now() < self.sleep.deadline() {
             return false;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
@@ -64,11 +63,7 @@ impl IdleTimer {
             }
             self.sleep.as_mut().reset(deadline);
         }
-        if !self
-            .registered
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
+        if !same_waker {
             self.registered = Some(cx.waker().clone());
         }
         false

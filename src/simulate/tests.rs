@@ -87,24 +87,10 @@ fn a_request_counts_in_flight_on_its_way_in_and_out() {
     // simultaneous requests waits until the proxy sees the first one end,
     // then reaches the engine half the delay later.
     let w = workload(2, 1e6);
-    let limited = |delay: f64| {
-        let profile = SimConfig::profile("fast").unwrap();
-        let mut config = generated_config(&profile.model, 1).unwrap();
-        config.pools[0].replicas[0].max_inflight = Some(1);
-        let spec = RunSpec {
-            workload: &w,
-            config: &config,
-            model: &profile.model,
-            profile: &profile,
-            faults: &[],
-            goodput_ttft: 1.0,
-            seed: 0,
-            network_delay: delay,
-            scrape_phase: 0.0,
-            tiers: None,
-        };
-        run(&spec, "least_connections").unwrap()
-    };
+    let profile = SimConfig::profile("fast").unwrap();
+    let mut config = generated_config(&profile.model, 1).unwrap();
+    config.pools[0].replicas[0].max_inflight = Some(1);
+    let limited = |delay: f64| run_fast_delayed(&w, &config, "least_connections", None, delay);
     let a = limited(0.0);
     let b = limited(0.1);
     assert_eq!(b.outcomes.completed, 2);
@@ -282,6 +268,17 @@ pub(super) fn run_fast(
     policy: &str,
     tiers: Option<&super::tiers::Tiers>,
 ) -> RunResult {
+    run_fast_delayed(w, config, policy, tiers, 0.0)
+}
+
+/// [`run_fast`] with a network delay (seconds).
+fn run_fast_delayed(
+    w: &SimWorkload,
+    config: &crate::config::Config,
+    policy: &str,
+    tiers: Option<&super::tiers::Tiers>,
+    network_delay: f64,
+) -> RunResult {
     let profile = SimConfig::profile("fast").unwrap();
     let config = policy.parse::<Policy>().unwrap().apply(config);
     let spec = RunSpec {
@@ -292,7 +289,7 @@ pub(super) fn run_fast(
         faults: &[],
         goodput_ttft: 1.0,
         seed: 0,
-        network_delay: 0.0,
+        network_delay,
         scrape_phase: 0.0,
         tiers,
     };
