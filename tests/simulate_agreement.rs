@@ -172,18 +172,24 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         ..Limits::default()
     };
     // Each replica's scrape loop runs on its own interval from the proxy's
-    // start; traffic starts now.
+    // start; traffic starts when `bench` has built its client and workload,
+    // a few milliseconds after the ages are read (the report's `date`).
     let ages = fleet.scrape_ages_ms();
-    if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
-        println!("{policy}: scrape ages at start (wall ms) {ages:?}");
-    }
+    let read_at = std::time::SystemTime::now();
+    let report = llmlb::bench::run(&bench).await.unwrap();
+    let started = humantime::parse_rfc3339(&report.date).unwrap();
+    let setup_ms = started
+        .duration_since(read_at)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     let next_wall_ms = ages
         .iter()
-        .map(|&a| (SCRAPE_MS - a as f64).rem_euclid(SCRAPE_MS))
+        .map(|&a| (SCRAPE_MS - a as f64 - setup_ms).rem_euclid(SCRAPE_MS))
         .sum::<f64>()
         / ages.len().max(1) as f64;
-    let report = llmlb::bench::run(&bench).await.unwrap();
     if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
+        println!(
+            "{policy}: scrape ages when read (wall ms) {ages:?}, traffic {setup_ms:.1} ms later"
+        );
         let text = fleet.proxy_metrics().await.unwrap_or_default();
         for line in text
             .lines()

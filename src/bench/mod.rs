@@ -122,7 +122,7 @@ pub async fn run(spec: &BenchSpec) -> Result<RunReport, BenchError> {
         limits.duration,
     );
     let start = Instant::now();
-    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let date = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let shared = Arc::new(Shared::new(
         client,
         start,

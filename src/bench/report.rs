@@ -13,7 +13,7 @@ use super::stats::{Figures, Summary};
 /// Everything one run measured.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunReport {
-    /// When the run started (RFC 3339, UTC).
+    /// When the run started (RFC 3339, UTC, to the millisecond).
     #[serde(default)]
     pub date: String,
     /// The llmlb version that ran it.
