@@ -24,7 +24,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::prefix::blocks::{chained_hashes, exact_seed};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::score::requests_ahead;
@@ -88,8 +87,14 @@ impl Decision {
         });
     }
 
-    /// The request is being sent to `replica`: remember its prompt blocks there.
+    /// The request is being sent to `replica` now: remember its prompt
+    /// blocks there.
     pub fn dispatched(&self, replica: &Replica) {
+        self.dispatched_at(replica, crate::telemetry::clock::now_millis());
+    }
+
+    /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
+    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) {
         if let Some((indexes, blocks)) = &self.record
             && let Some(index) = indexes.get(&replica.id)
         {
@@ -97,10 +102,8 @@ impl Decision {
         }
         if let Some((held, tokens)) = &self.expect
             && let Some(h) = held.get(&replica.id)
-            && let Some(bs) = h.block_size()
         {
-            let hashes = chained_hashes(exact_seed(), tokens, bs);
-            h.expect(&hashes, crate::telemetry::clock::now_millis());
+            h.expect_prompt(tokens, now_ms);
         }
     }
 

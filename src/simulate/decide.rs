@@ -55,10 +55,10 @@ impl FromStr for Policy {
         match s {
             "hash" => Ok(Policy::Prefix(PrefixMode::Hash)),
             "cache" => Ok(Policy::Prefix(PrefixMode::Cache)),
+            "exact" => Ok(Policy::Prefix(PrefixMode::Exact)),
             "config" => Ok(Policy::AsConfigured),
-            "exact" => Err("policy `exact` is not available in this build of llmlb".into()),
             _ => Err(format!(
-                "unknown policy {s:?}: expected round_robin, least_connections, least_tokens, jsq, kv_aware, p2c, hash, cache or config"
+                "unknown policy {s:?}: expected round_robin, least_connections, least_tokens, jsq, kv_aware, p2c, hash, cache, exact or config"
             )),
         }
     }
@@ -85,6 +85,14 @@ impl Policy {
                 Policy::Prefix(m) => {
                     pc.balancer = BalancerKind::LeastConnections;
                     pc.prefix.mode = *m;
+                    if *m == PrefixMode::Exact {
+                        // The endpoint only names the replica's events:
+                        // `simulate` feeds them in without a socket.
+                        for (i, r) in pc.replicas.iter_mut().enumerate() {
+                            r.kv_events
+                                .get_or_insert_with(|| format!("tcp://sim-r{i}:5557"));
+                        }
+                    }
                 }
                 Policy::AsConfigured => {}
             }
@@ -136,6 +144,9 @@ fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
                 }
                 if let Some(v) = &r.version {
                     s.push_str(&format!("version = {v:?}\n"));
+                }
+                if r.kv_events.is_some() {
+                    s.push_str(&format!("kv_events = \"tcp://sim-r{i}:5557\"\n"));
                 }
             }
             s
@@ -259,11 +270,9 @@ mod tests {
             "jsq".parse::<Policy>(),
             Ok(Policy::Balancer(BalancerKind::Jsq))
         );
-        assert!(
-            "exact"
-                .parse::<Policy>()
-                .unwrap_err()
-                .contains("not available")
+        assert_eq!(
+            "exact".parse::<Policy>(),
+            Ok(Policy::Prefix(PrefixMode::Exact))
         );
         assert!("nope".parse::<Policy>().is_err());
         let c = generated_config("m", 3).unwrap();

@@ -4,6 +4,11 @@
 //! (gauges, prefix-cache counters and the timing histograms' sums and
 //! counts, so learned rates are learned as in `serve`).
 
+use std::sync::Arc;
+
+use crate::kv_events::subscriber::EventSink;
+use crate::kv_events::{EventBatch, KvEvent};
+use crate::routing::prefix::held::HeldBlocks;
 use crate::signals::{EngineTiming, LoadSnapshot};
 use crate::sim::engine::{Engine, StepOutcome};
 use crate::sim::profile;
@@ -34,6 +39,53 @@ pub struct Slot {
     pub dispatched: u64,
     /// Output tokens it produced.
     pub tokens: u64,
+    /// In `exact` mode, the router's record of what this replica reports
+    /// holding, and the KV events of the step under way, applied to it when
+    /// the step ends (as `llmlb sim` publishes them then).
+    pub kv: Option<KvFeed>,
+}
+
+/// What `serve`'s KV-event subscriber does for one replica, without the
+/// socket: the engine's events go straight into the router's record.
+#[derive(Debug)]
+pub struct KvFeed {
+    held: Arc<HeldBlocks>,
+    step: Vec<KvEvent>,
+}
+
+impl Slot {
+    /// Feeds this replica's KV events into `held` from now on; the record
+    /// starts known and empty, as for a fresh replica whose first event
+    /// has sequence 0.
+    pub fn publish_to(&mut self, held: Arc<HeldBlocks>) {
+        self.engine.record_kv_events();
+        held.restarted();
+        self.kv = Some(KvFeed {
+            held,
+            step: Vec::new(),
+        });
+    }
+
+    /// Notes the events of the step just started (or of a step that could
+    /// not run: they go out with the next one, as in `llmlb sim`).
+    pub fn note_kv_events(&mut self) {
+        if let Some(feed) = &mut self.kv {
+            feed.step.extend(self.engine.take_kv_events());
+        }
+    }
+
+    /// The step ended at `now`: its events reach the router.
+    pub fn publish_kv_events(&mut self, now: f64) {
+        if let Some(feed) = &mut self.kv
+            && !feed.step.is_empty()
+        {
+            feed.held.apply(&EventBatch {
+                ts: now,
+                events: std::mem::take(&mut feed.step),
+                dp_rank: None,
+            });
+        }
+    }
 }
 
 /// The engine settings of a named profile.
@@ -60,6 +112,7 @@ pub fn build(profile: &SimConfig, n: usize) -> Vec<Slot> {
             pending: None,
             dispatched: 0,
             tokens: 0,
+            kv: None,
         })
         .collect()
 }

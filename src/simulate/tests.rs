@@ -245,6 +245,36 @@ fn prefix_affinity_raises_the_fleet_hit_rate_on_shared_prefixes() {
     );
 }
 
+#[test]
+fn exact_mode_learns_each_engine_cache_from_its_events() {
+    // A burst of shared prefixes: the second prompt of a group arrives
+    // before any engine has published an event, so it counts only if the
+    // record kept what was sent before it knew the block size.
+    use crate::bench::workload::SharedPrefixOptions;
+    let spec = WorkloadSpec::SharedPrefix(SharedPrefixOptions {
+        groups: 8,
+        prompts_per_group: 16,
+        system_len: 512,
+        question_len: 32,
+        output_len: 4,
+    });
+    // Nothing is evicted here, so what the engines report is what llmlb
+    // sent: `exact` decides as `cache` does, and both beat round-robin.
+    for rate in [50.0, 400.0] {
+        let w = SimWorkload::builtin(&spec, 128, rate, 1.0, 1).unwrap();
+        let rr = simulate(&w, 4, "round_robin", &[]);
+        let cache = simulate(&w, 4, "cache", &[]);
+        let exact = simulate(&w, 4, "exact", &[]);
+        assert_eq!(exact.outcomes.completed, 128);
+        assert_eq!(
+            exact.outcomes.prefix_hits, cache.outcomes.prefix_hits,
+            "rate {rate}"
+        );
+        assert!(exact.prefix_hit_rate > rr.prefix_hit_rate, "rate {rate}");
+        assert_eq!(exact.ttft_samples, cache.ttft_samples, "rate {rate}");
+    }
+}
+
 /// The fleet of `simulate` with every replica limited to `limit` requests,
 /// the pool queue shaped by `queue`.
 fn simulate_limited(

@@ -29,7 +29,9 @@
 //! prefix follows the first one instead of scattering during the moment
 //! the first one's prefill and event are in flight. They are kept apart from
 //! the reported blocks ([`HeldBlocks::snapshot`] does not list them), expire
-//! on their own, and are bounded by `capacity` too.
+//! on their own, and are bounded by `capacity` too. Prompts sent before any
+//! event told the block size are kept as tokens ([`EARLY_TOKENS`]) and
+//! hashed into the pending blocks by that first event.
 //!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
@@ -44,7 +46,11 @@ use std::sync::Mutex;
 /// them: several prefills' worth of time, far below a cache's lifetime.
 pub const PENDING_MS: u64 = 2_000;
 
-use super::blocks::{chain, exact_seed};
+/// How many prompt tokens sent before the block size is known are kept
+/// (1 MiB); later prompts in that moment are not expected.
+pub const EARLY_TOKENS: usize = 1 << 18;
+
+use super::blocks::{chain, chained_hashes, exact_seed};
 use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
@@ -78,6 +84,9 @@ struct Held {
     block_size: Option<usize>,
     /// Blocks just sent and not yet reported → when they stop counting (ms).
     pending: HashMap<u64, u64>,
+    /// Prompts sent before the block size was known, with when they stop
+    /// counting: hashed into `pending` by the first event that tells it.
+    early: Vec<(Vec<u32>, u64)>,
     capacity: usize,
     /// `None`: known. `Some(n)`: unknown until `n` more blocks are stored.
     refill: Option<usize>,
@@ -99,6 +108,7 @@ impl HeldBlocks {
                 theirs: HashMap::new(),
                 block_size: None,
                 pending: HashMap::new(),
+                early: Vec::new(),
                 capacity,
                 refill: Some(capacity),
                 high_water: 0,
@@ -148,20 +158,30 @@ impl HeldBlocks {
             .count()
     }
 
+    /// Records that a prompt of these tokens was just sent to the replica.
+    /// Before an event has told the block size, the tokens are kept (at most
+    /// [`EARLY_TOKENS`] in all) and their blocks count from that event on,
+    /// until the same deadline.
+    pub fn expect_prompt(&self, tokens: &[u32], now_ms: u64) {
+        let mut held = self.lock();
+        match held.block_size {
+            Some(bs) => {
+                let hashes = chained_hashes(held.seed, tokens, bs);
+                held.expect(&hashes, now_ms + PENDING_MS);
+            }
+            None => {
+                held.early.retain(|(_, until)| *until > now_ms);
+                let kept: usize = held.early.iter().map(|(t, _)| t.len()).sum();
+                if kept + tokens.len() <= EARLY_TOKENS {
+                    held.early.push((tokens.to_vec(), now_ms + PENDING_MS));
+                }
+            }
+        }
+    }
+
     /// Records that a prompt with these blocks was just sent to the replica.
     pub fn expect(&self, hashes: &[u64], now_ms: u64) {
-        let mut held = self.lock();
-        if held.pending.len() + hashes.len() > held.capacity {
-            held.pending.retain(|_, until| *until > now_ms);
-        }
-        for &h in hashes {
-            if held.pending.len() >= held.capacity {
-                break;
-            }
-            if !held.ours.contains_key(&h) {
-                held.pending.insert(h, now_ms + PENDING_MS);
-            }
-        }
+        self.lock().expect(hashes, now_ms + PENDING_MS);
     }
 
     pub fn summary(&self) -> HeldSummary {
@@ -230,9 +250,31 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
+    fn expect(&mut self, hashes: &[u64], until: u64) {
+        if self.pending.len() + hashes.len() > self.capacity {
+            let now_ms = until - PENDING_MS;
+            self.pending.retain(|_, u| *u > now_ms);
+        }
+        for &h in hashes {
+            if self.pending.len() >= self.capacity {
+                break;
+            }
+            if !self.ours.contains_key(&h) {
+                self.pending.insert(h, until);
+            }
+        }
+    }
+
     fn store(&mut self, stored: StoredBlocks<'_>) {
         if stored.block_size == 0 {
             return;
+        }
+        if self.block_size.is_none() {
+            // The prompts sent before now count with this block size.
+            for (tokens, until) in std::mem::take(&mut self.early) {
+                let hashes = chained_hashes(self.seed, &tokens, stored.block_size);
+                self.expect(&hashes, until);
+            }
         }
         self.block_size = Some(stored.block_size);
         if let Some(n) = self.refill {
@@ -270,6 +312,7 @@ impl Held {
         self.ours.clear();
         self.theirs.clear();
         self.pending.clear();
+        self.early.clear();
         self.refill = None;
     }
 
@@ -382,6 +425,44 @@ mod tests {
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
         assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 3, "confirmed");
         assert!(h.lock().pending.is_empty());
+    }
+
+    #[test]
+    fn prompts_sent_before_the_block_size_is_known_count_once_it_is() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let early: Vec<u32> = (100..106).collect();
+        h.expect_prompt(&early, 1_000);
+        let late: Vec<u32> = (200..204).collect();
+        h.expect_prompt(&late, 2_000);
+        // The first event, of another prompt, tells the block size (2).
+        h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
+        let want = chained_hashes(exact_seed(), &early, 2);
+        assert_eq!(h.matched_at(&want, 1_500), 3, "counted from the event on");
+        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "same deadline");
+        let other = chained_hashes(exact_seed(), &late, 2);
+        assert_eq!(
+            h.matched_at(&other, 1_000 + PENDING_MS),
+            2,
+            "its own deadline"
+        );
+        // Once the size is known, a prompt is expected at once.
+        let next: Vec<u32> = (300..304).collect();
+        h.expect_prompt(&next, 5_000);
+        let want = chained_hashes(exact_seed(), &next, 2);
+        assert_eq!(h.matched_at(&want, 5_001), 2);
+    }
+
+    #[test]
+    fn early_prompts_are_bounded_and_a_restart_forgets_them() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let big = vec![1u32; EARLY_TOKENS];
+        h.expect_prompt(&big, 0);
+        h.expect_prompt(&[5, 6], 0);
+        assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
+        h.restarted();
+        assert!(h.lock().early.is_empty());
     }
 
     #[test]

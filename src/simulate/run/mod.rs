@@ -173,6 +173,13 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         tier_counts: vec![TierCounts::default(); spec.tiers.map_or(0, |t| t.tiers.len())],
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
+    // `exact` mode: each replica's KV events feed the router's record.
+    let pool = std::sync::Arc::clone(sim.decider.pool());
+    for (id, _, held) in pool.router.kv_subscriptions() {
+        if let Some(at) = pool.replicas.iter().position(|r| r.id == id) {
+            sim.slots[at].publish_to(held);
+        }
+    }
     sim.queue
         .push(spec.workload.requests[0].at, Event::Arrival(0));
     if sim.decider.pool().scrape.is_some() {

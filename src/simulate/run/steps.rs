@@ -16,6 +16,7 @@ impl Sim<'_> {
             return;
         }
         let out = slot.engine.step(now);
+        slot.note_kv_events();
         if out.is_idle() {
             // Nothing can run (no cache room): wait for the next arrival.
             return;
@@ -37,6 +38,7 @@ impl Sim<'_> {
         let Some(out) = self.slots[at].pending.take() else {
             return;
         };
+        self.slots[at].publish_kv_events(now);
         self.deliver(at, &out, now);
         self.start_step(at, now);
     }
