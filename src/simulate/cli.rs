@@ -90,7 +90,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
-    /// kv_aware, p2c, hash, cache (prefix affinity), config (the file as is).
+    /// kv_aware, p2c, hash, cache, exact (prefix affinity; exact reads the
+    /// engines' KV events), config (the file as is).
     #[arg(
         long,
         value_delimiter = ',',

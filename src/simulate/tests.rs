@@ -224,16 +224,20 @@ fn a_fault_beyond_the_fleet_is_an_error() {
     assert!(err.to_string().contains("replica 5"), "{err}");
 }
 
-#[test]
-fn prefix_affinity_raises_the_fleet_hit_rate_on_shared_prefixes() {
-    use crate::bench::workload::SharedPrefixOptions;
-    let spec = WorkloadSpec::SharedPrefix(SharedPrefixOptions {
+/// 8 groups of 16 prompts sharing a 512-token system prompt.
+fn shared_prefixes() -> WorkloadSpec {
+    WorkloadSpec::SharedPrefix(crate::bench::workload::SharedPrefixOptions {
         groups: 8,
         prompts_per_group: 16,
         system_len: 512,
         question_len: 32,
         output_len: 4,
-    });
+    })
+}
+
+#[test]
+fn prefix_affinity_raises_the_fleet_hit_rate_on_shared_prefixes() {
+    let spec = shared_prefixes();
     let w = SimWorkload::builtin(&spec, 128, 50.0, 1.0, 1).unwrap();
     let rr = simulate(&w, 4, "round_robin", &[]);
     let cache = simulate(&w, 4, "cache", &[]);
@@ -250,14 +254,7 @@ fn exact_mode_learns_each_engine_cache_from_its_events() {
     // A burst of shared prefixes: the second prompt of a group arrives
     // before any engine has published an event, so it counts only if the
     // record kept what was sent before it knew the block size.
-    use crate::bench::workload::SharedPrefixOptions;
-    let spec = WorkloadSpec::SharedPrefix(SharedPrefixOptions {
-        groups: 8,
-        prompts_per_group: 16,
-        system_len: 512,
-        question_len: 32,
-        output_len: 4,
-    });
+    let spec = shared_prefixes();
     // Nothing is evicted here, so what the engines report is what llmlb
     // sent: `exact` decides as `cache` does, and both beat round-robin.
     for rate in [50.0, 400.0] {
