@@ -60,7 +60,14 @@ const SIM_TIME_SCALE: f64 = 0.5;
 /// The pool's scrape interval and staleness in `serve` (wall time).
 const SCRAPE_MS: f64 = 100.0;
 const STALENESS_MS: f64 = 1000.0;
-const POLICIES: [&str; 5] = ["round_robin", "least_connections", "jsq", "hash", "cache"];
+const POLICIES: [&str; 6] = [
+    "round_robin",
+    "least_connections",
+    "jsq",
+    "hash",
+    "cache",
+    "exact",
+];
 /// Requests of the idle probe, one at a time.
 const PROBES: u64 = 8;
 
@@ -90,7 +97,7 @@ fn trace() -> PathBuf {
 /// The pool keys of a policy, as `llmlb demo` writes them.
 fn pool_keys(policy: &str) -> String {
     match policy {
-        "hash" | "cache" => {
+        "hash" | "cache" | "exact" => {
             format!("balancer = \"least_connections\"\n[pools.prefix]\nmode = {policy:?}\n")
         }
         b => format!("balancer = {b:?}\n"),
@@ -112,6 +119,10 @@ fn sim_config(model: &str, policy: &str, replicas: &[SocketAddr]) -> llmlb::conf
     );
     for addr in replicas {
         text.push_str(&format!("[[pools.replicas]]\nurl = \"http://{addr}\"\n"));
+        if policy == "exact" {
+            // Names the replica's events; `simulate` feeds them directly.
+            text.push_str(&format!("kv_events = \"tcp://{addr}\"\n"));
+        }
     }
     llmlb::config::parse(&text).unwrap()
 }
@@ -156,7 +167,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         seed: 0,
         top: String::new(),
         pool: pool_keys(policy),
-        kv_events: false,
+        kv_events: policy == "exact",
     };
     let fleet = Fleet::start(&spec).await.unwrap();
     let mut bench = BenchSpec::new(
