@@ -40,7 +40,7 @@ use llmlb::bench::workload::{
     LenRange, RandomOptions, SharedPrefixOptions, TraceOptions, WorkloadSpec,
 };
 use llmlb::bench::{Arrivals, BenchSpec, Limits};
-use llmlb::demo::fleet::{Fleet, FleetSpec, PrefixCache};
+use llmlb::demo::fleet::{Fleet, FleetSpec, PrefixCache, pool_keys};
 use llmlb::sim::SimConfig;
 use llmlb::simulate::run::{RunSpec, run};
 use llmlb::simulate::{Policy, RunResult, SimWorkload};
@@ -92,16 +92,6 @@ fn bounds(policy: &str) -> (f64, f64) {
 
 fn trace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/conversation_trace.jsonl")
-}
-
-/// The pool keys of a policy, as `llmlb demo` writes them.
-fn pool_keys(policy: &str) -> String {
-    match policy {
-        "hash" | "cache" | "exact" => {
-            format!("balancer = \"least_connections\"\n[pools.prefix]\nmode = {policy:?}\n")
-        }
-        b => format!("balancer = {b:?}\n"),
-    }
 }
 
 /// The demo fleet's pool for `simulate`: the same replica addresses (never

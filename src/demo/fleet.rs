@@ -67,7 +67,7 @@ impl FleetSpec {
 /// The pool keys of one demo run: a balancer name, or `hash` / `cache` /
 /// `exact` for prefix-affinity routing (`[pools.prefix] mode`) in front of
 /// `least_connections`.
-fn pool_keys(name: &str) -> String {
+pub fn pool_keys(name: &str) -> String {
     match name {
         "hash" | "cache" | "exact" => {
             format!("balancer = \"least_connections\"\n[pools.prefix]\nmode = {name:?}\n")
