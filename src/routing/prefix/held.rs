@@ -250,10 +250,12 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
+    /// Counts `hashes` as held until `until` (ms), a prompt's send time
+    /// plus [`PENDING_MS`]; when full, first drops what had expired by then.
     fn expect(&mut self, hashes: &[u64], until: u64) {
         if self.pending.len() + hashes.len() > self.capacity {
-            let now_ms = until - PENDING_MS;
-            self.pending.retain(|_, u| *u > now_ms);
+            let sent = until.saturating_sub(PENDING_MS);
+            self.pending.retain(|_, u| *u > sent);
         }
         for &h in hashes {
             if self.pending.len() >= self.capacity {
