@@ -34,6 +34,21 @@ impl PrefixMode {
     }
 }
 
+/// `[pools.prefix] kv_wait`: what `cache` and `exact` charge a request
+/// whose uncached tokens do not fit in a replica's free KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvWait {
+    /// Nothing: a replica short of free KV cache is scored by its queue and
+    /// prefill alone (the running batch frees blocks as it goes, and a warm
+    /// replica keeps its prefix).
+    #[default]
+    None,
+    /// The time the running batch takes to finish (remaining output tokens
+    /// per request × the decode step).
+    Batch,
+}
+
 /// `[pools.prefix] key`: what `hash` mode hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,6 +102,11 @@ pub struct PrefixConfig {
     /// where caches are small for the prefixes and is mixed elsewhere, see
     /// docs/ROUTING.md).
     pub homes: bool,
+    /// `cache` and `exact`: the wait charged when a prompt's uncached tokens
+    /// do not fit in a replica's free KV cache (`none` by default: on real
+    /// vLLM and the simulator, charging the running batch's turnover moved
+    /// prefixes off warm replicas and cost hits, see docs/ROUTING.md).
+    pub kv_wait: KvWait,
 }
 
 impl Default for PrefixConfig {
@@ -103,6 +123,7 @@ impl Default for PrefixConfig {
             replicate_above: 8.0,
             replicate_hold: std::time::Duration::from_secs(10),
             homes: false,
+            kv_wait: KvWait::None,
         }
     }
 }

@@ -254,6 +254,27 @@ mod tests {
     }
 
     #[test]
+    fn kv_wait_is_off_unless_asked_and_a_bad_value_names_the_key() {
+        use super::super::KvWait;
+        let with = |extra: &str| {
+            format!(
+                "{POOL}[pools.prefix]\nmode = \"cache\"\n{extra}\n{}",
+                replica(1, "")
+            )
+        };
+        assert_eq!(
+            parse(&with("")).unwrap().pools[0].prefix.kv_wait,
+            KvWait::None
+        );
+        let batch = parse(&with("kv_wait = \"batch\"")).unwrap();
+        assert_eq!(batch.pools[0].prefix.kv_wait, KvWait::Batch);
+        assert_eq!(
+            issue_keys(&with("kv_wait = \"always\"")),
+            vec!["pools[0].prefix.kv_wait"]
+        );
+    }
+
+    #[test]
     fn full_routing_config_parses() {
         let text = format!(
             "default_pool = \"p\"\n[aliases]\ngpt = \"m\"\n\

@@ -12,7 +12,9 @@
 //!            + one decode step when anything is running   (interference)
 //! queue wait, otherwise (llmlb's own counts for every candidate):
 //!            = in flight × seconds_per_request_ahead
-//! KV wait    = 0 when the uncached tokens fit in the free KV cache, else
+//! KV wait    = 0 with `kv_wait = "none"` (the default), or when the
+//!              uncached tokens fit in the free KV cache; else, with
+//!              `kv_wait = "batch"`:
 //!            = remaining output tokens per running request × decode step
 //!              (llmlb's own estimate for its in-flight requests; without
 //!              one, or before a decode step is learned:
@@ -39,6 +41,10 @@
 //! counts blocks that hold a cached prefix but no running request as free,
 //! and so does this term; the request's own output growth is not counted.)
 //! When the capacity or the usage is unknown, no KV term is charged.
+//! It is off unless `kv_wait = "batch"`: charged in full it moved prefixes
+//! off warm replicas whose free cache was short of a few blocks, and on real
+//! vLLM replicas and the simulator alike that cost about ten points of
+//! prefix hits and a higher p99 (docs/BENCHMARKS.md, "The KV wait").
 //!
 //! The pick minimises `ttft + pending × uncached prefill`, where pending is
 //! the requests on the replica whose first token is still ahead (llmlb's
@@ -68,12 +74,15 @@
 //! Cost: O(candidates), no allocation besides the `ahead` vector.
 
 use crate::balancing::{Rates, ReplicaView};
+use crate::config::KvWait;
 
 /// The pool's prior rates, used for a replica until it has learned its own.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
     pub prefill_tokens_per_second: f64,
     pub seconds_per_request_ahead: f64,
+    /// Whether a replica short of free KV cache is charged a wait.
+    pub kv_wait: KvWait,
 }
 
 /// What is ahead of a new request on one replica.
@@ -126,7 +135,8 @@ impl CostModel {
                 } else {
                     0.0
                 };
-                let fits = free_kv_tokens.is_none_or(|free| uncached_tokens <= free);
+                let fits = self.kv_wait == KvWait::None
+                    || free_kv_tokens.is_none_or(|free| uncached_tokens <= free);
                 let kv_wait = match (fits, step) {
                     (true, _) => 0.0,
                     (false, Some(step)) if remaining_per_request > 0 => {
@@ -241,6 +251,7 @@ mod tests {
     const MODEL: CostModel = CostModel {
         prefill_tokens_per_second: 10_000.0,
         seconds_per_request_ahead: 0.02,
+        kv_wait: KvWait::Batch,
     };
 
     const NO_RATES: Rates = Rates {
@@ -309,6 +320,15 @@ mod tests {
             ..warm
         };
         assert_eq!(best(&MODEL, 2_050, &[roomy, cold]).unwrap().0, 0);
+        // Without a KV wait (the default), the warm one keeps its prefix:
+        // its queue is empty and its batch frees blocks as it goes.
+        let none = CostModel {
+            kv_wait: KvWait::None,
+            ..MODEL
+        };
+        let (i, t) = best(&none, 2_050, &[warm, cold]).unwrap();
+        assert_eq!(i, 0);
+        assert!((t - (0.02 + 50.0 / 2_500.0)).abs() < 1e-9, "{t}");
     }
 
     #[test]
