@@ -86,11 +86,8 @@ impl Policy {
                     pc.balancer = BalancerKind::LeastConnections;
                     pc.prefix.mode = *m;
                     if *m == PrefixMode::Exact {
-                        // The endpoint only names the replica's events:
-                        // `simulate` feeds them in without a socket.
                         for (i, r) in pc.replicas.iter_mut().enumerate() {
-                            r.kv_events
-                                .get_or_insert_with(|| format!("tcp://sim-r{i}:5557"));
+                            r.kv_events.get_or_insert_with(|| placeholder_events(i));
                         }
                     }
                 }
@@ -129,6 +126,12 @@ pub fn resized(config: &Config, model: &str, replicas: usize) -> Result<Config, 
     Ok(c)
 }
 
+/// The KV-event endpoint of placeholder replica `i`: it only names the
+/// replica's events, which `simulate` feeds in without a socket.
+fn placeholder_events(i: usize) -> String {
+    format!("tcp://sim-r{i}:5557")
+}
+
 fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
     (0..n)
         .map(|i| {
@@ -146,7 +149,7 @@ fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
                     s.push_str(&format!("version = {v:?}\n"));
                 }
                 if r.kv_events.is_some() {
-                    s.push_str(&format!("kv_events = \"tcp://sim-r{i}:5557\"\n"));
+                    s.push_str(&format!("kv_events = {:?}\n", placeholder_events(i)));
                 }
             }
             s

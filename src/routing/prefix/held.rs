@@ -179,11 +179,6 @@ impl HeldBlocks {
         }
     }
 
-    /// Records that a prompt with these blocks was just sent to the replica.
-    pub fn expect(&self, hashes: &[u64], now_ms: u64) {
-        self.lock().expect(hashes, now_ms + PENDING_MS);
-    }
-
     pub fn summary(&self) -> HeldSummary {
         let h = self.lock();
         HeldSummary {
@@ -418,9 +413,11 @@ mod tests {
     fn just_sent_blocks_count_until_reported_or_expired() {
         let h = HeldBlocks::new(100);
         h.caught_up();
+        // An event of another prompt tells the block size (2).
+        h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..6).collect();
         let want = chained_hashes(exact_seed(), &tokens, 2);
-        h.expect(&want[..2], 1_000);
+        h.expect_prompt(&tokens[..4], 1_000);
         assert_eq!(h.matched(&want), 0, "not reported yet");
         assert_eq!(h.matched_at(&want, 1_500), 2);
         assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "expired");
