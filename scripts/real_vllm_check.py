@@ -13,17 +13,24 @@ llmlb's /metrics: the cached prompt tokens it predicted against those the
 replicas reported (the closed loop) and its routing decisions by branch;
 and from the load generator: TTFT p50 / p99 and throughput. The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
-`[pools.prefix] homes = true`, and `hash_homes_capped` also has
+`[pools.prefix] homes = true`, `cache_free` and `exact_free` have
+`evictions = "free"`, and `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight` (none of them
 in the default list). Before the policies, `llmlb doctor` checks the replicas
 twice: with the pool's tokenizer (should agree) and with the stand-in
 (should name the wrong tokenizer). Last, it says whether the two backends
-rank the policies the same way by p99 TTFT and by hit rate.
+rank the policies the same way by p99 TTFT and by hit rate. With `--rounds
+N` the policy list runs N times (seed + round) and each policy's runs are
+pooled: its hits over every run, its TTFT percentiles over every request,
+and in how many rounds its p99 was at most round-robin's; the ranking then
+reads the pooled figures (one run's p99 of 72 requests is its worst one or
+two and spreads by a third between runs).
 
 Usage (from the repository root, after `cargo build --release`):
   scripts/real_vllm_check.py                         # both backends, every policy
   scripts/real_vllm_check.py --backends sim          # simulator only (no venv needed)
   scripts/real_vllm_check.py --json out.json         # also write every figure
+  scripts/real_vllm_check.py --rounds 5              # every policy five times, pooled
 
 The real backend needs the venv made by `shared/vllm-cpu/setup_and_serve.sh
 install` and `model`; without it that backend is skipped with the reason.
@@ -62,6 +69,9 @@ POLICIES = {
     "hash_homes_capped": ("least_connections", "hash"),
     "cache_homes": ("least_connections", "cache"),
     "exact_homes": ("least_connections", "exact"),
+    # with [pools.prefix] evictions = "free"
+    "cache_free": ("least_connections", "cache"),
+    "exact_free": ("least_connections", "exact"),
 }
 
 
@@ -257,6 +267,8 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append(f"block_size = {args.block_size}")
         if "_homes" in policy:
             lines.append("homes = true")
+        if policy.endswith("_free"):
+            lines.append('evictions = "free"')
         if policy.endswith("_capped"):
             lines += ["", "[pools.saturation]", f"max_in_flight = {args.saturation_in_flight}"]
     if not stand_in:
@@ -269,7 +281,7 @@ def proxy_config(backend, policy, args, stand_in=None):
     return "\n".join(lines) + "\n"
 
 
-def run_policy(backend, policy, args, tmp):
+def run_policy(backend, policy, args, tmp, seed):
     backend.reset()
     cfg_path = os.path.join(tmp, f"{backend.kind}-{policy}.toml")
     with open(cfg_path, "w") as f:
@@ -288,7 +300,7 @@ def run_policy(backend, policy, args, tmp):
                  "--groups", str(args.groups), "--prompts-per-group", str(args.per_group),
                  "--system-len", str(args.system_len), "--question-len", str(args.question_len),
                  "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
-                 "--num-requests", str(args.groups * args.per_group), "--seed", str(args.seed),
+                 "--num-requests", str(args.groups * args.per_group), "--seed", str(seed),
                  "--timeout", "120s", "--no-progress", "--name", policy, "--out", out]
         subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
                        timeout=args.run_timeout)
@@ -312,6 +324,9 @@ def run_policy(backend, policy, args, tmp):
     return {
         "backend": backend.kind, "policy": policy,
         "hit_rate": hits / queries if queries else 0.0,
+        "hits": hits, "queries": queries, "seed": seed,
+        "ttfts_ms": sorted(r["ttft_ms"] for r in report.get("requests", [])
+                           if r.get("ttft_ms") is not None),
         "served": served,
         "busiest_over_mean": max(served) / mean if mean else 0.0,
         "preemptions": sum(d["vllm:num_preemptions_total"] for d in delta),
@@ -350,6 +365,53 @@ def loop(r):
     return f"{p:.0f} / {q:.0f}" + (f" ({100 * (p - q) / q:+.1f} %)" if q else "")
 
 
+def percentile(sorted_values, p):
+    """Linear interpolation between closest ranks, as `llmlb bench` does."""
+    if not sorted_values:
+        return None
+    rank = p / 100 * (len(sorted_values) - 1)
+    lo, hi = int(rank), min(int(rank) + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
+
+
+def pooled(rows):
+    """One row per policy over all its runs: hits summed over the runs'
+    deltas, TTFT percentiles over every request of every run, the worst
+    busiest/mean, and in how many runs its p99 was at most round-robin's
+    in the same round."""
+    rr = {r["round"]: r["ttft_p99_ms"] for r in rows if r["policy"] == "round_robin"}
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        runs = [r for r in rows if r["policy"] == policy]
+        ttfts = sorted(t for r in runs for t in r["ttfts_ms"])
+        queries = sum(r["queries"] for r in runs)
+        paired = [r for r in runs if r["round"] in rr and r["ttft_p99_ms"] is not None]
+        out.append({
+            "policy": policy, "runs": len(runs),
+            "hit_rate": sum(r["hits"] for r in runs) / queries if queries else 0.0,
+            "hit_rates": [r["hit_rate"] for r in runs],
+            "busiest_over_mean": max(r["busiest_over_mean"] for r in runs),
+            "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+            "requests": len(ttfts),
+            "p99_at_most_rr": sum(r["ttft_p99_ms"] <= rr[r["round"]] for r in paired),
+            "paired": len(paired),
+        })
+    return out
+
+
+def pooled_table(rows):
+    head = ("| policy | runs | requests | prefix hits, pooled (range) | busiest/mean, worst "
+            "| TTFT p50 ms | TTFT p99 ms | runs with p99 ≤ round_robin's |")
+    out = [head, "|" + "---|" * 8]
+    for r in rows:
+        rng = f"{100 * min(r['hit_rates']):.1f}–{100 * max(r['hit_rates']):.1f}"
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"
+        vs = f"{r['p99_at_most_rr']} of {r['paired']}" if r["paired"] and r["policy"] != "round_robin" else "-"
+        out.append(f"| {r['policy']} | {r['runs']} | {r['requests']} | {100 * r['hit_rate']:.1f} % ({rng}) | "
+                   f"{r['busiest_over_mean']:.2f} | {fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {vs} |")
+    return "\n".join(out)
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -357,6 +419,24 @@ def loadavg():
 
 def ranking(rows, key, reverse):
     return [r["policy"] for r in sorted(rows, key=lambda r: (r[key] is None, r[key]), reverse=reverse)]
+
+
+def discordant(a, b, key):
+    """The pairs of policies the two backends order differently by `key`,
+    each with both backends' figures, so a reader can tell a swap of near
+    ties from a real disagreement."""
+    va = {r["policy"]: r[key] for r in a}
+    vb = {r["policy"]: r[key] for r in b}
+    names = [p for p in va if p in vb and va[p] is not None and vb[p] is not None]
+    scale = 100 if key == "hit_rate" else 1
+    unit = " %" if key == "hit_rate" else " ms"
+    out = []
+    for i, x in enumerate(names):
+        for y in names[i + 1:]:
+            if (va[x] - va[y]) * (vb[x] - vb[y]) < 0:
+                out.append(f"{x} / {y}: vllm {scale * va[x]:.1f} / {scale * va[y]:.1f}{unit}, "
+                           f"sim {scale * vb[x]:.1f} / {scale * vb[y]:.1f}{unit}")
+    return out
 
 
 def main():
@@ -378,6 +458,9 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--block-size", type=int, default=128, help="cache mode block size (vLLM CPU uses 128)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the policy list this many times (seed + round), then pool each "
+                         "policy's runs: hits over all of them, TTFT percentiles over every request")
     ap.add_argument("--saturation-in-flight", type=int, default=5,
                     help="[pools.saturation] max_in_flight of the *_capped policies")
     ap.add_argument("--replica-port", type=int, default=18000)
@@ -416,14 +499,21 @@ def main():
         try:
             if not args.stand_in and not args.no_doctor:
                 doctor(backend, args, tmp)
-            for p in policies:
-                log(f"== {kind}: {p}")
-                rows.append(run_policy(backend, p, args, tmp))
+            for n in range(args.rounds):
+                for p in policies:
+                    log(f"== {kind}: {p}" + (f" (round {n + 1} of {args.rounds})" if args.rounds > 1 else ""))
+                    row = run_policy(backend, p, args, tmp, args.seed + n)
+                    row["round"] = n
+                    rows.append(row)
         finally:
             backend.stop()
-        results[kind] = rows
         print(f"\n### {kind}\n\nload average {load_before} before, {loadavg()} after\n\n"
               f"{table(rows)}\n")
+        if args.rounds > 1:
+            rows = pooled(rows)
+            print(f"every run of a policy pooled (seeds {args.seed}..{args.seed + args.rounds - 1}, "
+                  f"one per round, the same for every policy of a round):\n\n{pooled_table(rows)}\n")
+        results[kind] = rows
     if len(results) == 2:
         a, b = results.values()
         for key, rev, label in [("ttft_p99_ms", False, "p99 TTFT (best first)"),
@@ -431,6 +521,8 @@ def main():
             ra, rb = ranking(a, key, rev), ranking(b, key, rev)
             verdict = "agree" if ra == rb else "differ"
             print(f"ranking by {label}: vllm {ra} / sim {rb}: {verdict}")
+            for line in discordant(a, b, key):
+                print(f"  {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -49,6 +49,21 @@ pub enum KvWait {
     Batch,
 }
 
+/// `[pools.prefix] evictions`: whether `cache` and `exact` charge a
+/// placement for the cached blocks of other prefixes it pushes out of a
+/// replica whose cache is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Evictions {
+    /// Charged once, at the prefill rate: the tokens a placement writes
+    /// beyond the replica's empty room evict as many cached ones, which a
+    /// later request of their prefix prefills again.
+    #[default]
+    Charged,
+    /// Not charged: a cold replica costs its prefill and queue only.
+    Free,
+}
+
 /// `[pools.prefix] key`: what `hash` mode hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -107,6 +122,11 @@ pub struct PrefixConfig {
     /// vLLM and the simulator, charging the running batch's turnover moved
     /// prefixes off warm replicas and cost hits, see docs/ROUTING.md).
     pub kv_wait: KvWait,
+    /// `cache` and `exact`: whether a placement is charged for the cached
+    /// blocks it evicts on a replica whose cache is full (`charged` by
+    /// default: on real vLLM replicas with caches of two or three system
+    /// prompts it kept more prefixes in place, see docs/ROUTING.md).
+    pub evictions: Evictions,
 }
 
 impl Default for PrefixConfig {
@@ -124,6 +144,7 @@ impl Default for PrefixConfig {
             replicate_hold: std::time::Duration::from_secs(10),
             homes: false,
             kv_wait: KvWait::None,
+            evictions: Evictions::Charged,
         }
     }
 }

@@ -254,24 +254,27 @@ mod tests {
     }
 
     #[test]
-    fn kv_wait_is_off_unless_asked_and_a_bad_value_names_the_key() {
-        use super::super::KvWait;
+    fn cost_switches_have_defaults_and_a_bad_value_names_the_key() {
+        use super::super::{Evictions, KvWait};
         let with = |extra: &str| {
             format!(
                 "{POOL}[pools.prefix]\nmode = \"cache\"\n{extra}\n{}",
                 replica(1, "")
             )
         };
-        assert_eq!(
-            parse(&with("")).unwrap().pools[0].prefix.kv_wait,
-            KvWait::None
-        );
-        let batch = parse(&with("kv_wait = \"batch\"")).unwrap();
-        assert_eq!(batch.pools[0].prefix.kv_wait, KvWait::Batch);
-        assert_eq!(
-            issue_keys(&with("kv_wait = \"always\"")),
-            vec!["pools[0].prefix.kv_wait"]
-        );
+        let prefix = |extra: &str| parse(&with(extra)).unwrap().pools[0].prefix.clone();
+        // The KV wait is off unless asked for; evictions are charged
+        // unless declared free.
+        assert_eq!(prefix("").kv_wait, KvWait::None);
+        assert_eq!(prefix("").evictions, Evictions::Charged);
+        assert_eq!(prefix("kv_wait = \"batch\"").kv_wait, KvWait::Batch);
+        assert_eq!(prefix("evictions = \"free\"").evictions, Evictions::Free);
+        for (bad, key) in [
+            ("kv_wait = \"always\"", "pools[0].prefix.kv_wait"),
+            ("evictions = \"yes\"", "pools[0].prefix.evictions"),
+        ] {
+            assert_eq!(issue_keys(&with(bad)), vec![key], "{bad}");
+        }
     }
 
     #[test]

@@ -146,6 +146,7 @@ pub(super) fn prefer(
             // The prefix's home is where its next requests will look for
             // the part they share, held now or not.
             kept_tokens: if home == Some(cands[i].id) { kept } else { 0 },
+            room_tokens: holdings.room_tokens(cands[i].id),
             rank: rank[i],
         })
         .collect();
@@ -260,6 +261,8 @@ fn fit_to_replica(index: &BlockIndex, view: &ReplicaView, block_size: usize) {
 struct Holdings {
     /// Replica → (cached tokens, estimated rather than reported).
     by_replica: HashMap<ReplicaId, (u64, bool)>,
+    /// Replica → empty cache room in tokens, when its capacity is known.
+    room: HashMap<ReplicaId, u64>,
     /// What each replica should report cached (see [`predict::cap`]).
     predicted: Vec<(ReplicaId, u64)>,
 }
@@ -277,6 +280,7 @@ impl Holdings {
         // Exact-mode hashes, once per block size the replicas report.
         let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
         let mut by_replica = HashMap::new();
+        let mut room = HashMap::new();
         let mut predicted = Vec::with_capacity(cands.len());
         for r in cands {
             let held = router.state.held.get(&r.id);
@@ -289,6 +293,9 @@ impl Holdings {
             if let Some(i) = index {
                 i.observe_restarts(restarts);
                 fit_to_replica(i, &views[&r.id], router.prefix.block_size);
+                if let Some(blocks) = i.room() {
+                    room.insert(r.id, (blocks * router.prefix.block_size) as u64);
+                }
             }
             let reported = held
                 .filter(|h| h.known())
@@ -317,8 +324,13 @@ impl Holdings {
         }
         Holdings {
             by_replica,
+            room,
             predicted,
         }
+    }
+
+    fn room_tokens(&self, id: ReplicaId) -> Option<u64> {
+        self.room.get(&id).copied()
     }
 
     fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {

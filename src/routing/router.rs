@@ -98,6 +98,7 @@ impl Router {
                 prefill_tokens_per_second: pc.prefix.prefill_tokens_per_second,
                 seconds_per_request_ahead: pc.prefix.seconds_per_request_ahead,
                 kv_wait: pc.prefix.kv_wait,
+                evictions: pc.prefix.evictions,
             },
             saturation: pc.saturation.clone(),
             max_age_ms: pc.scrape.staleness.as_millis() as u64,

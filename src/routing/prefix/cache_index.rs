@@ -111,6 +111,18 @@ impl BlockIndex {
         }
     }
 
+    /// Blocks the replica has room for before new ones evict cached ones:
+    /// its reported cache less what is listed; `None` until a size was
+    /// given to [`BlockIndex::fit`] (the configured bound says nothing of
+    /// the replica).
+    pub fn room(&self) -> Option<usize> {
+        if self.fitted.load(Ordering::Relaxed) == usize::MAX {
+            return None;
+        }
+        let lru = self.lock();
+        Some(lru.capacity.saturating_sub(lru.stamps.len()))
+    }
+
     /// Blocks currently listed.
     pub fn len(&self) -> usize {
         self.lock().stamps.len()
@@ -224,6 +236,21 @@ mod tests {
         assert_eq!(idx.len(), 100);
         idx.fit(0);
         assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn room_is_known_once_the_replica_reported_its_cache() {
+        let idx = BlockIndex::new(100);
+        idx.record(&[1, 2, 3]);
+        assert_eq!(
+            idx.room(),
+            None,
+            "the configured bound is not the replica's"
+        );
+        idx.fit(10);
+        assert_eq!(idx.room(), Some(7));
+        idx.record(&(10..30).collect::<Vec<u64>>());
+        assert_eq!(idx.room(), Some(0));
     }
 
     #[test]

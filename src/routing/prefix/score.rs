@@ -54,6 +54,24 @@
 //! fleet more than its own TTFT. With nothing pending anywhere this is the
 //! TTFT alone.
 //!
+//! With `evictions = "charged"` (the default) the pick also pays for what
+//! the request pushes out of a full cache:
+//!
+//! ```text
+//! evicted tokens = uncached tokens − empty room        (at least 0)
+//! empty room     = reported capacity − blocks llmlb's index lists there
+//! cost          += evicted tokens ÷ prefill rate       (s)
+//! ```
+//!
+//! A replica writes a prompt's uncached blocks into empty room first and
+//! then over the least recently used cached ones, which belong to other
+//! prefixes; the next request of such a prefix prefills them again. So on
+//! replicas whose caches hold only a few prefixes, moving a prefix off its
+//! warm replica costs two prefills, and filling a replica with room costs
+//! one. Nothing is charged while the capacity is unknown (no
+//! `cache_config_info`) or the room suffices (docs/BENCHMARKS.md, "Charging
+//! evictions").
+//!
 //! The cost counts a prefix's home ([`super::home`]) as holding the part
 //! the prefix's requests share even when it does not hold it now (the
 //! returned TTFT does not): a miss goes home unless another replica is
@@ -74,7 +92,7 @@
 //! Cost: O(candidates), no allocation besides the `ahead` vector.
 
 use crate::balancing::{Rates, ReplicaView};
-use crate::config::KvWait;
+use crate::config::{Evictions, KvWait};
 
 /// The pool's prior rates, used for a replica until it has learned its own.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,6 +101,8 @@ pub struct CostModel {
     pub seconds_per_request_ahead: f64,
     /// Whether a replica short of free KV cache is charged a wait.
     pub kv_wait: KvWait,
+    /// Whether a placement is charged for the cached blocks it evicts.
+    pub evictions: Evictions,
 }
 
 /// What is ahead of a new request on one replica.
@@ -196,6 +216,10 @@ pub struct Candidate {
     pub kept_tokens: u64,
     /// llmlb's requests on the replica still waiting for their first byte.
     pub prefilling: u64,
+    /// Empty room in the replica's prefix cache, in tokens (its reported
+    /// capacity less what llmlb's index lists there), when the capacity is
+    /// known: tokens written beyond it evict cached ones.
+    pub room_tokens: Option<u64>,
     /// Position in the prefix's rendezvous order (tie-break, 0 first).
     pub rank: usize,
 }
@@ -231,7 +255,13 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             Ahead::Local { .. } => c.prefilling,
         };
         let delayed = (ahead as f64).min(MAX_DELAYED);
-        let cost = t - kept + delayed * prefill;
+        // With `evictions = "charged"`: what the uncached tokens push out
+        // of a full cache, prefilled again when their prefix comes back.
+        let evicted = match (model.evictions, c.room_tokens) {
+            (Evictions::Charged, Some(room)) => uncached.saturating_sub(room),
+            _ => 0,
+        };
+        let cost = t - kept + delayed * prefill + model.prefill_seconds(&c.rates, evicted);
         let wins = match best {
             None => true,
             Some((b, bc, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
@@ -252,6 +282,7 @@ mod tests {
         prefill_tokens_per_second: 10_000.0,
         seconds_per_request_ahead: 0.02,
         kv_wait: KvWait::Batch,
+        evictions: Evictions::Free,
     };
 
     const NO_RATES: Rates = Rates {
@@ -267,6 +298,7 @@ mod tests {
             cached_tokens,
             kept_tokens: 0,
             prefilling: 0,
+            room_tokens: None,
             rank,
         }
     }
@@ -367,6 +399,68 @@ mod tests {
         assert_eq!(best(&MODEL, 2_050, &[local_warm, local_cold]).unwrap().0, 1);
         local_cold.prefilling = 1;
         assert_eq!(best(&MODEL, 2_050, &[local_warm, local_cold]).unwrap().0, 0);
+    }
+
+    #[test]
+    fn charged_evictions_keep_a_prefix_where_it_is_and_fill_empty_room_first() {
+        // 2,000 of 2,050 tokens cached on the warm replica, 9 waiting
+        // there, against a cold one with nothing waiting; both caches are
+        // full (no empty room).
+        let charged = CostModel {
+            evictions: Evictions::Charged,
+            kv_wait: KvWait::None,
+            ..MODEL
+        };
+        let free = CostModel {
+            evictions: Evictions::Free,
+            ..charged
+        };
+        let full = |waiting, cached, rank| Candidate {
+            room_tokens: Some(0),
+            ..cand(scraped(waiting, 4, 0, 50), LEARNED, cached, rank)
+        };
+        let warm = full(9, 2_000, 1);
+        let cold = full(0, 0, 0);
+        // Warm: TTFT 0.9 s waiting + 0.02 step + 0.02 prefill = 0.94 s,
+        // plus the 0.02 s prefill the 8 counted waiting wait for: 1.10 s.
+        // Cold: 0.02 + 0.82 = 0.84 s. Free: the cold one wins.
+        assert_eq!(best(&free, 2_050, &[warm, cold]).unwrap().0, 1);
+        // Charged: the cold one's full cache loses 2,050 cached tokens
+        // (0.82 s more: 1.66 s) against the warm one's 50 (1.12 s): the warm one
+        // keeps the prefix, and the TTFT returned is still its own.
+        let (i, t) = best(&charged, 2_050, &[warm, cold]).unwrap();
+        assert_eq!(i, 0);
+        assert!((t - 0.94).abs() < 1e-9, "{t}");
+        // A cold replica with room for the prompt evicts nothing and wins
+        // as it did; room for half of it is charged the other half.
+        let roomy = Candidate {
+            room_tokens: Some(4_096),
+            ..cold
+        };
+        assert_eq!(best(&charged, 2_050, &[warm, roomy]).unwrap().0, 1);
+        let half = Candidate {
+            room_tokens: Some(1_025),
+            ..cold
+        };
+        assert_eq!(best(&charged, 2_050, &[warm, half]).unwrap().0, 0);
+        // A prefix nothing holds goes where it evicts nothing, whatever
+        // the rendezvous order says; without a known capacity, no charge.
+        let new = [
+            full(0, 0, 0),
+            Candidate {
+                room_tokens: Some(2_050),
+                ..full(0, 0, 1)
+            },
+        ];
+        assert_eq!(best(&charged, 2_050, &new).unwrap().0, 1);
+        let unknown = [
+            Candidate {
+                room_tokens: None,
+                ..full(0, 0, 0)
+            },
+            new[1],
+        ];
+        assert_eq!(best(&charged, 2_050, &unknown).unwrap().0, 0);
     }
 
     #[test]
