@@ -17,6 +17,10 @@ Usage (from the repository root, after `cargo build --release`):
       --routers llmlb-jsq,llmlb-cache,sglang-cache_aware
   scripts/goodput_sweep.py ... --json sweep.json --svg sweep.svg
 
+llmlb runs with its own scrape settings (every 500 ms) unless
+`--llmlb-scrape 100ms` (or another interval) says otherwise; the sweeps in
+docs/BENCHMARKS.md before 2026-12-02 04:35 UTC used 100 ms.
+
 For the trace workload `--rates` multiply the arrival rate of the trace as
 replayed at `--time-scale` (2 = twice as fast). Every run is bounded by a request
 count and a duration; every process started is stopped at the end.
@@ -137,7 +141,9 @@ def start_router(procs, args, router, urls, model, name, events_port=None):
                 lines.append("replicate = true")
         else:
             lines.append(f'balancer = "{policy}"')
-        lines += ["[pools.scrape]", 'interval = "100ms"', 'timeout = "100ms"', 'staleness = "1s"']
+        if args.llmlb_scrape != "default":
+            t = args.llmlb_scrape
+            lines += ["[pools.scrape]", f'interval = "{t}"', f'timeout = "{t}"', 'staleness = "1s"']
         for i, u in enumerate(urls):
             lines += ["[[pools.replicas]]", f'url = "{u}"']
             if policy == "exact" and events_port:
@@ -281,6 +287,9 @@ def main():
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--time-scale", type=float, default=0.1, help="trace: base time scale (rate 1)")
     ap.add_argument("--length-scale", type=float, default=0.05)
+    ap.add_argument("--llmlb-scrape", default="default",
+                    help="llmlb's scrape interval (and timeout; staleness 1s), or `default` for "
+                         "llmlb's own settings (500 ms); before 2026-12-02 the sweep always used 100ms")
     ap.add_argument("--json")
     ap.add_argument("--svg")
     args = ap.parse_args()
