@@ -127,6 +127,13 @@ pub struct PrefixConfig {
     /// default: on real vLLM replicas with caches of two or three system
     /// prompts it kept more prefixes in place, see docs/ROUTING.md).
     pub evictions: Evictions,
+    /// `cache` and `exact`: a replica's learned prefill rate within this
+    /// factor of the median over one request's candidates counts as the
+    /// median,
+    /// so replicas of the same hardware are compared by their queues and
+    /// caches, not by noise in their rates; rates further out stand (1
+    /// turns it off).
+    pub rate_band: f64,
 }
 
 impl Default for PrefixConfig {
@@ -145,6 +152,7 @@ impl Default for PrefixConfig {
             homes: false,
             kv_wait: KvWait::None,
             evictions: Evictions::Charged,
+            rate_band: 1.25,
         }
     }
 }

@@ -77,6 +77,13 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be a number at least 0",
         );
     }
+    if !(p.rate_band.is_finite() && p.rate_band >= 1.0) {
+        push(
+            out,
+            &format!("{key}.prefix.rate_band"),
+            "must be a number at least 1 (a ratio of rates; 1 turns it off)",
+        );
+    }
     if !(p.replicate_above.is_finite() && p.replicate_above >= 1.0) {
         push(
             out,
@@ -348,7 +355,7 @@ mod tests {
     #[test]
     fn prefix_parameters_are_checked() {
         let text = format!(
-            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\n{}",
+            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nrate_band = 0.5\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\n{}",
             replica(1, "")
         );
         let keys = issue_keys(&text);
@@ -358,6 +365,7 @@ mod tests {
                 "pools[0].prefix.tokens",
                 "pools[0].prefix.block_size",
                 "pools[0].prefix.prefill_tokens_per_second",
+                "pools[0].prefix.rate_band",
                 "pools[0].prefix.replicate_above",
                 "pools[0].prefix.replicate_hold",
                 "pools[0].saturation.max_in_flight"

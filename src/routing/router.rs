@@ -99,6 +99,7 @@ impl Router {
                 seconds_per_request_ahead: pc.prefix.seconds_per_request_ahead,
                 kv_wait: pc.prefix.kv_wait,
                 evictions: pc.prefix.evictions,
+                rate_band: pc.prefix.rate_band,
             },
             saturation: pc.saturation.clone(),
             max_age_ms: pc.scrape.staleness.as_millis() as u64,

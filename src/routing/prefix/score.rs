@@ -103,6 +103,9 @@ pub struct CostModel {
     pub kv_wait: KvWait,
     /// Whether a placement is charged for the cached blocks it evicts.
     pub evictions: Evictions,
+    /// Learned rates within this factor of the candidates' median count as
+    /// the median (`same_hardware`).
+    pub rate_band: f64,
 }
 
 /// What is ahead of a new request on one replica.
@@ -241,7 +244,12 @@ const MAX_DELAYED: f64 = 8.0;
 /// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
     let mut best: Option<(usize, f64, f64)> = None;
+    let typical = TypicalRates::of(cands);
     for (i, c) in cands.iter().enumerate() {
+        let c = &Candidate {
+            rates: same_hardware(c.rates, typical, model.rate_band),
+            ..*c
+        };
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
         let t = model.expected_ttft(c.ahead, &c.rates, uncached);
         let missing = prompt_tokens.saturating_sub(c.cached_tokens.max(c.kept_tokens));
@@ -273,6 +281,63 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     best.map(|(i, _, t)| (i, t))
 }
 
+/// The candidates' median learned prefill rates (over those that learned
+/// one; the median, so that one replica far off does not move it).
+#[derive(Debug, Clone, Copy)]
+struct TypicalRates {
+    tokens_per_second: Option<f64>,
+    seconds_per_request: Option<f64>,
+}
+
+impl TypicalRates {
+    fn of(cands: &[Candidate]) -> TypicalRates {
+        let median = |f: fn(&Rates) -> Option<f64>| {
+            let mut v: Vec<f64> = cands.iter().filter_map(|c| f(&c.rates)).collect();
+            if v.len() < 2 {
+                return None;
+            }
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            Some(if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            })
+        };
+        TypicalRates {
+            tokens_per_second: median(|r| r.prefill_tokens_per_second),
+            seconds_per_request: median(|r| r.prefill_seconds_per_request),
+        }
+    }
+}
+
+/// A replica's learned prefill rates, each replaced by the candidates'
+/// median when it is within a factor `band` of that median.
+///
+/// Replicas of the same hardware learn different rates, and the difference
+/// feeds itself: the one that looks faster gets more of the cold requests,
+/// which changes what its histograms measure next. On a trace with few
+/// prefix hits that loaded some replicas 1.2–1.5× the mean
+/// (docs/BENCHMARKS.md, "Rates of one hardware"). Within the band a
+/// replica is compared by its queue and cache alone; one slower or faster
+/// than the median by more than the band (other hardware, a fault) keeps its
+/// own rate. Two replicas three times apart are each 1.5× from their
+/// median, outside the default band of 1.25.
+fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
+    let snap = |own: Option<f64>, typical: Option<f64>| match (own, typical) {
+        (Some(x), Some(m)) if x <= m * band && x * band >= m => Some(m),
+        (own, _) => own,
+    };
+    Rates {
+        prefill_tokens_per_second: snap(rates.prefill_tokens_per_second, typical.tokens_per_second),
+        prefill_seconds_per_request: snap(
+            rates.prefill_seconds_per_request,
+            typical.seconds_per_request,
+        ),
+        ..rates
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +348,7 @@ mod tests {
         seconds_per_request_ahead: 0.02,
         kv_wait: KvWait::Batch,
         evictions: Evictions::Free,
+        rate_band: 1.25,
     };
 
     const NO_RATES: Rates = Rates {
@@ -492,6 +558,43 @@ mod tests {
         // Scraped queue terms: 1 waiting × 0.1 s + one 0.02 s step + 0.4 s.
         let t = MODEL.expected_ttft(fast.ahead, &LEARNED, 1_000);
         assert!((t - 0.52).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn rates_of_one_hardware_count_as_their_median() {
+        let with_rate = |tokens_per_second: f64, waiting, rank| Candidate {
+            rates: Rates {
+                prefill_tokens_per_second: Some(tokens_per_second),
+                prefill_seconds_per_request: Some(0.1),
+                decode_step_seconds: Some(0.02),
+            },
+            ..cand(scraped(waiting, 1, 10_000, 0), LEARNED, 0, rank)
+        };
+        // Rates 10 % apart, the same queue: one hardware, so the tie goes
+        // by rendezvous rank, not to the replica that measured faster.
+        let (a, b) = (with_rate(2_400.0, 0, 0), with_rate(2_640.0, 0, 1));
+        assert_eq!(best(&MODEL, 1_000, &[a, b]).unwrap().0, 0);
+        // With the band off, the faster-measured one wins.
+        let own = CostModel {
+            rate_band: 1.0,
+            ..MODEL
+        };
+        assert_eq!(best(&own, 1_000, &[a, b]).unwrap().0, 1);
+        // A replica three times slower is outside the band, and so is its
+        // pair: both keep their own rates, and the slow one loses even with
+        // the lower rank.
+        let (slow, fast) = (with_rate(2_500.0 / 3.0, 0, 0), with_rate(2_500.0, 0, 1));
+        assert_eq!(best(&MODEL, 1_000, &[slow, fast]).unwrap().0, 1);
+        // Among four, an outlier keeps its own rate while the other three
+        // share the median: the outlier at a fifth of the others' speed
+        // loses, and the three are told apart by their queues.
+        let four = [
+            with_rate(500.0, 0, 0),
+            with_rate(2_500.0, 1, 1),
+            with_rate(2_600.0, 0, 2),
+            with_rate(2_700.0, 1, 3),
+        ];
+        assert_eq!(best(&MODEL, 1_000, &four).unwrap().0, 2);
     }
 
     #[test]
