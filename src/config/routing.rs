@@ -129,10 +129,9 @@ pub struct PrefixConfig {
     pub evictions: Evictions,
     /// `cache` and `exact`: a replica's learned prefill rate within this
     /// factor of the median over one request's candidates counts as the
-    /// median,
-    /// so replicas of the same hardware are compared by their queues and
-    /// caches, not by noise in their rates; rates further out stand (1
-    /// turns it off).
+    /// median, so replicas of the same hardware are compared by their
+    /// queues and caches, not by noise in their rates; rates further out
+    /// stand (1 turns it off).
     pub rate_band: f64,
 }
 

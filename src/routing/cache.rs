@@ -259,12 +259,21 @@ fn fit_to_replica(index: &BlockIndex, view: &ReplicaView, block_size: usize) {
 /// The prompt tokens each candidate probably holds: from its KV events in
 /// `exact` mode when they are known, else from what llmlb sent it.
 struct Holdings {
-    /// Replica → (cached tokens, estimated rather than reported).
-    by_replica: HashMap<ReplicaId, (u64, bool)>,
-    /// Replica → empty cache room in tokens, when its capacity is known.
-    room: HashMap<ReplicaId, u64>,
+    by_replica: HashMap<ReplicaId, Holding>,
     /// What each replica should report cached (see [`predict::cap`]).
     predicted: Vec<(ReplicaId, u64)>,
+}
+
+/// What one candidate probably holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Holding {
+    /// Prompt tokens cached there.
+    cached: u64,
+    /// Whether `cached` is estimated from what llmlb sent rather than
+    /// reported by the replica's events.
+    estimated: bool,
+    /// Empty cache room in tokens, when the replica's capacity is known.
+    room: Option<u64>,
 }
 
 impl Holdings {
@@ -280,7 +289,6 @@ impl Holdings {
         // Exact-mode hashes, once per block size the replicas report.
         let mut by_size: Vec<(usize, Vec<u64>)> = Vec::new();
         let mut by_replica = HashMap::new();
-        let mut room = HashMap::new();
         let mut predicted = Vec::with_capacity(cands.len());
         for r in cands {
             let held = router.state.held.get(&r.id);
@@ -293,10 +301,10 @@ impl Holdings {
             if let Some(i) = index {
                 i.observe_restarts(restarts);
                 fit_to_replica(i, &views[&r.id], router.prefix.block_size);
-                if let Some(blocks) = i.room() {
-                    room.insert(r.id, (blocks * router.prefix.block_size) as u64);
-                }
             }
+            let room = index
+                .and_then(|i| i.room())
+                .map(|blocks| (blocks * router.prefix.block_size) as u64);
             let reported = held
                 .filter(|h| h.known())
                 .and_then(|h| Some((h, h.block_size()?)));
@@ -320,21 +328,33 @@ impl Holdings {
             };
             let (cached, estimated, bs) = value;
             predicted.push((r.id, predict::cap(cached, tokens.len(), bs)));
-            by_replica.insert(r.id, (cached, estimated));
+            by_replica.insert(
+                r.id,
+                Holding {
+                    cached,
+                    estimated,
+                    room,
+                },
+            );
         }
         Holdings {
             by_replica,
-            room,
             predicted,
         }
     }
 
-    fn room_tokens(&self, id: ReplicaId) -> Option<u64> {
-        self.room.get(&id).copied()
+    fn holding(&self, id: ReplicaId) -> Holding {
+        self.by_replica.get(&id).copied().unwrap_or_default()
     }
 
+    fn room_tokens(&self, id: ReplicaId) -> Option<u64> {
+        self.holding(id).room
+    }
+
+    /// (cached tokens, estimated rather than reported).
     fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {
-        self.by_replica.get(&id).copied().unwrap_or((0, false))
+        let h = self.holding(id);
+        (h.cached, h.estimated)
     }
 }
 

@@ -89,7 +89,9 @@
 //! Ties (an empty index, even load) go to the earliest replica in the
 //! prefix's rendezvous order, so independent llmlb instances agree.
 //!
-//! Cost: O(candidates), no allocation besides the `ahead` vector.
+//! Cost: O(candidates), plus sorting the candidates' learned rates once per
+//! pick for their median when `rate_band` is above 1 (two small vectors);
+//! no other allocation besides the `ahead` vector.
 
 use crate::balancing::{Rates, ReplicaView};
 use crate::config::{Evictions, KvWait};
@@ -244,7 +246,12 @@ const MAX_DELAYED: f64 = 8.0;
 /// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
     let mut best: Option<(usize, f64, f64)> = None;
-    let typical = TypicalRates::of(cands);
+    // A band of 1 snaps nothing: skip the medians.
+    let typical = if model.rate_band > 1.0 {
+        TypicalRates::of(cands)
+    } else {
+        TypicalRates::NONE
+    };
     for (i, c) in cands.iter().enumerate() {
         let c = &Candidate {
             rates: same_hardware(c.rates, typical, model.rate_band),
@@ -290,6 +297,11 @@ struct TypicalRates {
 }
 
 impl TypicalRates {
+    const NONE: TypicalRates = TypicalRates {
+        tokens_per_second: None,
+        seconds_per_request: None,
+    };
+
     fn of(cands: &[Candidate]) -> TypicalRates {
         let median = |f: fn(&Rates) -> Option<f64>| {
             let mut v: Vec<f64> = cands.iter().filter_map(|c| f(&c.rates)).collect();
