@@ -22,6 +22,7 @@ fn views(n: usize) -> Vec<ReplicaView> {
                 in_flight: x % 17,
                 outstanding_tokens: x * 131,
                 prefilling: 0,
+                decoding_output: 0,
                 load: Some(ScrapedLoad {
                     running: Some(x % 32),
                     waiting: Some(x % 11),

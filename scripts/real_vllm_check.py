@@ -14,7 +14,8 @@ replicas reported (the closed loop) and its routing decisions by branch;
 and from the load generator: TTFT p50 / p99 and throughput. The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
 `[pools.prefix] homes = true`, `cache_free` and `exact_free` have
-`evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`, and
+`evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
+`cache_kv_wait` has `kv_wait = "batch"`, and
 `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight` (none of them
 in the default list). Before the policies, `llmlb doctor` checks the replicas
@@ -75,6 +76,8 @@ POLICIES = {
     "exact_free": ("least_connections", "exact"),
     # with [pools.prefix] rate_band = 1.0 (every replica's own learned rates)
     "cache_own_rates": ("least_connections", "cache"),
+    # with [pools.prefix] kv_wait = "batch"
+    "cache_kv_wait": ("least_connections", "cache"),
 }
 
 
@@ -274,6 +277,8 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append('evictions = "free"')
         if policy.endswith("_own_rates"):
             lines.append("rate_band = 1.0")
+        if policy.endswith("_kv_wait"):
+            lines.append('kv_wait = "batch"')
         if policy.endswith("_capped"):
             lines += ["", "[pools.saturation]", f"max_in_flight = {args.saturation_in_flight}"]
     if not stand_in:

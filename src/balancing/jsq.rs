@@ -76,6 +76,7 @@ mod tests {
             in_flight,
             outstanding_tokens: 0,
             prefilling: 0,
+            decoding_output: 0,
             load: Some(ScrapedLoad {
                 waiting: Some(waiting),
                 running: Some(running),

@@ -56,6 +56,15 @@ pub struct Rates {
     pub decode_step_seconds: Option<f64>,
 }
 
+impl Rates {
+    /// Whether some rate is not learned yet.
+    pub fn lacks_any(&self) -> bool {
+        self.prefill_tokens_per_second.is_none()
+            || self.prefill_seconds_per_request.is_none()
+            || self.decode_step_seconds.is_none()
+    }
+}
+
 /// The moving means, updated from consecutive scrapes.
 #[derive(Debug, Default)]
 pub struct LearnedRates {

@@ -63,6 +63,7 @@ mod tests {
             in_flight,
             outstanding_tokens: tokens,
             prefilling: 0,
+            decoding_output: 0,
             load: None,
             rates: Default::default(),
         }

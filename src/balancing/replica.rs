@@ -47,7 +47,8 @@ pub struct Replica {
     /// successor when a reload changes its weight or limit.
     counts: Arc<Counts>,
     /// Since the last stored scrape: requests dispatched, requests finished,
-    /// tokens (prompt + expected output) dispatched.
+    /// tokens (prompt + expected output, less a predicted cached prefix)
+    /// dispatched.
     dispatched_since_scrape: AtomicU64,
     completed_since_scrape: AtomicU64,
     tokens_since_scrape: AtomicU64,
@@ -106,6 +107,12 @@ impl Replica {
 
     pub fn outstanding_tokens(&self) -> u64 {
         self.counts.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Output tokens still to stream for the in-flight requests that are
+    /// past their first byte.
+    pub fn decoding_output(&self) -> u64 {
+        self.counts.decoding_output.load(Ordering::Relaxed)
     }
 
     /// In-flight requests that have not had their first byte yet: their
@@ -219,6 +226,18 @@ impl Replica {
         }
     }
 
+    /// Takes back `tokens` of a request's prompt from the KV tokens counted
+    /// since the scrape: the part the replica holds cached already (it
+    /// shares those blocks instead of writing new ones). Call after the
+    /// request's guard is taken.
+    pub fn kv_tokens_shared(&self, tokens: u64) {
+        let _ = self
+            .tokens_since_scrape
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_sub(tokens))
+            });
+    }
+
     /// Stores a new scrape and restarts the since-scrape counts.
     /// Returns whether the scrape shows the replica restarted since the
     /// last one ([`RestartWatch`]).
@@ -306,6 +325,9 @@ struct Counts {
     outstanding_tokens: AtomicU64,
     /// Of the in-flight requests, those without a first byte yet.
     prefilling: AtomicU64,
+    /// Output tokens still to stream for the requests past their first
+    /// byte (the ones decoding).
+    decoding_output: AtomicU64,
     /// Woken whenever an in-flight request ends.
     freed: Notify,
     /// Restarts seen in the replica's scrapes.
@@ -331,10 +353,11 @@ impl InFlightGuard {
     /// The replica has started answering: the prompt is prefilled.
     pub fn prefill_done(&mut self) {
         if !std::mem::replace(&mut self.prefilled, true) {
-            self.replica
-                .counts
-                .prefilling
-                .fetch_sub(1, Ordering::Relaxed);
+            let counts = &self.replica.counts;
+            counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+            counts
+                .decoding_output
+                .fetch_add(self.output_left, Ordering::Relaxed);
         }
         let p = std::mem::take(&mut self.prompt_left);
         if p > 0 {
@@ -350,10 +373,11 @@ impl InFlightGuard {
         let n = n.min(self.output_left);
         if n > 0 {
             self.output_left -= n;
-            self.replica
-                .counts
-                .outstanding_tokens
-                .fetch_sub(n, Ordering::Relaxed);
+            let counts = &self.replica.counts;
+            counts.outstanding_tokens.fetch_sub(n, Ordering::Relaxed);
+            if self.prefilled {
+                counts.decoding_output.fetch_sub(n, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -361,7 +385,11 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         let r = &self.replica;
-        if !self.prefilled {
+        if self.prefilled {
+            r.counts
+                .decoding_output
+                .fetch_sub(self.output_left, Ordering::Relaxed);
+        } else {
             r.counts.prefilling.fetch_sub(1, Ordering::Relaxed);
         }
         let left = self.prompt_left + self.output_left;
@@ -489,6 +517,40 @@ mod tests {
         drop(a);
         drop(c);
         assert_eq!((r.prefilling(), r.in_flight()), (0, 0));
+    }
+
+    #[test]
+    fn decoding_output_counts_only_requests_past_their_first_byte() {
+        let r = replica();
+        let mut a = r.acquire_tokens(100, 50);
+        let mut b = r.acquire_tokens(1_000, 30);
+        assert_eq!(r.decoding_output(), 0, "both still prefilling");
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!(r.decoding_output(), 50);
+        a.produced(20);
+        b.produced(5); // before its first byte: not decoding yet
+        assert_eq!(r.decoding_output(), 30);
+        b.prefill_done();
+        assert_eq!(r.decoding_output(), 55);
+        drop(a);
+        assert_eq!(r.decoding_output(), 25);
+        drop(b);
+        assert_eq!(r.decoding_output(), 0);
+    }
+
+    #[test]
+    fn the_cached_part_of_a_prompt_is_taken_back_from_the_kv_tokens_sent() {
+        let r = replica();
+        r.store_load(LoadSnapshot {
+            taken_at_ms: 100,
+            ..LoadSnapshot::default()
+        });
+        let _g = r.acquire_tokens(1_600, 64);
+        r.kv_tokens_shared(1_536);
+        assert_eq!(r.scraped_load(100).unwrap().tokens_since, 128);
+        r.kv_tokens_shared(10_000); // more than was counted: stops at 0
+        assert_eq!(r.scraped_load(100).unwrap().tokens_since, 0);
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct ReplicaView {
     pub outstanding_tokens: u64,
     /// Of those, requests without a first byte yet (prompt still ahead).
     pub prefilling: u64,
+    /// Output tokens still to stream for the others (past their first byte).
+    pub decoding_output: u64,
     /// The replica's last scrape, when there is one.
     pub load: Option<ScrapedLoad>,
     /// Prefill and decode rates learned from its scrapes.
@@ -35,6 +37,7 @@ impl ReplicaView {
             in_flight: replica.in_flight(),
             outstanding_tokens: replica.outstanding_tokens(),
             prefilling: replica.prefilling(),
+            decoding_output: replica.decoding_output(),
             load: replica.scraped_load(now_ms),
             rates: replica.learned.rates(),
         }
@@ -97,9 +100,11 @@ impl ScrapedLoad {
 /// as projected usage (by `kv_aware`, against its threshold).
 ///
 /// Every token llmlb sent since the scrape (prompt and expected output)
-/// counts as still held, which overestimates use slightly until the next
-/// scrape; vLLM counts blocks holding only a cached prefix as free, and so
-/// does this model.
+/// counts as still held, less the part of a prompt that prefix routing
+/// predicted cached on the replica (those blocks are shared, not written
+/// again), which overestimates use slightly until the next scrape; vLLM
+/// counts blocks holding only a cached prefix as free, and so does this
+/// model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvRoom {
     /// Fraction in use at the scrape.

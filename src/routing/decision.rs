@@ -95,6 +95,11 @@ impl Decision {
 
     /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
     pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) {
+        // The prompt's cached part takes no new KV blocks there: the
+        // request's in-flight guard counted the whole prompt.
+        if let Some(cached) = self.predicted_for(replica.id) {
+            replica.kv_tokens_shared(cached);
+        }
         if let Some((indexes, blocks)) = &self.record
             && let Some(index) = indexes.get(&replica.id)
         {

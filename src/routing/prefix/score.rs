@@ -16,10 +16,11 @@
 //!              uncached tokens fit in the free KV cache; else, with
 //!              `kv_wait = "batch"`:
 //!            = remaining output tokens per running request × decode step
-//!              (llmlb's own estimate for its in-flight requests; without
-//!              one, or before a decode step is learned:
+//!              (llmlb's own estimate for its requests past their first
+//!              byte; without one, or before a decode step is learned:
 //!              running × seconds_per_request_ahead)
 //! free KV tokens = capacity × (1 − kv_usage) − tokens sent since the scrape
+//!                  (prompt less its predicted cached part, plus output)
 //! ```
 //!
 //! (free KV tokens: [`KvRoom::free_tokens`](crate::balancing::KvRoom), the
@@ -28,9 +29,10 @@
 //!
 //! The rates are the replica's own, learned from its timing histograms
 //! ([`crate::balancing::LearnedRates`]); until a replica has produced a
-//! sample, the pool's `prefill_tokens_per_second` and
-//! `seconds_per_request_ahead` stand in as priors (and the decode step
-//! counts as zero). "Waiting now" and "running now" are the scraped gauges
+//! sample, the median of the candidates that have stands in, and only when
+//! none has do the pool's `prefill_tokens_per_second` and
+//! `seconds_per_request_ahead` (and a decode step of zero) serve as priors
+//! (`same_hardware`). "Waiting now" and "running now" are the scraped gauges
 //! corrected by what llmlb sent and saw finish since the scrape.
 //!
 //! The KV term is what keeps a warm replica from being buried: a request
@@ -96,7 +98,7 @@
 use crate::balancing::{Rates, ReplicaView};
 use crate::config::{Evictions, KvWait};
 
-/// The pool's prior rates, used for a replica until it has learned its own.
+/// The pool's prior rates, used until a replica or one of its peers has learned.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
     pub prefill_tokens_per_second: f64,
@@ -119,8 +121,9 @@ pub enum Ahead {
         running: u64,
         /// Free KV-cache tokens, when the replica reports its capacity and usage.
         free_kv_tokens: Option<u64>,
-        /// llmlb's estimate of the output tokens its in-flight requests on
-        /// the replica still have to produce, per request (0: none in flight).
+        /// llmlb's estimate of the output tokens its requests on the
+        /// replica that are past their first byte still have to produce,
+        /// per request (0: none decoding).
         remaining_per_request: u64,
     },
     /// llmlb's own in-flight count (no fresh scrape for some candidate).
@@ -190,7 +193,10 @@ pub fn requests_ahead(views: &[ReplicaView], max_age_ms: u64) -> Vec<Ahead> {
                 waiting,
                 running: in_system - waiting,
                 free_kv_tokens,
-                remaining_per_request: v.outstanding_tokens.checked_div(v.in_flight).unwrap_or(0),
+                remaining_per_request: v
+                    .decoding_output
+                    .checked_div(v.in_flight - v.prefilling.min(v.in_flight))
+                    .unwrap_or(0),
             })
         })
         .collect();
@@ -246,8 +252,9 @@ const MAX_DELAYED: f64 = 8.0;
 /// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
     let mut best: Option<(usize, f64, f64)> = None;
-    // A band of 1 snaps nothing: skip the medians.
-    let typical = if model.rate_band > 1.0 {
+    // The medians are needed to snap rates within a band above 1, or to
+    // stand in for a rate a candidate has not learned yet.
+    let typical = if model.rate_band > 1.0 || cands.iter().any(|c| c.rates.lacks_any()) {
         TypicalRates::of(cands)
     } else {
         TypicalRates::NONE
@@ -288,43 +295,44 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     best.map(|(i, _, t)| (i, t))
 }
 
-/// The candidates' median learned prefill rates (over those that learned
-/// one; the median, so that one replica far off does not move it).
+/// The candidates' median learned rates (over those that learned one; the
+/// median, so that one replica far off does not move it).
 #[derive(Debug, Clone, Copy)]
 struct TypicalRates {
     tokens_per_second: Option<f64>,
     seconds_per_request: Option<f64>,
+    decode_step: Option<f64>,
 }
 
 impl TypicalRates {
     const NONE: TypicalRates = TypicalRates {
         tokens_per_second: None,
         seconds_per_request: None,
+        decode_step: None,
     };
 
     fn of(cands: &[Candidate]) -> TypicalRates {
         let median = |f: fn(&Rates) -> Option<f64>| {
             let mut v: Vec<f64> = cands.iter().filter_map(|c| f(&c.rates)).collect();
-            if v.len() < 2 {
-                return None;
-            }
             v.sort_by(f64::total_cmp);
             let n = v.len();
-            Some(if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            })
+            match n {
+                0 => None,
+                _ if n % 2 == 1 => Some(v[n / 2]),
+                _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+            }
         };
         TypicalRates {
             tokens_per_second: median(|r| r.prefill_tokens_per_second),
             seconds_per_request: median(|r| r.prefill_seconds_per_request),
+            decode_step: median(|r| r.decode_step_seconds),
         }
     }
 }
 
-/// A replica's learned prefill rates, each replaced by the candidates'
-/// median when it is within a factor `band` of that median.
+/// A replica's rates as the cost reads them: a learned prefill rate within
+/// a factor `band` of the candidates' median counts as the median, and a
+/// rate the replica has not learned yet is the median of those that have.
 ///
 /// Replicas of the same hardware learn different rates, and the difference
 /// feeds itself: the one that looks faster gets more of the cold requests,
@@ -335,9 +343,19 @@ impl TypicalRates {
 /// than the median by more than the band (other hardware, a fault) keeps its
 /// own rate. Two replicas three times apart are each 1.5× from their
 /// median, outside the default band of 1.25.
+///
+/// A replica without a sample yet (it has not finished a request since it
+/// joined) would otherwise be costed at the pool's configured priors, which
+/// under load are often several times faster than what its peers measure:
+/// it looks cheapest and takes every cold request until its first ones
+/// finish (docs/BENCHMARKS.md, "Rates of a replica that has not learned
+/// yet"). Its peers' median is the better guess; the priors stand in only
+/// when no candidate has learned. The decode step is only filled in, never
+/// snapped: it grows with the batch and so is part of the load signal.
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
     let snap = |own: Option<f64>, typical: Option<f64>| match (own, typical) {
         (Some(x), Some(m)) if x <= m * band && x * band >= m => Some(m),
+        (None, m) => m,
         (own, _) => own,
     };
     Rates {
@@ -346,7 +364,7 @@ fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
             rates.prefill_seconds_per_request,
             typical.seconds_per_request,
         ),
-        ..rates
+        decode_step_seconds: rates.decode_step_seconds.or(typical.decode_step),
     }
 }
 
@@ -607,6 +625,30 @@ mod tests {
             with_rate(2_700.0, 1, 3),
         ];
         assert_eq!(best(&MODEL, 1_000, &four).unwrap().0, 2);
+    }
+
+    #[test]
+    fn a_replica_that_has_not_learned_is_costed_at_its_peers_rates() {
+        let learned = Rates {
+            prefill_tokens_per_second: Some(1_000.0),
+            prefill_seconds_per_request: Some(0.5),
+            decode_step_seconds: Some(0.05),
+        };
+        let a = cand(scraped(2, 1, 10_000, 0), learned, 0, 0);
+        let b = cand(scraped(3, 1, 10_000, 0), NO_RATES, 0, 1);
+        // At the priors (10,000 tokens/s, 0.02 s a request) the replica
+        // without a sample looks ten times faster and would take the
+        // request despite its longer queue; at its peer's rates it costs
+        // what its queue says, with the band on or off.
+        assert_eq!(best(&MODEL, 2_000, &[a, b]).unwrap().0, 0);
+        let own = CostModel {
+            rate_band: 1.0,
+            ..MODEL
+        };
+        assert_eq!(best(&own, 2_000, &[a, b]).unwrap().0, 0);
+        // Without any sample the priors stand, and the shorter queue wins.
+        let a = cand(scraped(2, 1, 10_000, 0), NO_RATES, 0, 1);
+        assert_eq!(best(&MODEL, 2_000, &[a, b]).unwrap().0, 0);
     }
 
     #[test]

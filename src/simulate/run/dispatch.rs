@@ -52,10 +52,10 @@ impl Sim<'_> {
                 Choice::NoReplica(_) if tried.is_empty() => return self.out.no_replica += 1,
                 Choice::NoReplica(_) => return self.out.upstream += 1,
             };
+            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
             decision.dispatched_at(&replica, now_ms);
             tried.push(replica.id);
             let at = self.decider.position(replica.id);
-            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
             self.slots[at].dispatched += 1;
             match self.slots[at].state {
                 State::Dead => {
