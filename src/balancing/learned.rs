@@ -25,10 +25,14 @@
 //! inter-token gaps) gives no sample; a counter that went down (a restart)
 //! gives none either; and once a mean exists a sample is clamped to within
 //! [`MAX_STEP`]× of it, so one pathological interval (a GC pause, a burst of
-//! preemptions) moves the estimate by a bounded factor. Until a replica has
-//! produced its first sample the config values act as priors.
+//! preemptions) moves the estimate by a bounded factor. The count of
+//! requests behind the prefill rates goes with them: the cache-aware cost
+//! weighs a rate learned from a few requests against the rates of the
+//! replica's peers (`routing::prefix::score`), and uses the config values
+//! only while no candidate has learned anything.
 //!
-//! Shared state: three `AtomicU64`s holding `f64` bits (0 = none yet),
+//! Shared state: three `AtomicU64`s holding `f64` bits (0 = none yet) and
+//! a count of the requests the prefill rates were learned from,
 //! written only by the replica's scrape loop and read lock-free by the router.
 //! Cost per scrape: a handful of float operations.
 
@@ -54,6 +58,9 @@ pub struct Rates {
     pub prefill_seconds_per_request: Option<f64>,
     /// Seconds per decode step (between two output tokens of one request).
     pub decode_step_seconds: Option<f64>,
+    /// Requests the prefill rates were learned from, so far: how much
+    /// evidence stands behind them.
+    pub prefill_requests: u64,
 }
 
 impl Rates {
@@ -71,6 +78,7 @@ pub struct LearnedRates {
     prefill_tokens_per_second: AtomicU64,
     prefill_seconds_per_request: AtomicU64,
     decode_step_seconds: AtomicU64,
+    prefill_requests: AtomicU64,
 }
 
 fn load(cell: &AtomicU64) -> Option<f64> {
@@ -107,6 +115,7 @@ impl LearnedRates {
             prefill_tokens_per_second: load(&self.prefill_tokens_per_second),
             prefill_seconds_per_request: load(&self.prefill_seconds_per_request),
             decode_step_seconds: load(&self.decode_step_seconds),
+            prefill_requests: self.prefill_requests.load(Ordering::Relaxed),
         }
     }
 
@@ -121,6 +130,7 @@ impl LearnedRates {
             && s > 0.0
         {
             fold(&self.prefill_seconds_per_request, s / n);
+            self.prefill_requests.fetch_add(n as u64, Ordering::Relaxed);
             if t >= MIN_PREFILL_TOKENS {
                 fold(&self.prefill_tokens_per_second, t / s);
             }
@@ -166,6 +176,7 @@ mod tests {
         assert_eq!(r.prefill_tokens_per_second, Some(2000.0));
         assert_eq!(r.prefill_seconds_per_request, Some(0.1));
         assert_eq!(r.decode_step_seconds, Some(0.002));
+        assert_eq!(r.prefill_requests, 5);
     }
 
     #[test]

@@ -131,7 +131,8 @@ pub struct PrefixConfig {
     /// factor of the median over one request's candidates counts as the
     /// median, so replicas of the same hardware are compared by their
     /// queues and caches, not by noise in their rates; rates further out
-    /// stand (1 turns it off).
+    /// stand, after being weighed against the median by how many requests
+    /// they were learned from (1 turns both off).
     pub rate_band: f64,
 }
 

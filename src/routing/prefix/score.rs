@@ -295,6 +295,10 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     best.map(|(i, _, t)| (i, t))
 }
 
+/// How many requests' worth of evidence the candidates' median counts as
+/// when a replica's own learned prefill rate is weighed against it.
+const PRIOR_REQUESTS: f64 = 8.0;
+
 /// The candidates' median learned rates (over those that learned one; the
 /// median, so that one replica far off does not move it).
 #[derive(Debug, Clone, Copy)]
@@ -344,17 +348,31 @@ impl TypicalRates {
 /// own rate. Two replicas three times apart are each 1.5× from their
 /// median, outside the default band of 1.25.
 ///
+/// A rate learned from few requests is weak evidence: the first request a
+/// replica finishes may have been prefilled while it was idle, and a rate
+/// 2.5× its peers' from that one request made it look faster than all of
+/// them until its queue was dozens long (no new sample came while the
+/// queue waited for KV cache). So before it is compared with the band, a
+/// replica's own rate is averaged with the median, weighted by its requests
+/// against [`PRIOR_REQUESTS`] for the median: after one request it moves a
+/// ninth of the way from the median, after 72 nine tenths
+/// (docs/BENCHMARKS.md, "Rates learned from few requests").
+///
 /// A replica without a sample yet (it has not finished a request since it
 /// joined) would otherwise be costed at the pool's configured priors, which
 /// under load are often several times faster than what its peers measure:
 /// it looks cheapest and takes every cold request until its first ones
-/// finish (docs/BENCHMARKS.md, "Rates of a replica that has not learned
-/// yet"). Its peers' median is the better guess; the priors stand in only
+/// finish (docs/BENCHMARKS.md, "Rates learned from few requests"). Its
+/// peers' median is the better guess; the priors stand in only
 /// when no candidate has learned. The decode step is only filled in, never
 /// snapped: it grows with the batch and so is part of the load signal.
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
+    let evidence = rates.prefill_requests as f64;
     let snap = |own: Option<f64>, typical: Option<f64>| match (own, typical) {
-        (Some(x), Some(m)) if x <= m * band && x * band >= m => Some(m),
+        (Some(x), Some(m)) if band > 1.0 => {
+            let x = (evidence * x + PRIOR_REQUESTS * m) / (evidence + PRIOR_REQUESTS);
+            Some(if x <= m * band && x * band >= m { m } else { x })
+        }
         (None, m) => m,
         (own, _) => own,
     };
@@ -365,6 +383,7 @@ fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
             typical.seconds_per_request,
         ),
         decode_step_seconds: rates.decode_step_seconds.or(typical.decode_step),
+        ..rates
     }
 }
 
@@ -385,7 +404,11 @@ mod tests {
         prefill_tokens_per_second: None,
         prefill_seconds_per_request: None,
         decode_step_seconds: None,
+        prefill_requests: 0,
     };
+
+    /// Requests behind a rate learned long enough to stand on its own.
+    const SETTLED: u64 = 1_000;
 
     fn cand(ahead: Ahead, rates: Rates, cached_tokens: u64, rank: usize) -> Candidate {
         Candidate {
@@ -431,6 +454,7 @@ mod tests {
         prefill_tokens_per_second: Some(2_500.0),
         prefill_seconds_per_request: Some(0.1),
         decode_step_seconds: Some(0.02),
+        prefill_requests: SETTLED,
     };
 
     #[test]
@@ -569,6 +593,7 @@ mod tests {
                 prefill_tokens_per_second: Some(2_500.0 / 3.0),
                 prefill_seconds_per_request: Some(0.3),
                 decode_step_seconds: Some(0.06),
+                prefill_requests: SETTLED,
             },
             rank: 0,
             ..fast
@@ -597,6 +622,7 @@ mod tests {
                 prefill_tokens_per_second: Some(tokens_per_second),
                 prefill_seconds_per_request: Some(0.1),
                 decode_step_seconds: Some(0.02),
+                prefill_requests: SETTLED,
             },
             ..cand(scraped(waiting, 1, 10_000, 0), LEARNED, 0, rank)
         };
@@ -633,6 +659,7 @@ mod tests {
             prefill_tokens_per_second: Some(1_000.0),
             prefill_seconds_per_request: Some(0.5),
             decode_step_seconds: Some(0.05),
+            prefill_requests: SETTLED,
         };
         let a = cand(scraped(2, 1, 10_000, 0), learned, 0, 0);
         let b = cand(scraped(3, 1, 10_000, 0), NO_RATES, 0, 1);
@@ -649,6 +676,30 @@ mod tests {
         // Without any sample the priors stand, and the shorter queue wins.
         let a = cand(scraped(2, 1, 10_000, 0), NO_RATES, 0, 1);
         assert_eq!(best(&MODEL, 2_000, &[a, b]).unwrap().0, 0);
+    }
+
+    #[test]
+    fn a_rate_learned_from_few_requests_counts_little_against_its_peers() {
+        let rate = |tokens_per_second: f64, prefill_requests: u64| Rates {
+            prefill_tokens_per_second: Some(tokens_per_second),
+            prefill_seconds_per_request: Some(0.1),
+            decode_step_seconds: Some(0.02),
+            prefill_requests,
+        };
+        let at = |rates, rank| cand(scraped(1, 1, 10_000, 0), rates, 0, rank);
+        // A replica whose one request was prefilled while it was idle
+        // measured 6,000 tokens/s against its peers' 2,500: weighed against
+        // their median as 8 requests' worth, it counts as 2,889, inside the
+        // band, so it is one of them and the tie goes by rank.
+        let lucky = [
+            at(rate(2_500.0, SETTLED), 0),
+            at(rate(6_000.0, 1), 1),
+            at(rate(2_500.0, SETTLED), 2),
+        ];
+        assert_eq!(best(&MODEL, 2_000, &lucky).unwrap().0, 0);
+        // The same rate behind a thousand requests is a faster replica.
+        let faster = [lucky[0], at(rate(6_000.0, SETTLED), 1), lucky[2]];
+        assert_eq!(best(&MODEL, 2_000, &faster).unwrap().0, 1);
     }
 
     #[test]
