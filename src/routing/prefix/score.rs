@@ -28,9 +28,10 @@
 //! reports counts here.)
 //!
 //! The rates are the replica's own, learned from its timing histograms
-//! ([`crate::balancing::LearnedRates`]); until a replica has produced a
-//! sample, the median of the candidates that have stands in, and only when
-//! none has do the pool's `prefill_tokens_per_second` and
+//! ([`crate::balancing::LearnedRates`]), weighed against the candidates'
+//! median by the requests they were learned from; until a replica has
+//! produced a sample, the median of the candidates that have stands in,
+//! and only when none has do the pool's `prefill_tokens_per_second` and
 //! `seconds_per_request_ahead` (and a decode step of zero) serve as priors
 //! (`same_hardware`). "Waiting now" and "running now" are the scraped gauges
 //! corrected by what llmlb sent and saw finish since the scrape.
