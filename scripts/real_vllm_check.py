@@ -6,7 +6,10 @@ For each backend (`vllm`: the CPU build from shared/vllm-cpu; `sim`:
 `llmlb sim --profile vllm-cpu-tiny`) two replicas are started, then for each
 policy a fresh `llmlb serve` is started in front of them, the replicas' prefix
 caches are emptied, and `llmlb bench` sends one bounded shared-prefix
-workload. Per policy it reports, from the replicas' own /metrics (deltas over
+workload (or, with `--workload trace`, the first `--max-requests` of a
+Mooncake trace replayed open loop at `--time-scale`, lengths ×
+`--length-scale`: the tiny CPU model's 2,048-token context needs about
+0.012). Per policy it reports, from the replicas' own /metrics (deltas over
 the run): the fleet prefix-cache hit rate, how many requests each replica
 served (busiest / mean), preemptions and the mean real prompt length; from
 llmlb's /metrics: the cached prompt tokens it predicted against those the
@@ -306,12 +309,19 @@ def run_policy(backend, policy, args, tmp, seed):
         before = [scrape(p) for p in backend.ports]
         out = os.path.join(tmp, f"{backend.kind}-{policy}.json")
         bench = [args.llmlb, "bench", "--target", f"http://127.0.0.1:{args.proxy_port}",
-                 "--model", MODEL, "--workload", "shared-prefix",
-                 "--groups", str(args.groups), "--prompts-per-group", str(args.per_group),
-                 "--system-len", str(args.system_len), "--question-len", str(args.question_len),
-                 "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
-                 "--num-requests", str(args.groups * args.per_group), "--seed", str(seed),
+                 "--model", MODEL, "--seed", str(seed),
                  "--timeout", "120s", "--no-progress", "--name", policy, "--out", out]
+        if args.workload == "trace":
+            bench += ["--workload", "trace", "--trace", args.trace,
+                      "--time-scale", str(args.time_scale),
+                      "--length-scale", str(args.length_scale),
+                      "--max-requests", str(args.max_requests)]
+        else:
+            bench += ["--workload", "shared-prefix",
+                      "--groups", str(args.groups), "--prompts-per-group", str(args.per_group),
+                      "--system-len", str(args.system_len), "--question-len", str(args.question_len),
+                      "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
+                      "--num-requests", str(args.groups * args.per_group)]
         subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
                        timeout=args.run_timeout)
         time.sleep(0.5)
@@ -460,6 +470,12 @@ def main():
                          "`sim_fidelity.py --fit` gives for this machine's vLLM")
     ap.add_argument("--stand-in", action="store_true",
                     help="no real tokenizer and no KV events (llmlb's stand-in tokenizer everywhere)")
+    ap.add_argument("--workload", choices=["shared-prefix", "trace"], default="shared-prefix",
+                    help="shared-prefix (closed loop, --concurrency) or a Mooncake trace replayed open loop")
+    ap.add_argument("--trace", default=os.path.join(SHARED, "traces", "conversation_trace.jsonl"))
+    ap.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times")
+    ap.add_argument("--length-scale", type=float, default=0.01, help="trace: multiply lengths")
+    ap.add_argument("--max-requests", type=int, default=128, help="trace: replay the first N")
     ap.add_argument("--groups", type=int, default=6)
     ap.add_argument("--per-group", type=int, default=12)
     ap.add_argument("--system-len", type=int, default=1000)
