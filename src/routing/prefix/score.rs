@@ -92,9 +92,10 @@
 //! Ties (an empty index, even load) go to the earliest replica in the
 //! prefix's rendezvous order, so independent llmlb instances agree.
 //!
-//! Cost: O(candidates), plus sorting the candidates' learned rates once per
-//! pick for their median when `rate_band` is above 1 (two small vectors);
-//! no other allocation besides the `ahead` vector.
+//! Cost: O(candidates), including the three medians of the candidates'
+//! learned rates (found by selection, one small vector each) when
+//! `rate_band` is above 1 or a candidate lacks a rate; no other allocation
+//! besides the `ahead` vector.
 
 use crate::balancing::{Rates, ReplicaView};
 use crate::config::{Evictions, KvWait};
@@ -319,13 +320,22 @@ impl TypicalRates {
     fn of(cands: &[Candidate]) -> TypicalRates {
         let median = |f: fn(&Rates) -> Option<f64>| {
             let mut v: Vec<f64> = cands.iter().filter_map(|c| f(&c.rates)).collect();
-            v.sort_by(f64::total_cmp);
             let n = v.len();
-            match n {
-                0 => None,
-                _ if n % 2 == 1 => Some(v[n / 2]),
-                _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+            if n == 0 {
+                return None;
             }
+            // Selection, not a sort: linear in the candidates.
+            let (below, &mut upper, _) = v.select_nth_unstable_by(n / 2, f64::total_cmp);
+            Some(if n % 2 == 1 {
+                upper
+            } else {
+                let lower = below
+                    .iter()
+                    .copied()
+                    .max_by(f64::total_cmp)
+                    .unwrap_or(upper);
+                (lower + upper) / 2.0
+            })
         };
         TypicalRates {
             tokens_per_second: median(|r| r.prefill_tokens_per_second),
@@ -701,6 +711,26 @@ mod tests {
         // The same rate behind a thousand requests is a faster replica.
         let faster = [lucky[0], at(rate(6_000.0, SETTLED), 1), lucky[2]];
         assert_eq!(best(&MODEL, 2_000, &faster).unwrap().0, 1);
+    }
+
+    #[test]
+    fn the_median_is_the_middle_rate_or_the_mean_of_the_two_middle_ones() {
+        let with = |tokens_per_second: Option<f64>| Candidate {
+            rates: Rates {
+                prefill_tokens_per_second: tokens_per_second,
+                ..NO_RATES
+            },
+            ..local(0, 0, 0)
+        };
+        let of = |rates: &[Option<f64>]| {
+            let cands: Vec<Candidate> = rates.iter().map(|&r| with(r)).collect();
+            TypicalRates::of(&cands).tokens_per_second
+        };
+        assert_eq!(of(&[]), None);
+        assert_eq!(of(&[None, None]), None);
+        assert_eq!(of(&[Some(3.0), None, Some(1.0), Some(2.0)]), Some(2.0));
+        assert_eq!(of(&[Some(4.0), Some(1.0), Some(3.0), Some(2.0)]), Some(2.5));
+        assert_eq!(of(&[Some(5.0)]), Some(5.0));
     }
 
     #[test]
