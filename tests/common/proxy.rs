@@ -26,9 +26,14 @@ pub fn one_pool(balancer: &str, replicas: &[(&str, u32)], extra: &str) -> String
 
 /// An address nothing listens on (connections are refused).
 pub async fn refused_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
+    // Bound but never listening: a connection is refused, and the port
+    // stays taken for the life of the test process, so a server another
+    // test starts meanwhile cannot land on it (a listener bound and dropped
+    // freed the port for the next bind to port 0).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    std::mem::forget(socket);
     addr
 }
 
