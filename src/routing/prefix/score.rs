@@ -298,8 +298,14 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
 }
 
 /// How many requests' worth of evidence the candidates' median counts as
-/// when a replica's own learned prefill rate is weighed against it.
+/// when a replica's own learned prefill rate, slower than the median, is
+/// weighed against it.
 const PRIOR_REQUESTS: f64 = 8.0;
+
+/// The same for a rate faster than the median: a replica that looks faster
+/// draws more requests, so an error that way feeds itself, while one that
+/// looks slower draws fewer and corrects itself (see `same_hardware`).
+const PRIOR_REQUESTS_FASTER: f64 = 64.0;
 
 /// The candidates' median learned rates (over those that learned one; the
 /// median, so that one replica far off does not move it).
@@ -365,8 +371,9 @@ impl TypicalRates {
 /// them until its queue was dozens long (no new sample came while the
 /// queue waited for KV cache). So before it is compared with the band, a
 /// replica's own rate is averaged with the median, weighted by its requests
-/// against [`PRIOR_REQUESTS`] for the median: after one request it moves a
-/// ninth of the way from the median, after 72 nine tenths
+/// against [`PRIOR_REQUESTS`] (8) for the median when the rate is slower,
+/// [`PRIOR_REQUESTS_FASTER`] (64) when it is faster: a slower replica is
+/// told apart after a few dozen requests, a faster one after a few hundred
 /// (docs/BENCHMARKS.md, "Rates learned from few requests").
 ///
 /// A replica without a sample yet (it has not finished a request since it
@@ -379,19 +386,32 @@ impl TypicalRates {
 /// snapped: it grows with the batch and so is part of the load signal.
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
     let evidence = rates.prefill_requests as f64;
-    let snap = |own: Option<f64>, typical: Option<f64>| match (own, typical) {
-        (Some(x), Some(m)) if band > 1.0 => {
-            let x = (evidence * x + PRIOR_REQUESTS * m) / (evidence + PRIOR_REQUESTS);
-            Some(if x <= m * band && x * band >= m { m } else { x })
-        }
-        (None, m) => m,
-        (own, _) => own,
-    };
+    // `faster(x, m)`: whether `x` says the replica is faster than `m` does.
+    let snap =
+        |own: Option<f64>, typical: Option<f64>, faster: fn(f64, f64) -> bool| match (own, typical)
+        {
+            (Some(x), Some(m)) if band > 1.0 => {
+                let k = if faster(x, m) {
+                    PRIOR_REQUESTS_FASTER
+                } else {
+                    PRIOR_REQUESTS
+                };
+                let x = (evidence * x + k * m) / (evidence + k);
+                Some(if x <= m * band && x * band >= m { m } else { x })
+            }
+            (None, m) => m,
+            (own, _) => own,
+        };
     Rates {
-        prefill_tokens_per_second: snap(rates.prefill_tokens_per_second, typical.tokens_per_second),
+        prefill_tokens_per_second: snap(
+            rates.prefill_tokens_per_second,
+            typical.tokens_per_second,
+            |x, m| x > m,
+        ),
         prefill_seconds_per_request: snap(
             rates.prefill_seconds_per_request,
             typical.seconds_per_request,
+            |x, m| x < m,
         ),
         decode_step_seconds: rates.decode_step_seconds.or(typical.decode_step),
         ..rates
@@ -699,9 +719,10 @@ mod tests {
         };
         let at = |rates, rank| cand(scraped(1, 1, 10_000, 0), rates, 0, rank);
         // A replica whose one request was prefilled while it was idle
-        // measured 6,000 tokens/s against its peers' 2,500: weighed against
-        // their median as 8 requests' worth, it counts as 2,889, inside the
-        // band, so it is one of them and the tie goes by rank.
+        // measured 6,000 tokens/s against its peers' 2,500: faster, so
+        // weighed against their median as 64 requests' worth, it counts as
+        // 2,554, inside the band, so it is one of them and the tie goes by
+        // rank.
         let lucky = [
             at(rate(2_500.0, SETTLED), 0),
             at(rate(6_000.0, 1), 1),
@@ -711,6 +732,18 @@ mod tests {
         // The same rate behind a thousand requests is a faster replica.
         let faster = [lucky[0], at(rate(6_000.0, SETTLED), 1), lucky[2]];
         assert_eq!(best(&MODEL, 2_000, &faster).unwrap().0, 1);
+        // Eight requests are not enough to be believed faster (2,889,
+        // inside the band) but are enough to be believed slower: 1,000
+        // tokens/s counts as 1,750, outside the band, and that replica
+        // loses even with the first rank.
+        let eight_faster = [lucky[0], at(rate(6_000.0, 8), 1), lucky[2]];
+        assert_eq!(best(&MODEL, 2_000, &eight_faster).unwrap().0, 0);
+        let eight_slower = [
+            at(rate(1_000.0, 8), 0),
+            at(rate(2_500.0, SETTLED), 1),
+            lucky[2],
+        ];
+        assert_eq!(best(&MODEL, 2_000, &eight_slower).unwrap().0, 1);
     }
 
     #[test]
