@@ -86,7 +86,7 @@ pub(super) fn prefer(
         cands
             .iter()
             .filter(|r| !r.has_free_slot())
-            .map(|r| holdings.cached_tokens(r.id).0)
+            .map(|r| holdings.holding(r.id).cached)
             .max()
             .unwrap_or(0)
     };
@@ -104,10 +104,10 @@ pub(super) fn prefer(
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
     }
-    let cached: Vec<(u64, bool)> = cands.iter().map(|r| holdings.cached_tokens(r.id)).collect();
-    let most = cached
+    let held: Vec<Holding> = cands.iter().map(|r| holdings.holding(r.id)).collect();
+    let most = held
         .iter()
-        .map(|c| c.0)
+        .map(|h| h.cached)
         .max()
         .unwrap_or(0)
         .max(held_by_full);
@@ -139,14 +139,14 @@ pub(super) fn prefer(
             rates: ordered[i].rates,
             prefilling: ordered[i].prefilling,
             cached_tokens: if copy_ids.contains(&cands[i].id) {
-                cached[i].0.max(shared)
+                held[i].cached.max(shared)
             } else {
-                cached[i].0
+                held[i].cached
             },
             // The prefix's home is where its next requests will look for
             // the part they share, held now or not.
             kept_tokens: if home == Some(cands[i].id) { kept } else { 0 },
-            room_tokens: holdings.room_tokens(cands[i].id),
+            room_tokens: held[i].room,
             rank: rank[i],
         })
         .collect();
@@ -155,12 +155,12 @@ pub(super) fn prefer(
     };
     d.branches.push(if most == 0 {
         RouteBranch::PrefixMiss
-    } else if cached[i].0 == most {
+    } else if held[i].cached == most {
         RouteBranch::PrefixHit
     } else {
         RouteBranch::PrefixOverflow
     });
-    if cached[i].1 {
+    if held[i].estimated {
         d.branches.push(RouteBranch::PrefixEstimated);
     }
     if copy_ids.contains(&cands[i].id) {
@@ -345,16 +345,6 @@ impl Holdings {
 
     fn holding(&self, id: ReplicaId) -> Holding {
         self.by_replica.get(&id).copied().unwrap_or_default()
-    }
-
-    fn room_tokens(&self, id: ReplicaId) -> Option<u64> {
-        self.holding(id).room
-    }
-
-    /// (cached tokens, estimated rather than reported).
-    fn cached_tokens(&self, id: ReplicaId) -> (u64, bool) {
-        let h = self.holding(id);
-        (h.cached, h.estimated)
     }
 }
 

@@ -197,7 +197,7 @@ pub fn requests_ahead(views: &[ReplicaView], max_age_ms: u64) -> Vec<Ahead> {
                 free_kv_tokens,
                 remaining_per_request: v
                     .decoding_output
-                    .checked_div(v.in_flight - v.prefilling.min(v.in_flight))
+                    .checked_div(v.in_flight.saturating_sub(v.prefilling))
                     .unwrap_or(0),
             })
         })
