@@ -8,7 +8,7 @@
 //! the `h100-8b` profile (prefill at 0.1 ms a token, 10 ms steps) with the
 //! trace's arrivals twelve times faster, so requests queue and batch on the
 //! engines and TTFT is hundreds of simulated milliseconds. The replicas run
-//! at `SIM_TIME_SCALE` (simulated seconds per wall second); every real
+//! at [`sim_time_scale`] (simulated seconds per wall second); every real
 //! figure is converted to simulated time with it, and the pool's scrape
 //! interval and staleness (wall time in `serve`) are given to `simulate`
 //! scaled the same way. What the real path adds per request (the client,
@@ -24,7 +24,8 @@
 //! draws are simulated per real run, and the means are compared.
 //! `AGREEMENT_RUNS=N` repeats the real path N times per policy (default 1;
 //! docs/SIMULATOR.md has the comparison at 8); `AGREEMENT_POLICIES=jsq,hash`
-//! compares only those; `AGREEMENT_DECISIONS=1` prints each real run's scrape ages and
+//! compares only those; `AGREEMENT_TIME_SCALE` slows the real replicas
+//! further ([`sim_time_scale`]); `AGREEMENT_DECISIONS=1` prints each real run's scrape ages and
 //! balancer decisions by branch (the proxy's `/metrics`).
 //!
 //! Asserted for every policy: the same requests complete and fail in every
@@ -56,10 +57,23 @@ const LENGTH_SCALE: f64 = 0.05;
 const RATE_SCALE: f64 = 12.0;
 /// Simulated seconds per wall second on the real replicas: slower than real
 /// time, so that a millisecond of the host's own time weighs less.
-const SIM_TIME_SCALE: f64 = 0.5;
-/// The pool's scrape interval and staleness in `serve` (wall time).
-const SCRAPE_MS: f64 = 100.0;
-const STALENESS_MS: f64 = 1000.0;
+/// `AGREEMENT_TIME_SCALE` overrides the default of 0.5 (a smaller scale
+/// shrinks every wall-clock effect of the real path against the engines'
+/// times, at the cost of a longer run).
+fn sim_time_scale() -> f64 {
+    std::env::var("AGREEMENT_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v: &f64| v > 0.0)
+        .unwrap_or(0.5)
+}
+
+/// The pool's scrape interval in `serve` (wall ms): 50 simulated ms at any
+/// time scale (100 wall ms at the default); staleness is ten of these.
+fn scrape_ms() -> f64 {
+    50.0 / sim_time_scale()
+}
+
 const POLICIES: [&str; 6] = [
     "round_robin",
     "least_connections",
@@ -98,14 +112,14 @@ fn trace() -> PathBuf {
 /// contacted; `hash` ranks replicas by them) and the same scrape timing in
 /// simulated time.
 fn sim_config(model: &str, policy: &str, replicas: &[SocketAddr]) -> llmlb::config::Config {
-    let ms = |wall: f64| (wall * SIM_TIME_SCALE).round() as u64;
+    let ms = |wall: f64| (wall * sim_time_scale()).round() as u64;
     let mut text = format!(
         "[[pools]]\nname = \"demo\"\nmodels = [{model:?}]\n{}\n\
          [pools.scrape]\ninterval = \"{}ms\"\ntimeout = \"{}ms\"\nstaleness = \"{}ms\"\n",
         pool_keys(policy),
-        ms(SCRAPE_MS),
-        ms(SCRAPE_MS),
-        ms(STALENESS_MS),
+        ms(scrape_ms()),
+        ms(scrape_ms()),
+        ms(scrape_ms() * 10.0),
     );
     for addr in replicas {
         text.push_str(&format!("[[pools.replicas]]\nurl = \"http://{addr}\"\n"));
@@ -119,7 +133,7 @@ fn sim_config(model: &str, policy: &str, replicas: &[SocketAddr]) -> llmlb::conf
 
 fn profile() -> SimConfig {
     let mut p = SimConfig::profile(PROFILE).unwrap();
-    p.time_scale = SIM_TIME_SCALE;
+    p.time_scale = sim_time_scale();
     p.engine.max_num_batched_tokens = BATCHED_TOKENS;
     p
 }
@@ -158,6 +172,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         top: String::new(),
         pool: pool_keys(policy),
         kv_events: policy == "exact",
+        scrape_interval: Duration::from_secs_f64(scrape_ms() / 1000.0),
     };
     let fleet = Fleet::start(&spec).await.unwrap();
     let mut bench = BenchSpec::new(
@@ -184,7 +199,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     let next_wall_ms = ages
         .iter()
-        .map(|&a| (SCRAPE_MS - a as f64 - setup_ms).rem_euclid(SCRAPE_MS))
+        .map(|&a| (scrape_ms() - a as f64 - setup_ms).rem_euclid(scrape_ms()))
         .sum::<f64>()
         / ages.len().max(1) as f64;
     if std::env::var_os("AGREEMENT_DECISIONS").is_some() {
@@ -202,7 +217,7 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
     let real = Real {
         sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
         busiest: busiest_over_mean(&report.requests, fleet.replica_addrs().len()),
-        scrape_phase: next_wall_ms * SIM_TIME_SCALE / 1000.0,
+        scrape_phase: next_wall_ms * sim_time_scale() / 1000.0,
         figures: report.figures,
         cache: fleet.prefix_cache().await,
         replicas: fleet.replica_addrs(),
@@ -260,7 +275,7 @@ async fn probe_network_delay() -> f64 {
     assert_eq!(real.figures.completed, PROBES, "probe requests");
     let one = SimWorkload::builtin(&spec, 1, 1.0, 1.0, 0).unwrap();
     let engine = simulate(&one, &real, "round_robin", 0.0, 0).ttft_s.p50;
-    let seen = real.figures.ttft_ms.p50 / 1000.0 * SIM_TIME_SCALE;
+    let seen = real.figures.ttft_ms.p50 / 1000.0 * sim_time_scale();
     println!(
         "idle probe: TTFT {:.1} ms real, {:.1} ms engine (simulated ms)",
         seen * 1000.0,
@@ -333,7 +348,7 @@ fn lateness(real: &Real, workload: &SimWorkload) -> (f64, f64) {
     let late: Vec<f64> = sent
         .iter()
         .zip(&workload.requests)
-        .map(|(s, r)| (s - r.at * 1000.0 / SIM_TIME_SCALE).max(0.0) * SIM_TIME_SCALE / 1000.0)
+        .map(|(s, r)| (s - r.at * 1000.0 / sim_time_scale()).max(0.0) * sim_time_scale() / 1000.0)
         .collect();
     let n = late.len().max(1) as f64;
     let mean = late.iter().sum::<f64>() / n;
@@ -348,11 +363,11 @@ fn real_figures(real: &Real) -> Figures {
         completed: f.completed,
         failed: f.failed,
         hit: real.cache.hit_rate().unwrap_or(0.0),
-        p50_ms: f.ttft_ms.p50 * SIM_TIME_SCALE,
-        p99_ms: f.ttft_ms.p99 * SIM_TIME_SCALE,
-        tok_s: f.output_throughput / SIM_TIME_SCALE,
+        p50_ms: f.ttft_ms.p50 * sim_time_scale(),
+        p99_ms: f.ttft_ms.p99 * sim_time_scale(),
+        tok_s: f.output_throughput / sim_time_scale(),
         busiest: real.busiest,
-        worst_ms: f.ttft_ms.max * SIM_TIME_SCALE,
+        worst_ms: f.ttft_ms.max * sim_time_scale(),
     }
 }
 
@@ -389,7 +404,7 @@ fn trace_case() -> Case {
         name: "conversation trace",
         bench: WorkloadSpec::Trace(TraceOptions {
             path: trace(),
-            time_scale: 1.0 / (RATE_SCALE * SIM_TIME_SCALE),
+            time_scale: 1.0 / (RATE_SCALE * sim_time_scale()),
             length_scale: LENGTH_SCALE,
             max_requests: Some(REQUESTS),
         }),
@@ -422,7 +437,7 @@ fn shared_prefix_case() -> Case {
         name: "shared prefix",
         bench: spec.clone(),
         arrivals: Arrivals::Open {
-            rate: SHARED_PREFIX_RATE * SIM_TIME_SCALE,
+            rate: SHARED_PREFIX_RATE * sim_time_scale(),
             burstiness: 1.0,
         },
         sim: SimWorkload::builtin(&spec, REQUESTS, SHARED_PREFIX_RATE, 1.0, 0).unwrap(),

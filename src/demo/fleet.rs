@@ -41,7 +41,14 @@ pub struct FleetSpec {
     /// Replicas publish KV-cache events (with replay) and llmlb subscribes
     /// (`exact` prefix mode).
     pub kv_events: bool,
+    /// How often llmlb scrapes each replica (its staleness limit is ten
+    /// of these).
+    pub scrape_interval: std::time::Duration,
 }
+
+/// The demo's scrape interval: short, so balancers that read the replicas'
+/// queues see them change within a short run.
+pub const SCRAPE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl FleetSpec {
     /// The demo's usual fleet: `args.replicas` of `args.profile` with a
@@ -60,6 +67,7 @@ impl FleetSpec {
             top: String::new(),
             pool: pool_keys(balancer),
             kv_events: balancer == "exact",
+            scrape_interval: SCRAPE_INTERVAL,
         })
     }
 }
@@ -101,8 +109,11 @@ impl Fleet {
         let mut text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nreplica_header = true\n{}\n\
              [[pools]]\nname = \"demo\"\nmodels = [{model:?}]\n{}\n\
-             [pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1s\"\n",
-            spec.top, spec.pool
+             [pools.scrape]\ninterval = \"{scrape}ms\"\ntimeout = \"{scrape}ms\"\nstaleness = \"{stale}ms\"\n",
+            spec.top,
+            spec.pool,
+            scrape = spec.scrape_interval.as_millis(),
+            stale = spec.scrape_interval.as_millis() * 10,
         );
         for r in &replicas {
             text.push_str(&format!(

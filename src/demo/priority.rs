@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::fleet::{Fleet, FleetSpec};
+use super::fleet::{Fleet, FleetSpec, SCRAPE_INTERVAL};
 use super::{DemoArgs, DemoError};
 use crate::bench::workload::{LenRange, RandomOptions};
 use crate::bench::{self, Arrivals, BenchSpec, Figures, Limits, WorkloadSpec};
@@ -65,6 +65,7 @@ pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {
             top: TIERS.to_string(),
             pool,
             kv_events: false,
+            scrape_interval: SCRAPE_INTERVAL,
         })
         .await?;
         let spec = |tier: &str, rate: f64, seed: u64| {
