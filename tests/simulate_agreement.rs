@@ -22,6 +22,12 @@
 //! late `bench` sent against the schedule: its mean and standard deviation)
 //! is measured and given to `simulate` as its arrival jitter, several seeded
 //! draws are simulated per real run, and the means are compared.
+//! Two more simulations per real run are printed beside the draws: the
+//! real run's own send times replayed ([`replay`]), and the same with the
+//! requests of each burst in a random order ([`shuffle_bursts`]); they tell
+//! where a real run's spread comes from (docs/SIMULATOR.md).
+//! `AGREEMENT_PER_REQUEST=1` lists every request's real and replayed TTFT
+//! and replica.
 //! `AGREEMENT_RUNS=N` repeats the real path N times per policy (default 1;
 //! docs/SIMULATOR.md has the comparison at 8); `AGREEMENT_POLICIES=jsq,hash`
 //! compares only those; `AGREEMENT_TIME_SCALE` slows the real replicas
@@ -143,6 +149,8 @@ struct Real {
     figures: llmlb::bench::stats::Figures,
     /// When each request was sent, wall ms from the start of the run.
     sent_ms: Vec<f64>,
+    /// Per request in the order sent: its TTFT (wall ms) and replica.
+    per_request: Vec<(Option<f64>, String)>,
     cache: PrefixCache,
     replicas: Vec<SocketAddr>,
     /// Requests on the busiest replica ÷ the mean (the `x-llmlb-replica`
@@ -216,6 +224,14 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
     }
     let real = Real {
         sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
+        per_request: {
+            let mut by_send: Vec<_> = report.requests.iter().collect();
+            by_send.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+            by_send
+                .iter()
+                .map(|r| (r.ttft_ms, r.replica.clone().unwrap_or_default()))
+                .collect()
+        },
         busiest: busiest_over_mean(&report.requests, fleet.replica_addrs().len()),
         scrape_phase: next_wall_ms * sim_time_scale() / 1000.0,
         figures: report.figures,
@@ -356,6 +372,76 @@ fn lateness(real: &Real, workload: &SimWorkload) -> (f64, f64) {
     (mean, sd)
 }
 
+/// `workload` with each request arriving when `bench` really sent it in
+/// `real` (sends and schedule paired in time order): one simulated run with
+/// the real run's own arrivals instead of a draw of its lateness.
+fn replay(workload: &SimWorkload, real: &Real) -> SimWorkload {
+    let mut sent = real.sent_ms.clone();
+    sent.sort_by(f64::total_cmp);
+    let mut out = workload.clone();
+    for (r, s) in out.requests.iter_mut().zip(&sent) {
+        r.at = s * sim_time_scale() / 1000.0;
+    }
+    out
+}
+
+/// `replayed` (a [`replay`] of `schedule`) with the requests of each burst
+/// (those `schedule` has at one instant; the trace's timestamps are whole
+/// milliseconds and many share one) in a seeded random order, each send
+/// time kept: which request of a burst reaches the proxy and its replica
+/// first is not fixed on the real path.
+fn shuffle_bursts(mut replayed: SimWorkload, schedule: &SimWorkload, seed: u64) -> SimWorkload {
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move |below: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % below as u64) as usize
+    };
+    let times = &schedule.requests;
+    let requests = &mut replayed.requests;
+    let mut start = 0;
+    while start < requests.len() {
+        let end = (start..requests.len())
+            .find(|&j| times[j].at != times[start].at)
+            .unwrap_or(requests.len());
+        // Fisher-Yates over the burst's requests; the send times stay put.
+        for k in (start + 1..end).rev() {
+            let m = start + next(k - start + 1);
+            let (at_k, at_m) = (requests[k].at, requests[m].at);
+            requests.swap(k, m);
+            requests[k].at = at_k;
+            requests[m].at = at_m;
+        }
+        start = end;
+    }
+    replayed
+}
+
+/// Each request of a real run next to the same request in its replay
+/// (simulated ms).
+fn print_per_request(policy: &str, real: &Real, replayed: &RunResult) {
+    let mut sent = real.sent_ms.clone();
+    sent.sort_by(f64::total_cmp);
+    let scale = sim_time_scale();
+    println!(
+        "{policy}: request, sent ms, real replica, real TTFT ms, replay replica, replay TTFT ms"
+    );
+    for (i, ((s, (ttft, replica)), (sim_ttft, sim_replica))) in sent
+        .iter()
+        .zip(&real.per_request)
+        .zip(&replayed.per_request)
+        .enumerate()
+    {
+        println!(
+            "{policy}: {i} {:.2} {replica} {:.1} {sim_replica} {:.1}",
+            s * scale,
+            ttft.map_or(f64::NAN, |t| t * scale),
+            sim_ttft.map_or(f64::NAN, |t| t * 1000.0),
+        );
+    }
+}
+
 fn real_figures(real: &Real) -> Figures {
     let f = &real.figures;
     // Wall milliseconds on the replicas' scaled clock → simulated ms.
@@ -468,6 +554,8 @@ async fn agreement(case: Case) {
     let policies = policies();
     let mut real: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
     let mut sim: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
+    let mut replayed: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
+    let mut shuffled: Vec<Vec<Figures>> = vec![Vec::new(); policies.len()];
     let mut late_all = Vec::new();
     let mut phases = Vec::new();
     // Rounds of every policy, so that a slow spell of the host falls on all.
@@ -484,6 +572,15 @@ async fn agreement(case: Case) {
             late_all.push((late, sd));
             phases.push(one.scrape_phase * 1000.0);
             real[k].push(real_figures(&one));
+            let again = simulate(&replay(workload, &one), &one, policy, delay, 0);
+            for draw in 0..DRAWS_PER_RUN {
+                let w = shuffle_bursts(replay(workload, &one), workload, draw + 1);
+                shuffled[k].push(sim_figures(&simulate(&w, &one, policy, delay, draw + 1)));
+            }
+            if std::env::var_os("AGREEMENT_PER_REQUEST").is_some() {
+                print_per_request(policy, &one, &again);
+            }
+            replayed[k].push(sim_figures(&again));
             for draw in 0..DRAWS_PER_RUN {
                 let seed = (round as u64) * DRAWS_PER_RUN + draw + 1;
                 let jittered = workload.clone().with_arrival_jitter(late, sd, seed);
@@ -560,6 +657,38 @@ async fn agreement(case: Case) {
             summary(r, |f| f.busiest).0,
             summary(m, |f| f.busiest).0,
         );
+        let se = |v: &[Figures], f: fn(&Figures) -> f64| {
+            let x: Vec<f64> = v.iter().map(f).collect();
+            let (mean, _, _) = stats(&x);
+            let var =
+                x.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (x.len().max(2) - 1) as f64;
+            (var / x.len() as f64).sqrt()
+        };
+        println!(
+            "{:<18} standard error of the means: p50 {:.0} / {:.0}, p99 {:.0} / {:.0}, tok/s {:.0} / {:.0}",
+            "",
+            se(r, |f| f.p50_ms),
+            se(m, |f| f.p50_ms),
+            se(r, |f| f.p99_ms),
+            se(m, |f| f.p99_ms),
+            se(r, |f| f.tok_s),
+            se(m, |f| f.tok_s),
+        );
+        for (label, runs) in [
+            ("replayed sends", &replayed[k]),
+            ("replayed, bursts shuffled", &shuffled[k]),
+        ] {
+            println!(
+                "{:<18} {label}: p50 {:.0} ({}), p99 {:.0} ({}), tok/s {:.0} ({})",
+                "",
+                summary(runs, |f| f.p50_ms).0,
+                range(runs, |f| f.p50_ms),
+                summary(runs, |f| f.p99_ms).0,
+                range(runs, |f| f.p99_ms),
+                summary(runs, |f| f.tok_s).0,
+                range(runs, |f| f.tok_s),
+            );
+        }
         checks.push((*policy, hit, p50, tput));
     }
     for (k, policy) in policies.iter().enumerate() {

@@ -89,6 +89,10 @@ pub struct RunResult {
     pub ttft_samples: Vec<f64>,
     #[serde(skip)]
     pub e2e_samples: Vec<f64>,
+    /// Per request of the workload, in its order: the TTFT (seconds, `None`
+    /// when no token came) and the replica it was sent to last.
+    #[serde(skip)]
+    pub per_request: Vec<(Option<f64>, u32)>,
 }
 
 impl RunResult {
@@ -134,6 +138,7 @@ impl RunResult {
             tiers: Vec::new(),
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
+            per_request: Vec::new(),
             outcomes,
         }
     }

@@ -360,3 +360,28 @@ fn a_full_queue_refuses_and_a_long_wait_times_out() {
     assert_eq!(impatient.outcomes.completed, 2);
     assert_eq!(impatient.outcomes.slot_timeout, 18);
 }
+
+#[test]
+fn each_request_keeps_its_ttft_and_replica_in_workload_order() {
+    let w = workload(12, 100.0);
+    let r = simulate_with_delay(&w, 3, "round_robin", &[], 0.004);
+    assert_eq!(r.per_request.len(), w.requests.len());
+    // Round-robin hands the requests out in arrival order, one per replica.
+    let replicas: Vec<u32> = r.per_request.iter().map(|p| p.1).collect();
+    let firsts: Vec<u32> = replicas[..3].to_vec();
+    for (i, &at) in replicas.iter().enumerate() {
+        assert_eq!(at, firsts[i % 3], "request {i}: replicas {replicas:?}");
+    }
+    let mut distinct = firsts.clone();
+    distinct.sort();
+    assert_eq!(distinct, vec![0, 1, 2]);
+    // The same TTFTs as the summary's samples, network delay included.
+    let mut ttfts: Vec<f64> = r.per_request.iter().map(|p| p.0.unwrap()).collect();
+    ttfts.sort_by(f64::total_cmp);
+    let mut samples = r.ttft_samples.clone();
+    samples.sort_by(f64::total_cmp);
+    assert_eq!(ttfts.len(), samples.len());
+    for (a, b) in ttfts.iter().zip(&samples) {
+        assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    }
+}

@@ -264,6 +264,10 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         started.elapsed().as_secs_f64(),
     );
     result.tiers = tiers;
+    let half = spec.network_delay / 2.0;
+    result.per_request = (sim.live.iter().zip(&spec.workload.requests))
+        .map(|(l, r)| (l.first.map(|t| t + half - r.at), l.replica))
+        .collect();
     Ok(result)
 }
 
