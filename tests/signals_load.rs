@@ -1,7 +1,8 @@
 //! Load-aware balancing through a real llmlb and real scrapes: a slowed
 //! replica reporting a long queue gets clearly less new work under `jsq` and
 //! `least_tokens` than under round-robin; stale scrapes make every candidate
-//! fall back to local counts; `kv_aware` steers away from a full cache.
+//! fall back to local counts; `kv_aware` steers away from a full cache, and
+//! so does `hash` affinity with `[pools.saturation] max_kv_usage`.
 
 mod signals_fake;
 
@@ -261,5 +262,68 @@ async fn outstanding_tokens_shrink_as_the_stream_flows_and_free_on_disconnect() 
             r["in_flight"] == 0 && r["outstanding_tokens"] == 0
         })
         .await;
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_affinity_leaves_a_full_cache_only_with_max_kv_usage() {
+    const TABLES: &str = "[pools.prefix]\nmode = \"hash\"\n[pools.saturation]\nmax_kv_usage = 0.9\n\
+                          [pools.scrape]\ninterval = \"50ms\"\ntimeout = \"40ms\"";
+    let (a, b, proxy) = scraped_pair(
+        [vllm_metrics(4, 0, 0.30), vllm_metrics(4, 0, 0.30)],
+        "round_robin",
+        TABLES,
+    )
+    .await;
+    // The same prompt every time: one key, one home.
+    chats_ok(&proxy, 4).await;
+    let (home, other) = if a.chats() == 4 { (&a, &b) } else { (&b, &a) };
+    assert_eq!((home.chats(), other.chats()), (4, 0));
+    let usage_is = |u: f64| move |r: &serde_json::Value| r["load"]["kv_usage"] == u;
+    // The home's cache fills (no request waits there): the key moves on.
+    home.set_metrics(vllm_metrics(4, 0, 0.95));
+    proxy
+        .wait_for(
+            home,
+            Duration::from_secs(3),
+            "the full scrape",
+            usage_is(0.95),
+        )
+        .await;
+    chats_ok(&proxy, 4).await;
+    assert_eq!((home.chats(), other.chats()), (4, 4));
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "llmlb_routing_decisions_total{branch=\"prefix_overflow\""
+        ),
+        4.0,
+        "{m}"
+    );
+    // Room again: back home.
+    home.set_metrics(vllm_metrics(4, 0, 0.50));
+    proxy
+        .wait_for(
+            home,
+            Duration::from_secs(3),
+            "the roomy scrape",
+            usage_is(0.5),
+        )
+        .await;
+    chats_ok(&proxy, 2).await;
+    assert_eq!((home.chats(), other.chats()), (6, 4));
+    proxy.stop().await;
+
+    // Without the bound, a full cache with an empty queue keeps its prefix.
+    let (full, roomy, proxy) = scraped_pair(
+        [vllm_metrics(4, 0, 0.95), vllm_metrics(4, 0, 0.95)],
+        "round_robin",
+        "[pools.prefix]\nmode = \"hash\"\n[pools.scrape]\ninterval = \"50ms\"\ntimeout = \"40ms\"",
+    )
+    .await;
+    chats_ok(&proxy, 4).await;
+    let counts = [full.chats(), roomy.chats()];
+    assert!(counts == [4, 0] || counts == [0, 4], "{counts:?}");
     proxy.stop().await;
 }

@@ -159,7 +159,7 @@ impl Default for PrefixConfig {
 
 /// `[pools.saturation]`: when a replica counts as too busy for affinity
 /// (prefix and session affinity overflow, tier overflow).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SaturationConfig {
     /// Waiting requests inside the replica (scraped, corrected by what llmlb
@@ -168,6 +168,11 @@ pub struct SaturationConfig {
     /// Requests in flight from llmlb at or above which it is saturated
     /// (unset: no local bound). A replica at its `max_inflight` always is.
     pub max_in_flight: Option<u64>,
+    /// KV-cache usage (a fraction, scraped, plus the tokens llmlb sent since
+    /// when the replica reports its capacity) at or above which it is
+    /// saturated (unset: none). Keeps affinity from piling long prompts on a
+    /// replica whose cache is full, where vLLM would preempt.
+    pub max_kv_usage: Option<f64>,
 }
 
 impl Default for SaturationConfig {
@@ -175,6 +180,7 @@ impl Default for SaturationConfig {
         SaturationConfig {
             max_queue: 8,
             max_in_flight: None,
+            max_kv_usage: None,
         }
     }
 }

@@ -105,6 +105,15 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be at least 1 (omit it for no bound)",
         );
     }
+    if let Some(u) = pool.saturation.max_kv_usage
+        && !(u > 0.0 && u <= 1.0)
+    {
+        push(
+            out,
+            &format!("{key}.saturation.max_kv_usage"),
+            &format!("must be a fraction above 0 and at most 1 (e.g. 0.9), not {u}"),
+        );
+    }
     if http::HeaderName::from_bytes(pool.session.header.as_bytes()).is_err() {
         push(
             out,
@@ -355,7 +364,7 @@ mod tests {
     #[test]
     fn prefix_parameters_are_checked() {
         let text = format!(
-            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nrate_band = 0.5\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\n{}",
+            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nrate_band = 0.5\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\nmax_kv_usage = 1.5\n{}",
             replica(1, "")
         );
         let keys = issue_keys(&text);
@@ -368,7 +377,8 @@ mod tests {
                 "pools[0].prefix.rate_band",
                 "pools[0].prefix.replicate_above",
                 "pools[0].prefix.replicate_hold",
-                "pools[0].saturation.max_in_flight"
+                "pools[0].saturation.max_in_flight",
+                "pools[0].saturation.max_kv_usage"
             ]
         );
         let bad_mode = format!("{POOL}[pools.prefix]\nmode = \"radix\"\n{}", replica(1, ""));

@@ -5,12 +5,14 @@
 //! Saturated means any of: at its `max_inflight` limit; at or above
 //! `saturation.max_in_flight` requests from llmlb; or a fresh scrape says
 //! its waiting queue (corrected by what llmlb sent and saw finish since) is
-//! above `saturation.max_queue`. A stale or missing scrape says nothing, so
-//! without scraping only the local bounds apply.
+//! above `saturation.max_queue`, or its KV-cache usage (plus the tokens llmlb
+//! sent since, as a fraction of the capacity the replica reports) is at or
+//! above `saturation.max_kv_usage`. A stale or missing scrape says nothing,
+//! so without scraping only the local bounds apply.
 
 use std::sync::Arc;
 
-use crate::balancing::{Replica, ReplicaView};
+use crate::balancing::{Replica, ReplicaView, ScrapedLoad};
 use crate::config::SaturationConfig;
 
 pub fn is_saturated(
@@ -19,12 +21,25 @@ pub fn is_saturated(
     config: &SaturationConfig,
     max_age_ms: u64,
 ) -> bool {
+    let fresh = view.fresh_load(max_age_ms);
     !replica.has_free_slot()
         || config.max_in_flight.is_some_and(|m| view.in_flight >= m)
-        || view
-            .fresh_load(max_age_ms)
+        || fresh
             .and_then(|l| l.queue_now())
             .is_some_and(|q| q > config.max_queue)
+        || config
+            .max_kv_usage
+            .zip(fresh)
+            .is_some_and(|(m, l)| kv_usage_now(l).is_some_and(|u| u >= m))
+}
+
+/// The scraped KV usage with what llmlb sent since, when the replica reports
+/// its capacity; the scraped usage alone when it does not.
+fn kv_usage_now(load: &ScrapedLoad) -> Option<f64> {
+    match load.kv_room(None) {
+        Some(room) => Some(room.projected_usage(0)),
+        None => load.kv_usage,
+    }
 }
 
 /// Whether no eligible replica among `replicas` has room at `now_ms` (or
@@ -44,7 +59,6 @@ pub fn all_saturated(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::ScrapedLoad;
 
     fn replica(limit: Option<u32>) -> std::sync::Arc<Replica> {
         let gauge = prometheus::IntGauge::new("g", "g").unwrap();
@@ -58,6 +72,7 @@ mod tests {
         let cfg = SaturationConfig {
             max_queue: 4,
             max_in_flight: Some(3),
+            max_kv_usage: None,
         };
         let r = replica(None);
         let mut v = ReplicaView::of(&r);
@@ -81,5 +96,38 @@ mod tests {
             &SaturationConfig::default(),
             1_000
         ));
+    }
+
+    #[test]
+    fn a_full_kv_cache_saturates_when_asked() {
+        let cfg = SaturationConfig {
+            max_kv_usage: Some(0.9),
+            ..SaturationConfig::default()
+        };
+        let r = replica(None);
+        let mut v = ReplicaView::of(&r);
+        let scraped = |usage: f64, capacity: Option<u64>, tokens_since: u64, age_ms: u64| {
+            Some(ScrapedLoad {
+                waiting: Some(0),
+                kv_usage: Some(usage),
+                kv_capacity_tokens: capacity,
+                tokens_since,
+                age_ms,
+                ..ScrapedLoad::default()
+            })
+        };
+        // Usage alone when the capacity is unknown.
+        v.load = scraped(0.89, None, 5_000, 10);
+        assert!(!is_saturated(&r, &v, &cfg, 1_000));
+        v.load = scraped(0.9, None, 0, 10);
+        assert!(is_saturated(&r, &v, &cfg, 1_000));
+        // With the capacity, what llmlb sent since counts: 0.8 + 1,000/10,000.
+        v.load = scraped(0.8, Some(10_000), 999, 10);
+        assert!(!is_saturated(&r, &v, &cfg, 1_000));
+        v.load = scraped(0.8, Some(10_000), 1_000, 10);
+        assert!(is_saturated(&r, &v, &cfg, 1_000));
+        // Stale: says nothing; unset: never.
+        assert!(!is_saturated(&r, &v, &cfg, 5));
+        assert!(!is_saturated(&r, &v, &SaturationConfig::default(), 1_000));
     }
 }
