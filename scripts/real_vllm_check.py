@@ -20,8 +20,9 @@ and from the load generator: TTFT p50 / p99 and throughput. The policies
 `evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
 `cache_kv_wait` has `kv_wait = "batch"`, and
 `hash_homes_capped` also has
-`[pools.saturation] max_in_flight = --saturation-in-flight` (none of them
-in the default list). Before the policies, `llmlb doctor` checks the replicas
+`[pools.saturation] max_in_flight = --saturation-in-flight`, and `hash_kv`
+is `hash` with `[pools.saturation] max_kv_usage = --saturation-kv-usage`
+(none of them in the default list). Before the policies, `llmlb doctor` checks the replicas
 twice: with the pool's tokenizer (should agree) and with the stand-in
 (should name the wrong tokenizer). Last, it says whether the two backends
 rank the policies the same way by p99 TTFT and by hit rate. With `--rounds
@@ -72,6 +73,8 @@ POLICIES = {
     "hash_homes": ("least_connections", "hash"),
     # with homes and [pools.saturation] max_in_flight = --saturation-in-flight
     "hash_homes_capped": ("least_connections", "hash"),
+    # with [pools.saturation] max_kv_usage = --saturation-kv-usage
+    "hash_kv": ("least_connections", "hash"),
     "cache_homes": ("least_connections", "cache"),
     "exact_homes": ("least_connections", "exact"),
     # with [pools.prefix] evictions = "free"
@@ -284,6 +287,8 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append('kv_wait = "batch"')
         if policy.endswith("_capped"):
             lines += ["", "[pools.saturation]", f"max_in_flight = {args.saturation_in_flight}"]
+        if policy.endswith("_kv"):
+            lines += ["", "[pools.saturation]", f"max_kv_usage = {args.saturation_kv_usage}"]
     if not stand_in:
         lines += ["", "[pools.tokenizer]", f'dir = "{backend.tokenizer_dir()}"']
     for port, ev, rp in zip(backend.ports, backend.subscribe, backend.replays):
@@ -487,6 +492,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the policy list this many times (seed + round), then pool each "
                          "policy's runs: hits over all of them, TTFT percentiles over every request")
+    ap.add_argument("--saturation-kv-usage", type=float, default=0.9,
+                    help="[pools.saturation] max_kv_usage of the *_kv policies")
     ap.add_argument("--saturation-in-flight", type=int, default=5,
                     help="[pools.saturation] max_in_flight of the *_capped policies")
     ap.add_argument("--replica-port", type=int, default=18000)
