@@ -200,6 +200,15 @@ pub fn table(runs: &[RunResult]) -> String {
             ms(r.goodput_ttft_s)
         );
     }
+    if let Some(most) = runs.iter().map(|r| r.outcomes.too_long).max()
+        && most > 0
+    {
+        let _ = writeln!(
+            out,
+            "errors include up to {most} requests longer than the profile's context \
+             (answered 400, as vLLM answers them; --max-model-len raises it)"
+        );
+    }
     out
 }
 

@@ -385,3 +385,21 @@ fn each_request_keeps_its_ttft_and_replica_in_workload_order() {
         assert!((a - b).abs() < 1e-12, "{a} vs {b}");
     }
 }
+
+#[test]
+fn the_table_says_when_errors_are_prompts_over_the_context() {
+    let spec = WorkloadSpec::Random(RandomOptions {
+        input_len: LenRange::fixed(100_000),
+        output_len: LenRange::fixed(8),
+    });
+    let long = SimWorkload::builtin(&spec, 3, 50.0, 1.0, 7).unwrap();
+    let r = simulate(&long, 2, "round_robin", &[]);
+    assert_eq!((r.outcomes.too_long, r.outcomes.errors()), (3, 3));
+    let text = super::report::table(std::slice::from_ref(&r));
+    assert!(
+        text.contains("errors include up to 3 requests longer than the profile's context"),
+        "{text}"
+    );
+    let fine = simulate(&workload(3, 50.0), 2, "round_robin", &[]);
+    assert!(!super::report::table(&[fine]).contains("longer than"));
+}
