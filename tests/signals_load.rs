@@ -265,6 +265,17 @@ async fn outstanding_tokens_shrink_as_the_stream_flows_and_free_on_disconnect() 
     proxy.stop().await;
 }
 
+/// `fake` reports `usage` of its KV cache from now on; returns once the
+/// proxy has scraped it.
+async fn report_kv_usage(proxy: &Proxy, fake: &Fake, usage: f64) {
+    fake.set_metrics(vllm_metrics(4, 0, usage));
+    proxy
+        .wait_for(fake, Duration::from_secs(3), "the new scrape", |r| {
+            r["load"]["kv_usage"] == usage
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_affinity_leaves_a_full_cache_only_with_max_kv_usage() {
     const TABLES: &str = "[pools.prefix]\nmode = \"hash\"\n[pools.saturation]\nmax_kv_usage = 0.9\n\
@@ -279,17 +290,8 @@ async fn hash_affinity_leaves_a_full_cache_only_with_max_kv_usage() {
     chats_ok(&proxy, 4).await;
     let (home, other) = if a.chats() == 4 { (&a, &b) } else { (&b, &a) };
     assert_eq!((home.chats(), other.chats()), (4, 0));
-    let usage_is = |u: f64| move |r: &serde_json::Value| r["load"]["kv_usage"] == u;
     // The home's cache fills (no request waits there): the key moves on.
-    home.set_metrics(vllm_metrics(4, 0, 0.95));
-    proxy
-        .wait_for(
-            home,
-            Duration::from_secs(3),
-            "the full scrape",
-            usage_is(0.95),
-        )
-        .await;
+    report_kv_usage(&proxy, home, 0.95).await;
     chats_ok(&proxy, 4).await;
     assert_eq!((home.chats(), other.chats()), (4, 4));
     let m = proxy.metrics().await;
@@ -302,15 +304,7 @@ async fn hash_affinity_leaves_a_full_cache_only_with_max_kv_usage() {
         "{m}"
     );
     // Room again: back home.
-    home.set_metrics(vllm_metrics(4, 0, 0.50));
-    proxy
-        .wait_for(
-            home,
-            Duration::from_secs(3),
-            "the roomy scrape",
-            usage_is(0.5),
-        )
-        .await;
+    report_kv_usage(&proxy, home, 0.5).await;
     chats_ok(&proxy, 2).await;
     assert_eq!((home.chats(), other.chats()), (6, 4));
     proxy.stop().await;

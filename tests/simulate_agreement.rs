@@ -43,6 +43,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use llmlb::bench::text::{SplitMix, mix};
 use llmlb::bench::workload::{
     LenRange, RandomOptions, SharedPrefixOptions, TraceOptions, WorkloadSpec,
 };
@@ -147,9 +148,10 @@ fn profile() -> SimConfig {
 /// What one real run gives back.
 struct Real {
     figures: llmlb::bench::stats::Figures,
-    /// When each request was sent, wall ms from the start of the run.
+    /// When each request was sent, wall ms from the start of the run, in
+    /// the order sent.
     sent_ms: Vec<f64>,
-    /// Per request in the order sent: its TTFT (wall ms) and replica.
+    /// Per request in the same order: its TTFT (wall ms) and replica.
     per_request: Vec<(Option<f64>, String)>,
     cache: PrefixCache,
     replicas: Vec<SocketAddr>,
@@ -222,16 +224,14 @@ async fn run_real(policy: &str, workload: WorkloadSpec, arrivals: Arrivals, requ
             println!("{policy}: {line}");
         }
     }
+    let mut by_send: Vec<_> = report.requests.iter().collect();
+    by_send.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
     let real = Real {
-        sent_ms: report.requests.iter().map(|r| r.start_ms).collect(),
-        per_request: {
-            let mut by_send: Vec<_> = report.requests.iter().collect();
-            by_send.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
-            by_send
-                .iter()
-                .map(|r| (r.ttft_ms, r.replica.clone().unwrap_or_default()))
-                .collect()
-        },
+        sent_ms: by_send.iter().map(|r| r.start_ms).collect(),
+        per_request: by_send
+            .iter()
+            .map(|r| (r.ttft_ms, r.replica.clone().unwrap_or_default()))
+            .collect(),
         busiest: busiest_over_mean(&report.requests, fleet.replica_addrs().len()),
         scrape_phase: next_wall_ms * sim_time_scale() / 1000.0,
         figures: report.figures,
@@ -359,9 +359,8 @@ fn summary(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
 /// runs it late; the spread is well under the mean on a quiet host. Sends
 /// and schedule are paired in time order.
 fn lateness(real: &Real, workload: &SimWorkload) -> (f64, f64) {
-    let mut sent = real.sent_ms.clone();
-    sent.sort_by(f64::total_cmp);
-    let late: Vec<f64> = sent
+    let late: Vec<f64> = real
+        .sent_ms
         .iter()
         .zip(&workload.requests)
         .map(|(s, r)| (s - r.at * 1000.0 / sim_time_scale()).max(0.0) * sim_time_scale() / 1000.0)
@@ -376,10 +375,8 @@ fn lateness(real: &Real, workload: &SimWorkload) -> (f64, f64) {
 /// `real` (sends and schedule paired in time order): one simulated run with
 /// the real run's own arrivals instead of a draw of its lateness.
 fn replay(workload: &SimWorkload, real: &Real) -> SimWorkload {
-    let mut sent = real.sent_ms.clone();
-    sent.sort_by(f64::total_cmp);
     let mut out = workload.clone();
-    for (r, s) in out.requests.iter_mut().zip(&sent) {
+    for (r, s) in out.requests.iter_mut().zip(&real.sent_ms) {
         r.at = s * sim_time_scale() / 1000.0;
     }
     out
@@ -391,13 +388,8 @@ fn replay(workload: &SimWorkload, real: &Real) -> SimWorkload {
 /// time kept: which request of a burst reaches the proxy and its replica
 /// first is not fixed on the real path.
 fn shuffle_bursts(mut replayed: SimWorkload, schedule: &SimWorkload, seed: u64) -> SimWorkload {
-    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut next = move |below: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % below as u64) as usize
-    };
+    let mut rng = SplitMix::new(mix(seed, 0x6275_7273));
+    let mut next = move |below: usize| (rng.next_u64() % below as u64) as usize;
     let times = &schedule.requests;
     let requests = &mut replayed.requests;
     let mut start = 0;
@@ -421,13 +413,12 @@ fn shuffle_bursts(mut replayed: SimWorkload, schedule: &SimWorkload, seed: u64) 
 /// Each request of a real run next to the same request in its replay
 /// (simulated ms).
 fn print_per_request(policy: &str, real: &Real, replayed: &RunResult) {
-    let mut sent = real.sent_ms.clone();
-    sent.sort_by(f64::total_cmp);
     let scale = sim_time_scale();
     println!(
         "{policy}: request, sent ms, real replica, real TTFT ms, replay replica, replay TTFT ms"
     );
-    for (i, ((s, (ttft, replica)), (sim_ttft, sim_replica))) in sent
+    for (i, ((s, (ttft, replica)), (sim_ttft, sim_replica))) in real
+        .sent_ms
         .iter()
         .zip(&real.per_request)
         .zip(&replayed.per_request)
@@ -572,9 +563,10 @@ async fn agreement(case: Case) {
             late_all.push((late, sd));
             phases.push(one.scrape_phase * 1000.0);
             real[k].push(real_figures(&one));
-            let again = simulate(&replay(workload, &one), &one, policy, delay, 0);
+            let replayed_sends = replay(workload, &one);
+            let again = simulate(&replayed_sends, &one, policy, delay, 0);
             for draw in 0..DRAWS_PER_RUN {
-                let w = shuffle_bursts(replay(workload, &one), workload, draw + 1);
+                let w = shuffle_bursts(replayed_sends.clone(), workload, draw + 1);
                 shuffled[k].push(sim_figures(&simulate(&w, &one, policy, delay, draw + 1)));
             }
             if std::env::var_os("AGREEMENT_PER_REQUEST").is_some() {
