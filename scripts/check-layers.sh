@@ -30,7 +30,7 @@ rule() {
 }
 
 # The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire.
-rule "net config telemetry tokenize tokenizer kv_events" \
+rule "net config telemetry tokenize tokenizer kv_events kv_transfer" \
   "$TOP|$LOOPS|$TOOLS|gateway|routing|admission|balancing|signals|health"
 # Replica state and what feeds it.
 rule "balancing signals health" "$TOP|$LOOPS|$TOOLS|gateway|routing|admission"

@@ -20,6 +20,7 @@ pub mod forwarding;
 pub mod gateway;
 pub mod health;
 pub mod kv_events;
+pub mod kv_transfer;
 pub mod net;
 pub mod routing;
 pub mod server;

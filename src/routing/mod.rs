@@ -14,6 +14,7 @@ mod cache;
 pub mod canary;
 mod carry_over;
 mod decision;
+pub mod disaggregate;
 mod dispatch;
 mod error;
 pub mod hash_key;
@@ -32,6 +33,7 @@ mod topology;
 
 pub use branch::RouteBranch;
 pub use decision::{Decision, placement_ttft};
+pub use disaggregate::{Disaggregation, SplitBranch};
 pub use dispatch::{Choice, choose};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, VersionRecord};

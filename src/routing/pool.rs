@@ -49,6 +49,9 @@ pub struct Pool {
     pub replica_models: Option<super::replica_models::ReplicaModels>,
     /// Ask streams for `usage` (`stream_usage`).
     pub stream_usage: bool,
+    /// `[pools.disaggregation]`: some requests are prefilled on another
+    /// pool's replicas.
+    pub disaggregation: Option<super::disaggregate::Disaggregation>,
 }
 
 /// One pool's series of the `decisions` counter, one per balancer branch,

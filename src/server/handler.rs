@@ -14,7 +14,7 @@ use super::closed::ClientClosed;
 use super::scope::{self, AnswerBody, Scope, ScopedBody};
 use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
-use super::{access_log, stages, surface};
+use super::{access_log, disaggregate, stages, surface};
 use crate::admission::Settlement;
 use crate::forwarding::REQUEST_ID;
 use crate::gateway::RateHeaders;
@@ -120,6 +120,7 @@ async fn route(
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
+    let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
     let tokens = estimate.tokens_for(pool, &meta).await;
     let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
     let (decision, body) = send::route_within(
@@ -139,17 +140,47 @@ async fn route(
             span.set("llmlb.route", label.clone());
         }
     }
+    let model = resolved.rewrite.unwrap_or(&meta.model);
+    let strip_key = config.gateway.auth || caller.key.is_some();
+    let step = disaggregate::Step {
+        topology: &current,
+        pool,
+        decision: &decision,
+        meta: &meta,
+        tokens,
+        parts: &parts,
+        tier,
+        model,
+        info: crate::balancing::RequestInfo {
+            model,
+            prompt_tokens,
+            max_tokens,
+            user: meta.user.as_deref(),
+        },
+        strip_key,
+    };
+    let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
+    if let Some(s) = &split {
+        notes.fields.route = Some(match notes.fields.route.take() {
+            Some(route) => format!("{route}+split_{}", s.branch.as_str()),
+            None => format!("split_{}", s.branch.as_str()),
+        });
+    }
     let out = send::Outgoing {
         parts,
         body,
-        model: resolved.rewrite.unwrap_or(&meta.model),
+        model,
         user: meta.user.as_deref(),
         stream: meta.stream.then_some(meta.stream_options),
         estimate: &estimate,
-        strip_key: config.gateway.auth || caller.key.is_some(),
+        strip_key,
         expose_replica: config.server.replica_header,
     };
+    let decode_sent = Instant::now();
     let (resp, version) = send::send(ctx, pool, &decision, out, permit.as_mut()).await?;
+    if let Some(s) = &split {
+        s.decoded(ctx, pool, decode_sent);
+    }
     charge.commit();
     let settlement = Settlement {
         caller,

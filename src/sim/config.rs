@@ -43,6 +43,9 @@ pub struct SimConfig {
     /// tokens, as the model's vLLM would (unset: the stand-in tokenizer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_dir: Option<PathBuf>,
+    /// Prefill/decode role and KV transfer speed.
+    #[serde(default)]
+    pub disaggregation: super::role::RoleConfig,
 }
 
 /// Fault injection settings, at start and as changed by `POST /sim/fault`.
@@ -132,6 +135,7 @@ impl SimConfig {
         self.engine.validate()?;
         self.cost.validate()?;
         self.faults.validate()?;
+        self.disaggregation.validate()?;
         self.tokenizer().map(|_| ())
     }
 

@@ -28,11 +28,13 @@ pub mod metrics;
 mod openai;
 pub mod profile;
 mod responses;
+pub mod role;
 mod server;
 mod stream;
 pub mod text;
 
 pub use config::{ConfigError, FaultConfig, SimConfig};
+pub use role::{Role, RoleConfig};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -171,6 +173,8 @@ fn spawn_inner(
         commands: commands_rx,
         shutdown: shutdown_rx.clone(),
         kv_events,
+        transfer: config.disaggregation.clone(),
+        arriving: Vec::new(),
     };
     let tokenizer = config
         .tokenizer()
@@ -185,6 +189,7 @@ fn spawn_inner(
         created_unix: http::unix_now(),
         next_id: AtomicU64::new(1),
         shutdown: shutdown_rx.clone(),
+        addr,
     });
     let driver = tokio::spawn(driver.run());
     let server = tokio::spawn(server::serve(listener, Arc::clone(&replica), shutdown_rx));

@@ -123,6 +123,7 @@ impl Engine {
             output: Vec::new(),
             max_tokens: req.max_tokens,
             priority: req.priority,
+            external_tokens: req.external_tokens,
             order: self.next_order,
             arrival: now,
             hashes: Vec::new(),
@@ -198,6 +199,27 @@ impl Engine {
     /// KV-cache events since the last call, in the order they happened.
     pub fn take_kv_events(&mut self) -> Vec<crate::kv_events::KvEvent> {
         self.pool.take_events()
+    }
+
+    /// Leading tokens of `prompt` this engine's prefix cache holds now (whole
+    /// blocks), as a request's admission would find them: what a decode
+    /// replica need not receive from a prefill replica.
+    pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
+        if !self.params.enable_prefix_caching {
+            return 0;
+        }
+        let bs = self.params.block_size;
+        let mut parent = None;
+        let mut n = 0;
+        for block in prompt.chunks_exact(bs) {
+            let h = kv_cache::block_hash(parent, block);
+            if self.pool.lookup(h).is_none() {
+                break;
+            }
+            parent = Some(h);
+            n += bs;
+        }
+        n
     }
 
     /// Blocks held by request `id` (for tests and diagnostics).

@@ -9,6 +9,9 @@ pub(super) struct Seq {
     pub output: Vec<u32>,
     pub max_tokens: usize,
     pub priority: i64,
+    /// Leading prompt tokens loaded from a prefill replica (see
+    /// [`super::NewRequest::external_tokens`]).
+    pub external_tokens: usize,
     /// Arrival order, the FCFS tie-breaker.
     pub order: u64,
     pub arrival: f64,

@@ -160,7 +160,15 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let computed = hits.len() * bs;
+        // A disaggregated request's prompt arrives computed from its
+        // prefill replica (first admission only: after a preemption it is
+        // recomputed here, as vLLM does).
+        let external = if seq.cached_tokens.is_none() {
+            seq.external_tokens.min(total - 1)
+        } else {
+            0
+        };
+        let computed = (hits.len() * bs).max(external);
         let n = (total - computed).min(budget);
         let fresh = Seq::blocks_for(computed + n, bs) - hits.len();
         let revived = hits.iter().filter(|&&b| self.pool.is_free(b)).count();
@@ -170,13 +178,16 @@ impl Engine {
         for &b in &hits {
             self.pool.acquire(b);
         }
+        let num_hits = hits.len();
         seq.blocks = hits;
         for _ in 0..fresh {
             let b = self.pool.allocate().expect("checked free blocks");
             seq.blocks.push(b);
         }
         seq.num_computed = computed;
-        seq.num_committed = seq.blocks.len().min(computed / bs);
+        // Only the cache's own blocks are committed; loaded ones are
+        // committed as they fill, like computed ones.
+        seq.num_committed = num_hits;
         // As in vLLM, a request re-admitted after preemption is not counted
         // again: the prefix-cache counters describe first admissions only.
         if caching && seq.cached_tokens.is_none() {

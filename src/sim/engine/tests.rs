@@ -35,6 +35,7 @@ pub(super) fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         prompt,
         max_tokens,
         priority: 0,
+        external_tokens: 0,
     }
 }
 
@@ -424,7 +425,7 @@ mod properties {
                 // Requests of one family share a leading run of tokens.
                 let mut prompt = toks(family * 1000, len.min(60));
                 prompt.extend(toks(100_000 + i as u32 * 200, len.saturating_sub(60)));
-                let r = NewRequest { id: i as u64, prompt, max_tokens: out, priority: prio };
+                let r = NewRequest { id: i as u64, prompt, max_tokens: out, priority: prio, external_tokens: 0 };
                 e.add_request(r, 0.0).unwrap();
                 expected.insert(i as u64, out);
             }

@@ -109,6 +109,7 @@ impl Sim<'_> {
             prompt: std::mem::take(&mut l.prompt),
             max_tokens: self.spec.workload.requests[i].output as usize,
             priority: 0,
+            external_tokens: 0,
         };
         if self.slots[at].engine.add_request(req, now).is_err() {
             // The replica answers 400 (context too long).
