@@ -7,7 +7,6 @@
 
 mod common;
 
-
 use common::*;
 use llmlb::sim::faults::FaultPatch;
 use llmlb::sim::{Role, SimConfig, SimHandle};
@@ -402,4 +401,3 @@ async fn replicas_refuse_the_side_they_do_not_play() {
     assert_eq!(v["kv_transfer_params"]["do_remote_prefill"], true);
     assert_eq!(v["kv_transfer_params"]["remote_port"], prefill.addr.port());
 }
-

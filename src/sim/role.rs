@@ -1,4 +1,4 @@
-//! A replica's part in prefill/decode disaggregation (`llmlb sim --role`)
+//! A replica's part in prefill/decode disaggregation (`llmlb replica-sim --role`)
 //! and the time a prompt's KV cache takes to reach a decode replica.
 //!
 //! Roles follow vLLM's `kv_role`: a `prefill` replica (`kv_producer`)
