@@ -401,3 +401,41 @@ async fn replicas_refuse_the_side_they_do_not_play() {
     assert_eq!(v["kv_transfer_params"]["do_remote_prefill"], true);
     assert_eq!(v["kv_transfer_params"]["remote_port"], prefill.addr.port());
 }
+
+#[tokio::test]
+async fn the_doctor_probes_both_sides_of_the_protocol() {
+    use llmlb::doctor::{Options, Severity, Topic};
+    let opts = Options {
+        request_timeout: std::time::Duration::from_secs(30),
+        ..Options::default()
+    };
+    let prefill = replica(replica_config(Role::Prefill)).await;
+    let decode = replica(replica_config(Role::Decode)).await;
+    let text = pair_config(&[url(&decode)], &[url(&prefill)], "");
+    let config = llmlb::config::parse(&text).unwrap();
+    let report = llmlb::doctor::run(&config, &opts).await;
+    let findings: Vec<_> = report
+        .replicas
+        .iter()
+        .flat_map(|r| r.findings.iter().map(move |f| (r.pool.as_str(), f)))
+        .filter(|(_, f)| f.topic == Topic::Disaggregation)
+        .collect();
+    assert_eq!(findings.len(), 2, "{report:?}");
+    assert!(
+        findings.iter().all(|(_, f)| f.severity == Severity::Ok),
+        "{findings:?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|(pool, f)| *pool == "chat" && f.message.contains("arrived cached")),
+        "{findings:?}"
+    );
+    // The prefill pool is probed with the model of the pool it serves.
+    assert!(!report.has_error(Topic::Model), "{report:?}");
+    // A replica playing the wrong side is named.
+    let wrong = replica(replica_config(Role::Decode)).await;
+    let text = pair_config(&[url(&decode)], &[url(&wrong)], "");
+    let report = llmlb::doctor::run(&llmlb::config::parse(&text).unwrap(), &opts).await;
+    assert!(report.has_error(Topic::Disaggregation), "{report:?}");
+}

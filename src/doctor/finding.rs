@@ -36,6 +36,8 @@ pub enum Topic {
     PrefixCache,
     Events,
     Replay,
+    /// A disaggregated pool's prefill and decode sides (vLLM's protocol).
+    Disaggregation,
 }
 
 impl Topic {
@@ -48,6 +50,7 @@ impl Topic {
             Topic::PrefixCache => "prefix_cache",
             Topic::Events => "events",
             Topic::Replay => "replay",
+            Topic::Disaggregation => "disaggregation",
         }
     }
 }

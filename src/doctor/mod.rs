@@ -12,12 +12,18 @@
 //! send the block-aligned cached count), and [`finding::Report`] renders the
 //! findings; the command exits 1 when any is an error.
 //!
-//! The probe is real traffic: two one-token generations per replica. DNS
+//! A disaggregated pool and its prefill pool are also probed as a pair
+//! ([`roles`]): each prefill replica prefills for a remote decode, each
+//! decode replica decodes one of those prefills.
+//!
+//! The probe is real traffic: two one-token generations per replica (one
+//! more for each replica of a disaggregated pair). DNS
 //! discovered replicas are not probed (only the configured list is).
 
 pub mod events;
 pub mod finding;
 pub mod probe;
+mod roles;
 pub mod verdict;
 
 use std::time::Duration;
@@ -62,7 +68,24 @@ pub async fn run(config: &Config, opts: &Options) -> Report {
             ));
             continue;
         }
-        check_pool(pc, opts, &mut report).await;
+        // A prefill pool lists no models: it is probed with the model of
+        // the pool it prefills for.
+        let named_by = config.pools.iter().find(|p| {
+            p.disaggregation
+                .as_ref()
+                .is_some_and(|d| d.prefill_pool == pc.name)
+        });
+        match named_by {
+            Some(decode) if pc.role == crate::config::PoolRole::Prefill => {
+                let mut probed = pc.clone();
+                probed.models = decode.models.clone();
+                check_pool(&probed, opts, &mut report).await;
+            }
+            _ => check_pool(pc, opts, &mut report).await,
+        }
+    }
+    for pc in &config.pools {
+        roles::check(config, pc, opts.request_timeout, &mut report).await;
     }
     report
 }

@@ -91,6 +91,21 @@ impl Target<'_> {
         })
     }
 
+    /// Posts `body` to the chat endpoint; the answer's bytes when it is a 200.
+    pub async fn post_chat(&self, body: Bytes) -> Result<Bytes, String> {
+        let (status, bytes) = self
+            .send(Method::POST, "/v1/chat/completions", body)
+            .await?;
+        if status != 200 {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err(format!(
+                "the replica answered {status}: {}",
+                text.chars().take(300).collect::<String>()
+            ));
+        }
+        Ok(bytes)
+    }
+
     /// The model names the replica serves (the `id`s of its `/v1/models`).
     pub async fn served_models(&self) -> Result<Vec<String>, String> {
         let (status, bytes) = self.send(Method::GET, "/v1/models", Bytes::new()).await?;
