@@ -5,13 +5,13 @@
 # greedy prompts through both; answers compared, TTFT and inter-token
 # figures printed. Run under the vLLM lock (and `quiet` for figures):
 #   flock /tmp/llmlb-vllm.lock quiet bash scripts/pd-real-vllm.sh
-# Knobs: N (prompts, 24), WORDS (prompt words, 700: about 1,600 tokens),
+# Knobs: N (prompts, 24), WORDS (prompt words, 360: about 1,600 tokens),
 # MAX_TOKENS (64), CONC (concurrency, 1 2), LLMLB (binary), OUT (dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=/work/shared/vllm-cpu/setup_and_serve.sh
 LLMLB=${LLMLB:-target/release/llmlb}
-N=${N:-24}; WORDS=${WORDS:-700}; MAX_TOKENS=${MAX_TOKENS:-64}; CONC=${CONC:-"1 2"}
+N=${N:-24}; WORDS=${WORDS:-360}; MAX_TOKENS=${MAX_TOKENS:-64}; CONC=${CONC:-"1 2"}
 OUT=${OUT:-$(mktemp -d /tmp/llmlb-pd.XXXX)}
 KV=$(mktemp -d /tmp/llmlb-pd-kv.XXXX)
 PY=python3

@@ -128,6 +128,18 @@ fn check(path: &Path) -> ExitCode {
                     p.balancer.as_str(),
                     p.models.join(", ")
                 );
+                if p.role == config::PoolRole::Prefill {
+                    println!("    role prefill: prefills for the pools that name it");
+                }
+                if let Some(d) = &p.disaggregation {
+                    println!(
+                        "    disaggregated: prefill pool {:?}, protocol {}, when {} (min {} uncached tokens)",
+                        d.prefill_pool,
+                        d.protocol.as_str(),
+                        d.when.as_str(),
+                        d.min_uncached_tokens
+                    );
+                }
                 match &p.tokenizer {
                     Some(t) => println!("    tokenizer {}", t.dir.display()),
                     None => println!(

@@ -439,3 +439,18 @@ async fn the_doctor_probes_both_sides_of_the_protocol() {
     let report = llmlb::doctor::run(&llmlb::config::parse(&text).unwrap(), &opts).await;
     assert!(report.has_error(Topic::Disaggregation), "{report:?}");
 }
+
+#[test]
+fn fleet_sim_says_it_does_not_model_disaggregated_pools() {
+    let text = pair_config(
+        &["http://127.0.0.1:1".to_string()],
+        &["http://127.0.0.1:2".to_string()],
+        "",
+    );
+    let config = llmlb::config::parse(&text).unwrap();
+    let err = llmlb::simulate::decide::Decider::new(&config, MODEL, 1).unwrap_err();
+    assert!(
+        err.to_string().contains("does not model prefill pools"),
+        "{err}"
+    );
+}

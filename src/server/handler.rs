@@ -161,9 +161,15 @@ async fn route(
     };
     let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
     if let Some(s) = &split {
-        notes.fields.route = Some(match notes.fields.route.take() {
-            Some(route) => format!("{route}+split_{}", s.branch.as_str()),
+        // The access log's `route` names the prefill replica; `replica`
+        // stays the decode replica that answered.
+        let label = match &s.prefilled {
+            Some(p) => format!("split_{}@{}", s.branch.as_str(), p.replica.name),
             None => format!("split_{}", s.branch.as_str()),
+        };
+        notes.fields.route = Some(match notes.fields.route.take() {
+            Some(route) => format!("{route}+{label}"),
+            None => label,
         });
     }
     let out = send::Outgoing {

@@ -182,6 +182,13 @@ impl Decider {
             .and_then(|name| topology.pools.iter().position(|p| p.name == name))
             .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
         let p = &topology.pools[pool];
+        if p.disaggregation.is_some() {
+            return Err(SimulateError::Invalid(format!(
+                "pool {:?} has [pools.disaggregation]: fleet-sim does not model prefill pools yet \
+                 (run replica-sim replicas with --role prefill and --role decode behind llmlb serve)",
+                p.name
+            )));
+        }
         let index = p
             .replicas
             .iter()
