@@ -39,11 +39,11 @@ bench() { # NAME RATE INPUT REQUESTS [extra]
   local name=$1 rate=$2 input=$3 n=$4
   # shellcheck disable=SC2086
   "$LLMLB" bench --target "http://127.0.0.1:$LB" --model "$MODEL" --workload random \
-    --input-len "$input" --output-len 256 --rate "$rate" --requests "$n" --seed "$rate$input" \
+    --input-len "$input" --output-len 256 --rate "$rate" --requests "$n" --seed "${rate/./}$input" \
     --slo $SLO --no-progress --name "$name" --out "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
   python3 - "$OUT/$name.json" "$name" "$rate" <<'PY'
 import json, sys
-f = json.load(open(sys.argv[1]))["figures"]
+f = json.load(open(sys.argv[1]))
 print(json.dumps({"run": sys.argv[2], "rate": float(sys.argv[3]), "completed": f["completed"], "failed": f["failed"],
   "ttft_p50_ms": round(f["ttft_ms"]["p50"], 1), "ttft_p99_ms": round(f["ttft_ms"]["p99"], 1),
   "itl_p50_ms": round(f["itl_ms"]["p50"], 2), "itl_p99_ms": round(f["itl_ms"]["p99"], 2),

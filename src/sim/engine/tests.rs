@@ -64,6 +64,27 @@ pub(super) fn finished(outs: &[StepOutcome]) -> Vec<Finished> {
 }
 
 #[test]
+fn a_prompt_loaded_from_a_prefill_replica_decodes_at_once() {
+    let mut e = Engine::new(params(), cost(), 1);
+    let prompt = toks(1000, 100);
+    let mut r = req(1, prompt.clone(), 4);
+    r.external_tokens = prompt.len();
+    e.add_request(r, 0.0).unwrap();
+    let (_, outs) = run(&mut e, 0.0);
+    // Every step is a decode step: no prefill in the batch.
+    assert!(outs.iter().all(|o| o.shape.prefill_tokens == 0), "{outs:?}");
+    assert_eq!(outs[0].shape.decode_seqs, 1);
+    assert_eq!(outs.len(), 4);
+    let f = &finished(&outs)[0];
+    assert_eq!((f.cached_tokens, f.completion_tokens), (99, 4));
+    // Its blocks entered the prefix cache: the same prompt prefilled here
+    // next finds them.
+    e.add_request(req(2, prompt, 1), 1.0).unwrap();
+    let (_, outs) = run(&mut e, 1.0);
+    assert_eq!(finished(&outs)[0].cached_tokens, 96);
+}
+
+#[test]
 fn second_identical_prompt_hits_every_full_block() {
     let mut e = Engine::new(params(), cost(), 1);
     let prompt = toks(1000, 100); // 6 full blocks + 4 tokens
