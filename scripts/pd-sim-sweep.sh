@@ -6,13 +6,15 @@
 # against always disaggregated. Prints one JSON line per run.
 #   quiet bash scripts/pd-sim-sweep.sh
 # Knobs: LLMLB (binary), RATES ("1 2 3 4 5"), REQUESTS (60), OUT (dir),
-# SLO ("ttft:1000 tpot:20").
+# SLO ("ttft:1000 tpot:20"), PARTS ("aggregated 2p2d mixed": which runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLMLB=${LLMLB:-target/release/llmlb}
 RATES=${RATES:-"1 2 3 4 5"}
 REQUESTS=${REQUESTS:-60}
 SLO=${SLO:-"ttft:1000 tpot:20"}
+PARTS=${PARTS:-"aggregated 2p2d mixed"}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-$(mktemp -d /tmp/llmlb-pd-sim.XXXX)}
 MODEL=meta-llama/Llama-3.1-8B-Instruct
 LB=19190; ADMIN=19191
@@ -92,13 +94,18 @@ disagg always > "$OUT/disaggregated.toml"
 disagg auto > "$OUT/auto.toml"
 
 for rate in $RATES; do
-  sims 19100 4 both; serve "$OUT/aggregated.toml"
-  bench "aggregated-r$rate" "$rate" 4096 "$REQUESTS"
-  stop_all
-  sims 19110 2 decode; sims 19120 2 prefill; serve "$OUT/disaggregated.toml"
-  bench "2p2d-r$rate" "$rate" 4096 "$REQUESTS"
-  stop_all
+  if part aggregated; then
+    sims 19100 4 both; serve "$OUT/aggregated.toml"
+    bench "aggregated-r$rate" "$rate" 4096 "$REQUESTS"
+    stop_all
+  fi
+  if part 2p2d; then
+    sims 19110 2 decode; sims 19120 2 prefill; serve "$OUT/disaggregated.toml"
+    bench "2p2d-r$rate" "$rate" 4096 "$REQUESTS"
+    stop_all
+  fi
 done
+part mixed || { echo "results in $OUT"; exit 0; }
 
 # Mixed: short prompts (128 tokens) at 4/s beside long ones (4,096) at 1.5/s.
 for when in always auto; do
