@@ -448,7 +448,9 @@ fn fleet_sim_says_it_does_not_model_disaggregated_pools() {
         "",
     );
     let config = llmlb::config::parse(&text).unwrap();
-    let err = llmlb::simulate::decide::Decider::new(&config, MODEL, 1).unwrap_err();
+    let Err(err) = llmlb::simulate::decide::Decider::new(&config, MODEL, 1) else {
+        panic!("fleet-sim accepted a disaggregated pool");
+    };
     assert!(
         err.to_string().contains("does not model prefill pools"),
         "{err}"
