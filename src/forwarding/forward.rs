@@ -15,10 +15,13 @@ use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
-use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
+use crate::balancing::RequestInfo;
 use crate::net::ReportedUsage;
-use crate::routing::{Choice, StreamBroken, choose};
-use crate::routing::{Decision, Failure, Pool};
+use crate::pool::{Choice, choose};
+use crate::pool::{Failure, Pool};
+use crate::replica::{Replica, ReplicaId};
+use crate::routing::Decision;
+use crate::routing::StreamBroken;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::StageSpan;
@@ -328,7 +331,7 @@ fn stream_back(
     resp: Response<hyper::body::Incoming>,
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
-    guard: balancing::InFlightGuard,
+    guard: crate::replica::InFlightGuard,
     strip_usage: bool,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();

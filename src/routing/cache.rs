@@ -36,8 +36,8 @@ use super::prefix::predict;
 use super::prefix::rendezvous;
 use super::prefix::score::{self, Candidate};
 use super::router::Router;
-use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::PrefixMode;
+use crate::replica::{Replica, ReplicaId, ReplicaView};
 
 /// Sets the decision's preference among `cands` for a prompt of `tokens`.
 pub(super) fn prefer(
@@ -352,11 +352,11 @@ impl Holdings {
 mod tests {
     use http::HeaderMap;
 
-    use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::test_fleet::{
+    use crate::pool::test_fleet::{
         dispatch_chat, dispatch_chat_with_branches, hold_hot_prompt, hot_prompt_chat, input,
         pool_of, route,
     };
+    use crate::routing::prefix::blocks::block_hashes;
     use crate::routing::{Prompt, RouteBranch};
     use crate::tokenize::ChatMessage;
 
@@ -415,7 +415,7 @@ mod tests {
         let pool = &t.pools[0];
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
-        let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
+        let mut held: std::collections::VecDeque<crate::replica::InFlightGuard> =
             std::collections::VecDeque::new();
         let mut worst: f64 = 0.0;
         for i in 0..1_200 {
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn the_index_lists_no_more_than_the_replica_reports_room_for() {
-        use crate::signals::LoadSnapshot;
+        use crate::replica::LoadSnapshot;
         let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
         let pool = &t.pools[0];
         let chat = hot_prompt_chat(0);
@@ -505,7 +505,7 @@ mod tests {
             "{on_first} of 8 on the replica all prefer"
         );
         for r in &pool.replicas {
-            r.store_load(crate::signals::LoadSnapshot {
+            r.store_load(crate::replica::LoadSnapshot {
                 kv_capacity_tokens: Some(16),
                 taken_at_ms: 1,
                 ..Default::default()

@@ -1,6 +1,8 @@
 //! Routing metrics: decisions by branch, and per-version request counts,
 //! errors and latency so an operator can compare a canary with the rest.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
@@ -108,7 +110,7 @@ pub struct VersionRecord {
     pub status: u16,
     pub start: Instant,
     /// Set when the stream broke midway: the request counts as a 502.
-    pub broken: Option<super::StreamBroken>,
+    pub broken: Option<StreamBroken>,
 }
 
 impl Drop for VersionRecord {
@@ -119,5 +121,21 @@ impl Drop for VersionRecord {
         };
         self.metrics
             .record_version(&self.pool, &self.version, status, self.start);
+    }
+}
+
+/// Set when the replica's stream broke midway (an error or the idle
+/// timeout after the headers were sent). Travels in the response's
+/// extensions so the records around the body (canary versions) see it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamBroken(Arc<AtomicBool>);
+
+impl StreamBroken {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Release);
     }
 }

@@ -16,7 +16,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use super::{AppState, Generation};
 use crate::config::{self, ConfigError};
 use crate::gateway::Gateway;
-use crate::routing::Topology;
+use crate::pool::Topology;
 
 #[derive(Debug, Clone)]
 pub struct ReloadMetrics {

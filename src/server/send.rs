@@ -20,8 +20,9 @@ use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardRequest, ProxyBody, StreamOptions, forward, strip_hop_by_hop, strip_private,
 };
-use crate::routing::model_map::rewrite_model;
-use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
+use crate::pool::model_map::rewrite_model;
+use crate::pool::{Pool, Resolution};
+use crate::routing::{Decision, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
