@@ -147,8 +147,8 @@ impl LearnedRates {
 
 #[cfg(test)]
 mod tests {
-    use crate::replica::EngineTiming;
     use super::*;
+    use crate::replica::EngineTiming;
 
     /// A scrape whose cumulative histograms stand at these totals.
     fn at(prefill_s: f64, requests: f64, tokens: f64, itl_s: f64, gaps: f64) -> LoadSnapshot {
