@@ -60,6 +60,9 @@ rule() {
 
 # The bottom imports nothing above it.
 rule "net config telemetry tokenize kv_events" "$BOTTOM_ONLY"
+# Telemetry declares metrics and traces from settings alone; each module
+# declares its own metrics through `telemetry::Family`.
+rule "telemetry" "$BOTTOM_ONLY|net|tokenize|kv_events"
 # Replica state sits just above the bottom.
 rule "replica" "$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing"
 # The loops that write replica state read the bottom and the replica.

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::health::checker::{self, CheckTarget};
+use crate::kv_events::metrics::KvEventMetrics;
 use crate::kv_events::subscriber::{self, EventSink};
 use crate::net::stopped;
 use crate::pool::Topology;
@@ -57,6 +58,8 @@ pub async fn supervise(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // The subscribers' own metrics, declared on the daemon's registry.
+    let kv_metrics = KvEventMetrics::register(metrics.registry());
     let mut loops: HashMap<Key, Loop> = HashMap::new();
     let mut series = series::Series::default();
     let mut tick = tokio::time::interval(TICK);
@@ -67,9 +70,9 @@ pub async fn supervise(
             _ = stopped(&mut shutdown) => break,
         }
         let topo = topology();
-        reconcile(&topo, &mut loops, &metrics);
-        refresh_gauges(&topo, &metrics);
-        series.forget_gone(&topo, &metrics);
+        reconcile(&topo, &mut loops, &metrics, &kv_metrics);
+        refresh_gauges(&topo, &metrics, &kv_metrics);
+        series.forget_gone(&topo, &metrics, &kv_metrics);
     }
     for (_, l) in loops.drain() {
         let _ = l.stop.send(true);
@@ -77,7 +80,12 @@ pub async fn supervise(
     }
 }
 
-fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metrics>) {
+fn reconcile(
+    topo: &Topology,
+    loops: &mut HashMap<Key, Loop>,
+    metrics: &Arc<Metrics>,
+    kv_metrics: &KvEventMetrics,
+) {
     let mut wanted: HashMap<Key, (String, Starter)> = HashMap::new();
     for pool in &topo.pools {
         let pool_name: Arc<str> = Arc::from(pool.name.as_str());
@@ -127,7 +135,7 @@ fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metr
                 .iter()
                 .find(|r| r.id == id)
                 .map_or("", |r| &r.name);
-            let sink: Arc<dyn EventSink> = metrics.kv_events.counting(&pool.name, name, held);
+            let sink: Arc<dyn EventSink> = kv_metrics.counting(&pool.name, name, held);
             wanted.insert(
                 (Kind::KvEvents, pool.name.clone(), id),
                 (
@@ -161,14 +169,13 @@ fn reconcile(topo: &Topology, loops: &mut HashMap<Key, Loop>, metrics: &Arc<Metr
     }
 }
 
-fn refresh_gauges(topo: &Topology, metrics: &Metrics) {
+fn refresh_gauges(topo: &Topology, metrics: &Metrics, kv_metrics: &KvEventMetrics) {
     let now = crate::telemetry::clock::now_millis();
     for pool in &topo.pools {
         let subscriptions = pool.router.kv_subscriptions();
         if !subscriptions.is_empty() {
             let unknown = subscriptions.iter().filter(|(_, _, h)| !h.known()).count();
-            metrics
-                .kv_events
+            kv_metrics
                 .unknown
                 .with_label_values(&[&pool.name])
                 .set(unknown as i64);
@@ -205,7 +212,8 @@ mod tests {
             4,
         );
         let metrics = Metrics::new();
-        refresh_gauges(&topo, &metrics);
+        let kv = KvEventMetrics::register(metrics.registry());
+        refresh_gauges(&topo, &metrics, &kv);
         assert!(
             metrics
                 .render()
@@ -213,7 +221,7 @@ mod tests {
         );
         // One system prompt, 40 requests held: 3 copies (see routing::cache).
         let _held = hold_hot_prompt(&topo.pools[0], 40);
-        refresh_gauges(&topo, &metrics);
+        refresh_gauges(&topo, &metrics, &kv);
         let text = metrics.render();
         assert!(
             text.contains("llmlb_prefix_replicated{pool=\"p\"} 1"),
@@ -225,8 +233,8 @@ mod tests {
         );
         // A reload that turns replication off takes the pool's series away.
         let mut series = series::Series::default();
-        series.forget_gone(&topo, &metrics);
-        series.forget_gone(&pool_of("", 4), &metrics);
+        series.forget_gone(&topo, &metrics, &kv);
+        series.forget_gone(&pool_of("", 4), &metrics, &kv);
         let text = metrics.render();
         assert!(!text.contains("llmlb_prefix_replicated{"), "{text}");
         assert!(!text.contains("llmlb_prefix_extra_copies{"), "{text}");

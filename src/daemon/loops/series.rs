@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 
+use crate::kv_events::metrics::KvEventMetrics;
 use crate::pool::Topology;
 use crate::telemetry::Metrics;
 
@@ -31,7 +32,7 @@ pub struct Series {
 impl Series {
     /// Removes the gauge series of pools and replicas gone since the last
     /// call, and remembers what is there now.
-    pub fn forget_gone(&mut self, topo: &Topology, metrics: &Metrics) {
+    pub fn forget_gone(&mut self, topo: &Topology, metrics: &Metrics, kv_metrics: &KvEventMetrics) {
         let mut now = Series::default();
         for pool in &topo.pools {
             if !pool.router.kv_subscriptions().is_empty() {
@@ -45,7 +46,7 @@ impl Series {
             }
         }
         for pool in self.subscribed.difference(&now.subscribed) {
-            let _ = metrics.kv_events.unknown.remove_label_values(&[pool]);
+            let _ = kv_metrics.unknown.remove_label_values(&[pool]);
         }
         for pool in self.replicating.difference(&now.replicating) {
             let _ = metrics.prefix_replicated.remove_label_values(&[pool]);
