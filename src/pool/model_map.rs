@@ -5,8 +5,6 @@
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
-
 use crate::config::Config;
 use crate::routing::RouteBranch;
 
@@ -91,17 +89,6 @@ impl ModelMap {
     }
 }
 
-/// The request body with its top-level `model` replaced. Other fields keep
-/// their values (key order may change).
-pub fn rewrite_model(body: &[u8], model: &str) -> Result<Bytes, crate::routing::RouteError> {
-    let mut v: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(crate::routing::RouteError::BodyNotObject)?;
-    v.insert("model".into(), serde_json::Value::String(model.into()));
-    serde_json::to_vec(&v)
-        .map(Bytes::from)
-        .map_err(crate::routing::RouteError::Rewrite)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,18 +113,5 @@ mod tests {
         let r = m.resolve("mystery").unwrap();
         assert_eq!((r.pool, r.branch), (1, Some(RouteBranch::DefaultPool)));
         assert!(map("").resolve("mystery").is_none());
-    }
-
-    #[test]
-    fn rewrite_keeps_other_fields() {
-        let b = rewrite_model(
-            br#"{"model":"gpt-4o","stream":true,"messages":[]}"#,
-            "llama",
-        )
-        .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
-        assert_eq!(v["model"], "llama");
-        assert_eq!(v["stream"], true);
-        assert!(rewrite_model(b"[1]", "x").is_err());
     }
 }
