@@ -8,8 +8,8 @@
 mod common;
 
 use common::*;
-use llmlb::sim::faults::FaultPatch;
-use llmlb::sim::{Role, SimConfig, SimHandle};
+use llmlb::replica_sim::faults::FaultPatch;
+use llmlb::replica_sim::{Role, SimConfig, SimHandle};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -23,7 +23,7 @@ fn replica_config(role: Role) -> SimConfig {
 }
 
 async fn replica(config: SimConfig) -> SimHandle {
-    llmlb::sim::spawn(TcpListener::bind("127.0.0.1:0").await.unwrap(), config)
+    llmlb::replica_sim::spawn(TcpListener::bind("127.0.0.1:0").await.unwrap(), config)
 }
 
 /// A decode pool `chat` over `decode` and its prefill pool over `prefill`
@@ -448,7 +448,7 @@ fn fleet_sim_says_it_does_not_model_disaggregated_pools() {
         "",
     );
     let config = llmlb::config::parse(&text).unwrap();
-    let Err(err) = llmlb::simulate::decide::Decider::new(&config, MODEL, 1) else {
+    let Err(err) = llmlb::fleet_sim::decide::Decider::new(&config, MODEL, 1) else {
         panic!("fleet-sim accepted a disaggregated pool");
     };
     assert!(

@@ -2,9 +2,10 @@
 //! by branch, each prefill attempt by outcome, and the time to first token
 //! split into the prefill phase and what follows it on the decode replica.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, Registry};
 
-use crate::routing::SplitBranch;
+use crate::pool::SplitBranch;
+use crate::telemetry::Family;
 
 /// Seconds, from a millisecond to two minutes.
 const PHASE_BUCKETS: [f64; 16] = [
@@ -23,41 +24,24 @@ pub struct DisaggregationMetrics {
 
 impl DisaggregationMetrics {
     pub fn new(registry: &Registry) -> DisaggregationMetrics {
-        let decisions = IntCounterVec::new(
-            Opts::new(
+        let family = Family::new(registry);
+        DisaggregationMetrics {
+            decisions: family.counter(
                 "llmlb_disaggregation_decisions_total",
                 "Requests of disaggregated pools, by where their prompt was prefilled and why.",
+                &["pool", "branch"],
             ),
-            &["pool", "branch"],
-        )
-        .expect("metric");
-        let prefill_attempts = IntCounterVec::new(
-            Opts::new(
+            prefill_attempts: family.counter(
                 "llmlb_prefill_attempts_total",
                 "Prefill requests sent to prefill replicas, by outcome.",
+                &["pool", "replica", "outcome"],
             ),
-            &["pool", "replica", "outcome"],
-        )
-        .expect("metric");
-        let phase_seconds = HistogramVec::new(
-            HistogramOpts::new(
+            phase_seconds: family.histogram(
                 "llmlb_disaggregation_phase_seconds",
                 "Time to first token of disaggregated requests by phase: prefill (the prefill replica's answer), decode_first_byte (from sending to the decode replica to its first byte: KV transfer, queue, first step).",
-            )
-            .buckets(PHASE_BUCKETS.to_vec()),
-            &["pool", "phase"],
-        )
-        .expect("metric");
-        for m in [&decisions, &prefill_attempts] {
-            registry.register(Box::new(m.clone())).expect("register");
-        }
-        registry
-            .register(Box::new(phase_seconds.clone()))
-            .expect("register");
-        DisaggregationMetrics {
-            decisions,
-            prefill_attempts,
-            phase_seconds,
+                &["pool", "phase"],
+                &PHASE_BUCKETS,
+            ),
         }
     }
 

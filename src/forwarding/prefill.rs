@@ -21,10 +21,13 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
+use super::Outbound;
 use super::headers::REQUEST_ID;
-use crate::balancing::{Replica, ReplicaId, RequestInfo};
+use crate::balancing::RequestInfo;
 use crate::kv_transfer::{Pairing, Protocol};
-use crate::routing::{Choice, Decision, Failure, Pool, choose};
+use crate::pool::{Choice, Failure, Pool, choose};
+use crate::replica::{Replica, ReplicaId};
+use crate::routing::Decision;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
@@ -44,8 +47,9 @@ pub struct PrefillRequest<'a> {
     /// Upstream headers (hop-by-hop and llmlb's own removed, the prefill
     /// pool's key set).
     pub headers: HeaderMap,
-    /// The client's body (the model name as served).
-    pub body: &'a Bytes,
+    /// The client's body (the model name as served), and the same asking
+    /// a stream for its usage.
+    pub body: &'a Outbound,
     pub protocol: &'static dyn Protocol,
     /// `sglang`: the prefill servers' bootstrap port.
     pub bootstrap_port: u16,
@@ -64,7 +68,7 @@ pub struct Prefilled {
     /// The prefill replica that answered.
     pub replica: Arc<Replica>,
     /// What the decode replica gets.
-    pub decode_body: Bytes,
+    pub decode_body: Outbound,
     /// Prefill replicas tried, this one included.
     pub attempts: u32,
     /// From the first attempt to the answer read.
@@ -133,7 +137,7 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
             bootstrap_port: req.bootstrap_port,
             room: rand::random(),
         };
-        let Ok(body) = req.protocol.prefill_body(req.body, &pairing) else {
+        let Ok(body) = req.protocol.prefill_body(&req.body.body, &pairing) else {
             // The body is the same for every replica: no use trying others.
             return Err(failed(&tried, "body"));
         };
@@ -176,7 +180,7 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
             }
             Ok(Ok((status, answer))) if status.is_success() => {
                 pool.record_success(&replica);
-                match req.protocol.decode_body(req.body, Some(&answer), &pairing) {
+                match decode_bodies(req.protocol, req.body, &answer, &pairing) {
                     Ok(decode_body) => {
                         count(req.disaggregation, pool, &replica, "ok");
                         return Ok(Prefilled {
@@ -263,4 +267,20 @@ fn count(metrics: &super::DisaggregationMetrics, pool: &Pool, replica: &Replica,
         .prefill_attempts
         .with_label_values(&[&pool.name, &replica.name, outcome])
         .inc();
+}
+
+/// The decode request's bodies: the prefill's answer put into each of the
+/// client's (the one asking a stream for its usage too).
+fn decode_bodies(
+    protocol: &dyn Protocol,
+    sent: &Outbound,
+    answer: &[u8],
+    pairing: &Pairing<'_>,
+) -> Result<Outbound, crate::kv_transfer::TransferError> {
+    let body = protocol.decode_body(&sent.body, Some(answer), pairing)?;
+    let with_usage = match &sent.with_usage {
+        Some(b) => Some(protocol.decode_body(b, Some(answer), pairing)?),
+        None => None,
+    };
+    Ok(Outbound { body, with_usage })
 }

@@ -1,6 +1,6 @@
 //! The prefill step of a disaggregated pool's request, between the routing
 //! decision within the (decode) pool and forwarding: decide whether the
-//! request is prefilled on the prefill pool ([`crate::routing::disaggregate`]),
+//! request is prefilled on the prefill pool ([`crate::pool::disaggregate`]),
 //! route it within that pool, run the prefill ([`crate::forwarding::prefill`])
 //! and hand back the body the decode replica gets. A request that is not
 //! disaggregated, or whose prefill failed with `fallback` on, leaves with
@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::request;
 
 use super::ApiError;
@@ -22,9 +21,11 @@ use super::request::RequestMeta;
 use super::send::RequestCtx;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardError, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop, strip_private,
+    ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
+    strip_private,
 };
-use crate::routing::{Decision, Pool, RouteInput, SplitBranch, Topology};
+use crate::pool::{Pool, SplitBranch, Topology};
+use crate::routing::{Decision, RouteInput};
 use crate::telemetry::clock::now_millis;
 
 /// Where one request of a disaggregated pool was prefilled.
@@ -71,8 +72,8 @@ pub struct Step<'a> {
 pub async fn prefill_step(
     ctx: &RequestCtx<'_>,
     step: Step<'_>,
-    body: Bytes,
-) -> Result<(Option<Split>, Bytes), ApiError> {
+    body: Outbound,
+) -> Result<(Option<Split>, Outbound), ApiError> {
     let pool = step.pool;
     let Some(d) = &pool.disaggregation else {
         return Ok((None, body));
@@ -181,9 +182,9 @@ pub async fn prefill_step(
 fn fall_back(
     fallback: bool,
     split: Split,
-    body: Bytes,
+    body: Outbound,
     err: ForwardError,
-) -> Result<(Option<Split>, Bytes), ApiError> {
+) -> Result<(Option<Split>, Outbound), ApiError> {
     if fallback {
         Ok((Some(split), body))
     } else {

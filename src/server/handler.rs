@@ -123,15 +123,8 @@ async fn route(
     let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
     let tokens = estimate.tokens_for(pool, &meta).await;
     let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
-    let (decision, body) = send::route_within(
-        state,
-        &resolved,
-        &meta,
-        tokens,
-        &parts.headers,
-        tier,
-        &bytes,
-    )?;
+    let (decision, body) =
+        send::route_within(state, &resolved, &meta, tokens, &parts, tier, &bytes)?;
     notes.fields.pool = Some(pool.name.clone());
     notes.fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
@@ -177,7 +170,6 @@ async fn route(
         body,
         model,
         user: meta.user.as_deref(),
-        stream: meta.stream.then_some(meta.stream_options),
         estimate: &estimate,
         strip_key,
         expose_replica: config.server.replica_header,
