@@ -127,16 +127,20 @@ pub struct SimArgs {
     #[arg(long, value_name = "R")]
     pub kv_events_replay_port: Option<u16>,
     /// Prefill/decode disaggregation: the side this replica plays in vLLM's
-    /// KV-transfer protocol (both: either).
+    /// KV-transfer protocol (both: either). [default: the --config file's,
+    /// else both]
     #[arg(long, value_enum)]
     pub role: Option<super::Role>,
     /// KV-cache bytes per token, for the transfer time to a decode replica.
+    /// [default: the --config file's, else 131072]
     #[arg(long, value_name = "BYTES")]
     pub kv_bytes_per_token: Option<f64>,
-    /// Bytes per second from a prefill to a decode replica.
+    /// Bytes per second from a prefill to a decode replica. [default: the
+    /// --config file's, else 25e9]
     #[arg(long, value_name = "BYTES_PER_SECOND")]
     pub transfer_bandwidth: Option<f64>,
-    /// Fixed seconds of every KV transfer.
+    /// Fixed seconds of every KV transfer. [default: the --config file's,
+    /// else 0.002]
     #[arg(long, value_name = "SECONDS")]
     pub transfer_latency: Option<f64>,
 }
