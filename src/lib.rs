@@ -16,6 +16,7 @@ pub mod config;
 pub mod demo;
 pub mod discovery;
 pub mod doctor;
+pub mod fleet;
 pub mod forwarding;
 pub mod gateway;
 pub mod health;
