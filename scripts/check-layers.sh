@@ -29,8 +29,9 @@ rule() {
   fi
 }
 
-# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire.
-rule "net config telemetry tokenize tokenizer kv_events" \
+# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire,
+# the fleet store.
+rule "net config telemetry tokenize tokenizer kv_events fleet" \
   "$TOP|$LOOPS|$TOOLS|gateway|routing|admission|balancing|signals|health"
 # Replica state and what feeds it.
 rule "balancing signals health" "$TOP|$LOOPS|$TOOLS|gateway|routing|admission"

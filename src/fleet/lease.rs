@@ -20,8 +20,9 @@
 //!   when the store came back, while the other instances re-register what
 //!   they hold.
 //!
-//! Before its first refresh the instance holds no slot (cap 0); a first
-//! refresh that fails puts it in fallback with `live = 1`.
+//! Before its first successful refresh the instance holds no slot (cap 0);
+//! when the store has not answered for one `ttl + margin` since the first
+//! try, it falls back as if it were alone (`live = 1`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -73,7 +74,8 @@ pub struct Leases {
     ttl: Duration,
     margin: Duration,
     sent: Option<Instant>,
-    tried: bool,
+    /// When the first refresh was tried.
+    first_try: Option<Instant>,
     live: u32,
     epoch: Option<String>,
     probation_until: Option<Instant>,
@@ -86,7 +88,7 @@ impl Leases {
             ttl,
             margin: refresh + timeout * 2,
             sent: None,
-            tried: false,
+            first_try: None,
             live: 1,
             epoch: None,
             probation_until: None,
@@ -96,10 +98,9 @@ impl Leases {
 
     pub fn phase(&self, now: Instant) -> Phase {
         let Some(sent) = self.sent else {
-            return if self.tried {
-                Phase::Fallback
-            } else {
-                Phase::Joining
+            return match self.first_try {
+                Some(first) if now >= first + self.ttl + self.margin => Phase::Fallback,
+                _ => Phase::Joining,
             };
         };
         if now + self.margin < sent + self.ttl {
@@ -143,9 +144,9 @@ impl Leases {
         }
     }
 
-    /// A refresh failed (no answer, an error or over the timeout).
-    pub fn failed(&mut self) {
-        self.tried = true;
+    /// A refresh sent at `sent` failed (no answer, an error or over the timeout).
+    pub fn failed(&mut self, sent: Instant) {
+        self.first_try.get_or_insert(sent);
     }
 
     /// A refresh sent at `sent` answered at `now` with `grants` for
@@ -196,7 +197,7 @@ impl Leases {
         }
         self.slots = slots;
         self.sent = Some(sent);
-        self.tried = true;
+        self.first_try.get_or_insert(sent);
         self.live = live.max(1);
         self.epoch = Some(epoch.to_string());
         rejoin
@@ -225,14 +226,24 @@ mod tests {
     }
 
     #[test]
-    fn joining_holds_nothing_and_a_failed_first_refresh_falls_back_alone() {
+    fn joining_holds_nothing_and_a_store_never_reached_means_alone() {
         let t0 = Instant::now();
         let mut l = Leases::new(TTL, REFRESH, TIMEOUT);
         assert_eq!(l.phase(t0), Phase::Joining);
         assert_eq!(l.cap("p/a", 3, t0), 0);
-        l.failed();
-        assert_eq!(l.phase(t0), Phase::Fallback);
-        assert_eq!(l.cap("p/a", 3, t0), 3, "alone as far as it knows");
+        l.failed(t0);
+        assert_eq!(
+            l.cap("p/a", 3, t0 + ms(100)),
+            0,
+            "one failure is not an outage"
+        );
+        l.failed(t0 + ms(100));
+        assert_eq!(l.phase(t0 + ms(2200)), Phase::Fallback);
+        assert_eq!(
+            l.cap("p/a", 3, t0 + ms(2200)),
+            3,
+            "alone as far as it knows"
+        );
     }
 
     #[test]
@@ -242,7 +253,7 @@ mod tests {
         assert!(!l.answered(t0, t0, "e", 3, &[("p/a", 7)], &[grant(5, 0)]));
         assert_eq!(l.cap("p/a", 7, t0 + ms(10)), 5);
         // The store stops answering: the lease holds while it is valid ...
-        l.failed();
+        l.failed(t0 + ms(100));
         assert_eq!(l.cap("p/a", 7, t0 + ms(1800)), 5);
         // ... then the smaller of lease and share (7 ÷ 3 = 2) ...
         assert_eq!(l.phase(t0 + ms(1900)), Phase::Expiring);

@@ -27,5 +27,18 @@ pub use lease::Phase;
 pub use metrics::FleetMetrics;
 pub use store::{Demand, Fleet, FleetError, FleetStatus, Instance};
 
+/// Woken when a request starts waiting for a slot, so the refresh loop
+/// asks for a bigger share at once instead of at its next tick.
+static WAITING: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// A request waits for a slot (in a pool queue or for a replica).
+pub fn nudge() {
+    WAITING.notify_waiters();
+}
+
+fn waiting() -> &'static tokio::sync::Notify {
+    &WAITING
+}
+
 #[cfg(test)]
 mod tests;

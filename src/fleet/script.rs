@@ -14,7 +14,10 @@
 //! The lease rule, per replica with limit `L`: the instance reports `held`
 //! (its in-flight count, or the cap it may still be using, whichever is
 //! larger) and `want` (in flight + waiting for that replica). Its new cap is
-//! its max-min fair share of `L` among the live instances' wants, never
+//! its max-min fair share of `L` among the live instances' wants (the
+//! units that do not divide evenly go round the instances in turn, a new
+//! turn every 250 ms, so none is starved when `L` is smaller than the
+//! number of instances), never
 //! more than `L` minus the other instances' leases; its lease is recorded
 //! as `max(cap, held)`. So the leases never sum past `L` unless requests
 //! already running say so (a store that lost its data), and an instance
@@ -42,25 +45,33 @@ if #gone > 0 then
   redis.call('HDEL', KEYS[2], unpack(gone))
 end
 local live = redis.call('ZCARD', KEYS[1])
-local spin = math.floor(now / 1000)
+local spin = math.floor(now / 250)
 
 local function fair(limit, wants)
-  table.sort(wants, function(a, b)
-    if a[2] ~= b[2] then return a[2] < b[2] end
-    return a[1] < b[1]
-  end)
+  table.sort(wants, function(a, b) return a[1] < b[1] end)
   local n, left, give = #wants, limit, {}
-  for k = 1, n do
-    local g = math.min(wants[k][2], math.floor(left / (n - k + 1)))
-    give[k] = g
-    left = left - g
-  end
-  for k = 0, n - 1 do
-    if left <= 0 then break end
-    local j = ((k + spin) % n) + 1
-    if give[j] < wants[j][2] then
-      give[j] = give[j] + 1
-      left = left - 1
+  for k = 1, n do give[k] = 0 end
+  while left > 0 do
+    local unmet = 0
+    for k = 1, n do
+      if give[k] < wants[k][2] then unmet = unmet + 1 end
+    end
+    if unmet == 0 then break end
+    local even = math.floor(left / unmet)
+    if even == 0 then
+      for k = 0, n - 1 do
+        local j = ((k + spin) % n) + 1
+        if left > 0 and give[j] < wants[j][2] then
+          give[j] = give[j] + 1
+          left = left - 1
+        end
+      end
+      break
+    end
+    for k = 1, n do
+      local g = math.min(wants[k][2] - give[k], even)
+      give[k] = give[k] + g
+      left = left - g
     end
   end
   for k = 1, n do

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use super::lease::{Grant, Leases, Phase};
 use super::metrics::FleetMetrics;
@@ -95,7 +95,10 @@ pub struct Fleet {
     last_refresh_us: AtomicU64,
     in_fallback: AtomicBool,
     fallbacks: AtomicU64,
-    nudge: Notify,
+    /// Each replica's highest recent demand and when it was seen: a share
+    /// is kept for a while after the demand drops, so steady traffic
+    /// does not wait for a grant at each request.
+    recent: Mutex<std::collections::HashMap<String, (u32, Instant)>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -139,7 +142,7 @@ impl Fleet {
             last_refresh_us: AtomicU64::new(0),
             in_fallback: AtomicBool::new(false),
             fallbacks: AtomicU64::new(0),
-            nudge: Notify::new(),
+            recent: Mutex::default(),
         }))
     }
 
@@ -251,7 +254,7 @@ impl Fleet {
             }
             Err(e) => {
                 self.failed(&e);
-                self.leases.lock().expect("poisoned").failed();
+                self.leases.lock().expect("poisoned").failed(sent);
             }
         }
         let after = self.phase();
@@ -290,11 +293,9 @@ impl Fleet {
             .arg(info)
             .arg(self.key("lease:"))
             .arg(uuid::Uuid::new_v4().simple().to_string());
-        for ((d, key), held) in demands.iter().zip(keys).zip(held) {
-            inv.arg(key)
-                .arg(d.limit)
-                .arg(*held)
-                .arg(d.want.max(d.in_flight));
+        let wants = self.wants(demands, keys);
+        for (((d, key), held), want) in demands.iter().zip(keys).zip(held).zip(wants) {
+            inv.arg(key).arg(d.limit).arg(*held).arg(want);
         }
         let answer: Vec<redis::Value> =
             tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn))
@@ -303,12 +304,29 @@ impl Fleet {
         parse_answer(&answer, demands.len())
     }
 
-    /// Asks for an early refresh (a request waits for a slot).
-    pub fn nudge(&self) {
-        self.nudge.notify_one();
+    /// Each replica's demand as reported: the highest seen within half an
+    /// instance TTL.
+    fn wants(&self, demands: &[Demand], keys: &[String]) -> Vec<u32> {
+        let window = self.config.instance_ttl / 2;
+        let now = Instant::now();
+        let mut recent = self.recent.lock().expect("poisoned");
+        recent.retain(|_, (_, at)| now.duration_since(*at) < window);
+        demands
+            .iter()
+            .zip(keys)
+            .map(|(d, key)| {
+                let want = d.want.max(d.in_flight);
+                let entry = recent.entry(key.clone()).or_insert((want, now));
+                if want >= entry.0 {
+                    *entry = (want, now);
+                }
+                entry.0
+            })
+            .collect()
     }
 
-    /// The refresh loop: every `fleet.refresh` (sooner when nudged), read
+    /// The refresh loop: every `fleet.refresh` (sooner when a request
+    /// starts waiting for a slot, [`super::nudge`]), read
     /// the demands, refresh, and hand the caps to `apply`. On shutdown the
     /// instance leaves the store, so its slots are free at once.
     pub async fn run<D, A>(
@@ -331,7 +349,7 @@ impl Fleet {
             let early = started + self.config.refresh / 10;
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}
-                _ = self.nudge.notified() => {
+                _ = super::waiting().notified() => {
                     tokio::time::sleep_until(early).await;
                 }
                 _ = shutdown.changed() => break,

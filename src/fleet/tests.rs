@@ -106,7 +106,9 @@ async fn instances_register_and_split_a_limit_by_demand() {
     let listed = fleet[0].instances().await.unwrap();
     assert_eq!(listed.len(), 3);
     assert_eq!(listed.iter().filter(|i| i.me).count(), 1);
-    // Only the first wants: the others give their slots back.
+    // Only the first wants: once their recent demand is past (half the
+    // TTL), the others give their slots back.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..4 {
         caps[0] = fleet[0].refresh(&[demand(3, 1, 6)]).await[0];
         caps[1] = fleet[1].refresh(&[demand(3, 0, 0)]).await[0];

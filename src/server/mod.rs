@@ -4,6 +4,7 @@ pub mod access_log;
 mod budget;
 mod closed;
 mod error;
+pub mod fleet;
 pub mod generation;
 mod handler;
 mod limit_headers;
@@ -70,6 +71,10 @@ pub struct AppState {
     pub body_budget: budget::BodyBudget,
     /// Request traces, when `[telemetry.otlp]` is configured (fixed at start).
     pub traces: Option<crate::telemetry::trace::Tracing>,
+    /// The store shared with other instances, when `[fleet]` is configured
+    /// (fixed at start; a reload that changes `[fleet]` is logged and needs
+    /// a restart).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 impl AppState {
@@ -102,6 +107,9 @@ impl AppState {
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
         let pending = pending::Gates::build(&config);
+        let fleet = config.fleet.as_ref().and_then(|f| {
+            crate::fleet::Fleet::new(f, &crate::fleet::FleetMetrics::new(metrics.registry()))
+        });
         Arc::new(AppState {
             live: generation::Live::new(Generation {
                 config: Arc::new(config),
@@ -123,6 +131,7 @@ impl AppState {
             last_reload_content: arc_swap::ArcSwapOption::empty(),
             body_budget: budget::BodyBudget::default(),
             traces,
+            fleet,
         })
     }
 
@@ -268,6 +277,10 @@ pub fn start_from_file(
             Arc::clone(&state.metrics),
             background_rx.clone(),
         );
+        let fleet = state.fleet.clone().map(|fleet| {
+            let s = Arc::clone(&state);
+            fleet::run(fleet, move || s.topology(), background_rx.clone())
+        });
         let (s, r) = (Arc::clone(&state), Arc::clone(&state));
         let discovery = crate::discovery::run(
             crate::discovery::DiscoveryContext {
@@ -279,7 +292,12 @@ pub fn start_from_file(
             background_rx,
         );
         async move {
-            tokio::join!(supervise, discovery);
+            let fleet = async {
+                if let Some(f) = fleet {
+                    f.await;
+                }
+            };
+            tokio::join!(supervise, discovery, fleet);
         }
     });
     tracing::info!(%addr, %admin_addr, "llmlb listening");
