@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 
 fn config(redis: &str, upstream: &str, limit: u32) -> String {
     format!(
-        "[fleet]\nstore = \"{redis}\"\nrefresh = \"25ms\"\ntimeout = \"25ms\"\ninstance_ttl = \"500ms\"\n{}",
+        "[fleet]\nstore = \"{redis}\"\nrefresh = \"40ms\"\ntimeout = \"40ms\"\ninstance_ttl = \"600ms\"\n{}",
         one_pool(
             "least_connections",
             &[(upstream, 1)],
@@ -202,4 +202,88 @@ async fn a_killed_instance_gives_its_slots_back_within_its_ttl() {
     up.release_one();
     assert_eq!(waiting.await.unwrap(), StatusCode::OK);
     drop(other);
+}
+
+/// A chat whose system prompt spans several cache blocks.
+fn chat(system_id: usize, question: &str) -> String {
+    let system = format!(
+        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
+         order number, and never promise a delivery date you cannot check. "
+    )
+    .repeat(3);
+    serde_json::json!({
+        "model": "llama-3-8b",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]
+    })
+    .to_string()
+}
+
+async fn replica_for(addr: std::net::SocketAddr, body: &str) -> String {
+    let (status, _, bytes) = call(addr, chat_request("/v1/chat/completions", body)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    v["replica"].as_str().unwrap().to_string()
+}
+
+fn decisions(text: &str, branch: &str) -> f64 {
+    metric_value(text, "llmlb_routing_decisions_total", &[("branch", branch)])
+}
+
+#[tokio::test]
+async fn cache_mode_instances_share_one_prefix_view() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let ups = [
+        Upstream::start("r0", Mode::Json).await,
+        Upstream::start("r1", Mode::Json).await,
+        Upstream::start("r2", Mode::Json).await,
+    ];
+    let mut pool = String::from(
+        "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nbalancer = \"round_robin\"\n\
+         [pools.prefix]\nmode = \"cache\"\n",
+    );
+    for u in &ups {
+        pool.push_str(&format!("[[pools.replicas]]\nurl = \"{}\"\n", u.url()));
+    }
+    let cfg = format!(
+        "[fleet]\nstore = \"{}\"\nrefresh = \"40ms\"\ntimeout = \"40ms\"\ninstance_ttl = \"600ms\"\n{pool}",
+        redis.url()
+    );
+    let (a, b) = (start_llmlb(&cfg).await, start_llmlb(&cfg).await);
+    let mut first = Vec::new();
+    for p in 0..8 {
+        first.push(replica_for(a.addr, &chat(p, "Where is my parcel?")).await);
+    }
+    until_async(
+        "the second instance to fold the first's records",
+        Duration::from_secs(5),
+        async || {
+            let text = metrics_text(b.admin_addr).await;
+            metric_value(&text, "llmlb_fleet_prefix_records_total", &[]) >= 8.0
+        },
+    )
+    .await;
+    // What the first instance sent is a prefix hit on the second: it sends
+    // each prompt where the first did, though it never saw them itself.
+    for (p, there) in first.iter().enumerate() {
+        assert_eq!(
+            &replica_for(b.addr, &chat(p, "And the invoice?")).await,
+            there
+        );
+    }
+    let text = metrics_text(b.admin_addr).await;
+    assert_eq!(
+        (
+            decisions(&text, "prefix_hit"),
+            decisions(&text, "prefix_miss")
+        ),
+        (8.0, 0.0)
+    );
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -20,6 +20,8 @@ pub struct FleetMetrics {
     pub slots: IntGaugeVec,
     /// Dispatch records of other instances folded into this one's prefix view.
     pub prefix_records: IntCounter,
+    /// Dispatch records of this instance not published (outbox full or store down).
+    pub prefix_dropped: IntCounter,
 }
 
 impl FleetMetrics {
@@ -73,6 +75,11 @@ impl FleetMetrics {
                 "Dispatch records of other instances folded into this instance's prefix view.",
             )
             .expect("metric"),
+            prefix_dropped: IntCounter::new(
+                "llmlb_fleet_prefix_records_dropped_total",
+                "Dispatch records of this instance not published to the fleet (outbox full or store unavailable).",
+            )
+            .expect("metric"),
         };
         for c in [
             Box::new(m.up.clone()) as Box<dyn prometheus::core::Collector>,
@@ -83,6 +90,7 @@ impl FleetMetrics {
             Box::new(m.refresh_seconds.clone()),
             Box::new(m.slots.clone()),
             Box::new(m.prefix_records.clone()),
+            Box::new(m.prefix_dropped.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }

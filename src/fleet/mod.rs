@@ -10,6 +10,8 @@
 //!   request path only reads the cap its instance holds (an atomic per
 //!   replica); it never waits on the store. A killed instance's slots come
 //!   back when its registration lapses (`instance_ttl`).
+//! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
+//!   stream, folded by every instance into its `cache`/`hash` index.
 //! - **Failure**: when the store is down, slow or out of reach, each
 //!   instance runs out its leases, then uses its share of each replica's
 //!   limit (`max_inflight ÷` the live instances it last saw, at least 1),
@@ -20,11 +22,13 @@
 
 pub mod lease;
 mod metrics;
+pub mod prefixes;
 pub mod script;
 mod store;
 
 pub use lease::Phase;
 pub use metrics::FleetMetrics;
+pub use prefixes::{PrefixOutbox, PrefixRecord};
 pub use store::{Demand, Fleet, FleetError, FleetStatus, Instance};
 
 /// Woken when a request starts waiting for a slot, so the refresh loop

@@ -88,6 +88,7 @@ pub struct Fleet {
     client: redis::Client,
     conn: ArcSwapOption<MultiplexedConnection>,
     last_connect: Mutex<Option<Instant>>,
+    connecting: tokio::sync::Mutex<()>,
     script: redis::Script,
     leases: Mutex<Leases>,
     metrics: FleetMetrics,
@@ -131,6 +132,7 @@ impl Fleet {
             client,
             conn: ArcSwapOption::empty(),
             last_connect: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             script: redis::Script::new(LEASE),
             leases: Mutex::new(Leases::new(
                 config.instance_ttl,
@@ -170,6 +172,11 @@ impl Fleet {
     /// The connection, made again when the last one failed (at most once
     /// per refresh interval).
     pub(crate) async fn connection(&self) -> Result<MultiplexedConnection, FleetError> {
+        if let Some(c) = self.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        // One attempt at a time: a second caller waits for its outcome.
+        let _connecting = self.connecting.lock().await;
         if let Some(c) = self.conn.load_full() {
             return Ok((*c).clone());
         }

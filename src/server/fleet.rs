@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::fleet::{Demand, Fleet};
+use crate::fleet::{Demand, Fleet, PrefixOutbox, PrefixRecord};
 use crate::routing::Topology;
 
 /// One [`Demand`] per replica with a `max_inflight`: its requests running
@@ -94,4 +94,28 @@ pub async fn run(
             shutdown,
         )
         .await;
+}
+
+/// Makes every pool of `topology` publish its dispatch records through
+/// `outbox` (a new topology, after a reload, is given it again).
+pub fn share_prefixes(topology: &Topology, outbox: Option<&PrefixOutbox>) {
+    let Some(outbox) = outbox else {
+        return;
+    };
+    for pool in &topology.pools {
+        pool.router.share_prefixes(outbox.for_pool(&pool.name));
+    }
+}
+
+/// Folds another instance's dispatch record into the pool it names.
+pub fn fold(topology: &Topology, record: &PrefixRecord) {
+    if let Some(pool) = topology.pools.iter().find(|p| *p.name == *record.pool) {
+        pool.router.fold_remote(
+            &pool.replicas,
+            &record.replica,
+            record.key,
+            &record.blocks,
+            crate::telemetry::clock::now_millis(),
+        );
+    }
 }

@@ -75,6 +75,11 @@ pub struct AppState {
     /// (fixed at start; a reload that changes `[fleet]` is logged and needs
     /// a restart).
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Where the pools publish their dispatch records for the other
+    /// instances (`[fleet] share_prefixes`), and the end the publishing
+    /// task takes at start.
+    pub fleet_outbox: Option<crate::fleet::PrefixOutbox>,
+    fleet_inbox: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<crate::fleet::PrefixRecord>>>,
 }
 
 impl AppState {
@@ -110,6 +115,14 @@ impl AppState {
         let fleet = config.fleet.as_ref().and_then(|f| {
             crate::fleet::Fleet::new(f, &crate::fleet::FleetMetrics::new(metrics.registry()))
         });
+        let (fleet_outbox, fleet_inbox) = match &fleet {
+            Some(f) if f.config().share_prefixes => {
+                let (tx, rx) = crate::fleet::prefixes::outbox(f);
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        fleet::share_prefixes(&topology, fleet_outbox.as_ref());
         Arc::new(AppState {
             live: generation::Live::new(Generation {
                 config: Arc::new(config),
@@ -132,6 +145,8 @@ impl AppState {
             body_budget: budget::BodyBudget::default(),
             traces,
             fleet,
+            fleet_outbox,
+            fleet_inbox: std::sync::Mutex::new(fleet_inbox),
         })
     }
 
@@ -269,6 +284,9 @@ pub fn start_from_file(
         admin_limits,
         Some(admin_metrics),
     ));
+    // The first line a process logs names the listeners (before any
+    // background loop logs).
+    tracing::info!(%addr, %admin_addr, "llmlb listening");
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn({
         let s = Arc::clone(&state);
@@ -280,6 +298,15 @@ pub fn start_from_file(
         let fleet = state.fleet.clone().map(|fleet| {
             let s = Arc::clone(&state);
             fleet::run(fleet, move || s.topology(), background_rx.clone())
+        });
+        let inbox = state.fleet_inbox.lock().expect("poisoned").take();
+        let prefixes = state.fleet.clone().zip(inbox).map(|(fleet, inbox)| {
+            let s = Arc::clone(&state);
+            fleet.run_prefixes(
+                inbox,
+                move |record| fleet::fold(&s.topology(), record),
+                background_rx.clone(),
+            )
         });
         let (s, r) = (Arc::clone(&state), Arc::clone(&state));
         let discovery = crate::discovery::run(
@@ -297,10 +324,14 @@ pub fn start_from_file(
                     f.await;
                 }
             };
-            tokio::join!(supervise, discovery, fleet);
+            let prefixes = async {
+                if let Some(p) = prefixes {
+                    p.await;
+                }
+            };
+            tokio::join!(supervise, discovery, fleet, prefixes);
         }
     });
-    tracing::info!(%addr, %admin_addr, "llmlb listening");
     Ok(Running {
         addr,
         admin_addr,

@@ -106,6 +106,7 @@ pub fn rebuild(state: &AppState) {
         &state.admission_metrics,
         Some(&current.topology),
     );
+    super::fleet::share_prefixes(&topology, state.fleet_outbox.as_ref());
     writer.store(Generation {
         config: Arc::clone(&current.config),
         topology: Arc::new(topology),
@@ -124,6 +125,7 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         &state.admission_metrics,
         Some(old_topology),
     );
+    super::fleet::share_prefixes(&topology, state.fleet_outbox.as_ref());
     let gateway = Gateway::build(
         &new,
         Some(&current.gateway),
