@@ -29,7 +29,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Replicas: one process, ports BASE..BASE+REPLICAS-1.
 base=$(( 20000 + (RANDOM % 2000) * 8 ))
-"$LLMLB" sim --replicas "$REPLICAS" --port "$base" --num-blocks "$BLOCKS" \
+"$LLMLB" replica-sim --replicas "$REPLICAS" --port "$base" --num-blocks "$BLOCKS" \
   --model m --seed "$SEED" 2>"$work/sim.log" &
 pids+=($!)
 for i in $(seq 0 $((REPLICAS - 1))); do
