@@ -217,8 +217,11 @@ impl Fleet {
     }
 }
 
-/// The entries of an `XREAD` answer on one stream: `(id, [(field, value)])`.
-fn entries(answer: &redis::Value) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> {
+/// One stream entry: its id and its `(field, value)` pairs.
+type Entry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
+/// The entries of an `XREAD` answer on one stream.
+fn entries(answer: &redis::Value) -> Vec<Entry> {
     use redis::Value;
     let bytes = |v: &Value| match v {
         Value::BulkString(b) => Some(b.clone()),
