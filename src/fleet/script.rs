@@ -17,7 +17,8 @@
 //! its max-min fair share of `L` among the live instances' wants (the
 //! units that do not divide evenly go round the instances in turn, a new
 //! turn every 250 ms, so none is starved when `L` is smaller than the
-//! number of instances), never
+//! number of instances; what no one wants goes, in turn, to the instances
+//! with any demand, so a burst finds a slot without a refresh), never
 //! more than `L` minus the other instances' leases; its lease is recorded
 //! as `max(cap, held)`. So the leases never sum past `L` unless requests
 //! already running say so (a store that lost its data), and an instance
@@ -72,6 +73,23 @@ local function fair(limit, wants)
       local g = math.min(wants[k][2] - give[k], even)
       give[k] = give[k] + g
       left = left - g
+    end
+  end
+  -- What no one asked for goes, in turn, to the instances with any demand:
+  -- a burst there finds a slot without waiting for a refresh.
+  local asking = 0
+  for k = 1, n do
+    if wants[k][2] > 0 then asking = asking + 1 end
+  end
+  if asking > 0 then
+    local k = 0
+    while left > 0 do
+      local j = ((k + spin) % n) + 1
+      if wants[j][2] > 0 then
+        give[j] = give[j] + 1
+        left = left - 1
+      end
+      k = k + 1
     end
   end
   for k = 1, n do
