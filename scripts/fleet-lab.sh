@@ -70,20 +70,19 @@ done
 sleep 0.5
 
 metric() { # replica port, metric name: the sum of its samples
-  curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m"({|$)" {s += $2} END {print s + 0}'
+  curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" 'index($1, m "{") == 1 || $1 == m {s += $2} END {printf "%d\n", s}'
 }
 hits_before=0 queries_before=0
 for i in $(seq 0 $((REPLICAS - 1))); do
-  hits_before=$(( hits_before + $(metric $((base + i)) vllm:prefix_cache_hits_total | cut -d. -f1) ))
-  queries_before=$(( queries_before + $(metric $((base + i)) vllm:prefix_cache_queries_total | cut -d. -f1) ))
+  hits_before=$(( hits_before + $(metric $((base + i)) vllm:prefix_cache_hits_total) ))
+  queries_before=$(( queries_before + $(metric $((base + i)) vllm:prefix_cache_queries_total) ))
 done
 
 # Sample every replica's running + waiting from its own metrics.
 ( peak=0
   while [[ ! -f "$work/done" ]]; do
     for i in $(seq 0 $((REPLICAS - 1))); do
-      v=$(curl -s "http://127.0.0.1:$((base + i))/metrics" | awk '$1 ~ /^vllm:num_requests_(running|waiting)({|$)/ {s += $2} END {print s + 0}')
-      v=${v%.*}
+      v=$(curl -s "http://127.0.0.1:$((base + i))/metrics" | awk 'index($1, "vllm:num_requests_running") == 1 || index($1, "vllm:num_requests_waiting") == 1 {s += $2} END {printf "%d\n", s}')
       (( v > peak )) && peak=$v
     done
     echo "$peak" >"$work/peak"
@@ -101,8 +100,8 @@ sleep 0.1
 
 hits=0 queries=0
 for i in $(seq 0 $((REPLICAS - 1))); do
-  hits=$(( hits + $(metric $((base + i)) vllm:prefix_cache_hits_total | cut -d. -f1) ))
-  queries=$(( queries + $(metric $((base + i)) vllm:prefix_cache_queries_total | cut -d. -f1) ))
+  hits=$(( hits + $(metric $((base + i)) vllm:prefix_cache_hits_total) ))
+  queries=$(( queries + $(metric $((base + i)) vllm:prefix_cache_queries_total) ))
 done
 python3 - "$work/bench.json" "$((hits - hits_before))" "$((queries - queries_before))" "$(cat "$work/peak")" "$N" "$LIMIT" "$FLEET" "$SEED" <<'PY'
 import json, sys
