@@ -1,6 +1,8 @@
 //! The fleet store's metrics, registered once per process.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec, Registry};
+
+use crate::telemetry::Family;
 
 #[derive(Debug, Clone)]
 pub struct FleetMetrics {
@@ -26,74 +28,49 @@ pub struct FleetMetrics {
 
 impl FleetMetrics {
     pub fn new(registry: &Registry) -> FleetMetrics {
-        let m = FleetMetrics {
-            up: IntGauge::new(
+        let f = Family::new(registry);
+        FleetMetrics {
+            up: f.gauge_one(
                 "llmlb_fleet_store_up",
                 "1 while the fleet store answers (only with [fleet]).",
-            )
-            .expect("metric"),
-            instances: IntGauge::new(
+            ),
+            instances: f.gauge_one(
                 "llmlb_fleet_instances",
                 "Live llmlb instances the last fleet refresh counted.",
-            )
-            .expect("metric"),
-            errors: IntCounter::new(
+            ),
+            errors: f.counter_one(
                 "llmlb_fleet_store_errors_total",
                 "Fleet store calls that failed or took longer than fleet.timeout.",
-            )
-            .expect("metric"),
-            fallbacks: IntCounter::new(
+            ),
+            fallbacks: f.counter_one(
                 "llmlb_fleet_fallbacks_total",
                 "Times this instance fell back to its share of each replica's max_inflight because the store stopped answering.",
-            )
-            .expect("metric"),
-            in_fallback: IntGauge::new(
+            ),
+            in_fallback: f.gauge_one(
                 "llmlb_fleet_fallback",
                 "1 while this instance uses its fallback share instead of leases from the store.",
-            )
-            .expect("metric"),
-            refresh_seconds: Histogram::with_opts(
-                HistogramOpts::new(
+            ),
+            refresh_seconds: f
+                .histogram(
                     "llmlb_fleet_refresh_seconds",
                     "Round trip of one fleet refresh (heartbeat and slot leases).",
+                    &[],
+                    &[0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
                 )
-                .buckets(vec![
-                    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
-                ]),
-            )
-            .expect("metric"),
-            slots: IntGaugeVec::new(
-                Opts::new(
-                    "llmlb_fleet_replica_slots",
-                    "Requests this instance may run at once on the replica (its lease of max_inflight).",
-                ),
+                .with_label_values(&[] as &[&str]),
+            slots: f.gauge(
+                "llmlb_fleet_replica_slots",
+                "Requests this instance may run at once on the replica (its lease of max_inflight).",
                 &["pool", "replica"],
-            )
-            .expect("metric"),
-            prefix_records: IntCounter::new(
+            ),
+            prefix_records: f.counter_one(
                 "llmlb_fleet_prefix_records_total",
                 "Dispatch records of other instances folded into this instance's prefix view.",
-            )
-            .expect("metric"),
-            prefix_dropped: IntCounter::new(
+            ),
+            prefix_dropped: f.counter_one(
                 "llmlb_fleet_prefix_records_dropped_total",
                 "Dispatch records of this instance not published to the fleet (outbox full or store unavailable).",
-            )
-            .expect("metric"),
-        };
-        for c in [
-            Box::new(m.up.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.instances.clone()),
-            Box::new(m.errors.clone()),
-            Box::new(m.fallbacks.clone()),
-            Box::new(m.in_fallback.clone()),
-            Box::new(m.refresh_seconds.clone()),
-            Box::new(m.slots.clone()),
-            Box::new(m.prefix_records.clone()),
-            Box::new(m.prefix_dropped.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
+            ),
         }
-        m
     }
 }
