@@ -71,6 +71,21 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl ConfigError {
+    /// Every issue on one line (`; `-separated, line breaks inside a
+    /// reason, such as a TOML parse error's excerpt, folded into spaces):
+    /// a log entry stays one line.
+    pub fn one_line(&self) -> String {
+        let text = self.to_string();
+        let parts: Vec<String> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect();
+        parts.join("; ")
+    }
+}
+
 /// Reads, parses and validates the config at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {

@@ -34,7 +34,7 @@ pub use branch::RouteBranch;
 pub use decision::{Decision, placement_ttft};
 pub use dispatch::{Choice, choose};
 pub use error::RouteError;
-pub use metrics::{RoutingMetrics, VersionRecord};
+pub use metrics::RoutingMetrics;
 pub use outcome::{Failure, StreamBroken};
 pub use pool::{Pool, Resolution};
 pub use prefix::blocks::Prompt;

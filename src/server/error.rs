@@ -20,8 +20,9 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
-    #[error("method {0} is not allowed on this path")]
-    MethodNotAllowed(String),
+    /// `allow`: the methods the path answers (the `Allow` header).
+    #[error("method {method} is not allowed on this path")]
+    MethodNotAllowed { method: String, allow: &'static str },
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     /// Forwarding gave up; its message is the client's. (A slot wait that
@@ -87,7 +88,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ShuttingDown | ApiError::PoolOverloaded { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -137,7 +138,7 @@ impl ApiError {
             ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound { .. } => "not_found",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::Upstream(e) => match e {
                 ForwardError::NoHealthyReplica { .. } => "no_healthy_replica",
@@ -185,6 +186,10 @@ impl ApiError {
                 header::RETRY_AFTER,
                 header::HeaderValue::from(retry_secs(d)),
             );
+        }
+        if let ApiError::MethodNotAllowed { allow, .. } = &self {
+            resp.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static(allow));
         }
         if matches!(self, ApiError::Unauthorized(_)) {
             resp.headers_mut().insert(

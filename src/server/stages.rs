@@ -54,7 +54,10 @@ pub async fn answer_locally(
         }
         return Some(match *req.method() {
             Method::GET => Ok(models(state).await),
-            ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
+            ref m => Err(ApiError::MethodNotAllowed {
+                method: m.to_string(),
+                allow: "GET",
+            }),
         });
     }
     if !surface::is_model_routed(path) {
@@ -64,7 +67,10 @@ pub async fn answer_locally(
         }));
     }
     if req.method() != Method::POST {
-        return Some(Err(ApiError::MethodNotAllowed(req.method().to_string())));
+        return Some(Err(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allow: "POST",
+        }));
     }
     if state.closing.load(std::sync::atomic::Ordering::Relaxed) {
         return Some(Err(ApiError::ShuttingDown));
