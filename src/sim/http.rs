@@ -81,7 +81,7 @@ enum ReplicaError {
     Starting,
     #[error("the replica is shutting down")]
     Stopped,
-    #[error("injected failure (llmlb sim error_rate or x-sim-fault)")]
+    #[error("injected failure (llmlb replica-sim error_rate or x-sim-fault)")]
     Injected,
     #[error(transparent)]
     Read(#[from] ReadError),
