@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use common::*;
 use http::StatusCode;

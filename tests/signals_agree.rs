@@ -54,7 +54,7 @@ impl Fault {
             Fault::Break(n) => format!("break={n}"),
             Fault::Stall => "stall".into(),
             Fault::Slow => "slow=15".into(),
-            Fault::Idle => "slow=700".into(),
+            Fault::Idle => "slow=1500".into(),
         }
     }
 
@@ -139,7 +139,7 @@ fn draw(rng: &mut rand::rngs::StdRng, i: usize, seed: u64) -> Plan {
     };
     let leave = match rng.random_range(0..100) {
         0..75 => Leave::Never,
-        75..88 => Leave::After(Duration::from_millis(rng.random_range(0..400))),
+        75..88 => Leave::After(Duration::from_millis(rng.random_range(0..1200))),
         _ => Leave::AfterFrames(rng.random_range(1..4)),
     };
     Plan {
@@ -392,7 +392,7 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
             "[telemetry.otlp]\nendpoint = \"http://{collector_addr}\"\nexport_interval = \"50ms\"\n\
              [[pools]]\nname = \"chat\"\nmodels = [\"llmlb-sim\"]\nbalancer = \"round_robin\"\n\
              max_inflight = 2\nretries = 2\n\
-             [pools.timeouts]\nfirst_byte = \"400ms\"\nidle = \"300ms\"\n\
+             [pools.timeouts]\nfirst_byte = \"1s\"\nidle = \"600ms\"\n\
              [pools.queue]\nmax_depth = 2\nmax_wait = \"250ms\"\n\
              [pools.health]\nenabled = false\n\
              [pools.outlier]\ncooldown = \"50ms\"\nmax_ejection_time = \"100ms\"\n\

@@ -30,7 +30,9 @@ pub enum LogFormat {
 
 /// Keeps the log writer thread; dropping it writes out every buffered line.
 #[must_use = "dropping the guard stops the log writer"]
-pub struct LogGuard(Option<WorkerGuard>);
+pub struct LogGuard {
+    _writer: Option<WorkerGuard>,
+}
 
 /// Installs the global subscriber; `default_filter` applies when `RUST_LOG`
 /// is unset (`"info"` for the proxy, quieter for commands with their own output).
@@ -54,7 +56,9 @@ pub fn init_logging(format: LogFormat, default_filter: &str) -> LogGuard {
     };
     // A second init (tests, embedded use) keeps the first subscriber, and
     // its writer.
-    LogGuard(result.is_ok().then_some(guard))
+    LogGuard {
+        _writer: result.is_ok().then_some(guard),
+    }
 }
 
 /// Writes each entry as one line: line breaks before its last byte become
