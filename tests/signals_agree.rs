@@ -395,7 +395,7 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
              [pools.timeouts]\nfirst_byte = \"1s\"\nidle = \"600ms\"\n\
              [pools.queue]\nmax_depth = 2\nmax_wait = \"250ms\"\n\
              [pools.health]\nenabled = false\n\
-             [pools.outlier]\ncooldown = \"50ms\"\nmax_ejection_time = \"100ms\"\n\
+             [pools.outlier]\nconsecutive_failures = 1000000\n\
              [[pools.replicas]]\nname = \"a\"\nurl = \"http://{}\"\n\
              [[pools.replicas]]\nname = \"dead\"\nurl = \"http://{dead}\"\n\
              [[pools.replicas]]\nname = \"b\"\nurl = \"http://{}\"\n",
@@ -515,13 +515,39 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
             ));
         }
     }
-    println!("outcomes: {outcomes:?}");
+    let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &lines {
+        if let Some(code) = l["error"].as_str() {
+            *refusals.entry(code.to_owned()).or_default() += 1;
+        }
+    }
+    println!("outcomes: {outcomes:?}; errors llmlb answered: {refusals:?}");
     assert!(
         problems.is_empty(),
         "{} disagreements:\n{}",
         problems.len(),
         problems.join("\n")
     );
+    // The run exercised what it claims to: most requests reached a
+    // replica, and every planned fault showed its outcome at least once.
+    let refused = outcomes.get("refused").copied().unwrap_or(0);
+    assert!(refused * 2 < n, "most requests were refused: {outcomes:?}");
+    for fault in [Fault::Reset, Fault::Break(1), Fault::Stall, Fault::Idle] {
+        let planned = plans
+            .iter()
+            .filter(|p| p.fault.name() == fault.name())
+            .count();
+        let shown: usize = fault
+            .expected()
+            .iter()
+            .map(|o| outcomes.get(*o).copied().unwrap_or(0))
+            .sum();
+        assert!(
+            planned < 5 || shown > 0,
+            "{} planned {planned} times, never seen: {outcomes:?}",
+            fault.name()
+        );
+    }
     assert_eq!(lines.len(), n, "one access line per request");
 
     // The metric totals are the lines' totals, and the lines are the requests.
