@@ -172,6 +172,9 @@ async fn run(addr: std::net::SocketAddr, plan: Plan) -> Seen {
         return Seen::LeftBeforeHead;
     };
     let status = resp.status().as_u16();
+    if status == 429 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
     let mut body = resp.into_body();
     let (mut bytes, mut frames, mut cut, mut whole) = (Vec::new(), 0u32, false, false);
     loop {
@@ -393,7 +396,7 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
              [[pools]]\nname = \"chat\"\nmodels = [\"llmlb-sim\"]\nbalancer = \"round_robin\"\n\
              max_inflight = 2\nretries = 2\n\
              [pools.timeouts]\nfirst_byte = \"1s\"\nidle = \"600ms\"\n\
-             [pools.queue]\nmax_depth = 2\nmax_wait = \"250ms\"\n\
+             [pools.queue]\nmax_depth = 2\nmax_wait = \"30s\"\n\
              [pools.health]\nenabled = false\n\
              [pools.outlier]\nconsecutive_failures = 1000000\n\
              [[pools.replicas]]\nname = \"a\"\nurl = \"http://{}\"\n\
@@ -421,12 +424,14 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
     };
     let mut child = serve.child;
 
-    // Eight clients at a time: more than the two replicas' four slots and
-    // the queue's two places hold, so the queue refuses some.
+    // Nine clients at a time: one more than the pool's six slots (the
+    // refusing replica's two count) and the queue's two places hold, so the
+    // queue refuses some; a refused client waits a little, as one honouring
+    // Retry-After would, so refusals do not crowd out the rest.
     let started = std::time::Instant::now();
     let seen: HashMap<String, Seen> = futures_util::stream::iter(plans.clone())
         .map(|p| tokio::spawn(async move { (p.id.clone(), run(addr, p).await) }))
-        .buffer_unordered(8)
+        .buffer_unordered(9)
         .map(|done| done.unwrap())
         .collect()
         .await;
