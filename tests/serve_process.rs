@@ -43,6 +43,14 @@ async fn every_log_line_is_whole_and_written_by_exit() {
     let file = TempFile::config("serve-log", &config);
     let mut served = ServeProcess::start(&file.path, &[]);
     let addr = served.addr;
+    // stderr is read as it comes, as a log collector would.
+    let mut lines = served.lines;
+    let reader = std::thread::spawn(move || {
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
     let tasks: Vec<_> = (0..16)
         .map(|t| {
             tokio::spawn(async move {
@@ -61,9 +69,24 @@ async fn every_log_line_is_whole_and_written_by_exit() {
         t.await.unwrap();
     }
     // SIGTERM right after the last answer: its line may still be buffered.
-    let status = served.terminate(Duration::from_secs(10)).await;
+    let pid = served.child.0.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = served.child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "no exit 10 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(status.success(), "{status:?}");
-    let rest: Vec<String> = served.lines.by_ref().map_while(Result::ok).collect();
+    let rest: Vec<String> = reader.join().unwrap();
     let mut ids = std::collections::HashSet::new();
     for line in &rest {
         let v: serde_json::Value = serde_json::from_str(line)
