@@ -82,7 +82,10 @@ async fn every_log_line_is_whole_and_written_by_exit() {
         if let Some(status) = served.child.0.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "no exit 10 s after SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit 10 s after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "{status:?}");

@@ -24,5 +24,5 @@ pub struct Progress {
     /// Replicas the request was sent to (1 = no re-send).
     pub attempts: u32,
     /// The last of them.
-    pub replica: Option<Arc<crate::balancing::Replica>>,
+    pub replica: Option<Arc<crate::replica::Replica>>,
 }

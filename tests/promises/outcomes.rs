@@ -185,7 +185,7 @@ async fn a_client_leaving_the_queue_is_counted_and_refunded() {
 }
 
 /// llmlb in front of one `fast` simulated replica.
-async fn behind_sim() -> (llmlb::sim::SimHandle, llmlb::server::Running) {
+async fn behind_sim() -> (llmlb::replica_sim::SimHandle, llmlb::daemon::Running) {
     let sim = sim_support::start(sim_support::fast()).await;
     let lb = start_llmlb(&format!(
         "[[pools]]\nname = \"llama\"\nmodels = [\"llmlb-sim\"]\n\
