@@ -444,11 +444,13 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
             .cloned()
             .collect()
     };
-    until_async(
-        "an access line per request",
-        Duration::from_secs(20),
-        async || access(&log.lock().unwrap()).len() >= n,
-    )
+    // A request without its line after the wait is named below, with its
+    // plan and what its client saw.
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        while access(&log.lock().unwrap()).len() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
     .await;
     let server_spans = |spans: &[Value]| -> HashMap<String, Vec<Value>> {
         let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
@@ -459,8 +461,10 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
         }
         by_id
     };
-    until_async("a span per request", Duration::from_secs(20), async || {
-        server_spans(&collector.spans.lock().unwrap()).len() >= n
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        while server_spans(&collector.spans.lock().unwrap()).len() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     })
     .await;
     let text = metrics_text(admin).await;
@@ -502,7 +506,10 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for p in &plans {
         let Some(found) = by_id.get(p.id.as_str()) else {
-            problems.push(format!("{}: no access line ({p:?})", p.id));
+            problems.push(format!(
+                "{}: no access line ({p:?}, client {:?})",
+                p.id, seen[&p.id]
+            ));
             continue;
         };
         if found.len() != 1 {
