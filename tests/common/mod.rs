@@ -29,6 +29,7 @@ mod collector;
 mod metrics;
 mod process;
 mod proxy;
+mod redis_server;
 mod upstream;
 mod wait;
 
@@ -43,6 +44,8 @@ pub use metrics::*;
 pub use process::*;
 #[allow(unused_imports)]
 pub use proxy::*;
+#[allow(unused_imports)]
+pub use redis_server::*;
 #[allow(unused_imports)]
 pub use upstream::*;
 #[allow(unused_imports)]
