@@ -8,12 +8,12 @@
 #     FLEET      1: the instances share a redis-server [fleet] store; 0: not
 #     SEED       workload seed
 # Env: LLMLB (binary, default target/release/llmlb), RATE (14: paid gets
-#      0.5 x RATE req/s, free 2.5 x RATE), SECONDS (20).
+#      0.5 x RATE req/s, free 2.5 x RATE), RUN_SECONDS (20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
 LLMLB=${LLMLB:-target/release/llmlb}
-RATE=${RATE:-14} SECONDS_=${SECONDS:-20}
+RATE=${RATE:-14} SECONDS_=${RUN_SECONDS:-20}
 work=$(mktemp -d /tmp/llmlb-fleet-prio.XXXXXX)
 pids=()
 cleanup() {
