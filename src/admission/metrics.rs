@@ -1,6 +1,8 @@
 //! Metrics of the gateway and admission stages.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    CounterVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -16,6 +18,15 @@ pub struct AdmissionMetrics {
     pub tenant_requests: IntCounterVec,
     /// Tokens per tenant, as reported by the replicas' `usage` (else estimated).
     pub tenant_tokens: IntCounterVec,
+    /// Waiters per pool, level and tenant.
+    pub tenant_queue_depth: IntGaugeVec,
+    /// Queue wait per pool and tenant.
+    pub tenant_queue_wait: HistogramVec,
+    /// Refusals per pool, tenant and bound (`level_full`, `tenant_full`,
+    /// `over_objective`, `timeout`).
+    pub tenant_refusals: IntCounterVec,
+    /// Weighted tokens served per pool and tenant (what fair share counts).
+    pub tenant_service: CounterVec,
 }
 
 impl AdmissionMetrics {
@@ -53,11 +64,48 @@ impl AdmissionMetrics {
             &["tenant"],
         )
         .expect("metric");
+        let tenant_queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "llmlb_tenant_queue_depth",
+                "Requests waiting in a pool's queue, by priority level and tenant.",
+            ),
+            &["pool", "level", "tenant"],
+        )
+        .expect("metric");
+        let tenant_queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "llmlb_tenant_queue_wait_seconds",
+                "Time a tenant's request waited in a pool's queue before dispatch.",
+            )
+            .buckets(WAIT_BUCKETS.to_vec()),
+            &["pool", "tenant"],
+        )
+        .expect("metric");
+        let tenant_refusals = IntCounterVec::new(
+            Opts::new(
+                "llmlb_tenant_queue_refusals_total",
+                "Requests a pool's queue refused or timed out, by tenant and the bound that refused.",
+            ),
+            &["pool", "tenant", "bound"],
+        )
+        .expect("metric");
+        let tenant_service = CounterVec::new(
+            Opts::new(
+                "llmlb_tenant_service_tokens_total",
+                "Weighted tokens a pool served per tenant, as fair share counts them (prompt tokens times prompt_weight, plus output tokens).",
+            ),
+            &["pool", "tenant"],
+        )
+        .expect("metric");
         for c in [
             Box::new(queue_depth.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(queue_wait.clone()),
             Box::new(tenant_requests.clone()),
             Box::new(tenant_tokens.clone()),
+            Box::new(tenant_queue_depth.clone()),
+            Box::new(tenant_queue_wait.clone()),
+            Box::new(tenant_refusals.clone()),
+            Box::new(tenant_service.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -66,6 +114,10 @@ impl AdmissionMetrics {
             queue_wait,
             tenant_requests,
             tenant_tokens,
+            tenant_queue_depth,
+            tenant_queue_wait,
+            tenant_refusals,
+            tenant_service,
         }
     }
 }

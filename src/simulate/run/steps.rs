@@ -63,6 +63,12 @@ impl Sim<'_> {
                             .ttft
                             .push(ttft);
                     }
+                    if let Some(tenants) = self.spec.tenants {
+                        self.tenant_counts[usize::from(tenants.of_request[i])]
+                            .0
+                            .ttft
+                            .push(ttft);
+                    }
                     if let Some(g) = &mut l.guard {
                         g.prefill_done();
                     }
@@ -95,6 +101,12 @@ impl Sim<'_> {
                 let counts = &mut self.tier_counts[usize::from(tiers.of_request[i])];
                 counts.completed += 1;
                 counts.within_objective += u64::from(within);
+            }
+            if let Some(tenants) = self.spec.tenants {
+                let (counts, tokens) = &mut self.tenant_counts[usize::from(tenants.of_request[i])];
+                counts.completed += 1;
+                counts.within_objective += u64::from(within);
+                *tokens += f.completion_tokens as u64;
             }
             self.live[i].done = true;
             if out_delay > 0.0 {
