@@ -4,8 +4,8 @@
 //! could not start within their level's objective ([`estimate`]: the drain
 //! rate, the estimated wait and the deadline test of a `ttft_objective`;
 //! [`refusal`]: the queue's refusal and aging as pure functions, which
-//! `llmlb simulate` calls on its virtual clock; [`fair`]: fair share among
-//! the tenants of a level, the structure both call).
+//! `llmlb fleet-sim` calls on its virtual clock; [`fair`]: fair share
+//! among the tenants of a level, the structure both call).
 
 mod error;
 pub mod estimate;
