@@ -23,9 +23,9 @@ pub struct SimArgs {
     /// Number of replicas to run.
     #[arg(long, default_value_t = 1)]
     pub replicas: u16,
-    /// Engine profile: fast, h100-8b, vllm-cpu-tiny. Every flag below
-    /// left unset takes the profile's value. [default: the --config file's
-    /// `profile`, else h100-8b]
+    /// Engine profile: a built-in name (fast, h100-8b, vllm-cpu-tiny) or a
+    /// profile file. Every flag below left unset takes the profile's value.
+    /// [default: the --config file's `profile`, else h100-8b]
     #[arg(long)]
     pub profile: Option<String>,
     /// TOML file overriding the profile (docs/SIMULATOR.md). [default: none]
@@ -152,8 +152,7 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     let profile = args.profile.as_deref().unwrap_or("h100-8b");
     let mut c = match &args.config {
         Some(path) => SimConfig::from_toml_file(path, profile)?,
-        None => SimConfig::profile(profile)
-            .ok_or_else(|| ConfigError::UnknownProfile(profile.into()))?,
+        None => SimConfig::named_or_file(profile)?,
     };
     fn set<T: Clone>(dst: &mut T, v: &Option<T>) {
         if let Some(v) = v {

@@ -11,7 +11,6 @@ use crate::kv_events::{EventBatch, KvEvent};
 use crate::routing::prefix::held::HeldBlocks;
 use crate::signals::{EngineTiming, LoadSnapshot};
 use crate::sim::engine::{Engine, StepOutcome};
-use crate::sim::profile;
 
 use super::SimulateError;
 use crate::sim::config::SimConfig;
@@ -90,12 +89,7 @@ impl Slot {
 
 /// The engine settings of a named profile.
 pub fn profile(name: &str) -> Result<SimConfig, SimulateError> {
-    profile::named(name).ok_or_else(|| {
-        SimulateError::Invalid(format!(
-            "unknown profile {name:?}: expected one of {}",
-            profile::NAMES.join(", ")
-        ))
-    })
+    SimConfig::named_or_file(name).map_err(|e| SimulateError::Invalid(format!("--profile: {e}")))
 }
 
 /// `n` idle replicas of `profile`, each engine seeded by its position.
