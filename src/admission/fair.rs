@@ -28,6 +28,10 @@
 //! With fairness off (`fairness = "fifo"`) the same structure serves the
 //! level oldest first.
 //!
+//! The counters sit behind [`ServiceCounters`]: per llmlb instance
+//! ([`LocalCounters`]) until a store shared by several instances backs
+//! them.
+//!
 //! Times are seconds (f64) from an origin the caller keeps; nothing here
 //! reads a clock. Cost per pick: O(tenants of the level); per push and
 //! pop: O(1) plus a hash lookup. Idle tenants' counters are forgotten when
@@ -101,6 +105,44 @@ pub fn bound(
     (prompt_weight * max_prompt + slots as f64 * max_output) / min_weight
 }
 
+/// Where a level's tenants' service counters live. [`LocalCounters`]
+/// keeps them in this process; a store shared by several llmlb instances
+/// can stand behind the same calls.
+pub trait ServiceCounters: std::fmt::Debug + Send {
+    /// The tenant's counter (0 for a tenant never charged).
+    fn get(&self, tenant: &str) -> f64;
+    /// Adds `tokens` (already divided by the tenant's weight).
+    fn add(&mut self, tenant: &Arc<str>, tokens: f64);
+    /// Raises the tenant's counter to at least `floor` (the lift of a
+    /// tenant that starts waiting).
+    fn raise_to(&mut self, tenant: &Arc<str>, floor: f64);
+    /// Forgets the counters of the tenants `keep` refuses.
+    fn retain(&mut self, keep: &dyn Fn(&str) -> bool);
+}
+
+/// Counters in this process.
+#[derive(Debug, Default)]
+pub struct LocalCounters(HashMap<Arc<str>, f64>);
+
+impl ServiceCounters for LocalCounters {
+    fn get(&self, tenant: &str) -> f64 {
+        self.0.get(tenant).copied().unwrap_or(0.0)
+    }
+
+    fn add(&mut self, tenant: &Arc<str>, tokens: f64) {
+        *self.0.entry(Arc::clone(tenant)).or_default() += tokens;
+    }
+
+    fn raise_to(&mut self, tenant: &Arc<str>, floor: f64) {
+        let c = self.0.entry(Arc::clone(tenant)).or_default();
+        *c = c.max(floor);
+    }
+
+    fn retain(&mut self, keep: &dyn Fn(&str) -> bool) {
+        self.0.retain(|k, _| keep(k));
+    }
+}
+
 /// A waiter and when it arrived.
 #[derive(Debug)]
 pub struct Entry<W> {
@@ -115,8 +157,6 @@ pub struct Entry<W> {
 struct Flow<W> {
     name: Arc<str>,
     weight: f64,
-    /// Weighted tokens charged so far (the virtual token counter).
-    service: f64,
     /// Requests of this tenant holding a slot.
     in_service: usize,
     queue: VecDeque<Entry<W>>,
@@ -142,21 +182,29 @@ pub struct FairLevel<W> {
     next_seq: u64,
     /// The counter of the last tenant that stopped waiting.
     floor: f64,
+    /// Each tenant's weighted tokens charged (the virtual token counters).
+    counters: Box<dyn ServiceCounters>,
 }
 
 impl<W> Default for FairLevel<W> {
     fn default() -> Self {
+        FairLevel::with_counters(Box::new(LocalCounters::default()))
+    }
+}
+
+impl<W> FairLevel<W> {
+    /// A level whose tenants' counters live in `counters`.
+    pub fn with_counters(counters: Box<dyn ServiceCounters>) -> FairLevel<W> {
         FairLevel {
             flows: Vec::new(),
             index: HashMap::new(),
             waiting: 0,
             next_seq: 0,
             floor: 0.0,
+            counters,
         }
     }
-}
 
-impl<W> FairLevel<W> {
     /// Waiters of the level.
     pub fn len(&self) -> usize {
         self.waiting
@@ -184,7 +232,6 @@ impl<W> FairLevel<W> {
         self.flows.push(Flow {
             name: Arc::clone(tenant),
             weight,
-            service: 0.0,
             in_service: 0,
             queue: VecDeque::new(),
         });
@@ -199,13 +246,15 @@ impl<W> FairLevel<W> {
         self.index = (self.flows.iter().enumerate())
             .map(|(i, f)| (Arc::clone(&f.name), i))
             .collect();
+        let index = &self.index;
+        self.counters.retain(&|t| index.contains_key(t));
     }
 
     /// The lowest counter among the tenants waiting.
     fn lowest_waiting(&self) -> Option<f64> {
         (self.flows.iter())
             .filter(|f| !f.queue.is_empty())
-            .map(|f| f.service)
+            .map(|f| self.counters.get(&f.name))
             .min_by(f64::total_cmp)
     }
 
@@ -214,10 +263,10 @@ impl<W> FairLevel<W> {
     pub fn push(&mut self, tenant: &Arc<str>, weight: f64, since: f64, item: W) -> u64 {
         let lift = self.lowest_waiting().unwrap_or(self.floor);
         let i = self.flow(tenant, weight);
-        let flow = &mut self.flows[i];
-        if flow.queue.is_empty() {
-            flow.service = flow.service.max(lift);
+        if self.flows[i].queue.is_empty() {
+            self.counters.raise_to(tenant, lift);
         }
+        let flow = &mut self.flows[i];
         let seq = self.next_seq;
         self.next_seq += 1;
         flow.queue.push_back(Entry { seq, since, item });
@@ -248,8 +297,8 @@ impl<W> FairLevel<W> {
         }
         waiting
             .min_by(|(_, a), (_, b)| {
-                a.service
-                    .total_cmp(&b.service)
+                let c = |f: &Flow<W>| self.counters.get(&f.name);
+                c(a).total_cmp(&c(b))
                     .then(a.in_service.cmp(&b.in_service))
                     .then(front(a).cmp(&front(b)))
             })
@@ -263,7 +312,7 @@ impl<W> FairLevel<W> {
         let entry = flow.queue.pop_front()?;
         self.waiting -= 1;
         if flow.queue.is_empty() {
-            self.floor = flow.service;
+            self.floor = self.counters.get(&flow.name);
         }
         Some((Arc::clone(&flow.name), flow.weight, entry))
     }
@@ -323,8 +372,8 @@ impl<W> FairLevel<W> {
     /// Charges `tokens` weighted tokens to `tenant` (divided by its weight).
     pub fn charge(&mut self, tenant: &Arc<str>, weight: f64, tokens: f64) {
         let i = self.flow(tenant, weight);
-        let f = &mut self.flows[i];
-        f.service += tokens / f.weight;
+        let weight = self.flows[i].weight;
+        self.counters.add(tenant, tokens / weight);
     }
 
     /// A request of `tenant` took a slot: charged `tokens` weighted tokens.
@@ -351,7 +400,7 @@ impl<W> FairLevel<W> {
                 weight: f.weight,
                 waiting: f.queue.len(),
                 in_service: f.in_service,
-                service: f.service,
+                service: self.counters.get(&f.name),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -365,9 +414,8 @@ impl<W> FairLevel<W> {
         let mut moved: Vec<(Arc<str>, f64, Entry<W>)> = Vec::new();
         for f in &mut other.flows {
             let i = self.flow(&f.name, f.weight);
-            let mine = &mut self.flows[i];
-            mine.service = mine.service.max(f.service);
-            mine.in_service += f.in_service;
+            self.counters.raise_to(&f.name, other.counters.get(&f.name));
+            self.flows[i].in_service += f.in_service;
             moved.extend(
                 f.queue
                     .drain(..)

@@ -68,8 +68,8 @@ pub const VARIANTS: [(&str, &str, bool); 3] = [
 
 pub async fn run(args: &DemoArgs) -> Result<Vec<FairRow>, DemoError> {
     let mut s = FairScenario::standard(if args.quick { 4.0 } else { 15.0 }, args.seed);
-    s.profile = SimConfig::profile(&args.profile)
-        .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
+    s.profile =
+        SimConfig::named_or_file(&args.profile).map_err(|e| DemoError::Sim(e.to_string()))?;
     println!(
         "llmlb demo --scenario fairness: {} simulated replicas ({}), max_inflight {} each,\n\
          {}-token prompts, {}-{}-token answers; tenant `light` sends one stream at a time,\n\

@@ -71,4 +71,6 @@ impl SimulateError {
 mod tests;
 
 #[cfg(test)]
+mod tenant_tests;
+#[cfg(test)]
 mod tier_tests;

@@ -55,10 +55,12 @@ impl Sim<'_> {
                 }
                 Choice::NoReplica(_) if tried.is_empty() => {
                     self.out.no_replica += 1;
+                    self.finished(i, now);
                     return None;
                 }
                 Choice::NoReplica(_) => {
                     self.out.upstream += 1;
+                    self.finished(i, now);
                     return None;
                 }
             };
@@ -79,6 +81,7 @@ impl Sim<'_> {
                     );
                     if tried.len() > retries {
                         self.out.upstream += 1;
+                        self.finished(i, now);
                         return None;
                     }
                 }
@@ -148,7 +151,7 @@ impl Sim<'_> {
         let i = waiter.index;
         let (level, tenant) = (self.level(i), self.tenant(i));
         let weight = self.weight(&tenant);
-        let since = self.spec.workload.requests[i].at;
+        let since = self.arrived_at[i];
         self.waiting[level].push(&tenant, weight, since, waiter);
     }
 
@@ -209,6 +212,8 @@ impl Sim<'_> {
                 };
                 self.waiting[level].ended(&tenant, weight, charge);
             }
+            let now = self.queue.now();
+            self.finished(i, now);
         }
     }
 
@@ -265,6 +270,8 @@ impl Sim<'_> {
         let gone = (self.waiting.iter_mut()).any(|l| l.remove(|w| w.index == i).is_some());
         if gone {
             self.out.slot_timeout += 1;
+            let now = self.queue.now();
+            self.finished(i, now);
         }
         gone
     }

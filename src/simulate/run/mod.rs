@@ -134,6 +134,14 @@ struct Sim<'a> {
     tier_counts: Vec<TierCounts>,
     /// Per tenant of `spec.tenants`, and its output tokens.
     tenant_counts: Vec<(TierCounts, u64)>,
+    /// Per request, its tenant's index (closed loop: dealt as streams send).
+    tenant_of: Vec<u16>,
+    /// Per request, when it arrived (seconds).
+    arrived_at: Vec<f64>,
+    /// Closed loop: each request's end was seen by its stream.
+    ended: Vec<bool>,
+    /// Closed loop: the next request a stream sends.
+    next_send: usize,
 }
 
 /// A request waiting, as `serve`'s forwarder waits, for one of the replicas
@@ -175,6 +183,10 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         default_level: default_level(spec.config),
         tier_counts: vec![TierCounts::default(); spec.tiers.map_or(0, |t| t.tiers.len())],
         tenant_counts: vec![Default::default(); spec.tenants.map_or(0, |t| t.tenants.len())],
+        tenant_of: spec.tenants.map_or_else(Vec::new, |t| t.of_request.clone()),
+        arrived_at: spec.workload.requests.iter().map(|r| r.at).collect(),
+        ended: vec![false; requests],
+        next_send: 0,
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
     let levels = sim.pool_queue.as_ref().map_or(1, |q| q.levels()).max(1);
@@ -193,8 +205,17 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             sim.slots[at].publish_to(held);
         }
     }
-    sim.queue
-        .push(spec.workload.requests[0].at, Event::Arrival(0));
+    if sim.closed_loop() {
+        let streams = spec.tenants.map_or(0, Tenants::total_streams).min(requests);
+        for k in 0..streams {
+            sim.arrived_at[k] = 0.0;
+            sim.queue.push(0.0, Event::Arrival(k as u32));
+        }
+        sim.next_send = streams;
+    } else {
+        sim.queue
+            .push(spec.workload.requests[0].at, Event::Arrival(0));
+    }
     if sim.decider.pool().scrape.is_some() {
         sim.queue.push(0.0, Event::Scrape);
     }
@@ -284,8 +305,8 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             .collect();
     }
     let half = spec.network_delay / 2.0;
-    result.per_request = (sim.live.iter().zip(&spec.workload.requests))
-        .map(|(l, r)| (l.first.map(|t| t + half - r.at), l.replica))
+    result.per_request = (sim.live.iter().zip(sim.arrived_at.iter().copied()))
+        .map(|(l, at)| (l.first.map(|t| t + half - at), l.replica))
         .collect();
     Ok(result)
 }
@@ -303,7 +324,7 @@ impl Sim<'_> {
     fn arrive(&mut self, i: usize, now: f64) {
         let w = self.spec.workload;
         self.arrived += 1;
-        if let Some(next) = w.requests.get(i + 1) {
+        if let Some(next) = w.requests.get(i + 1).filter(|_| !self.closed_loop()) {
             self.queue.push(next.at, Event::Arrival(i as u32 + 1));
         }
         let r = &w.requests[i];
@@ -312,7 +333,7 @@ impl Sim<'_> {
         if let Some(t) = tier {
             self.tier_counts[t].requests += 1;
         }
-        let tenant = self.spec.tenants.map(|t| usize::from(t.of_request[i]));
+        let tenant = self.spec.tenants.map(|_| usize::from(self.tenant_of[i]));
         if let Some(t) = tenant {
             self.tenant_counts[t].0.requests += 1;
         }
@@ -324,6 +345,7 @@ impl Sim<'_> {
             if let Some(t) = tenant {
                 self.tenant_counts[t].0.rejected_429 += 1;
             }
+            self.finished(i, now);
             return;
         }
         w.fill_prompt(r, &mut self.prompt);
@@ -336,6 +358,7 @@ impl Sim<'_> {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;
+                self.finished(i, now);
                 return;
             }
         };
@@ -355,9 +378,30 @@ impl Sim<'_> {
 
     /// The tenant of request `i` (empty: none).
     fn tenant(&self, i: usize) -> Arc<str> {
-        self.spec
-            .tenants
-            .map_or_else(|| Arc::from(""), |t| Arc::clone(&t.of(i).name))
+        self.spec.tenants.map_or_else(
+            || Arc::from(""),
+            |t| Arc::clone(&t.tenants[usize::from(self.tenant_of[i])].name),
+        )
+    }
+
+    /// Whether tenants send in closed loops (`--tenants NAME=streams:N`).
+    fn closed_loop(&self) -> bool {
+        self.spec.tenants.is_some_and(|t| !t.streams.is_empty())
+    }
+
+    /// Request `i` ended as its client sees it (answered, failed or
+    /// refused): in a closed loop its stream sends the next request now.
+    fn finished(&mut self, i: usize, now: f64) {
+        if !self.closed_loop() || std::mem::replace(&mut self.ended[i], true) {
+            return;
+        }
+        let j = self.next_send;
+        if j < self.live.len() {
+            self.next_send += 1;
+            self.tenant_of[j] = self.tenant_of[i];
+            self.arrived_at[j] = now;
+            self.queue.push(now, Event::Arrival(j as u32));
+        }
     }
 
     /// The pool queue's admission test for arrival `i`, as `serve`'s queue
