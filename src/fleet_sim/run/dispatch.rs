@@ -1,0 +1,279 @@
+//! Sending a request to a replica: the forwarder's choice, refused
+//! connections and retries, hung replicas, and the wait for a free slot
+//! (`max_inflight`) with its deadline, waiters served by priority level
+//! (with aging) and within one by the pool queue's fair share among
+//! tenants ([`crate::admission::fair`], the structure `serve`'s queue
+//! keeps), charged with each request's prompt at dispatch and its output
+//! when the proxy sees its end.
+
+use crate::admission::Level;
+use crate::admission::fair::{Entry, FairLevel};
+use crate::admission::refusal::next_level;
+use crate::fleet_sim::clock::{Event, millis};
+use crate::fleet_sim::fleet::State;
+use crate::pool::{Choice, Failure};
+use crate::replica::{InFlightGuard, ReplicaId};
+use crate::replica_sim::engine::NewRequest;
+use crate::routing::Decision;
+
+use super::{Live, Sim, Waiter};
+
+impl Sim<'_> {
+    /// Sends request `i` (its prompt in `self.prompt`) to the replica the
+    /// forwarder's choice names, retrying refused connections up to the
+    /// pool's `retries`; or returns it, to wait until a slot frees.
+    #[must_use]
+    pub(super) fn dispatch(
+        &mut self,
+        i: usize,
+        decision: Decision,
+        mut tried: Vec<ReplicaId>,
+        now: f64,
+    ) -> Option<Waiter> {
+        let r = &self.spec.workload.requests[i];
+        let now_ms = millis(now);
+        let retries = self.decider.pool().retries as usize;
+        loop {
+            let info = self.decider.info(r.input, r.output);
+            let replica = match self.decider.choose(&decision, &tried, &info, now_ms) {
+                Choice::Pick(replica, _) => replica,
+                Choice::Wait(_) => {
+                    if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
+                        // A newcomer (admitted on arrival): it may wait
+                        // until the queue's timeout.
+                        let timeout = match &self.pool_queue {
+                            Some(q) => q.timeout,
+                            None => self.decider.pool().timeouts.first_byte.as_secs_f64(),
+                        };
+                        self.queue
+                            .push(now + timeout, Event::SlotDeadline(i as u32));
+                    }
+                    return Some(Waiter {
+                        index: i,
+                        decision,
+                        tried,
+                    });
+                }
+                Choice::NoReplica(_) if tried.is_empty() => {
+                    self.out.no_replica += 1;
+                    self.finished(i, now);
+                    return None;
+                }
+                Choice::NoReplica(_) => {
+                    self.out.upstream += 1;
+                    self.finished(i, now);
+                    return None;
+                }
+            };
+            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
+            decision.dispatched_at(&replica, now_ms);
+            tried.push(replica.id);
+            let at = self.decider.position(replica.id);
+            self.slots[at].dispatched += 1;
+            match self.slots[at].state {
+                State::Dead => {
+                    drop(guard);
+                    let pool = self.decider.pool();
+                    pool.record_failure_at(
+                        &replica,
+                        Failure::Connect,
+                        self.decider.metrics(),
+                        now_ms,
+                    );
+                    if tried.len() > retries {
+                        self.out.upstream += 1;
+                        self.finished(i, now);
+                        return None;
+                    }
+                }
+                State::Hung => {
+                    self.open_request(i, at, guard, now);
+                    let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
+                    self.queue.push(now + wait, Event::Timeout(i as u32));
+                    return None;
+                }
+                State::Up => {
+                    self.open_request(i, at, guard, now);
+                    self.live[i].prompt = std::mem::take(&mut self.prompt);
+                    let half = self.half_delay();
+                    if half > 0.0 {
+                        self.queue.push(now + half, Event::Enter(i as u32));
+                    } else {
+                        self.enter(i, now);
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Request `i`, sent to its replica, reaches the replica's engine. A
+    /// replica that died meanwhile broke the connection (the request was
+    /// closed then); one that hung swallows it until the timeout it set.
+    pub(super) fn enter(&mut self, i: usize, now: f64) {
+        let l = &mut self.live[i];
+        if !l.open {
+            return;
+        }
+        let at = l.replica as usize;
+        if self.slots[at].state != State::Up {
+            return;
+        }
+        let req = NewRequest {
+            id: i as u64,
+            prompt: std::mem::take(&mut l.prompt),
+            max_tokens: self.spec.workload.requests[i].output as usize,
+            priority: 0,
+        };
+        if self.slots[at].engine.add_request(req, now).is_err() {
+            // The replica answers 400 (context too long).
+            self.out.too_long += 1;
+            self.close(i);
+            return;
+        }
+        if self.slots[at].pending.is_none() {
+            self.start_step(at, now);
+        }
+    }
+
+    /// The proxy sees the end of request `i`'s answer.
+    pub(super) fn release(&mut self, i: usize, now: f64) {
+        if self.live[i].open {
+            if let Some(q) = &mut self.pool_queue {
+                q.served(now - self.live[i].dispatched_at);
+            }
+            self.close_as(i, true);
+        }
+    }
+
+    /// Parks request `i`, a newcomer, until a slot frees (its tenant
+    /// starts waiting, or waits for one more).
+    pub(super) fn park(&mut self, waiter: Waiter) {
+        let i = waiter.index;
+        let (level, tenant) = (self.level(i), self.tenant(i));
+        let weight = self.weight(&tenant);
+        let since = self.arrived_at[i];
+        self.waiting[level].push(&tenant, weight, since, waiter);
+    }
+
+    /// Tenant `tenant`'s fair-share weight.
+    fn weight(&self, tenant: &str) -> f64 {
+        self.pool_queue
+            .as_ref()
+            .map_or(1.0, |q| q.fairness().weight(tenant))
+    }
+
+    pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
+        self.live[i] = Live {
+            guard: Some(guard),
+            replica: at as u32,
+            first: None,
+            last: 0.0,
+            open: true,
+            slot_deadline: self.live[i].slot_deadline,
+            dispatched_at: now,
+            prompt: Vec::new(),
+            done: false,
+        };
+        self.open += 1;
+        let (level, tenant) = (self.level(i), self.tenant(i));
+        let weight = self.weight(&tenant);
+        if let Some(q) = &mut self.pool_queue {
+            q.granted(i, level, now);
+            let prompt =
+                q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
+            self.waiting[level].started(&tenant, weight, prompt);
+        }
+    }
+
+    /// Request `i` ended without an answer (failed, timed out, refused by
+    /// its replica).
+    pub(super) fn close(&mut self, i: usize) {
+        self.close_as(i, false);
+    }
+
+    /// Request `i` frees its slot; its tenant is charged its output when a
+    /// replica answered it, else refunded its prompt.
+    fn close_as(&mut self, i: usize, served: bool) {
+        let l = &mut self.live[i];
+        if l.open {
+            l.open = false;
+            l.guard = None;
+            self.open -= 1;
+            self.slot_freed = true;
+            let (level, tenant) = (self.level(i), self.tenant(i));
+            let weight = self.weight(&tenant);
+            let r = &self.spec.workload.requests[i];
+            if let Some(q) = &mut self.pool_queue {
+                q.released(i);
+                let charge = if served {
+                    f64::from(r.output)
+                } else {
+                    -q.fairness().prompt_weight * f64::from(r.input)
+                };
+                self.waiting[level].ended(&tenant, weight, charge);
+            }
+            let now = self.queue.now();
+            self.finished(i, now);
+        }
+    }
+
+    /// After a slot freed: every waiter tries again in the order `serve`'s
+    /// queue grants slots (the level whose oldest waiter has the highest
+    /// effective level after aging, then the level's fair share among
+    /// tenants); those still without a slot keep their place.
+    pub(super) fn retry_waiting(&mut self, now: f64) {
+        let fair = self
+            .pool_queue
+            .as_ref()
+            .is_some_and(|q| q.fairness().enabled);
+        let levels: Vec<Level> = self
+            .pool_queue
+            .as_ref()
+            .map_or_else(Vec::new, |q| q.level_settings().to_vec());
+        let mut kept = Vec::new();
+        loop {
+            let fronts = self.waiting.iter().map(FairLevel::oldest);
+            let Some(level) = next_level(&levels, fronts, now) else {
+                break;
+            };
+            let Some((tenant, weight, entry)) = self.waiting[level].pop(fair) else {
+                break;
+            };
+            let Entry {
+                seq,
+                since,
+                item: w,
+            } = entry;
+            let r = &self.spec.workload.requests[w.index];
+            self.spec.workload.fill_prompt(r, &mut self.prompt);
+            if let Some(w) = self.dispatch(w.index, w.decision, w.tried, now) {
+                kept.push((
+                    level,
+                    tenant,
+                    weight,
+                    Entry {
+                        seq,
+                        since,
+                        item: w,
+                    },
+                ));
+            }
+        }
+        for (level, tenant, weight, entry) in kept {
+            self.waiting[level].restore(&tenant, weight, entry);
+        }
+    }
+
+    /// A waiter's deadline: still without a slot, it gets `serve`'s 503
+    /// (false: it got one before).
+    pub(super) fn slot_deadline(&mut self, i: usize) -> bool {
+        let gone = (self.waiting.iter_mut()).any(|l| l.remove(|w| w.index == i).is_some());
+        if gone {
+            self.out.slot_timeout += 1;
+            let now = self.queue.now();
+            self.finished(i, now);
+        }
+        gone
+    }
+}
