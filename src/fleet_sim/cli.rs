@@ -124,9 +124,10 @@ pub struct SimulateArgs {
     pub tiers: Option<TierMix>,
     /// Tenants of the traffic, their shares of the arrivals and optionally
     /// their fair-share weights, e.g. `chat=0.1@2,batch=0.9` (weights
-    /// default to the config's `[[tenants]]`, else 1). Each arrival draws
-    /// its tenant from the seeded generator; the pool queue shares each
-    /// priority level among them as `serve` does.
+    /// default to the config's `[[tenants]]`, else 1), or closed loops:
+    /// `light=streams:1,batch=streams:12`. Each arrival draws its tenant
+    /// from the seeded generator; the pool queue shares each priority level
+    /// among them as `serve` does. [default: none]
     #[arg(long)]
     pub tenants: Option<TenantMix>,
     /// Goodput counts requests whose TTFT is at most this.
