@@ -100,6 +100,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
     }
     super::validate_routing::validate(config, &mut out);
     super::validate_disaggregation::validate(config, &mut out);
+    super::validate_tenants::validate(config, &mut out);
     super::telemetry::validate(&config.telemetry, &mut out);
     out
 }

@@ -27,6 +27,7 @@ mod http;
 pub mod metrics;
 mod openai;
 pub mod profile;
+pub mod request_faults;
 mod responses;
 pub mod role;
 mod server;
@@ -188,6 +189,7 @@ fn spawn_inner(
         clock,
         created_unix: http::unix_now(),
         next_id: AtomicU64::new(1),
+        id_salt: rand::random(),
         shutdown: shutdown_rx.clone(),
         addr,
     });

@@ -4,7 +4,6 @@
 
 pub mod access_log;
 mod budget;
-mod closed;
 mod disaggregate;
 mod error;
 pub mod generation;
@@ -13,6 +12,7 @@ mod limit_headers;
 mod multipart;
 pub mod pending;
 mod prompt_tokens;
+pub mod record;
 pub mod reload;
 pub mod request;
 pub mod scope;
