@@ -214,6 +214,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                     branch: pick.branch.as_str(),
                     attempts: tried.len() as u32,
                     predicted_cached: req.route.predicted_for(replica.id),
+                    kind: req.route.kind_label(),
                 });
                 return Ok(resp);
             }

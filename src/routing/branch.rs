@@ -35,6 +35,9 @@ pub enum RouteBranch {
     PrefixMiss,
     /// The prompt was too short to have a prefix: the balancer decides.
     PrefixNone,
+    /// The prompt's cached prefix cannot be predicted exactly (media parts,
+    /// a request template, a template error, ...): the balancer decides.
+    PrefixUnpredictable,
     /// `exact` mode: the chosen replica's cache was estimated from what
     /// llmlb sent it, because its KV events are unknown (not connected yet,
     /// or events were missed and have not refilled).
@@ -66,6 +69,7 @@ impl RouteBranch {
             RouteBranch::PrefixOverflow => "prefix_overflow",
             RouteBranch::PrefixMiss => "prefix_miss",
             RouteBranch::PrefixNone => "prefix_none",
+            RouteBranch::PrefixUnpredictable => "prefix_unpredictable",
             RouteBranch::PrefixEstimated => "prefix_estimated",
             RouteBranch::PrefixReplicated => "prefix_replicated",
             RouteBranch::PrefixHome => "prefix_home",

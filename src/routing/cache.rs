@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use super::RouteBranch;
 use super::decision::Decision;
-use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::blocks::{CacheKey, block_hashes_keyed, exact_seed, keyed_hashes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::hot::Hot;
 use super::prefix::predict;
@@ -47,16 +47,17 @@ pub(super) fn prefer(
     views: &HashMap<ReplicaId, ReplicaView>,
     model: &str,
     tokens: Cow<'_, [u32]>,
+    cache_key: &CacheKey,
     now_ms: u64,
 ) {
     let prefix = &router.prefix;
     let block = prefix.block_size;
-    let blocks = block_hashes(model, &tokens, block);
+    let blocks = block_hashes_keyed(model, &tokens, block, cache_key);
     if blocks.is_empty() {
         d.branches.push(RouteBranch::PrefixNone);
         return;
     }
-    let holdings = Holdings::new(router, &tokens, &blocks, cands, views, now_ms);
+    let holdings = Holdings::new(router, &tokens, cache_key, &blocks, cands, views, now_ms);
     d.predicted = holdings.predicted.clone();
     // The prefix's key: the chained hash of its first `prefix.tokens`
     // tokens, so cold instances agree per prefix and prefixes that share
@@ -182,7 +183,11 @@ pub(super) fn prefer(
     d.preferred = Some(vec![cands[i].id]);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if prefix.mode == PrefixMode::Exact {
-        d.expect = Some((Arc::clone(&router.state.held), tokens.into_owned()));
+        d.expect = Some((
+            Arc::clone(&router.state.held),
+            tokens.into_owned(),
+            cache_key.clone(),
+        ));
     }
 }
 
@@ -235,9 +240,10 @@ pub(super) fn record_for_prediction(
     views: &HashMap<ReplicaId, ReplicaView>,
     model: &str,
     tokens: &[u32],
+    key: &CacheKey,
 ) {
     let bs = router.prefix.block_size;
-    let blocks = block_hashes(model, tokens, bs);
+    let blocks = block_hashes_keyed(model, tokens, bs, key);
     for r in cands {
         if let Some(i) = router.state.indexes.get(&r.id) {
             i.observe_restarts(r.restarts());
@@ -280,6 +286,7 @@ impl Holdings {
     fn new(
         router: &Router,
         tokens: &[u32],
+        key: &CacheKey,
         blocks: &[u64],
         cands: &[Arc<Replica>],
         views: &HashMap<ReplicaId, ReplicaView>,
@@ -313,7 +320,7 @@ impl Holdings {
                     let pos = match by_size.iter().position(|(s, _)| *s == bs) {
                         Some(p) => p,
                         None => {
-                            by_size.push((bs, chained_hashes(exact_seed(), tokens, bs)));
+                            by_size.push((bs, keyed_hashes(exact_seed(), tokens, bs, key)));
                             by_size.len() - 1
                         }
                     };

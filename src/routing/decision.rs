@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::prefix::blocks::CacheKey;
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::score::requests_ahead;
@@ -51,9 +52,15 @@ pub struct Decision {
     pub(super) record: Option<(Indexes, Vec<u64>)>,
     /// `exact` mode: the prompt's tokens, expected on the replica it is sent
     /// to until its events report them.
-    pub(super) expect: Option<(Held, Vec<u32>)>,
+    pub(super) expect: Option<(Held, Vec<u32>, CacheKey)>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
+    /// Why no prediction was made, when the prompt's cached prefix cannot
+    /// be predicted exactly (the request is routed by load).
+    pub unpredictable: Option<crate::tokenize::Unpredictable>,
+    /// The request's kind in the closed-loop metrics: `adapter`, `tools`,
+    /// `template_args` or `plain`.
+    pub kind: &'static str,
 }
 
 impl Decision {
@@ -105,16 +112,21 @@ impl Decision {
         {
             index.record(blocks);
         }
-        if let Some((held, tokens)) = &self.expect
+        if let Some((held, tokens, key)) = &self.expect
             && let Some(h) = held.get(&replica.id)
         {
-            h.expect_prompt(tokens, now_ms);
+            h.expect_prompt(tokens, key, now_ms);
         }
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.
     pub fn predicted_for(&self, id: ReplicaId) -> Option<u64> {
         self.predicted.iter().find(|(r, _)| *r == id).map(|p| p.1)
+    }
+
+    /// The request's kind (see [`Decision::kind`]; `plain` when unset).
+    pub fn kind_label(&self) -> &'static str {
+        if self.kind.is_empty() { "plain" } else { self.kind }
     }
 
     /// The branches as one tracing field.

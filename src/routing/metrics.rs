@@ -15,6 +15,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct RoutingMetrics {
     /// Routing steps that acted, by pool and branch.
     pub decisions: IntCounterVec,
+    /// Requests whose cached prefix could not be predicted, by pool and reason.
+    pub unpredictable: IntCounterVec,
     /// Requests by pool, version and final status.
     pub version_requests: IntCounterVec,
     /// Requests that ended in an error (5xx, llmlb's own 502/503/504, or a
@@ -32,6 +34,14 @@ impl RoutingMetrics {
                 "Routing steps that acted, by pool and branch.",
             ),
             &["pool", "branch"],
+        )
+        .expect("metric");
+        let unpredictable = IntCounterVec::new(
+            Opts::new(
+                "llmlb_prefix_unpredictable_total",
+                "Requests in a prefix-routed pool whose cached prefix llmlb cannot predict exactly (routed by load), by pool and reason.",
+            ),
+            &["pool", "reason"],
         )
         .expect("metric");
         let version_requests = IntCounterVec::new(
@@ -61,6 +71,7 @@ impl RoutingMetrics {
         .expect("metric");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(unpredictable.clone()),
             Box::new(version_requests.clone()),
             Box::new(version_errors.clone()),
             Box::new(version_duration.clone()),
@@ -69,10 +80,18 @@ impl RoutingMetrics {
         }
         RoutingMetrics {
             decisions,
+            unpredictable,
             version_requests,
             version_errors,
             version_duration,
         }
+    }
+
+    /// Counts a request whose prefix could not be predicted.
+    pub fn record_unpredictable(&self, pool: &str, reason: crate::tokenize::Unpredictable) {
+        self.unpredictable
+            .with_label_values(&[pool, reason.as_str()])
+            .inc();
     }
 
     pub fn record_branches(&self, pool: &str, branches: &[RouteBranch]) {

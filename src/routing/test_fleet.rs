@@ -56,6 +56,9 @@ pub fn input<'a>(
         tier: None,
         prompt,
         tokens: None,
+        salt: None,
+        unpredictable: None,
+        kind: "plain",
     }
 }
 

@@ -271,7 +271,7 @@ fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
             u.prompt_tokens,
             reported,
         );
-        m.prefix_loop.observe(pool, &d.replica, o);
+        m.prefix_loop.observe(pool, &d.replica, d.kind, o);
     }
     for (kind, n) in [
         ("prompt", u.prompt_tokens),

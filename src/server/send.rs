@@ -13,6 +13,7 @@ use http::{HeaderMap, Response, request};
 
 use super::prompt_tokens::prompt;
 use super::request::RequestMeta;
+use crate::tokenize::Unpredictable;
 use super::stages::Estimate;
 use super::{ApiError, AppState};
 use crate::admission::Permit;
@@ -41,7 +42,7 @@ pub fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
     meta: &RequestMeta,
-    tokens: Option<&[u32]>,
+    tokens: Option<(&[u32], Option<Unpredictable>)>,
     headers: &HeaderMap,
     tier: Option<&str>,
     bytes: &Bytes,
@@ -58,13 +59,21 @@ pub fn route_within(
         headers,
         tier,
         prompt: prompt(meta),
-        tokens,
+        tokens: tokens.map(|t| t.0),
+        salt: meta.cache_salt.as_deref(),
+        unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
+        kind: meta.kind(),
     };
     let decision = pool
         .router
         .route(&pool.replicas, &input, rand::random(), now_millis())?;
     for branches in [&resolved.branches, &decision.branches] {
         state.routing_metrics.record_branches(&pool.name, branches);
+    }
+    if let Some(reason) = decision.unpredictable {
+        state
+            .routing_metrics
+            .record_unpredictable(&pool.name, reason);
     }
     Ok((decision, body))
 }
