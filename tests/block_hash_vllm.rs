@@ -113,7 +113,10 @@ fn event_payload(c: &Case, hashes: &[u64]) -> Vec<u8> {
             Mp::Array(c.tokens.iter().map(|&t| Mp::from(t)).collect()),
         ),
         (Mp::from("block_size"), Mp::from(c.block_size as u64)),
-        (Mp::from("lora_name"), c.key.adapter.as_deref().map_or(Mp::Nil, Mp::from)),
+        (
+            Mp::from("lora_name"),
+            c.key.adapter.as_deref().map_or(Mp::Nil, Mp::from),
+        ),
         (Mp::from("extra_keys"), extra),
     ]);
     let payload = Mp::Array(vec![Mp::F64(0.0), Mp::Array(vec![event]), Mp::from(0)]);

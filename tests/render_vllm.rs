@@ -16,11 +16,14 @@ use serde_json::{Value, json};
 /// The tiny model's tokenizer, beside the repository (`../shared`) or, in
 /// a worktree one level further down, beside its parent.
 fn tiny_llama() -> PathBuf {
-    ["../shared/tokenizers/tiny-llama", "../../shared/tokenizers/tiny-llama"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("tokenizer.json").exists())
-        .expect("the tiny model's tokenizer in ../shared/tokenizers/tiny-llama")
+    [
+        "../shared/tokenizers/tiny-llama",
+        "../../shared/tokenizers/tiny-llama",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.join("tokenizer.json").exists())
+    .expect("the tiny model's tokenizer in ../shared/tokenizers/tiny-llama")
 }
 
 fn fixture() -> Value {
@@ -97,7 +100,10 @@ fn requests_render_and_encode_as_vllm_does() {
 /// Requests whose prompt llmlb cannot reproduce say so.
 #[test]
 fn media_and_request_templates_are_unpredictable() {
-    let dir = model_dir(fixture()["template_source"].as_str().unwrap(), "unpredictable");
+    let dir = model_dir(
+        fixture()["template_source"].as_str().unwrap(),
+        "unpredictable",
+    );
     let t = PromptTokenizer::load(&dir).unwrap();
     let reason = |body: Value| {
         let meta = extract(&with_model(&body)).unwrap();
@@ -118,7 +124,10 @@ fn media_and_request_templates_are_unpredictable() {
     let broken = json!({"messages": [{"role": "user", "content": "Hi"}],
                         "add_generation_prompt": true, "continue_final_message": true});
     let meta = extract(&with_model(&broken)).unwrap();
-    let (_, r) = prompt_ids(&t, Prompt::ChatWith(meta.messages.as_ref().unwrap(), &meta.chat));
+    let (_, r) = prompt_ids(
+        &t,
+        Prompt::ChatWith(meta.messages.as_ref().unwrap(), &meta.chat),
+    );
     assert_eq!(r.map(|r| r.as_str()), Some("template_error"));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -467,13 +467,25 @@ mod tests {
     #[test]
     fn variant_probes_compare_counts_and_caching() {
         let label = "the tool-calling probe";
-        let f = judge_variant(label, Ok(300), &Ok(usage(300, None)), Some(&Ok(usage(300, Some(256)))), 128);
+        let f = judge_variant(
+            label,
+            Ok(300),
+            &Ok(usage(300, None)),
+            Some(&Ok(usage(300, Some(256)))),
+            128,
+        );
         assert!(f.iter().all(|x| x.severity == Severity::Ok), "{f:?}");
         assert!(f[1].message.starts_with(label), "{f:?}");
         let f = judge_variant(label, Ok(290), &Ok(usage(300, None)), None, 128);
         assert_eq!(worst(&f, Topic::Tokenizer), Some(Severity::Error));
         assert!(f[0].message.contains("290") && f[0].message.contains("300"));
-        let f = judge_variant(label, Ok(300), &Err("the replica answered 400".into()), None, 128);
+        let f = judge_variant(
+            label,
+            Ok(300),
+            &Err("the replica answered 400".into()),
+            None,
+            128,
+        );
         assert_eq!(worst(&f, Topic::Probe), Some(Severity::Warning));
     }
 

@@ -39,17 +39,28 @@ use super::router::Router;
 use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::PrefixMode;
 
-/// Sets the decision's preference among `cands` for a prompt of `tokens`.
+/// A request's prompt as prefix routing hashes it: the model named, the
+/// token ids and what else keys its blocks.
+pub(super) struct KeyedPrompt<'a> {
+    pub model: &'a str,
+    pub tokens: Cow<'a, [u32]>,
+    pub key: &'a CacheKey,
+}
+
+/// Sets the decision's preference among `cands` for `prompt`.
 pub(super) fn prefer(
     router: &Router,
     d: &mut Decision,
     cands: &[Arc<Replica>],
     views: &HashMap<ReplicaId, ReplicaView>,
-    model: &str,
-    tokens: Cow<'_, [u32]>,
-    cache_key: &CacheKey,
+    prompt: KeyedPrompt<'_>,
     now_ms: u64,
 ) {
+    let KeyedPrompt {
+        model,
+        tokens,
+        key: cache_key,
+    } = prompt;
     let prefix = &router.prefix;
     let block = prefix.block_size;
     let blocks = block_hashes_keyed(model, &tokens, block, cache_key);

@@ -126,7 +126,11 @@ impl Decision {
 
     /// The request's kind (see [`Decision::kind`]; `plain` when unset).
     pub fn kind_label(&self) -> &'static str {
-        if self.kind.is_empty() { "plain" } else { self.kind }
+        if self.kind.is_empty() {
+            "plain"
+        } else {
+            self.kind
+        }
     }
 
     /// The branches as one tracing field.

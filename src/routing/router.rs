@@ -282,7 +282,13 @@ impl Router {
                 d.unpredictable = unpredictable;
                 if unpredictable.is_none() {
                     cache::record_for_prediction(
-                        self, &mut d, &cands, &views, input.model, &tokens, &key,
+                        self,
+                        &mut d,
+                        &cands,
+                        &views,
+                        input.model,
+                        &tokens,
+                        &key,
                     );
                 }
             }
@@ -293,9 +299,12 @@ impl Router {
                     d.branches.push(super::RouteBranch::PrefixUnpredictable);
                     return Ok(d);
                 }
-                cache::prefer(
-                    self, &mut d, &cands, &views, input.model, tokens, &key, now_ms,
-                )
+                let prompt = cache::KeyedPrompt {
+                    model: input.model,
+                    tokens,
+                    key: &key,
+                };
+                cache::prefer(self, &mut d, &cands, &views, prompt, now_ms)
             }
         }
         Ok(d)

@@ -42,9 +42,8 @@ impl PromptTokens {
             prompt_ids(&tokenizer, prompt(meta))
         } else {
             let (router_tokenizer, owned) = (tokenizer.clone(), meta.clone());
-            let job = tokio::task::spawn_blocking(move || {
-                prompt_ids(&router_tokenizer, prompt(&owned))
-            });
+            let job =
+                tokio::task::spawn_blocking(move || prompt_ids(&router_tokenizer, prompt(&owned)));
             match job.await {
                 Ok(ids) => ids,
                 Err(_) => prompt_ids(&tokenizer, prompt(meta)),

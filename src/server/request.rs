@@ -464,7 +464,11 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
                 content,
                 fields: Vec::new(),
             };
-            if m.tool_calls.is_some() || m.tool_call_id.is_some() || m.name.is_some() || m.reasoning.is_some() {
+            if m.tool_calls.is_some()
+                || m.tool_call_id.is_some()
+                || m.name.is_some()
+                || m.reasoning.is_some()
+            {
                 let mut o = serde_json::Map::new();
                 for (k, v) in [
                     ("tool_calls", m.tool_calls),

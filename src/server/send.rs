@@ -13,7 +13,6 @@ use http::{HeaderMap, Response, request};
 
 use super::prompt_tokens::prompt;
 use super::request::RequestMeta;
-use crate::tokenize::Unpredictable;
 use super::stages::Estimate;
 use super::{ApiError, AppState};
 use crate::admission::Permit;
@@ -25,6 +24,7 @@ use crate::routing::model_map::rewrite_model;
 use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
+use crate::tokenize::Unpredictable;
 
 /// What every step of one request shares: the process, the client, the
 /// request's id, start and trace.

@@ -149,7 +149,10 @@ mod tests {
         assert!((o.error_ratio() - 0.08).abs() < 1e-9);
         m.observe("p", "r", "tools", Some(o));
         m.observe("p", "r", "tools", None);
-        assert_eq!(m.predicted.with_label_values(&["p", "r", "tools"]).get(), 96);
+        assert_eq!(
+            m.predicted.with_label_values(&["p", "r", "tools"]).get(),
+            96
+        );
         assert_eq!(m.reported.with_label_values(&["p", "r", "tools"]).get(), 80);
         assert_eq!(m.error.with_label_values(&["p"]).get_sample_count(), 1);
     }

@@ -195,7 +195,9 @@ mod tests {
     #[test]
     fn request_fields_override_kwargs_as_in_vllm() {
         let o = ChatOptions::from_request(ChatFields {
-            chat_template_kwargs: Some(json!({"enable_thinking": true, "add_generation_prompt": false})),
+            chat_template_kwargs: Some(
+                json!({"enable_thinking": true, "add_generation_prompt": false}),
+            ),
             ..ChatFields::default()
         });
         assert!(o.add_generation_prompt(), "the request's default wins");
@@ -211,7 +213,9 @@ mod tests {
     #[test]
     fn tools_are_dumped_with_nulls_in_model_order() {
         let o = ChatOptions::from_request(ChatFields {
-            tools: Some(json!([{"function": {"parameters": {}, "name": "f", "strict": null}, "type": "function"}])),
+            tools: Some(
+                json!([{"function": {"parameters": {}, "name": "f", "strict": null}, "type": "function"}]),
+            ),
             ..ChatFields::default()
         });
         let text = serde_json::to_string(&o.tools.unwrap()).unwrap();

@@ -129,18 +129,21 @@ impl ChatTemplate {
         }
         let none = || Value::from(());
         ctx.insert("messages".into(), Value::from(Serde(&messages)));
-        let tools = options.tools.as_ref().map_or_else(none, |t| Value::from(Serde(t)));
+        let tools = options
+            .tools
+            .as_ref()
+            .map_or_else(none, |t| Value::from(Serde(t)));
         ctx.insert("tools".into(), tools);
-        let docs = options.documents.as_ref().map_or_else(none, |d| Value::from(Serde(d)));
+        let docs = options
+            .documents
+            .as_ref()
+            .map_or_else(none, |d| Value::from(Serde(d)));
         ctx.insert("documents".into(), docs);
         ctx.insert(
             "add_generation_prompt".into(),
             Value::from(options.add_generation_prompt()),
         );
-        let rendered = self
-            .env
-            .get_template(NAME)?
-            .render(Value::from(ctx))?;
+        let rendered = self.env.get_template(NAME)?.render(Value::from(ctx))?;
         match final_text {
             None => Ok(rendered),
             Some(text) => cut_at_tag(rendered, &text),
@@ -200,7 +203,9 @@ fn tag_final_message(messages: &mut [serde_json::Value]) -> Result<String, Error
             }
             Err(invalid("continue_final_message: no text to continue"))
         }
-        _ => Err(invalid("continue_final_message: the final message has no content")),
+        _ => Err(invalid(
+            "continue_final_message: the final message has no content",
+        )),
     }
 }
 
@@ -355,11 +360,18 @@ mod tests {
         )
         .unwrap()];
         let t = ChatTemplate::parse(string, specials()).unwrap();
-        assert_eq!(t.render(&msgs, &ChatOptions::plain()).unwrap(), "[user]a\nb");
+        assert_eq!(
+            t.render(&msgs, &ChatOptions::plain()).unwrap(),
+            "[user]a\nb"
+        );
         let t = ChatTemplate::parse(list, specials()).unwrap();
         assert_eq!(t.render(&msgs, &ChatOptions::plain()).unwrap(), "a|b|");
         let t = ChatTemplate::parse(list, specials()).unwrap();
-        assert_eq!(t.render(&[ChatMessage::new("user", "s")], &ChatOptions::plain()).unwrap(), "s|");
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "s")], &ChatOptions::plain())
+                .unwrap(),
+            "s|"
+        );
     }
 
     #[test]
@@ -369,8 +381,8 @@ mod tests {
         let out = t
             .render(
                 &[
-                ChatMessage::new("system", "x"),
-                ChatMessage::new("user", " hi "),
+                    ChatMessage::new("system", "x"),
+                    ChatMessage::new("user", " hi "),
                 ],
                 &ChatOptions::plain(),
             )
@@ -379,9 +391,9 @@ mod tests {
         let err = t
             .render(
                 &[
-                ChatMessage::new("user", "a"),
-                ChatMessage::new("user", "b"),
-                ChatMessage::new("user", "c"),
+                    ChatMessage::new("user", "a"),
+                    ChatMessage::new("user", "b"),
+                    ChatMessage::new("user", "c"),
                 ],
                 &ChatOptions::plain(),
             )

@@ -95,7 +95,10 @@ pub fn prompt_ids(
                 TokenizeError::Template(_) => Unpredictable::TemplateError,
                 TokenizeError::Encode(_) => Unpredictable::EncodeError,
             };
-            (prompt_token_ids(&PromptTokenizer::StandIn, prompt), Some(reason))
+            (
+                prompt_token_ids(&PromptTokenizer::StandIn, prompt),
+                Some(reason),
+            )
         }
     }
 }
