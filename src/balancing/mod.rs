@@ -11,6 +11,7 @@
 //! stale-metrics fallback), and a scan ([`load::scan`]) or two random
 //! choices ([`PowerOfTwo`]) compare those keys.
 
+pub mod adapters;
 mod jsq;
 mod kv_aware;
 mod learned;

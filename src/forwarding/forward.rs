@@ -100,7 +100,12 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         };
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
-        req.route.dispatched(replica);
+        if req.route.dispatched(replica) {
+            req.metrics
+                .lora_swaps
+                .with_label_values(&[&pool.name, &replica.name])
+                .inc();
+        }
         let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
             Arc::clone(&series.pool),

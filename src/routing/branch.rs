@@ -50,6 +50,13 @@ pub enum RouteBranch {
     PrefixHome,
     /// Every candidate was saturated: affinity gave way to the balancer.
     Saturated,
+    /// The request's LoRA adapter is loaded on the preferred replicas.
+    LoraLoaded,
+    /// No unsaturated replica had the adapter loaded: preferred those with a
+    /// free adapter slot.
+    LoraSpread,
+    /// Every candidate would have to swap an adapter out.
+    LoraSwap,
 }
 
 impl RouteBranch {
@@ -74,6 +81,9 @@ impl RouteBranch {
             RouteBranch::PrefixReplicated => "prefix_replicated",
             RouteBranch::PrefixHome => "prefix_home",
             RouteBranch::Saturated => "saturated",
+            RouteBranch::LoraLoaded => "lora_loaded",
+            RouteBranch::LoraSpread => "lora_spread",
+            RouteBranch::LoraSwap => "lora_swap",
         }
     }
 }

@@ -58,6 +58,8 @@ pub struct Decision {
     /// Why no prediction was made, when the prompt's cached prefix cannot
     /// be predicted exactly (the request is routed by load).
     pub unpredictable: Option<crate::tokenize::Unpredictable>,
+    /// The LoRA adapter the request names, if it names one.
+    pub adapter: Option<Arc<str>>,
     /// The request's kind in the closed-loop metrics: `adapter`, `tools`,
     /// `template_args` or `plain`.
     pub kind: &'static str,
@@ -95,13 +97,17 @@ impl Decision {
     }
 
     /// The request is being sent to `replica` now: remember its prompt
-    /// blocks there.
-    pub fn dispatched(&self, replica: &Replica) {
-        self.dispatched_at(replica, crate::telemetry::clock::now_millis());
+    /// blocks and its adapter there. True when the request's adapter was
+    /// neither loaded there nor had a free slot (a swap).
+    pub fn dispatched(&self, replica: &Replica) -> bool {
+        self.dispatched_at(replica, crate::telemetry::clock::now_millis())
     }
 
     /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
-    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) {
+    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> bool {
+        let swap = self.adapter.as_deref().is_some_and(|a| {
+            replica.adapters.sent(a, now_ms) == crate::balancing::adapters::Placement::Swap
+        });
         // The prompt's cached part takes no new KV blocks there: the
         // request's in-flight guard counted the whole prompt.
         if let Some(cached) = self.predicted_for(replica.id) {
@@ -117,6 +123,7 @@ impl Decision {
         {
             h.expect_prompt(tokens, key, now_ms);
         }
+        swap
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.

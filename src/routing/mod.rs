@@ -17,6 +17,7 @@ mod decision;
 mod dispatch;
 mod error;
 pub mod hash_key;
+mod lora;
 pub mod metrics;
 pub mod model_map;
 mod outcome;

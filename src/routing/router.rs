@@ -239,6 +239,15 @@ impl Router {
         if cands.is_empty() {
             return Ok(d);
         }
+        if self.is_adapter(input.model) {
+            d.adapter = Some(Arc::from(input.model));
+            if self.lora.placement {
+                // Later steps choose among these; without one, they are
+                // the preference.
+                d.preferred =
+                    super::lora::narrow(input.model, &mut cands, saturated, &mut d, now_ms);
+            }
+        }
         if self.session_affinity
             && let Some(key) = affinity::session_key(session)
         {

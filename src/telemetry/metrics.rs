@@ -36,6 +36,9 @@ pub struct Metrics {
     pub prefix_replicated: IntGaugeVec,
     /// Their copies beyond the first, summed, by pool.
     pub prefix_extra_copies: IntGaugeVec,
+    /// Requests for a LoRA adapter sent where it was not loaded and no
+    /// adapter slot was free, by pool and replica.
+    pub lora_swaps: IntCounterVec,
     /// 1 per configured (or discovered) replica, with its address: joins
     /// the `replica` label of every other metric to where it points.
     pub replica_info: IntGaugeVec,
@@ -137,6 +140,14 @@ impl Metrics {
             &["pool"],
         )
         .expect("metric");
+        let lora_swaps = IntCounterVec::new(
+            Opts::new(
+                "llmlb_lora_swaps_total",
+                "Requests for a LoRA adapter sent to a replica that had not loaded it and had no free adapter slot (a swap), by pool and replica.",
+            ),
+            &["pool", "replica"],
+        )
+        .expect("metric");
         let replica_info = IntGaugeVec::new(
             Opts::new(
                 "llmlb_replica_info",
@@ -158,6 +169,7 @@ impl Metrics {
             Box::new(replica_down.clone()),
             Box::new(prefix_replicated.clone()),
             Box::new(prefix_extra_copies.clone()),
+            Box::new(lora_swaps.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -180,6 +192,7 @@ impl Metrics {
             replica_down,
             prefix_replicated,
             prefix_extra_copies,
+            lora_swaps,
             replica_info,
         }
     }
