@@ -47,7 +47,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
-SERVE = os.path.join(ROOT, "..", "shared", "vllm-cpu", "setup_and_serve.sh")
+# Beside the repository, or beside its parent for a worktree one level down.
+SERVE = next((p for p in (os.path.join(ROOT, "..", "shared", "vllm-cpu", "setup_and_serve.sh"),
+                          os.path.join(ROOT, "..", "..", "shared", "vllm-cpu", "setup_and_serve.sh"))
+              if os.path.exists(p)), os.path.join(ROOT, "..", "shared", "vllm-cpu", "setup_and_serve.sh"))
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "tiny_tools_template.jinja")
 MODEL = "tiny-llama"
 ADAPTERS = ["sql", "chat"]
