@@ -4,7 +4,7 @@
 //! vLLM holds at most `--max-loras` adapters at once; a request for another
 //! one waits until a loaded adapter's requests drain and it is swapped out.
 //! Among the candidates left by the earlier steps, this step prefers, in
-//! order ([`crate::balancing::adapters::Placement`]):
+//! order ([`crate::replica::adapters::Placement`]):
 //! 1. replicas where the adapter is loaded (`lora_loaded`),
 //! 2. else replicas with a free adapter slot (`lora_spread`): a hot adapter
 //!    whose replicas are all saturated or at their concurrency limit gets a
@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use super::RouteBranch;
 use super::decision::Decision;
-use crate::balancing::adapters::Placement;
-use crate::balancing::{Replica, ReplicaId};
+use crate::replica::adapters::Placement;
+use crate::replica::{Replica, ReplicaId};
 
 /// Narrows `cands` for a request naming `adapter`; the preferred ids
 /// (sorted), or `None` when every candidate would swap.
@@ -61,8 +61,8 @@ pub(super) fn narrow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::adapters::LoraInfo;
-    use crate::routing::test_fleet::{replicas, topology};
+    use crate::pool::test_fleet::{replicas, topology};
+    use crate::replica::adapters::LoraInfo;
 
     fn info(running: &[&str]) -> Option<LoraInfo> {
         Some(LoraInfo {
@@ -107,17 +107,5 @@ mod tests {
         // What llmlb just sent counts as loaded until a scrape says more.
         assert_eq!(all[1].adapters.sent("sql", 10), Placement::Swap);
         assert_eq!(all[1].adapters.placement("sql", 20), Placement::Loaded);
-    }
-
-    #[test]
-    fn reads_the_newest_lora_series() {
-        let text = "# TYPE vllm:lora_requests_info gauge\n\
-            vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"sql\",waiting_lora_adapters=\"\"} 1.7e9\n\
-            vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"chat\",waiting_lora_adapters=\"sql,docs\"} 1.8e9\n";
-        let i = crate::balancing::adapters::parse(text).unwrap();
-        assert_eq!(i.max_lora, Some(1));
-        assert_eq!(i.running, ["chat"]);
-        assert_eq!(i.waiting, ["sql", "docs"]);
-        assert!(crate::balancing::adapters::parse("vllm:num_requests_running 1\n").is_none());
     }
 }

@@ -1,0 +1,421 @@
+//! The `llmlb fleet-sim` command line: flags → workload, fleet config,
+//! policies; run each policy (on up to `--jobs` threads) or search the
+//! smallest fleet; print the table (and with `--tiers` one row per policy
+//! and tier), write JSON and SVG.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use super::decide::{self, Policy};
+use super::faults::Fault;
+use super::report::{self, RunResult};
+use super::run::{RunSpec, run};
+use super::search::{self, Objective};
+use super::tiers::{TierMix, Tiers};
+use super::{SimWorkload, SimulateError};
+use crate::bench::workload::{LenRange, RandomOptions, SharedPrefixOptions, WorkloadSpec};
+use crate::config::Config;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BuiltIn {
+    Random,
+    SharedPrefix,
+}
+
+/// Flags of `llmlb fleet-sim`.
+#[derive(Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// A Mooncake-format JSONL trace (timestamp, input_length, output_length,
+    /// hash_ids). [default: none; give --trace or --workload]
+    #[arg(long, conflicts_with = "workload")]
+    pub trace: Option<PathBuf>,
+    /// A built-in `llmlb bench` workload instead of a trace (needs --rate).
+    /// [default: none]
+    #[arg(long, value_enum)]
+    pub workload: Option<BuiltIn>,
+    /// Built-in workloads: requests per second (required with --workload).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Built-in workloads: requests to send. [default: shared-prefix's
+    /// groups × prompts, random 1000]
+    #[arg(long, alias = "num-requests")]
+    pub requests: Option<usize>,
+    /// random: prompt tokens, `N` or `MIN..MAX`.
+    #[arg(long, default_value = "1024")]
+    pub input_len: LenRange,
+    /// random, shared-prefix: output tokens (`N` or `MIN..MAX`; shared-prefix
+    /// takes MIN). [default: random 128, shared-prefix 256]
+    #[arg(long)]
+    pub output_len: Option<LenRange>,
+    /// shared-prefix: groups sharing one system prompt.
+    #[arg(long, default_value_t = 64)]
+    pub groups: usize,
+    /// shared-prefix: prompts per group.
+    #[arg(long, default_value_t = 16)]
+    pub prompts_per_group: usize,
+    /// shared-prefix: system prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub system_len: usize,
+    /// shared-prefix: question tokens.
+    #[arg(long, default_value_t = 128)]
+    pub question_len: usize,
+    /// Trace: replay only the first N requests. [default: all]
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Trace: multiply block size, prompt and output lengths.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_scale: f64,
+    /// Trace: prompts as the token ids of the text `llmlb bench` sends for
+    /// them, so `hash` and `cache` rank replicas as `serve` does behind
+    /// `bench` (slower per prompt token).
+    #[arg(long, requires = "trace")]
+    pub bench_text: bool,
+    /// Multiply the arrival rate (2 = the same requests in half the time).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate_scale: f64,
+    /// Replicas in the generated fleet (or the --config pool, resized).
+    /// [default: the config pool's, or 4]
+    #[arg(long)]
+    pub replicas: Option<usize>,
+    /// Engine profile of every replica: a built-in name (fast, h100-8b,
+    /// vllm-cpu-tiny) or a profile file (as `llmlb replica-sim --config`
+    /// reads it).
+    #[arg(long, default_value = "h100-8b")]
+    pub profile: String,
+    /// Override the profile's context length (e.g. 131072 for a 128k model).
+    /// [default: the profile's]
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Override the profile's KV-cache blocks per replica (a smaller GPU, or
+    /// a larger model). [default: the profile's]
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Override the profile's most sequences batched at once per replica
+    /// (vLLM's `--max-num-seqs`). [default: the profile's]
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
+    /// kv_aware, p2c, hash, cache, exact (prefix affinity; exact reads the
+    /// engines' KV events), config (the file as is).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,least_connections,jsq,hash,cache"
+    )]
+    pub policies: Vec<String>,
+    /// An llmlb config: its pool serving --model is simulated (scrape,
+    /// health, timeouts, prefix settings as written). [default: one
+    /// generated pool]
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Model name of the requests. [default: the config's first, or the
+    /// profile's]
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Priority tiers of the traffic and their relative weights, e.g.
+    /// `paid=0.2,free=0.8`: names of the config's `[[tiers]]`, or of its
+    /// `[[priorities]]` levels (by default `high` and `low`). Each arrival
+    /// draws its tier from the seeded generator. [default: none]
+    #[arg(long)]
+    pub tiers: Option<TierMix>,
+    /// Goodput counts requests whose TTFT is at most this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub goodput_ttft: Duration,
+    /// Fixed client-side time added to every response (network, proxy,
+    /// replica HTTP front), e.g. `15ms`, half on the way to the engine and
+    /// half on the way back (the request counts in flight for both): TTFT
+    /// and end-to-end grow by it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub network_delay: Duration,
+    /// When the second scrape of every replica comes, e.g. `40ms` (the
+    /// first is at 0, before any arrival; default: one scrape interval).
+    /// Reproduces a real run whose scrapes fell at that phase against its
+    /// traffic.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub scrape_phase: Duration,
+    /// Mean lateness of each arrival, e.g. `3ms`: every request arrives
+    /// later by a seeded draw with this mean (its spread:
+    /// --arrival-jitter-sd), as a real client's
+    /// sends come late by a little and differently each run. With it, runs
+    /// under different --seed values are draws of that spread. 0: on time.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub arrival_jitter: Duration,
+    /// The lateness's standard deviation (at most --arrival-jitter): a
+    /// constant part plus an exponential one. Default: --arrival-jitter
+    /// (an exponential). Measured on a real client it is often smaller.
+    /// [default: --arrival-jitter]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub arrival_jitter_sd: Option<Duration>,
+    /// A fault on the virtual clock (repeatable), e.g. `kill:replica=3,at=60s`,
+    /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`,
+    /// `zone:replicas=0-63,at=10m`. [default: none]
+    #[arg(long = "fault")]
+    pub faults: Vec<Fault>,
+    /// Search the smallest fleet meeting --objective, per policy.
+    #[arg(long, requires = "objective")]
+    pub find_replicas: bool,
+    /// What --find-replicas must meet, e.g. `p99_ttft=2s` or
+    /// `p99_ttft=2s,p99_itl=100ms`. [default: none]
+    #[arg(long)]
+    pub objective: Option<Objective>,
+    /// Largest fleet --find-replicas tries.
+    #[arg(long, default_value_t = 4096)]
+    pub max_replicas: usize,
+    /// Policies simulated at once. [default: the machine's cores]
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Seed of the workload, the arrivals and the replicas.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write every figure as JSON. [default: none]
+    #[arg(long, alias = "json")]
+    pub out: Option<PathBuf>,
+    /// Write TTFT and end-to-end CDFs as SVG. [default: none]
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// What `--out` holds.
+#[derive(Debug, Serialize)]
+pub struct Output {
+    pub workload: String,
+    pub requests: usize,
+    pub profile: String,
+    pub runs: Vec<RunResult>,
+    /// `--find-replicas`: every probe per policy, (replicas, met).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<(String, Vec<(usize, bool)>)>,
+}
+
+/// Runs the command; returns the table text to print.
+pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
+    let mut profile = super::fleet::profile(&args.profile)?;
+    if let Some(blocks) = args.num_blocks {
+        profile.engine.num_blocks = blocks;
+    }
+    if let Some(len) = args.max_model_len {
+        profile.engine.max_model_len = len;
+    }
+    if let Some(seqs) = args.max_num_seqs {
+        profile.engine.max_num_seqs = seqs;
+    }
+    if args.num_blocks.is_some() || args.max_model_len.is_some() || args.max_num_seqs.is_some() {
+        profile.engine.validate().map_err(|e| {
+            SimulateError::Invalid(format!(
+                "--num-blocks / --max-model-len / --max-num-seqs: {e}"
+            ))
+        })?;
+    }
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| p.trim().parse::<Policy>().map_err(SimulateError::Invalid))
+        .collect::<Result<Vec<_>, _>>()?;
+    let base: Option<Config> = match &args.config {
+        Some(path) => Some(crate::config::load(path).map_err(|e| {
+            SimulateError::Config {
+                file: path.display().to_string(),
+                issues: e
+                    .issues
+                    .iter()
+                    .map(|i| format!("{}: {}", i.key, i.reason))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }
+        })?),
+        None => None,
+    };
+    let model = match (&args.model, &base) {
+        (Some(m), _) => m.clone(),
+        (None, Some(c)) => c
+            .pools
+            .first()
+            .and_then(|p| p.models.first())
+            .cloned()
+            .ok_or_else(|| SimulateError::Invalid("the config has no pool with a model".into()))?,
+        (None, None) => profile.model.clone(),
+    };
+    let workload = load_workload(args)?;
+    let fleet = |n: Option<usize>| -> Result<Config, SimulateError> {
+        match (&base, n) {
+            (Some(c), Some(n)) => decide::resized(c, &model, n),
+            (Some(c), None) => Ok(c.clone()),
+            (None, n) => decide::generated_config(&model, n.unwrap_or(4)),
+        }
+    };
+    let tiers = match &args.tiers {
+        Some(mix) => {
+            let config = fleet(args.replicas)?;
+            let pool = decide::Decider::new(&config, &model, args.seed)?
+                .pool()
+                .name
+                .clone();
+            let n = workload.requests.len();
+            Some(Tiers::draw(mix, &config, &pool, n, args.seed)?)
+        }
+        None => None,
+    };
+    let spec_for = |config: &Config, policy: &Policy| -> Result<RunResult, SimulateError> {
+        let applied = policy.apply(config);
+        let spec = RunSpec {
+            workload: &workload,
+            config: &applied,
+            model: &model,
+            profile: &profile,
+            faults: &args.faults,
+            goodput_ttft: args.goodput_ttft.as_secs_f64(),
+            seed: args.seed,
+            network_delay: args.network_delay.as_secs_f64(),
+            scrape_phase: args.scrape_phase.as_secs_f64(),
+            tiers: tiers.as_ref(),
+        };
+        run(&spec, &policy.name())
+    };
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, policies.len().max(1));
+    let mut probes = Vec::new();
+    let runs: Vec<RunResult> = if args.find_replicas {
+        let objective = args.objective.as_ref().expect("clap requires --objective");
+        let start = args.replicas.unwrap_or(4);
+        let found = parallel(&policies, jobs, |policy| {
+            search::find(objective, start, args.max_replicas, |n| {
+                spec_for(&fleet(Some(n))?, policy)
+            })
+        });
+        let mut runs = Vec::new();
+        for (policy, r) in policies.iter().zip(found) {
+            let (run, p) = r?;
+            probes.push((policy.name(), p));
+            runs.push(run);
+        }
+        runs
+    } else {
+        let config = fleet(args.replicas)?;
+        parallel(&policies, jobs, |policy| spec_for(&config, policy))
+            .into_iter()
+            .collect::<Result<_, _>>()?
+    };
+    let mut text = format!(
+        "{} requests from {}, profile {}\n",
+        workload.requests.len(),
+        workload.name,
+        args.profile
+    );
+    text.push_str(&report::table(&runs));
+    text.push_str(&super::tier_report::table(&runs));
+    for (policy, p) in &probes {
+        let list: Vec<String> = p
+            .iter()
+            .map(|(n, ok)| format!("{n}{}", if *ok { "✓" } else { "✗" }))
+            .collect();
+        text.push_str(&format!("{policy}: tried {}\n", list.join(" ")));
+    }
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    let wall: f64 = runs.iter().map(|r| r.wall_s).sum();
+    text.push_str(&format!(
+        "simulated {events} events in {wall:.1} s of thread time ({:.0} ns per event)\n",
+        wall * 1e9 / events.max(1) as f64
+    ));
+    if let Some(path) = &args.svg {
+        report::write_svg(path, &runs)?;
+    }
+    if let Some(path) = &args.out {
+        let out = Output {
+            workload: workload.name.clone(),
+            requests: workload.requests.len(),
+            profile: args.profile.clone(),
+            runs,
+            probes,
+        };
+        report::write_json(path, &out)?;
+    }
+    Ok(text)
+}
+
+fn load_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
+    let w = unjittered_workload(args)?;
+    let mean = args.arrival_jitter.as_secs_f64();
+    let sd = args.arrival_jitter_sd.map_or(mean, |d| d.as_secs_f64());
+    Ok(w.with_arrival_jitter(mean, sd, args.seed))
+}
+
+fn unjittered_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {
+    if let Some(path) = &args.trace {
+        let w = SimWorkload::trace(path, args.length_scale, args.rate_scale, args.max_requests)?;
+        return Ok(if args.bench_text {
+            w.with_bench_text()
+        } else {
+            w
+        });
+    }
+    let Some(kind) = args.workload else {
+        return Err(SimulateError::Invalid(
+            "give --trace FILE or --workload random|shared-prefix".into(),
+        ));
+    };
+    let rate = args
+        .rate
+        .ok_or_else(|| SimulateError::Invalid("--workload needs --rate".into()))?;
+    let (spec, size) = match kind {
+        BuiltIn::Random => (
+            WorkloadSpec::Random(RandomOptions {
+                input_len: args.input_len,
+                output_len: args.output_len.unwrap_or(LenRange::fixed(128)),
+            }),
+            1000,
+        ),
+        BuiltIn::SharedPrefix => {
+            let o = SharedPrefixOptions {
+                groups: args.groups,
+                prompts_per_group: args.prompts_per_group,
+                system_len: args.system_len,
+                question_len: args.question_len,
+                output_len: args.output_len.map_or(256, |r| r.min),
+            };
+            let size = o.groups * o.prompts_per_group;
+            (WorkloadSpec::SharedPrefix(o), size)
+        }
+    };
+    SimWorkload::builtin(
+        &spec,
+        args.requests.unwrap_or(size),
+        rate,
+        args.rate_scale,
+        args.seed,
+    )
+}
+
+/// `f` over `items` on up to `jobs` threads, results in order.
+fn parallel<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if jobs <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<R>>> =
+        items.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every item ran")
+        })
+        .collect()
+}
