@@ -22,9 +22,14 @@ run ([pools.tokenizer] dir = the model's tokenizer with the same template):
 - `adapters`: the same prompts sent one at a time to the base model and the
   two adapters, reading llmlb's counters after each answer, so the
   prediction is checked per adapter.
+- `doctor`: `llmlb doctor` against the same replicas (plain, tools and
+  `chat_template_kwargs` probes).
 - `placement` (with `--placement`): a mixed-adapter workload at
-  concurrency, once per balancer in `--balancers`; reports TTFT p50/p99 and
-  the adapter loads the replicas' `vllm:lora_requests_info` showed.
+  concurrency, once per balancer in `--balancers` (`NAME` or
+  `NAME:key = value` for extra `[pools.lora]` lines, e.g.
+  `least_connections:placement = false`); reports streamed TTFT p50/p99,
+  llmlb's `llmlb_lora_swaps_total` and the adapter loads the replicas'
+  `vllm:lora_requests_info` showed.
 
 Usage (under the vLLM lock, after `cargo build --release`):
   flock /tmp/llmlb-vllm.lock quiet python3 scripts/exact_features_check.py --llmlb target/release/llmlb
@@ -153,10 +158,14 @@ class Fleet:
         self.relays = []
 
     def start(self):
-        adapters = os.path.join(self.tmp, "adapters")
-        subprocess.run([os.path.join(VLLM_DIR, "venv", "bin", "python"),
-                        os.path.join(ROOT, "scripts", "make_lora_adapters.py"), adapters, *ADAPTERS],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        adapters = self.args.adapters or os.path.join(self.tmp, "adapters")
+        if not all(os.path.exists(os.path.join(adapters, a, "adapter_config.json"))
+                   for a in ADAPTERS):
+            subprocess.run([os.path.join(VLLM_DIR, "venv", "bin", "python"),
+                            os.path.join(ROOT, "scripts", "make_lora_adapters.py"), adapters,
+                            *ADAPTERS],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=600)
         for i in range(2):
             self.relays.append(subprocess.Popen(
                 [os.path.join(VLLM_DIR, "venv", "bin", "python"),
@@ -164,6 +173,9 @@ class Fleet:
                  str(self.args.events_port + i), str(self.args.subscribe_port + i)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         modules = " ".join(f"{a}={adapters}/{a}" for a in ADAPTERS)
+        # Both replicas start at once; on a busy machine vLLM can take longer
+        # than the serve script waits, so readiness is awaited here as well.
+        starting = []
         for i, port in enumerate(self.ports):
             cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                               "endpoint": f"tcp://127.0.0.1:{self.args.events_port + i}",
@@ -174,8 +186,16 @@ class Fleet:
                      f"--enable-lora --max-loras 1 --max-lora-rank 8 --lora-modules {modules}")
             env = dict(os.environ, PORT=str(port), CORE=str(i), EXTRA_ARGS=extra,
                        VLLM_SERVER_DEV_MODE="1")
-            subprocess.run(["bash", SERVE, "serve"], env=env, check=True, stdout=sys.stderr,
-                           timeout=300)
+            starting.append(subprocess.Popen(["bash", SERVE, "serve"], env=env, stdout=sys.stderr))
+        for p in starting:
+            try:
+                p.wait(timeout=self.args.start_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        deadline = time.time() + self.args.start_timeout
+        for port in self.ports:
+            if not wait_ready(port, "/health", max(1, deadline - time.time())):
+                raise RuntimeError(f"vLLM on {port} not ready after {self.args.start_timeout} s")
 
     def reset(self):
         for p in self.ports:
@@ -250,7 +270,7 @@ def send(port, body):
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
-def run_concurrent(port, bodies, concurrency, deadline_s):
+def run_concurrent(port, bodies, concurrency, deadline_s, send=send):
     results = [None] * len(bodies)
     next_i = [0]
     lock = threading.Lock()
@@ -344,9 +364,62 @@ def adapters(args, fleet, tmp, rng):
     return per
 
 
+def doctor(args, fleet, tmp):
+    """`llmlb doctor` on the same replicas: its plain, tools and
+    chat_template_kwargs probes."""
+    path = config(args, fleet, tmp, "least_connections")
+    p = subprocess.run([args.llmlb, "doctor", "--config", path], capture_output=True, text=True,
+                       timeout=300)
+    return {"exit": p.returncode, "report": p.stdout.splitlines()}
+
+
 def lora_info(port):
+    """The running adapters of the replica's newest `vllm:lora_requests_info`
+    series (vLLM values each series by when it was last set)."""
     _, text = request(port, "GET", "/metrics")
-    return [l for l, _ in samples(text, "vllm:lora_requests_info")]
+    newest = max(samples(text, "vllm:lora_requests_info"), key=lambda s: s[1], default=None)
+    if newest is None:
+        return frozenset()
+    return frozenset(a for a in newest[0].get("running_lora_adapters", "").split(",") if a)
+
+
+def observed_swaps(seen):
+    """Adapter loads the replicas' own metric showed: per replica, each time
+    the running set names an adapter the previous non-empty set did not."""
+    swaps, last = 0, {}
+    for port, running in seen:
+        if not running:
+            continue
+        if port in last and running - last[port]:
+            swaps += 1
+        last[port] = running
+    return swaps
+
+
+def send_stream(port, body):
+    """A streamed request: time to the first content chunk, and the usage."""
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    t0 = time.time()
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                  headers={"content-type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return {"status": r.status, "error": r.read().decode()[:300]}
+        ttft, usage = None, {}
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ttft is None and ev.get("choices"):
+                ttft = time.time() - t0
+            usage = ev.get("usage") or usage
+        return {"status": 200, "ttft_s": ttft, "latency_s": time.time() - t0,
+                "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+    finally:
+        c.close()
 
 
 def placement(args, fleet, tmp, rng, balancer, extra):
@@ -368,17 +441,25 @@ def placement(args, fleet, tmp, rng, balancer, extra):
 
         w = threading.Thread(target=watch)
         w.start()
-        results = run_concurrent(args.proxy_port, bodies, args.concurrency, 900)
+        results = run_concurrent(args.proxy_port, bodies, args.concurrency, 900, send_stream)
         done.set()
         w.join()
         own = proxy.metrics()
     finally:
         proxy.stop()
-    lat = sorted(r["latency_s"] for r in results if r and r["status"] == 200)
-    pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None
+    ok = [r for r in results if r and r["status"] == 200 and r["ttft_s"] is not None]
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+    ttft = [r["ttft_s"] for r in ok]
     swaps = by_label(own, "llmlb_lora_swaps_total", "pool")
-    return {"balancer": balancer, "completed": len(lat), "latency_p50_s": pct(0.5),
-            "latency_p99_s": pct(0.99), "llmlb_swaps_caused": sum(swaps.values()),
+    return {"balancer": balancer, "requests": len(bodies), "completed": len(ok),
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9),
+            "ttft_p99_s": pct(ttft, 0.99), "latency_p99_s": pct([r["latency_s"] for r in ok], 0.99),
+            "llmlb_swaps_caused": sum(swaps.values()), "replica_adapter_loads_seen": observed_swaps(seen),
+            "branches": by_label(own, "llmlb_routing_decisions_total", "branch"),
             "by_kind": kind_table(own), "lora_info_samples": len(seen)}
 
 
@@ -391,6 +472,8 @@ def main():
     ap.add_argument("--system-words", type=int, default=220)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--placement", action="store_true")
+    ap.add_argument("--steps", default="features,adapters,doctor",
+                    help="which of features, adapters, doctor to run (comma-separated)")
     ap.add_argument("--balancers", default="least_connections")
     ap.add_argument("--replica-port", type=int, default=18000)
     ap.add_argument("--events-port", type=int, default=5557)
@@ -398,6 +481,9 @@ def main():
     ap.add_argument("--replay-port", type=int, default=15597)
     ap.add_argument("--proxy-port", type=int, default=18090)
     ap.add_argument("--json")
+    ap.add_argument("--adapters", help="reuse (or write once) the adapters in this directory")
+    ap.add_argument("--start-timeout", type=int, default=600,
+                    help="seconds to wait for both vLLM replicas")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="llmlb-exact-features-")
     fleet = Fleet(args, tmp)
@@ -405,10 +491,16 @@ def main():
            "args": vars(args)}
     try:
         fleet.start()
-        out["features"] = features(args, fleet, tmp, random.Random(args.seed))
-        log(json.dumps(out["features"], indent=1))
-        out["adapters"] = adapters(args, fleet, tmp, random.Random(args.seed + 1))
-        log(json.dumps(out["adapters"], indent=1))
+        steps = args.steps.split(",")
+        if "features" in steps:
+            out["features"] = features(args, fleet, tmp, random.Random(args.seed))
+            log(json.dumps(out["features"], indent=1))
+        if "adapters" in steps:
+            out["adapters"] = adapters(args, fleet, tmp, random.Random(args.seed + 1))
+            log(json.dumps(out["adapters"], indent=1))
+        if "doctor" in steps:
+            out["doctor"] = doctor(args, fleet, tmp)
+            log("\n".join(out["doctor"]["report"]))
         if args.placement:
             out["placement"] = []
             for b in args.balancers.split(","):
