@@ -50,6 +50,9 @@ pub struct Decision {
     /// The request's kind in the closed-loop metrics: `adapter`, `tools`,
     /// `template_args` or `plain`.
     pub kind: &'static str,
+    /// Under a fleet store: where the dispatch record goes for the other
+    /// instances, with the prefix key in `hash` mode.
+    pub(super) share: Option<(crate::fleet::PrefixOutbox, Option<u64>)>,
 }
 
 impl Decision {
@@ -104,6 +107,9 @@ impl Decision {
             && let Some(index) = indexes.get(&replica.id)
         {
             index.record(blocks);
+        }
+        if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
+            outbox.send(&replica.name, *key, blocks);
         }
         if let Some((held, tokens, key)) = &self.expect
             && let Some(h) = held.get(&replica.id)
