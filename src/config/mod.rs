@@ -21,6 +21,7 @@ mod validate_gateway;
 mod validate_kv_events;
 mod validate_load;
 mod validate_routing;
+mod validate_tenants;
 mod watch;
 
 pub use cors::CorsConfig;

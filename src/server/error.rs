@@ -41,6 +41,8 @@ pub enum ApiError {
     },
     #[error("queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
     QueueFull { retry_after: Duration },
+    #[error("this tenant's share of the queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
+    TenantQueueFull { retry_after: Duration },
     #[error("the fleet cannot start this request within its latency objective ({}); retry after {}s", estimate_words(*estimated), retry_secs(*retry_after))]
     OverObjective {
         estimated: Option<Duration>,
@@ -103,6 +105,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::RateLimited { .. }
             | ApiError::QueueFull { .. }
+            | ApiError::TenantQueueFull { .. }
             | ApiError::OverObjective { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout { .. } | ApiError::ServerBusy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -114,6 +117,7 @@ impl ApiError {
         match self {
             ApiError::RateLimited { retry_after, .. }
             | ApiError::QueueFull { retry_after }
+            | ApiError::TenantQueueFull { retry_after }
             | ApiError::OverObjective { retry_after, .. }
             | ApiError::QueueTimeout { retry_after }
             | ApiError::Upstream(ForwardError::SlotTimeout { retry_after }) => Some(*retry_after),
@@ -152,6 +156,7 @@ impl ApiError {
             ApiError::RateLimited { kind: "tokens", .. } => "rate_limit_tokens",
             ApiError::RateLimited { .. } => "rate_limit_requests",
             ApiError::QueueFull { .. } => "queue_full",
+            ApiError::TenantQueueFull { .. } => "tenant_queue_full",
             ApiError::OverObjective { .. } => "over_objective",
             ApiError::QueueTimeout { .. } => "queue_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",

@@ -104,7 +104,8 @@ async fn route(
     // Authenticate, and shed what cannot be served, before reading the body.
     let caller = generation.gateway.authenticate(req.headers())?;
     let tier = topology.tier(caller.tier.as_deref());
-    let early_pending = stages::shed_before_body(state, topology, tier, &caller)?;
+    let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
+    let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
     let (parts, body) = req.into_parts();
     let (bytes, _held) =
         stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
@@ -116,7 +117,11 @@ async fn route(
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
     let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
-    let mut permit = stages::admit(first.pool, &caller, estimate.prompt_tokens, ctx.trace).await?;
+    let tenant = match &*tenant {
+        "" => (generation.gateway).tenant_of(&caller, &parts.headers, meta.user.as_deref()),
+        _ => tenant,
+    };
+    let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;

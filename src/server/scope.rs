@@ -239,6 +239,18 @@ impl Watch for Scoped {
         };
         self.scope.version = None;
         self.scope.pending = None;
+        if self.scope.permit.is_some() {
+            // The tenant's fair share is corrected with what the replica
+            // reports before the slot frees.
+            let reported = self.usage().0.and_then(|u| {
+                let prompt = u.prompt_tokens?;
+                let output = u.completion_tokens.unwrap_or(0);
+                Some((prompt, output))
+            });
+            if let (Some((prompt, output)), Some(permit)) = (reported, &mut self.scope.permit) {
+                permit.report_usage(prompt, output);
+            }
+        }
         self.scope.permit = None;
         if let Some(settlement) = self.scope.settlement.take() {
             let (_, total) = self.usage();
@@ -283,6 +295,7 @@ mod tests {
                         ttft_objective: None,
                     }],
                     max_depth: 1,
+                    fair: Default::default(),
                 },
                 Box::new(|| 1),
             );
