@@ -154,6 +154,9 @@ pub struct PoolConfig {
     /// Session header and session affinity.
     #[serde(default)]
     pub session: SessionConfig,
+    /// LoRA adapters served by the replicas.
+    #[serde(default)]
+    pub lora: super::routing::LoraConfig,
     /// Circuit breaker: requests of this pool being queued or forwarded at
     /// once; further requests get 503 `pool_overloaded` at once. 0: no limit.
     #[serde(default = "default_max_pending")]

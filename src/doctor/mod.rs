@@ -10,13 +10,17 @@
 //! ([`events`]). [`verdict::judge`] compares what came back with llmlb's own
 //! prediction (its token count with the pool's tokenizer, and on the second
 //! send the block-aligned cached count), and [`finding::Report`] renders the
-//! findings; the command exits 1 when any is an error.
+//! findings; the command exits 1 when any is an error. Then the same prompt
+//! twice with a tool list and twice with `chat_template_kwargs`
+//! ([`probe::Variant`], [`verdict::judge_variant`]): llmlb's count with the
+//! pool's chat template against the replica's, and the repeated send's
+//! cached tokens.
 //!
 //! A disaggregated pool and its prefill pool are also probed as a pair
 //! ([`roles`]): each prefill replica prefills for a remote decode, each
 //! decode replica decodes one of those prefills.
 //!
-//! The probe is real traffic: two one-token generations per replica (one
+//! The probes are real traffic: six one-token generations per replica (one
 //! more for each replica of a disaggregated pair). DNS
 //! discovered replicas are not probed (only the configured list is).
 
@@ -268,10 +272,39 @@ async fn check_replica(
             },
         },
     };
+    let metrics_block_size = target.metrics_block_size().await;
+    let replica_bs = match &events {
+        EventsSeen::Heard { heard, .. } => heard.block_size,
+        _ => None,
+    }
+    .or(metrics_block_size)
+    .unwrap_or(pc.prefix.block_size);
+    let mut variants = Vec::new();
+    if first.is_ok() {
+        for variant in [probe::Variant::Tools, probe::Variant::TemplateArgs] {
+            let ours = tokenizer
+                .encode_chat_with(&messages, &variant.options())
+                .map(|t| t.len() as u64)
+                .map_err(|e| e.to_string());
+            let body = probe::body_of(variant, model, &messages);
+            let first = target.chat(&body).await;
+            let second = match first {
+                Ok(_) => Some(target.chat(&body).await),
+                Err(_) => None,
+            };
+            variants.extend(verdict::judge_variant(
+                variant.label(),
+                ours,
+                &first,
+                second.as_ref(),
+                replica_bs,
+            ));
+        }
+    }
     let observed = Observed {
         first,
         second,
-        metrics_block_size: target.metrics_block_size().await,
+        metrics_block_size,
         events,
         replay,
     };
@@ -282,5 +315,7 @@ async fn check_replica(
         mode: pc.prefix.mode,
         block_size: pc.prefix.block_size,
     };
-    verdict::judge(&expected, &observed)
+    let mut findings = verdict::judge(&expected, &observed);
+    findings.extend(variants);
+    findings
 }

@@ -253,6 +253,9 @@ impl Decider {
             tier,
             prompt,
             tokens: None,
+            salt: None,
+            unpredictable: None,
+            kind: "plain",
         };
         let pool = &self.topology.pools[self.pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)

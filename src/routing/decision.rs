@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
+use super::prefix::blocks::CacheKey;
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use crate::replica::{Replica, ReplicaId};
@@ -38,9 +39,17 @@ pub struct Decision {
     pub(super) record: Option<(Indexes, Vec<u64>)>,
     /// `exact` mode: the prompt's tokens, expected on the replica it is sent
     /// to until its events report them.
-    pub(super) expect: Option<(Held, Vec<u32>)>,
+    pub(super) expect: Option<(Held, Vec<u32>, CacheKey)>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
+    /// Why no prediction was made, when the prompt's cached prefix cannot
+    /// be predicted exactly (the request is routed by load).
+    pub unpredictable: Option<crate::tokenize::Unpredictable>,
+    /// The LoRA adapter the request names, if it names one.
+    pub adapter: Option<Arc<str>>,
+    /// The request's kind in the closed-loop metrics: `adapter`, `tools`,
+    /// `template_args` or `plain`.
+    pub kind: &'static str,
     /// Under a fleet store: where the dispatch record goes for the other
     /// instances, with the prefix key in `hash` mode.
     pub(super) share: Option<(crate::fleet::PrefixOutbox, Option<u64>)>,
@@ -78,13 +87,17 @@ impl Decision {
     }
 
     /// The request is being sent to `replica` now: remember its prompt
-    /// blocks there.
-    pub fn dispatched(&self, replica: &Replica) {
-        self.dispatched_at(replica, crate::telemetry::clock::now_millis());
+    /// blocks and its adapter there. True when the request's adapter was
+    /// neither loaded there nor had a free slot (a swap).
+    pub fn dispatched(&self, replica: &Replica) -> bool {
+        self.dispatched_at(replica, crate::telemetry::clock::now_millis())
     }
 
     /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
-    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) {
+    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> bool {
+        let swap = self.adapter.as_deref().is_some_and(|a| {
+            replica.adapters.sent(a, now_ms) == crate::replica::adapters::Placement::Swap
+        });
         // The prompt's cached part takes no new KV blocks there: the
         // request's in-flight guard counted the whole prompt.
         if let Some(cached) = self.predicted_for(replica.id) {
@@ -98,11 +111,12 @@ impl Decision {
         if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
             outbox.send(&replica.name, *key, blocks);
         }
-        if let Some((held, tokens)) = &self.expect
+        if let Some((held, tokens, key)) = &self.expect
             && let Some(h) = held.get(&replica.id)
         {
-            h.expect_prompt(tokens, now_ms);
+            h.expect_prompt(tokens, key, now_ms);
         }
+        swap
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.
@@ -116,6 +130,15 @@ impl Decision {
         Decision {
             predicted,
             ..Decision::default()
+        }
+    }
+
+    /// The request's kind (see [`Decision::kind`]; `plain` when unset).
+    pub fn kind_label(&self) -> &'static str {
+        if self.kind.is_empty() {
+            "plain"
+        } else {
+            self.kind
         }
     }
 

@@ -16,6 +16,7 @@ mod carry_over;
 mod decision;
 mod error;
 pub mod hash_key;
+mod lora;
 pub mod metrics;
 pub mod prefix;
 mod router;

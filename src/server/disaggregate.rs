@@ -17,6 +17,7 @@ use http::request;
 
 use super::ApiError;
 use super::prompt_tokens::prompt;
+use crate::tokenize::Unpredictable;
 use super::request::RequestMeta;
 use super::send::RequestCtx;
 use crate::balancing::RequestInfo;
@@ -58,7 +59,7 @@ pub struct Step<'a> {
     pub pool: &'a Arc<Pool>,
     pub decision: &'a Decision,
     pub meta: &'a RequestMeta,
-    pub tokens: Option<&'a [u32]>,
+    pub tokens: Option<(&'a [u32], Option<Unpredictable>)>,
     pub parts: &'a request::Parts,
     pub tier: Option<&'a str>,
     /// The model name as the replicas serve it.
@@ -96,7 +97,10 @@ pub async fn prefill_step(
             headers: &step.parts.headers,
             tier: step.tier,
             prompt: prompt(step.meta),
-            tokens: step.tokens,
+            tokens: step.tokens.map(|t| t.0),
+            salt: step.meta.cache_salt.as_deref(),
+            unpredictable: step.meta.unpredictable.or(step.tokens.and_then(|t| t.1)),
+            kind: step.meta.kind(),
         };
         pp.router
             .route(&pp.replicas, &input, rand::random(), now_millis())

@@ -113,7 +113,7 @@ async fn route(
     let (parts, body) = req.into_parts();
     let (bytes, _held) =
         stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
-    let meta = surface::extract_meta(&parts.headers, &bytes)?;
+    let meta = surface::extract_meta(&parts.headers, &bytes)?.for_endpoint(parts.uri.path());
     notes.fields.model = Some(meta.model.clone());
     notes.fields.stream = Some(meta.stream);
     let first = stages::resolve_pool(topology, &meta.model, tier).await?;

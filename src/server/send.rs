@@ -23,6 +23,7 @@ use crate::pool::{Pool, Resolution};
 use crate::routing::{Decision, RouteInput};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
+use crate::tokenize::Unpredictable;
 
 /// What every step of one request shares: the process, the client, the
 /// request's id and trace.
@@ -41,7 +42,7 @@ pub fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
     meta: &RequestMeta,
-    tokens: Option<&[u32]>,
+    tokens: Option<(&[u32], Option<Unpredictable>)>,
     parts: &request::Parts,
     tier: Option<&str>,
     bytes: &Bytes,
@@ -58,13 +59,21 @@ pub fn route_within(
         headers,
         tier,
         prompt: prompt(meta),
-        tokens,
+        tokens: tokens.map(|t| t.0),
+        salt: meta.cache_salt.as_deref(),
+        unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
+        kind: meta.kind(),
     };
     let decision = pool
         .router
         .route(&pool.replicas, &input, rand::random(), now_millis())?;
     for branches in [&resolved.branches, &decision.branches] {
         state.routing_metrics.record_branches(&pool.name, branches);
+    }
+    if let Some(reason) = decision.unpredictable {
+        state
+            .routing_metrics
+            .record_unpredictable(&pool.name, reason);
     }
     Ok((decision, body))
 }

@@ -195,6 +195,7 @@ impl BlockPool {
                     block_size: tokens.len(),
                     lora_name: None,
                     medium: Some("GPU".into()),
+                    extra_keys: Vec::new(),
                 });
             }
         }

@@ -3,13 +3,18 @@
 //! ([`crate::kv_events`]), not from what llmlb sent it.
 //!
 //! Every stored block is keyed by llmlb's own chained hash of its token ids
-//! ([`super::blocks::chain`], seeded by [`super::blocks::exact_seed`]), so a
-//! prompt routed later is hashed the same way and vLLM's hash algorithm and
-//! seed never have to match. vLLM's hash is kept only in a map to llmlb's,
-//! to apply `BlockRemoved`. Blocks stored under a LoRA adapter are skipped
-//! (a base-model prompt must not match them), as are blocks whose parent is
-//! not known (they cannot be chained, and a prefix match could not reach
-//! them anyway).
+//! ([`super::blocks::chain_keyed`], seeded by [`super::blocks::exact_seed`]),
+//! so a prompt routed later is hashed the same way and vLLM's hash algorithm
+//! and seed never have to match. vLLM's hash is kept only in a map to
+//! llmlb's, to apply `BlockRemoved`. What else vLLM keyed a block with
+//! enters llmlb's hash as [`CacheKey`] does for a prompt: the event's
+//! `lora_name` every block, the `cache_salt` in its `extra_keys` a prompt's
+//! first block; so a block stored under an adapter or a salt matches only
+//! prompts of that adapter or salt. Blocks keyed by what a request cannot
+//! reproduce (multimodal items, prompt embeddings) are skipped, as are blocks
+//! whose parent is not known (they cannot be chained, and a prefix match
+//! could not reach them anyway). The adapter names seen are kept
+//! ([`HeldBlocks::has_adapter`]).
 //!
 //! **Known or not.** The record is *known* when llmlb has seen every event
 //! since the replica's cache was empty (the first message had sequence 0, a
@@ -50,7 +55,9 @@ pub const PENDING_MS: u64 = 2_000;
 /// (1 MiB); later prompts in that moment are not expected.
 pub const EARLY_TOKENS: usize = 1 << 18;
 
-use super::blocks::{chain, chained_hashes, exact_seed};
+use std::collections::HashSet;
+
+use super::blocks::{CacheKey, chain_keyed, exact_seed, keyed_hashes};
 use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
@@ -84,9 +91,12 @@ struct Held {
     block_size: Option<usize>,
     /// Blocks just sent and not yet reported → when they stop counting (ms).
     pending: HashMap<u64, u64>,
-    /// Prompts sent before the block size was known, with when they stop
-    /// counting: hashed into `pending` by the first event that tells it.
-    early: Vec<(Vec<u32>, u64)>,
+    /// Prompts sent before the block size was known, with their key and
+    /// when they stop counting: hashed into `pending` by the first event
+    /// that tells it.
+    early: Vec<(Vec<u32>, CacheKey, u64)>,
+    /// LoRA adapter names the replica's events stored blocks under.
+    adapters: HashSet<String>,
     capacity: usize,
     /// `None`: known. `Some(n)`: unknown until `n` more blocks are stored.
     refill: Option<usize>,
@@ -109,6 +119,7 @@ impl HeldBlocks {
                 block_size: None,
                 pending: HashMap::new(),
                 early: Vec::new(),
+                adapters: HashSet::new(),
                 capacity,
                 refill: Some(capacity),
                 high_water: 0,
@@ -158,25 +169,31 @@ impl HeldBlocks {
             .count()
     }
 
-    /// Records that a prompt of these tokens was just sent to the replica.
-    /// Before an event has told the block size, the tokens are kept (at most
-    /// [`EARLY_TOKENS`] in all) and their blocks count from that event on,
-    /// until the same deadline.
-    pub fn expect_prompt(&self, tokens: &[u32], now_ms: u64) {
+    /// Records that a prompt of these tokens, keyed by `key`, was just sent
+    /// to the replica. Before an event has told the block size, the tokens
+    /// are kept (at most [`EARLY_TOKENS`] in all) and their blocks count from
+    /// that event on, until the same deadline.
+    pub fn expect_prompt(&self, tokens: &[u32], key: &CacheKey, now_ms: u64) {
         let mut held = self.lock();
         match held.block_size {
             Some(bs) => {
-                let hashes = chained_hashes(held.seed, tokens, bs);
+                let hashes = keyed_hashes(held.seed, tokens, bs, key);
                 held.expect(&hashes, now_ms + PENDING_MS);
             }
             None => {
-                held.early.retain(|(_, until)| *until > now_ms);
-                let kept: usize = held.early.iter().map(|(t, _)| t.len()).sum();
+                held.early.retain(|(_, _, until)| *until > now_ms);
+                let kept: usize = held.early.iter().map(|(t, _, _)| t.len()).sum();
                 if kept + tokens.len() <= EARLY_TOKENS {
-                    held.early.push((tokens.to_vec(), now_ms + PENDING_MS));
+                    held.early
+                        .push((tokens.to_vec(), key.clone(), now_ms + PENDING_MS));
                 }
             }
         }
+    }
+
+    /// Whether the replica's events stored blocks under the LoRA adapter `name`.
+    pub fn has_adapter(&self, name: &str) -> bool {
+        self.lock().adapters.contains(name)
     }
 
     pub fn summary(&self) -> HeldSummary {
@@ -268,8 +285,8 @@ impl Held {
         }
         if self.block_size.is_none() {
             // The prompts sent before now count with this block size.
-            for (tokens, until) in std::mem::take(&mut self.early) {
-                let hashes = chained_hashes(self.seed, &tokens, stored.block_size);
+            for (tokens, key, until) in std::mem::take(&mut self.early) {
+                let hashes = keyed_hashes(self.seed, &tokens, stored.block_size, &key);
                 self.expect(&hashes, until);
             }
         }
@@ -278,9 +295,12 @@ impl Held {
             let left = n.saturating_sub(stored.block_hashes.len());
             self.refill = (left > 0).then_some(left);
         }
-        if stored.lora_name.is_some() {
-            return;
+        if let Some(name) = stored.lora_name
+            && !self.adapters.contains(name)
+        {
+            self.adapters.insert(name.to_string());
         }
+        let starts_prompt = stored.parent_block_hash.is_none();
         let parent = match stored.parent_block_hash {
             None => Some(self.seed),
             Some(p) => self.theirs.get(&p).copied(),
@@ -288,8 +308,19 @@ impl Held {
         let Some(mut parent) = parent else {
             return;
         };
-        for (key, block) in stored.blocks() {
-            let ours = chain(parent, block);
+        for (i, (key, block)) in stored.blocks().enumerate() {
+            let extra = stored.extra_keys.get(i);
+            if extra.is_some_and(|e| e.opaque) {
+                // Keyed by what no request of ours reproduces: neither
+                // this block nor its descendants can match.
+                return;
+            }
+            let first = starts_prompt && i == 0;
+            let cache_key = CacheKey {
+                adapter: stored.lora_name.map(String::from),
+                salt: extra.and_then(|e| e.salt.clone()).filter(|_| first),
+            };
+            let ours = chain_keyed(parent, block, cache_key.extra(first));
             parent = ours;
             if self.theirs.contains_key(&key) {
                 continue;
@@ -341,6 +372,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_events::BlockExtra;
     use crate::routing::prefix::blocks::chained_hashes;
 
     fn stored(keys: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
@@ -351,6 +383,7 @@ mod tests {
             block_size: bs,
             lora_name: None,
             medium: None,
+            extra_keys: Vec::new(),
         }
     }
 
@@ -384,14 +417,64 @@ mod tests {
     }
 
     #[test]
-    fn unknown_parent_and_lora_blocks_are_skipped() {
+    fn unknown_parent_and_opaque_blocks_are_skipped() {
         let h = HeldBlocks::new(100);
-        let mut lora = stored(&[1], None, &[1, 2], 2);
-        if let KvEvent::BlockStored { lora_name, .. } = &mut lora {
-            *lora_name = Some("adapter".into());
+        let mut media = stored(&[1], None, &[1, 2], 2);
+        if let KvEvent::BlockStored { extra_keys, .. } = &mut media {
+            *extra_keys = vec![BlockExtra {
+                salt: None,
+                opaque: true,
+            }];
         }
-        h.apply(&batch(vec![lora, stored(&[2], Some(999), &[3, 4], 2)]));
+        h.apply(&batch(vec![media, stored(&[2], Some(999), &[3, 4], 2)]));
         assert_eq!(h.summary().blocks, 0);
+    }
+
+    /// Blocks stored under an adapter or a salt match only prompts keyed
+    /// the same way, and the adapter's name is learned.
+    #[test]
+    fn adapter_and_salt_blocks_are_kept_under_their_key() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let tokens: Vec<u32> = (0..6).collect();
+        let mut lora = stored(&[1, 2, 3], None, &tokens, 2);
+        if let KvEvent::BlockStored {
+            lora_name,
+            extra_keys,
+            ..
+        } = &mut lora
+        {
+            *lora_name = Some("sql".into());
+            *extra_keys = vec![
+                BlockExtra {
+                    salt: Some("tenant-a".into()),
+                    opaque: false,
+                },
+                BlockExtra::default(),
+                BlockExtra::default(),
+            ];
+        }
+        h.apply(&batch(vec![lora]));
+        let key = |adapter: Option<&str>, salt: Option<&str>| CacheKey {
+            adapter: adapter.map(String::from),
+            salt: salt.map(String::from),
+        };
+        let hashes = |k: &CacheKey| keyed_hashes(exact_seed(), &tokens, 2, k);
+        assert_eq!(h.matched(&hashes(&key(Some("sql"), Some("tenant-a")))), 3);
+        assert_eq!(h.matched(&hashes(&key(Some("sql"), None))), 0);
+        assert_eq!(h.matched(&hashes(&key(None, Some("tenant-a")))), 0);
+        assert_eq!(h.matched(&hashes(&key(Some("chat"), Some("tenant-a")))), 0);
+        assert_eq!(h.matched(&chained_hashes(exact_seed(), &tokens, 2)), 0);
+        assert!(h.has_adapter("sql") && !h.has_adapter("chat"));
+        // A later event chained on the salted block continues the chain.
+        let mut more = stored(&[4], Some(3), &[6, 7], 2);
+        if let KvEvent::BlockStored { lora_name, .. } = &mut more {
+            *lora_name = Some("sql".into());
+        }
+        h.apply(&batch(vec![more]));
+        let longer: Vec<u32> = (0..8).collect();
+        let k = key(Some("sql"), Some("tenant-a"));
+        assert_eq!(h.matched(&keyed_hashes(exact_seed(), &longer, 2, &k)), 4);
     }
 
     #[test]
@@ -417,7 +500,7 @@ mod tests {
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..6).collect();
         let want = chained_hashes(exact_seed(), &tokens, 2);
-        h.expect_prompt(&tokens[..4], 1_000);
+        h.expect_prompt(&tokens[..4], &CacheKey::default(), 1_000);
         assert_eq!(h.matched(&want), 0, "not reported yet");
         assert_eq!(h.matched_at(&want, 1_500), 2);
         assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "expired");
@@ -431,9 +514,9 @@ mod tests {
         let h = HeldBlocks::new(100);
         h.caught_up();
         let early: Vec<u32> = (100..106).collect();
-        h.expect_prompt(&early, 1_000);
+        h.expect_prompt(&early, &CacheKey::default(), 1_000);
         let late: Vec<u32> = (200..204).collect();
-        h.expect_prompt(&late, 2_000);
+        h.expect_prompt(&late, &CacheKey::default(), 2_000);
         // The first event, of another prompt, tells the block size (2).
         h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
         let want = chained_hashes(exact_seed(), &early, 2);
@@ -447,7 +530,7 @@ mod tests {
         );
         // Once the size is known, a prompt is expected at once.
         let next: Vec<u32> = (300..304).collect();
-        h.expect_prompt(&next, 5_000);
+        h.expect_prompt(&next, &CacheKey::default(), 5_000);
         let want = chained_hashes(exact_seed(), &next, 2);
         assert_eq!(h.matched_at(&want, 5_001), 2);
     }
@@ -457,8 +540,8 @@ mod tests {
         let h = HeldBlocks::new(100);
         h.caught_up();
         let big = vec![1u32; EARLY_TOKENS];
-        h.expect_prompt(&big, 0);
-        h.expect_prompt(&[5, 6], 0);
+        h.expect_prompt(&big, &CacheKey::default(), 0);
+        h.expect_prompt(&[5, 6], &CacheKey::default(), 0);
         assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
         h.restarted();
         assert!(h.lock().early.is_empty());
