@@ -17,7 +17,6 @@ use http::request;
 
 use super::ApiError;
 use super::prompt_tokens::prompt;
-use crate::tokenize::Unpredictable;
 use super::request::RequestMeta;
 use super::send::RequestCtx;
 use crate::balancing::RequestInfo;
@@ -28,6 +27,7 @@ use crate::forwarding::{
 use crate::pool::{Pool, SplitBranch, Topology};
 use crate::routing::{Decision, RouteInput};
 use crate::telemetry::clock::now_millis;
+use crate::tokenize::Unpredictable;
 
 /// Where one request of a disaggregated pool was prefilled.
 #[derive(Debug)]
