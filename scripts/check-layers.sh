@@ -11,7 +11,7 @@ TOP='server|forwarding|admin'
 # Loops that run beside the request path.
 LOOPS='background|discovery'
 # Tools that stand beside the proxy.
-TOOLS='sim|bench|simulate|demo'
+TOOLS='sim|bench|simulate|demo|calibrate'
 
 failed=0
 # rule GROUP FORBIDDEN: no file under src/<each of GROUP> imports crate::<FORBIDDEN>.
@@ -41,8 +41,11 @@ rule "forwarding" "server|admin|$LOOPS|$TOOLS|gateway"
 # Background loops get handles, not the daemon's state.
 rule "background discovery" "$TOP|$TOOLS|gateway|admission"
 # The simulator and the load generator never import the proxy.
-rule "sim bench" "$TOP|$LOOPS|simulate|demo|gateway|routing|admission|balancing|signals|health"
-rule "simulate" "$TOP|$LOOPS|demo|gateway"
+rule "sim bench" "$TOP|$LOOPS|simulate|demo|calibrate|gateway|routing|admission|balancing|signals|health"
+rule "simulate" "$TOP|$LOOPS|demo|gateway|calibrate"
+# Calibration probes a replica with the load generator's client and writes
+# a simulator profile: nothing of the proxy.
+rule "calibrate" "$TOP|$LOOPS|simulate|demo|gateway|routing|admission|balancing|signals|health"
 
 if [[ $failed -ne 0 ]]; then
   exit 1

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod background;
 pub mod balancing;
 pub mod bench;
+pub mod calibrate;
 pub mod config;
 pub mod demo;
 pub mod discovery;

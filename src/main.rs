@@ -55,6 +55,10 @@ enum Command {
         /// Seconds to wait for one probe answer.
         #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
         timeout: f64,
+        /// A replica-sim profile (name or file) used to plan this fleet: say
+        /// when it was fitted on another host, engine version or model.
+        #[arg(long)]
+        profile: Option<String>,
     },
     /// Print the SHA-256 of an API key, for `[[keys]] sha256 = ...`.
     /// Reads the key from standard input when not given.
@@ -71,6 +75,10 @@ enum Command {
     /// and balancing: compare policies, size a fleet, inject faults (see
     /// docs/SIMULATOR.md and docs/CAPACITY.md).
     Simulate(Box<llmlb::simulate::cli::SimulateArgs>),
+    /// Fit a replica-sim engine profile to a running replica: probe it
+    /// (bounded in requests and time), fit the step-time model, write the
+    /// profile file that `--profile FILE` takes (see docs/CAPACITY.md).
+    Calibrate(Box<llmlb::calibrate::CalibrateArgs>),
     /// Start a simulated fleet and the proxy, run the same short workload
     /// through each balancer, and print a comparison table.
     Demo(Box<llmlb::demo::DemoArgs>),
@@ -90,11 +98,13 @@ fn main() -> ExitCode {
             config,
             events_wait,
             timeout,
-        } => return doctor(&config, events_wait, timeout),
+            profile,
+        } => return doctor(&config, events_wait, timeout, profile),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
         Command::Sim(args) => sim(*args),
         Command::Simulate(args) => simulate(&args),
+        Command::Calibrate(args) => calibrate(&args),
         Command::Demo(args) => demo(*args),
     };
     match result {
@@ -139,7 +149,7 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn doctor(path: &Path, events_wait: f64, timeout: f64) -> ExitCode {
+fn doctor(path: &Path, events_wait: f64, timeout: f64, profile: Option<String>) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -147,9 +157,20 @@ fn doctor(path: &Path, events_wait: f64, timeout: f64) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let profile = match profile {
+        None => None,
+        Some(name) => match llmlb::sim::SimConfig::named_or_file(&name) {
+            Ok(p) => Some((name, p)),
+            Err(e) => {
+                eprintln!("--profile: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let opts = llmlb::doctor::Options {
         events_wait: std::time::Duration::from_secs_f64(events_wait.clamp(0.0, 600.0)),
         request_timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
+        profile,
         ..Default::default()
     };
     let report = match tokio::runtime::Runtime::new() {
@@ -233,6 +254,13 @@ fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
 fn simulate(args: &llmlb::simulate::cli::SimulateArgs) -> anyhow::Result<()> {
     let text = llmlb::simulate::cli::execute(args)?;
     print!("{text}");
+    Ok(())
+}
+
+fn calibrate(args: &llmlb::calibrate::CalibrateArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let cal = runtime.block_on(llmlb::calibrate::run(args))?;
+    print!("{}", llmlb::calibrate::summary(&cal, &args.output));
     Ok(())
 }
 

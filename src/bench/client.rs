@@ -128,6 +128,10 @@ impl BenchClient {
                 body["prompt"] = json!(t);
                 self.completions.clone()
             }
+            Prompt::Tokens(ids) => {
+                body["prompt"] = json!(ids);
+                self.completions.clone()
+            }
             Prompt::Chat(messages) => {
                 body["messages"] = messages
                     .iter()

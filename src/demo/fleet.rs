@@ -54,8 +54,8 @@ impl FleetSpec {
     /// The demo's usual fleet: `args.replicas` of `args.profile` with a
     /// deliberately small KV cache, behind `balancer`.
     pub fn for_balancer(args: &DemoArgs, balancer: &str) -> Result<FleetSpec, DemoError> {
-        let mut sim = SimConfig::profile(&args.profile)
-            .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
+        let mut sim =
+            SimConfig::named_or_file(&args.profile).map_err(|e| DemoError::Sim(e.to_string()))?;
         sim.engine.num_blocks = args.kv_blocks;
         // The longest request must fit in the (deliberately small) cache.
         let usable = args.kv_blocks.saturating_sub(1) * sim.engine.block_size;

@@ -46,7 +46,8 @@ pub struct DemoArgs {
     /// Simulated replicas in the fleet.
     #[arg(long, default_value_t = 4)]
     pub replicas: usize,
-    /// Simulator profile of every replica (`fast`, `h100-8b`, `vllm-cpu-tiny`).
+    /// Simulator profile of every replica (`fast`, `h100-8b`, `vllm-cpu-tiny`,
+    /// or a profile file such as `llmlb calibrate` writes).
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// KV-cache blocks per replica (16 tokens each): small enough that not
@@ -141,7 +142,7 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
         options.output_len,
         args.rate,
     );
-    let block_size = SimConfig::profile(&args.profile).map_or(16, |c| c.engine.block_size);
+    let block_size = SimConfig::named_or_file(&args.profile).map_or(16, |c| c.engine.block_size);
     let bound = bound::hit_rate_upper_bound(
         &WorkloadSpec::SharedPrefix(options.clone()),
         args.seed,

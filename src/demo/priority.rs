@@ -30,8 +30,8 @@ const TIERS: &str = "[gateway]\ntier_header = \"x-llmlb-tier\"\ndefault_tier = \
 [[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n";
 
 pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {
-    let mut sim = SimConfig::profile(&args.profile)
-        .ok_or_else(|| DemoError::Sim(format!("unknown profile {:?}", args.profile)))?;
+    let mut sim =
+        SimConfig::named_or_file(&args.profile).map_err(|e| DemoError::Sim(e.to_string()))?;
     // A replica that batches at most 16 sequences: it queues internally
     // once 16 requests run, which is where the two variants differ.
     let max_seqs = 16;

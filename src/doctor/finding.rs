@@ -34,6 +34,8 @@ pub enum Topic {
     PrefixCache,
     Events,
     Replay,
+    /// The replica-sim profile used to plan (`--profile`).
+    Profile,
 }
 
 impl Topic {
@@ -45,6 +47,7 @@ impl Topic {
             Topic::PrefixCache => "prefix_cache",
             Topic::Events => "events",
             Topic::Replay => "replay",
+            Topic::Profile => "profile",
         }
     }
 }

@@ -12,12 +12,16 @@
 //! send the block-aligned cached count), and [`finding::Report`] renders the
 //! findings; the command exits 1 when any is an error.
 //!
+//! With `--profile FILE`, each replica is also compared with where that
+//! replica-sim profile was fitted ([`profile`]).
+//!
 //! The probe is real traffic: two one-token generations per replica. DNS
 //! discovered replicas are not probed (only the configured list is).
 
 pub mod events;
 pub mod finding;
 pub mod probe;
+pub mod profile;
 pub mod verdict;
 
 use std::time::Duration;
@@ -38,6 +42,9 @@ pub struct Options {
     pub events_wait: Duration,
     /// Connecting to an event endpoint, and a replay's whole answer.
     pub zmq_timeout: Duration,
+    /// A replica-sim profile to check against each replica (its name as
+    /// given, and the profile): was it fitted there, with this engine version?
+    pub profile: Option<(String, crate::sim::SimConfig)>,
 }
 
 impl Default for Options {
@@ -46,6 +53,7 @@ impl Default for Options {
             request_timeout: Duration::from_secs(60),
             events_wait: Duration::from_secs(5),
             zmq_timeout: Duration::from_secs(3),
+            profile: None,
         }
     }
 }
@@ -184,5 +192,18 @@ async fn check_replica(
         mode: pc.prefix.mode,
         block_size: pc.prefix.block_size,
     };
-    verdict::judge(&expected, &observed)
+    let mut findings = verdict::judge(&expected, &observed);
+    if let Some((name, profile)) = &opts.profile {
+        let version = target.version().await;
+        let (host, cpu) = (crate::calibrate::this_host(), crate::calibrate::this_cpu());
+        let seen = profile::Seen {
+            replica_url: target.url,
+            engine_version: version.as_deref(),
+            model,
+            host: &host,
+            cpu: cpu.as_deref(),
+        };
+        findings.extend(profile::judge(name, profile, &seen));
+    }
+    findings
 }

@@ -23,7 +23,8 @@ pub struct SimArgs {
     /// Number of replicas to run.
     #[arg(long, default_value_t = 1)]
     pub replicas: u16,
-    /// Named profile: fast, h100-8b, vllm-cpu-tiny (default h100-8b).
+    /// Engine profile: fast, h100-8b, vllm-cpu-tiny, or a profile file such
+    /// as `llmlb calibrate` writes (default h100-8b).
     #[arg(long)]
     pub profile: Option<String>,
     /// TOML file overriding the profile (see docs/SIMULATOR.md).
@@ -131,9 +132,16 @@ pub enum CliError {
 pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     let profile = args.profile.as_deref().unwrap_or("h100-8b");
     let mut c = match &args.config {
-        Some(path) => SimConfig::from_toml_file(path, profile)?,
-        None => SimConfig::profile(profile)
-            .ok_or_else(|| ConfigError::UnknownProfile(profile.into()))?,
+        Some(path) if SimConfig::profile(profile).is_some() => {
+            SimConfig::from_toml_file(path, profile)?
+        }
+        Some(_) => {
+            return Err(ConfigError::Invalid(
+                "--config overrides a built-in profile; give a profile file as --profile alone"
+                    .into(),
+            ));
+        }
+        None => SimConfig::named_or_file(profile)?,
     };
     fn set<T: Clone>(dst: &mut T, v: &Option<T>) {
         if let Some(v) = v {

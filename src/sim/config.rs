@@ -43,6 +43,38 @@ pub struct SimConfig {
     /// tokens, as the model's vLLM would (unset: the stand-in tokenizer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_dir: Option<PathBuf>,
+    /// Where the profile was fitted, when `llmlb calibrate` wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fitted: Option<Fitted>,
+}
+
+/// Where and against what a profile was fitted (the `[fitted]` table that
+/// `llmlb calibrate` writes). `llmlb doctor --profile` compares it with the
+/// replicas it probes and the machine it runs on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fitted {
+    /// When, as an RFC 3339 UTC time.
+    pub date: String,
+    /// The replica probed.
+    pub url: String,
+    /// The model it served.
+    pub model: String,
+    /// The serving engine (`vllm` when its metrics carry the `vllm:` prefix).
+    pub engine: String,
+    /// What the replica's `GET /version` answered, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// The host name of the machine the calibration ran on.
+    pub host: String,
+    /// Its CPU model: the replica's own when the replica ran there (a
+    /// loopback URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// Probe requests sent.
+    pub requests: u64,
+    /// Wall time of the probes, in seconds.
+    pub seconds: f64,
 }
 
 /// Fault injection settings, at start and as changed by `POST /sim/fault`.
@@ -91,7 +123,7 @@ impl FaultConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("unknown profile `{0}` (known: {known})", known = super::profile::NAMES.join(", "))]
+    #[error("unknown profile `{0}` (known: {known}, or a profile file's path)", known = super::profile::NAMES.join(", "))]
     UnknownProfile(String),
     #[error("reading {path}: {source}")]
     Read {
@@ -108,6 +140,21 @@ impl SimConfig {
     /// A named profile (see [`super::profile`]).
     pub fn profile(name: &str) -> Option<SimConfig> {
         super::profile::named(name)
+    }
+
+    /// What `--profile NAME|FILE` names: a built-in profile, else a profile
+    /// file (a TOML file over `h100-8b`, or over the profile its `profile`
+    /// key names; `llmlb calibrate` writes complete ones).
+    pub fn named_or_file(name_or_path: &str) -> Result<SimConfig, ConfigError> {
+        if let Some(c) = SimConfig::profile(name_or_path) {
+            return Ok(c);
+        }
+        let path = Path::new(name_or_path);
+        let looks_like_a_file = path.extension().is_some() || name_or_path.contains('/');
+        if !looks_like_a_file && !path.exists() {
+            return Err(ConfigError::UnknownProfile(name_or_path.into()));
+        }
+        SimConfig::from_toml_file(path, "h100-8b")
     }
 
     pub fn validate(&self) -> Result<(), String> {

@@ -54,6 +54,7 @@ fn fast() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        fitted: None,
     }
 }
 
@@ -91,6 +92,7 @@ fn h100_8b() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        fitted: None,
     }
 }
 
@@ -133,5 +135,6 @@ fn vllm_cpu_tiny() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        fitted: None,
     }
 }

@@ -75,7 +75,8 @@ pub struct SimulateArgs {
     /// Replicas in the generated fleet (or the --config pool, resized).
     #[arg(long)]
     pub replicas: Option<usize>,
-    /// Engine profile of every replica (fast, h100-8b, vllm-cpu-tiny).
+    /// Engine profile of every replica: fast, h100-8b, vllm-cpu-tiny, or a
+    /// profile file such as `llmlb calibrate` writes.
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// Override the profile's context length (e.g. 131072 for a 128k model).

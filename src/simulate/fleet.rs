@@ -90,11 +90,12 @@ impl Slot {
 
 /// The engine settings of a named profile.
 pub fn profile(name: &str) -> Result<SimConfig, SimulateError> {
-    profile::named(name).ok_or_else(|| {
-        SimulateError::Invalid(format!(
-            "unknown profile {name:?}: expected one of {}",
+    SimConfig::named_or_file(name).map_err(|e| match e {
+        crate::sim::ConfigError::UnknownProfile(_) => SimulateError::Invalid(format!(
+            "unknown profile {name:?}: expected one of {}, or a profile file's path",
             profile::NAMES.join(", ")
-        ))
+        )),
+        other => SimulateError::Invalid(format!("--profile: {other}")),
     })
 }
 

@@ -260,6 +260,7 @@ fn stand_in_tokens(p: &workload::Prompt) -> Vec<u32> {
         workload::Prompt::Chat(m) => crate::tokenizer::tokenize(&crate::tokenizer::render_chat(
             m.iter().map(|(r, c)| (r.as_str(), c.as_str())),
         )),
+        workload::Prompt::Tokens(ids) => ids.clone(),
     }
 }
 
