@@ -18,7 +18,7 @@
 # Env:   CG_CASES  "json sse stream" (default all three):
 #          json    the instant nginx backend's JSON answer (249 bytes)
 #          sse     its 16-event SSE answer, which arrives in one read
-#          stream  a streaming `llmlb sim --profile fast` replica, 16 and
+#          stream  a streaming `llmlb replica-sim --profile fast` replica, 16 and
 #                  64 tokens per request: per request and per event
 #        CG_N1, CG_N2  request counts (default 200 and 1200; 100 and 400
 #                  for `stream`)
@@ -121,7 +121,7 @@ echo "|---|---|---|---|"
 for case in $CASES; do
     if [ "$case" = stream ]; then
         sim_port=$(free_port)
-        start sim "$LLMLB" sim --profile fast --model instant --port "$sim_port"
+        start sim "$LLMLB" replica-sim --profile fast --model instant --port "$sim_port"
         SIM_PG=$PGID
         backend="http://127.0.0.1:$sim_port"
         n1="${CG_N1:-100}" n2="${CG_N2:-400}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chaos run with real processes, on 127.0.0.1 only, bounded to about 30 s:
-# four `llmlb sim` replicas (one process each) behind `llmlb serve`, steady
+# four `llmlb replica-sim` replicas (one process each) behind `llmlb serve`, steady
 # streaming load from `llmlb bench`; replica r0 is killed with SIGKILL,
 # replica r1 is frozen with SIGSTOP (it keeps its socket: connections are
 # accepted by the kernel and never answered, i.e. it hangs), then r0 is
@@ -42,7 +42,7 @@ T0=$(date +%s.%N)
 now() { echo "$(date +%s.%N) - $T0" | bc | xargs printf '%6.2fs'; }
 
 start_sim() {
-    "$BIN" sim --port $((BASE + $1)) --replicas 1 --profile fast --model llama \
+    "$BIN" replica-sim --port $((BASE + $1)) --replicas 1 --profile fast --model llama \
         >>"$WORK/sim$1.log" 2>&1 &
     PID[sim$1]=$!
 }

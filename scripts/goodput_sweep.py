@@ -105,7 +105,7 @@ class Procs:
 
 
 def start_fleet(procs, args, name, events_port=None):
-    cmd = [args.llmlb, "sim", "--replicas", str(args.replicas), "--port", "0",
+    cmd = [args.llmlb, "replica-sim", "--replicas", str(args.replicas), "--port", "0",
            "--profile", args.profile, "--num-blocks", str(args.num_blocks),
            "--max-model-len", str((args.num_blocks - 1) * 16)]
     if events_port:
@@ -179,7 +179,7 @@ def workload_args(args, rate):
     if args.workload == "shared-prefix":
         return ["--workload", "shared-prefix", "--groups", str(args.groups), "--prompts-per-group", "8",
                 "--system-len", "1536", "--question-len", "64", "--output-len", "64",
-                "--rate", str(rate), "--num-requests", str(args.requests), "--duration", f"{args.seconds}s"]
+                "--rate", str(rate), "--requests", str(args.requests), "--duration", f"{args.seconds}s"]
     return ["--workload", "trace", "--trace", args.trace, "--time-scale", str(args.time_scale / rate),
             "--length-scale", str(args.length_scale), "--max-requests", str(args.requests),
             "--duration", f"{args.seconds}s"]

@@ -6,7 +6,7 @@
 #      instant backend (nginx answering a canned SSE stream) and through
 #      llmlb, nginx, the SGLang router and the vLLM router. Reports
 #      requests/s, added p50/p99 latency and each proxy's CPU time per request.
-#   2. Routing quality: a fresh simulated fleet (`llmlb sim`, 4 replicas,
+#   2. Routing quality: a fresh simulated fleet (`llmlb replica-sim`, 4 replicas,
 #      small KV cache) per router and workload (shared-prefix, then the
 #      conversation trace), through llmlb's balancers and the SGLang router's
 #      cache_aware policy. Reports TTFT p50/p99, throughput and the replicas'
@@ -207,7 +207,7 @@ overhead() {
     [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
     "$LLMLB" bench --target "${URL[$run]}" --model instant --workload random \
         --input-len 16 --output-len 16 --concurrency "$c" --duration "${SECS}s" \
-        --num-requests 1000000 --timeout 10s --no-progress --name "$run" \
+        --requests 1000000 --timeout 10s --no-progress --name "$run" \
         --out "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
         note "$run c=$c round $r: bench failed (see $OUT/$name.log)"
     after=0
@@ -258,7 +258,7 @@ SIM_BLOCKS=2048
 # fleet: starts 4 fresh replicas; sets FLEET_PG, FLEET_URLS (array), MODEL.
 fleet() {
     local name="$1" i n
-    start "sim-$name" "$LLMLB" sim --replicas 4 --port 0 --profile h100-8b --num-blocks "$SIM_BLOCKS" --max-model-len $(( (SIM_BLOCKS - 1) * 16 ))
+    start "sim-$name" "$LLMLB" replica-sim --replicas 4 --port 0 --profile h100-8b --num-blocks "$SIM_BLOCKS" --max-model-len $(( (SIM_BLOCKS - 1) * 16 ))
     FLEET_PG=$PGID
     for i in $(seq 100); do
         n=$(grep -c 'replica http://' "$OUT/sim-$name.log" 2>/dev/null)
@@ -278,7 +278,7 @@ dump_metrics() {
 
 workload_args() {
     case "$1" in
-        shared-prefix) echo "--workload shared-prefix --groups 32 --prompts-per-group 8 --system-len 1536 --question-len 64 --output-len 64 --rate 12 --num-requests 256 --duration 60s" ;;
+        shared-prefix) echo "--workload shared-prefix --groups 32 --prompts-per-group 8 --system-len 1536 --question-len 64 --output-len 64 --rate 12 --requests 256 --duration 60s" ;;
         trace) echo "--workload trace --trace $TRACE --time-scale 0.1 --length-scale 0.05 --max-requests 600 --duration 60s" ;;
     esac
 }
@@ -410,7 +410,7 @@ except OSError:
 
 if not glob.glob(f"{out}/route-*.json"):
     sys.exit(0)  # part 1 only
-print("Routing quality: a fresh 4-replica llmlb sim fleet (h100-8b, 2048 KV blocks each) per run;")
+print("Routing quality: a fresh 4-replica llmlb replica-sim fleet (h100-8b, 2048 KV blocks each) per run;")
 print("prefix-cache hits, requests per replica and preemptions from the replicas' own /metrics")
 for wl in ("shared-prefix", "trace"):
     print(f"\n{wl}")

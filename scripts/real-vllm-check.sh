@@ -6,7 +6,7 @@
 # Skipped, with the reason and exit 0, when the vLLM CPU venv or its tiny
 # model is absent. Otherwise: builds llmlb in release mode when needed, then
 # runs scripts/real_vllm_check.py on each backend in BACKENDS (default
-# `vllm,sim`: the real replicas, then two `llmlb sim --profile vllm-cpu-tiny`
+# `vllm,sim`: the real replicas, then two `llmlb replica-sim --profile vllm-cpu-tiny`
 # replicas tokenizing with the same model directory). For the real backend
 # it starts two replicas (ports 18600/18601 unless given, pinned to cores 0
 # and 1), runs `llmlb doctor` against them, then round_robin,

@@ -3,7 +3,7 @@
 simulated ones, with the same workload, side by side.
 
 For each backend (`vllm`: the CPU build from shared/vllm-cpu; `sim`:
-`llmlb sim --profile vllm-cpu-tiny`) two replicas are started, then for each
+`llmlb replica-sim --profile vllm-cpu-tiny`) two replicas are started, then for each
 policy a fresh `llmlb serve` is started in front of them, the replicas' prefix
 caches are emptied, and `llmlb bench` sends one bounded shared-prefix
 workload (or, with `--workload trace`, the first `--max-requests` of a
@@ -220,7 +220,7 @@ class Backend:
                 subprocess.run(["bash", VLLM_SCRIPT, "serve"], env=env, check=True,
                                stdout=sys.stderr, timeout=300)
             return
-        cmd = [self.args.llmlb, "sim", "--replicas", "2", "--port", str(self.ports[0]),
+        cmd = [self.args.llmlb, "replica-sim", "--replicas", "2", "--port", str(self.ports[0]),
                "--profile", "vllm-cpu-tiny", "--model", MODEL, "--seed", "1"]
         if self.args.sim_config:
             cmd += ["--config", self.args.sim_config]
@@ -326,7 +326,7 @@ def run_policy(backend, policy, args, tmp, seed):
                       "--groups", str(args.groups), "--prompts-per-group", str(args.per_group),
                       "--system-len", str(args.system_len), "--question-len", str(args.question_len),
                       "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
-                      "--num-requests", str(args.groups * args.per_group)]
+                      "--requests", str(args.groups * args.per_group)]
         subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
                        timeout=args.run_timeout)
         time.sleep(0.5)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Run one small, bounded workload against an OpenAI-compatible replica on
-127.0.0.1 (a real vLLM or `llmlb sim`) and print what it measured.
+127.0.0.1 (a real vLLM or `llmlb replica-sim`) and print what it measured.
 
 Prompts are sent as token ids (`/v1/completions` accepts a list of ids), so
 vLLM and the simulator see exactly the same prompt lengths and shared

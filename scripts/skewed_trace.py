@@ -3,7 +3,7 @@
 hash_ids) where one system prompt is hot: a share `--hot` of the requests
 start with it, the rest with one of `--cold` other system prompts. Every
 prompt is `--system-blocks` shared blocks of 512 tokens plus one block of its
-own; Poisson arrivals at `--rate` requests/s. For `llmlb simulate --trace`.
+own; Poisson arrivals at `--rate` requests/s. For `llmlb fleet-sim --trace`.
 
 Usage: scripts/skewed_trace.py --rate 80 > skew-80.jsonl
 Only the standard library.

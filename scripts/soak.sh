@@ -33,7 +33,7 @@ while :; do
   base=$(free_port)
   if [ "$base" -lt 60000 ]; then break; fi
 done
-"$BIN" sim --port "$base" --replicas 3 --profile fast --model soak-model >"$work/sim.log" 2>&1 &
+"$BIN" replica-sim --port "$base" --replicas 3 --profile fast --model soak-model >"$work/sim.log" 2>&1 &
 pids+=($!)
 listen=$(free_port)
 admin=$(free_port)

@@ -48,7 +48,7 @@ echo "== three simulated replicas"
 SIM_PIDS=()
 URLS=()
 for i in 0 1 2; do
-    "$LLMLB" sim --port 0 --model llama-3-8b --profile h100-8b --num-blocks 800 --max-model-len 8192 --seed "$i" >"$WORK/sim$i.out" 2>"$WORK/sim$i.err" &
+    "$LLMLB" replica-sim --port 0 --model llama-3-8b --profile h100-8b --num-blocks 800 --max-model-len 8192 --seed "$i" >"$WORK/sim$i.out" 2>"$WORK/sim$i.err" &
     PIDS+=($!); SIM_PIDS+=($!)
     URLS+=("$(wait_for_line "$WORK/sim$i.out" 'http://127\.0\.0\.1:[0-9]+')")
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A cost-model change judged on the virtual clock (`llmlb simulate`) across
+# A cost-model change judged on the virtual clock (`llmlb fleet-sim`) across
 # the cases where cache-aware routing is known to be fragile: the
 # shared-prefix workload at and past saturation with default and small KV
 # caches, a skewed trace, and slices of the conversation trace. Every case
@@ -10,7 +10,7 @@
 # usage: scripts/virtual_clock_suite.sh LLMLB_BINARY CONFIG [POLICY]
 #   CONFIG  an llmlb config whose pool serves model "m" (its replicas are
 #           resized by --replicas; the addresses are never contacted)
-#   POLICY  as `llmlb simulate --policies` takes it (default: config)
+#   POLICY  as `llmlb fleet-sim --policies` takes it (default: config)
 # prints: case, mean goodput (requests/s with TTFT <= 2 s), mean prefix
 # hit %, mean and worst busiest/mean replica load.
 set -euo pipefail
@@ -24,14 +24,14 @@ mkdir -p "$WORK"
 [[ -s $WORK/skew-120.jsonl ]] || python3 "$ROOT/scripts/skewed_trace.py" --rate 120 >"$WORK/skew-120.jsonl"
 
 SP=(--workload shared-prefix --groups 32 --prompts-per-group 8 --system-len 1536
-    --question-len 64 --output-len 64 --num-requests 256 --replicas 4 --profile h100-8b)
+    --question-len 64 --output-len 64 --requests 256 --replicas 4 --profile h100-8b)
 TR=(--trace "$TRACE" --length-scale 0.05 --profile h100-8b --num-blocks 2048 --max-model-len 32752)
 
 case_line() {
     local name=$1
     shift
     for seed in 1 2 3 4 5; do
-        "$BIN" simulate "$@" --config "$CONFIG" --model m --policies "$POLICY" \
+        "$BIN" fleet-sim "$@" --config "$CONFIG" --model m --policies "$POLICY" \
             --seed "$seed" --arrival-jitter 2ms 2>/dev/null |
             awk 'NR > 2 && $2 ~ /^[0-9]+$/ && $3 ~ /s$/ { print; exit }'
     done | awk -v n="$name" '{ g += $9; h += $10; m += $11; if ($11 > w) w = $11; c++ }

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -23,7 +24,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "A load balancer for LLM inference fleets"
 )]
 struct Cli {
-    /// Log line format on stderr (filter with RUST_LOG; default `info`, `error` for `demo`).
+    /// Log line format on stderr (the filter is RUST_LOG's).
     #[arg(long, global = true, value_enum, default_value = "text")]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -34,27 +35,29 @@ struct Cli {
 enum Command {
     /// Run the proxy.
     Serve {
-        /// The TOML config file.
+        /// The TOML config file (docs/CONFIG.md).
         #[arg(long, short)]
         config: PathBuf,
     },
     /// Validate a config file: print a summary and exit 0, or every error and exit 1.
     Check {
+        /// The TOML config file to validate.
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Probe each pool's running replicas: do the tokenizer, block size, KV
-    /// events and replay llmlb is configured with agree with what they do?
-    /// Exits 1 when something is wrong (see docs/ROUTING.md).
+    /// Probe each pool's running replicas: do the model names, tokenizer,
+    /// block size, KV events and replay llmlb is configured with agree with
+    /// what they serve? Exits 1 when something is wrong.
     Doctor {
+        /// The TOML config file whose replicas to probe.
         #[arg(long, short)]
         config: PathBuf,
-        /// Seconds to listen for the probe's KV events after sending it.
-        #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
-        events_wait: f64,
-        /// Seconds to wait for one probe answer.
-        #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
-        timeout: f64,
+        /// How long to listen for the probe's KV events after sending it.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        events_wait: Duration,
+        /// Longest wait for one probe answer.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
         /// A replica-sim profile (name or file) used to plan this fleet: say
         /// when it was fitted on another host, engine version or model.
         #[arg(long)]
@@ -69,15 +72,18 @@ enum Command {
     /// Load an OpenAI-compatible server with streaming requests and report
     /// TTFT, TPOT, throughput and goodput.
     Bench(Box<llmlb::bench::cli::BenchArgs>),
-    /// Run simulated vLLM replicas (see docs/SIMULATOR.md).
-    Sim(Box<llmlb::sim::cli::SimArgs>),
+    /// Serve simulated vLLM replicas over HTTP: the OpenAI API, /metrics,
+    /// KV events (docs/SIMULATOR.md).
+    #[command(name = "replica-sim", alias = "sim")]
+    ReplicaSim(Box<llmlb::sim::cli::SimArgs>),
     /// Simulate a whole fleet on a virtual clock with llmlb's own routing
-    /// and balancing: compare policies, size a fleet, inject faults (see
-    /// docs/SIMULATOR.md and docs/CAPACITY.md).
-    Simulate(Box<llmlb::simulate::cli::SimulateArgs>),
+    /// and balancing: compare policies, size a fleet, inject faults
+    /// (docs/CAPACITY.md).
+    #[command(name = "fleet-sim", alias = "simulate")]
+    FleetSim(Box<llmlb::simulate::cli::SimulateArgs>),
     /// Fit a replica-sim engine profile to a running replica: probe it
     /// (bounded in requests and time), fit the step-time model, write the
-    /// profile file that `--profile FILE` takes (see docs/CAPACITY.md).
+    /// profile file that `--profile FILE` takes (docs/CAPACITY.md).
     Calibrate(Box<llmlb::calibrate::CalibrateArgs>),
     /// Start a simulated fleet and the proxy, run the same short workload
     /// through each balancer, and print a comparison table.
@@ -102,8 +108,8 @@ fn main() -> ExitCode {
         } => return doctor(&config, events_wait, timeout, profile),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
-        Command::Sim(args) => sim(*args),
-        Command::Simulate(args) => simulate(&args),
+        Command::ReplicaSim(args) => replica_sim(*args),
+        Command::FleetSim(args) => fleet_sim(&args),
         Command::Calibrate(args) => calibrate(&args),
         Command::Demo(args) => demo(*args),
     };
@@ -149,7 +155,7 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn doctor(path: &Path, events_wait: f64, timeout: f64, profile: Option<String>) -> ExitCode {
+fn doctor(path: &Path, events_wait: Duration, timeout: Duration, profile: Option<String>) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -168,8 +174,8 @@ fn doctor(path: &Path, events_wait: f64, timeout: f64, profile: Option<String>) 
         },
     };
     let opts = llmlb::doctor::Options {
-        events_wait: std::time::Duration::from_secs_f64(events_wait.clamp(0.0, 600.0)),
-        request_timeout: std::time::Duration::from_secs_f64(timeout.clamp(0.1, 3600.0)),
+        events_wait: events_wait.min(Duration::from_secs(600)),
+        request_timeout: timeout.clamp(Duration::from_millis(100), Duration::from_secs(3600)),
         profile,
         ..Default::default()
     };
@@ -251,7 +257,7 @@ fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn simulate(args: &llmlb::simulate::cli::SimulateArgs) -> anyhow::Result<()> {
+fn fleet_sim(args: &llmlb::simulate::cli::SimulateArgs) -> anyhow::Result<()> {
     let text = llmlb::simulate::cli::execute(args)?;
     print!("{text}");
     Ok(())
@@ -264,7 +270,7 @@ fn calibrate(args: &llmlb::calibrate::CalibrateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
+fn replica_sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(llmlb::sim::cli::run(args, wait_for_signal()))?;
     Ok(())
@@ -310,5 +316,77 @@ impl Signals {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{ArgAction, CommandFactory};
+
+    /// Every flag of every subcommand says what it does and what it is
+    /// when not given: clap's `[default: ...]`, or one written in its help.
+    #[test]
+    fn every_flag_has_help_and_a_default() {
+        let mut missing = Vec::new();
+        let root = Cli::command();
+        let mut commands = vec![(String::from("llmlb"), root)];
+        while let Some((path, cmd)) = commands.pop() {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                let long = arg
+                    .get_long_help()
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                let text = format!("{help} {long}");
+                if text.trim().is_empty() {
+                    missing.push(format!("{path} --{id}: no help"));
+                    continue;
+                }
+                let is_switch = matches!(arg.get_action(), ArgAction::SetTrue);
+                let has_default = !arg.get_default_values().is_empty()
+                    || text.contains("[default:")
+                    || text.contains("required")
+                    || arg.is_required_set()
+                    || arg.is_positional()
+                    || is_switch;
+                if !has_default {
+                    missing.push(format!("{path} --{id}: no default shown"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() != "help" {
+                    commands.push((format!("{path} {}", sub.get_name()), sub.clone()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    /// The old names of the two simulators still parse, as hidden aliases.
+    #[test]
+    fn old_simulator_names_still_parse() {
+        use clap::Parser;
+        for argv in [
+            ["llmlb", "sim", "--replicas", "2"].as_slice(),
+            ["llmlb", "replica-sim", "--replicas", "2"].as_slice(),
+        ] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            assert!(matches!(cli.command, super::Command::ReplicaSim(_)));
+        }
+        for argv in [
+            ["llmlb", "simulate", "--workload", "random"].as_slice(),
+            ["llmlb", "fleet-sim", "--workload", "random"].as_slice(),
+        ] {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            assert!(matches!(cli.command, super::Command::FleetSim(_)));
+        }
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("replica-sim") && help.contains("fleet-sim"));
+        assert!(!help.contains(" sim ") && !help.contains("simulate "));
     }
 }

@@ -54,7 +54,7 @@ async fn self_test_writes_json_and_svg_and_compares_them() {
     let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
     main(args(&[
         "--self-test",
-        "--num-requests",
+        "--requests",
         "300",
         "--concurrency",
         "4",
@@ -74,7 +74,7 @@ async fn self_test_writes_json_and_svg_and_compares_them() {
         &path(&json),
         "--compare",
         &path(&json),
-        "--plot",
+        "--svg",
         &path(&svg),
     ]))
     .await

@@ -39,7 +39,7 @@ fn quick_demo_prints_a_row_per_balancer_and_no_log_lines() {
     let dir = std::env::temp_dir().join(format!("llmlb-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plot = dir.join("demo.svg");
-    let out = demo(&["--plot", plot.to_str().unwrap()], None);
+    let out = demo(&["--svg", plot.to_str().unwrap()], None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let header = stdout
@@ -87,7 +87,7 @@ fn rust_log_turns_the_fleet_and_proxy_log_lines_back_on() {
         &[
             "--balancers",
             "round_robin",
-            "--plot",
+            "--svg",
             plot.to_str().unwrap(),
         ],
         Some("info"),

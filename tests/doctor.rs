@@ -73,7 +73,7 @@ async fn doctor_cli(text: &str) -> (i32, String) {
     let path: PathBuf = dir.join("llmlb.toml");
     std::fs::write(&path, text).unwrap();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_llmlb"))
-        .args(["doctor", "--events-wait", "2", "--config"])
+        .args(["doctor", "--events-wait", "2s", "--config"])
         .arg(&path)
         .output()
         .await
@@ -192,4 +192,41 @@ async fn events_that_do_not_arrive_are_named() {
     for s in [a, b, silent] {
         s.shutdown().await;
     }
+}
+
+#[tokio::test]
+async fn a_model_name_the_replica_does_not_serve_is_named() {
+    let sim = sim_with_events(false, 400, None).await;
+    let served = sim.config().model.clone();
+    // The pool routes a name the replica does not serve: every request
+    // would be a 404, and the doctor says which name it does serve.
+    let text = config(&[&sim], "cache", "", |_| String::new()).replacen(
+        &format!("models = [{served:?}]"),
+        "models = [\"llama-3-8b\"]",
+        1,
+    );
+    let (code, out) = doctor_cli(&text).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("\"llama-3-8b\""), "{out}");
+    assert!(out.contains(&format!("serves {served:?}")), "{out}");
+    assert!(out.contains("--served-model-name"), "{out}");
+    // One of two names served: a warning naming the other, and the probe
+    // runs with the served one.
+    let text = config(&[&sim], "cache", "", |_| String::new()).replacen(
+        &format!("models = [{served:?}]"),
+        &format!("models = [{served:?}, \"other\"]"),
+        1,
+    );
+    let report = doctor(&text).await;
+    assert_eq!(
+        severity(&report, Topic::Model),
+        Some(Severity::Warning),
+        "{}",
+        report.render()
+    );
+    assert_ok(&report, Topic::Tokenizer);
+    // The right name: the model check passes.
+    let report = doctor(&config(&[&sim], "cache", "", |_| String::new())).await;
+    assert_ok(&report, Topic::Model);
+    sim.shutdown().await;
 }

@@ -1,4 +1,4 @@
-//! Load signals and health against `llmlb sim` replicas, with faults injected
+//! Load signals and health against `llmlb replica-sim` replicas, with faults injected
 //! through the simulator's own `/sim/fault` endpoint.
 
 mod common;

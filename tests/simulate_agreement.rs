@@ -1,4 +1,4 @@
-//! `llmlb simulate` against the real-time path on loopback: 4 `llmlb sim`
+//! `llmlb fleet-sim` against the real-time path on loopback: 4 `llmlb replica-sim`
 //! replicas behind `llmlb serve`, loaded by `llmlb bench` with the first
 //! requests of the conversation trace, then the same workload through
 //! `simulate` with the same pool, engine profile and replica addresses, for

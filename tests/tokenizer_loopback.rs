@@ -1,4 +1,4 @@
-//! The model tokenizer on loopback: `llmlb sim --tokenizer` reports the
+//! The model tokenizer on loopback: `llmlb replica-sim --tokenizer` reports the
 //! Python `tokenizers` package's prompt token counts in `usage`, and a pool
 //! with `[pools.tokenizer]` charges token rate limits with the same counts.
 
@@ -31,10 +31,16 @@ impl Drop for Sim {
     }
 }
 
-/// `llmlb sim --profile vllm-cpu-tiny --tokenizer DIR` on a free port.
+/// `llmlb replica-sim --profile vllm-cpu-tiny --tokenizer DIR` on a free port.
 fn start_sim() -> (Sim, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_llmlb"))
-        .args(["sim", "--profile", "vllm-cpu-tiny", "--time-scale", "20"])
+        .args([
+            "replica-sim",
+            "--profile",
+            "vllm-cpu-tiny",
+            "--time-scale",
+            "20",
+        ])
         .args(["--port", "0", "--model", "tiny", "--tokenizer", TINY_LLAMA])
         .stdout(Stdio::piped())
         .spawn()

@@ -4,7 +4,7 @@
 //! could not start within their level's objective ([`estimate`]: the drain
 //! rate, the estimated wait and the deadline test of a `ttft_objective`;
 //! [`refusal`]: the queue's refusal and aging as pure functions, which
-//! `llmlb simulate` calls on its virtual clock).
+//! `llmlb fleet-sim` calls on its virtual clock).
 
 mod error;
 pub mod estimate;

@@ -1,6 +1,6 @@
 //! The pool queue's two decisions as pure functions of what it holds, so
 //! that `serve`'s queue ([`super::queue`], on the wall clock under its
-//! mutex) and `llmlb simulate` (on a virtual clock) decide alike:
+//! mutex) and `llmlb fleet-sim` (on a virtual clock) decide alike:
 //!
 //! - [`refusal`]: whether a newcomer at a level is refused (429), and why:
 //!   its level full (`max_depth` waiters), its estimated wait (waiters at

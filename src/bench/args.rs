@@ -26,9 +26,12 @@ pub struct BenchArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub target: String,
-    /// Model name sent in every request.
+    /// Model name sent in every request (one of the target's models;
+    /// required unless --self-test or --only-compare).
     #[arg(long, required_unless_present_any = ["self_test", "only_compare"])]
     pub model: Option<String>,
+    /// What to send: random prompts, groups sharing a system prompt,
+    /// multi-turn chat sessions, or a replayed trace.
     #[arg(
         long,
         visible_alias = "dataset-name",
@@ -36,22 +39,23 @@ pub struct BenchArgs {
         default_value = "random"
     )]
     pub workload: WorkloadKind,
-    /// Requests to send (a chat turn is one request). Default: the
-    /// workload's size (shared-prefix, trace) or 200.
-    #[arg(long, visible_alias = "num-prompts")]
-    pub num_requests: Option<u64>,
-    /// Stop sending after this long (e.g. `30s`, `2m`).
+    /// Requests to send (a chat turn is one request). [default: the
+    /// workload's size (shared-prefix, trace), otherwise 200]
+    #[arg(long, visible_alias = "num-prompts", alias = "num-requests")]
+    pub requests: Option<u64>,
+    /// Stop sending after this long, e.g. `30s`, `2m`. [default: no limit]
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Open loop: new requests (sessions, for chat) per second; `inf` sends
     /// them all at once (bounded by --max-concurrency or --max-in-flight).
+    /// [default: closed loop, see --concurrency]
     #[arg(long, visible_alias = "request-rate", value_parser = parse_rate, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
     /// Gamma shape of the gaps: 1 = Poisson, below 1 burstier.
     #[arg(long, default_value_t = 1.0)]
     pub burstiness: f64,
-    /// Closed loop with this many clients (default 1 when no --rate is
-    /// given; a trace without either replays its own timestamps).
+    /// Closed loop with this many clients. [default: 1 when no --rate is
+    /// given; a trace without either replays its own timestamps]
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// Open loop: most requests in flight at once.
@@ -59,51 +63,56 @@ pub struct BenchArgs {
     pub max_in_flight: usize,
     /// As in `vllm bench serve`: with a finite --request-rate, the most
     /// requests in flight; otherwise a closed loop of this many clients.
+    /// [default: unset]
     #[arg(long, conflicts_with_all = ["concurrency", "max_in_flight"])]
     pub max_concurrency: Option<usize>,
+    /// Seed of the workload's prompts, lengths and arrival gaps.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Sent as `Authorization: Bearer KEY`.
+    /// Sent as `Authorization: Bearer KEY`. [default: none]
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Extra request header `K:V` (repeatable).
+    /// Extra request header `K:V` (repeatable). [default: none]
     #[arg(long = "header", value_name = "K:V")]
     pub headers: Vec<String>,
     /// Goodput SLOs in ms, e.g. `ttft=500,tpot=50` (also `e2e=`), or
-    /// vLLM's `--goodput ttft:500 tpot:50`.
+    /// vLLM's `--goodput ttft:500 tpot:50`. [default: none, goodput not
+    /// reported]
     #[arg(long, visible_alias = "goodput", num_args = 1..)]
     pub slo: Vec<Slo>,
     /// Per-request timeout, whole stream included.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
     pub timeout: Duration,
-    /// Write the report (every figure and request) as JSON.
+    /// Write the report (every figure and request) as JSON. [default: none]
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// As in `vllm bench serve`: write the JSON report to
     /// `--result-dir`/`--result-filename`.
     #[arg(long)]
     pub save_result: bool,
-    /// With --save-result: the directory (default: the current one).
+    /// With --save-result: the directory. [default: the current one]
     #[arg(long, requires = "save_result")]
     pub result_dir: Option<PathBuf>,
-    /// With --save-result: the file name (default
-    /// `llmlb-bench-NAME-TIMESTAMP.json`).
+    /// With --save-result: the file name. [default:
+    /// `llmlb-bench-NAME-TIMESTAMP.json`]
     #[arg(long, requires = "save_result")]
     pub result_filename: Option<String>,
-    /// Percentiles shown for each latency, e.g. `25,50,99` (default: p50,
-    /// p90, p99).
+    /// Percentiles shown for each latency, e.g. `25,50,99`. [default:
+    /// 50,90,99]
     #[arg(long, value_delimiter = ',', value_parser = parse_percentile)]
     pub metric_percentiles: Vec<f64>,
     /// Write latency CDFs as SVG (with --compare, one curve per run).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    /// [default: none]
+    #[arg(long, alias = "plot")]
+    pub svg: Option<PathBuf>,
     /// Name of this run in the table and the plot.
     #[arg(long, default_value = "run")]
     pub name: String,
     /// Earlier `--out` reports to show next to this run (repeatable).
+    /// [default: none]
     #[arg(long)]
     pub compare: Vec<PathBuf>,
-    /// Send nothing: only print the table (and --plot) of the --compare reports.
+    /// Send nothing: only print the table (and --svg) of the --compare reports.
     #[arg(long, requires = "compare", conflicts_with = "self_test")]
     pub only_compare: bool,
     /// Allow a target that is not on this machine.
@@ -117,11 +126,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub self_test: bool,
 
-    /// random: prompt tokens, `N` or `MIN..MAX` (default 1024).
+    /// random: prompt tokens, `N` or `MIN..MAX`. [default: 1024]
     #[arg(long, visible_alias = "random-input-len")]
     pub input_len: Option<LenRange>,
-    /// Output tokens, `N` or `MIN..MAX` (default: random 128,
-    /// shared-prefix 256, chat 64..256).
+    /// Output tokens, `N` or `MIN..MAX`. [default: random 128,
+    /// shared-prefix 256, chat 64..256, trace: its own]
     #[arg(long, visible_alias = "random-output-len")]
     pub output_len: Option<LenRange>,
     /// shared-prefix: groups sharing one system prompt.
@@ -130,7 +139,7 @@ pub struct BenchArgs {
     /// shared-prefix: prompts per group.
     #[arg(long, default_value_t = 16)]
     pub prompts_per_group: usize,
-    /// System prompt tokens (default: shared-prefix 2048, chat 256).
+    /// System prompt tokens. [default: shared-prefix 2048, chat 256]
     #[arg(long)]
     pub system_len: Option<usize>,
     /// shared-prefix: question tokens after the system prompt.
@@ -146,6 +155,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub think_time: Duration,
     /// trace: Mooncake-format JSONL file (required with `--workload trace`).
+    /// [default: none]
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// trace: multiply arrival times (0.1 = ten times faster).
@@ -154,7 +164,7 @@ pub struct BenchArgs {
     /// trace: multiply block size, input and output lengths.
     #[arg(long, default_value_t = 1.0)]
     pub length_scale: f64,
-    /// trace: replay only the first N records.
+    /// trace: replay only the first N records. [default: all]
     #[arg(long)]
     pub max_requests: Option<usize>,
 }

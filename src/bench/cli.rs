@@ -119,7 +119,7 @@ pub fn spec(a: &BenchArgs) -> Result<BenchSpec, BenchError> {
         workload: workload(a)?,
         arrivals,
         limits: Limits {
-            num_requests: a.num_requests,
+            num_requests: a.requests,
             duration: a.duration,
             request_timeout: a.timeout,
             max_in_flight,
@@ -133,6 +133,12 @@ pub fn spec(a: &BenchArgs) -> Result<BenchSpec, BenchError> {
     })
 }
 
+/// Printed when no response named its replica, so the report's
+/// `"replicas"` (and the table's spread column) stay empty.
+pub const PER_REPLICA_HINT: &str = "no per-replica figures: no response carried an \
+`x-llmlb-replica` header. When the target is llmlb, set `replica_header = true` under \
+[server] in its config (docs/CONFIG.md) to count requests per replica.";
+
 /// Runs `llmlb bench` and prints its table on stdout.
 pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
     let mut runs = Vec::new();
@@ -145,7 +151,7 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
     }
     if args.only_compare {
         print!("{}", render_table(&runs));
-        if let Some(path) = &args.plot {
+        if let Some(path) = &args.svg {
             write_svg(path, &runs)?;
         }
         return Ok(());
@@ -173,7 +179,7 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
                 concurrency: args.concurrency.unwrap_or(64),
             };
         }
-        if args.num_requests.is_none() && args.duration.is_none() {
+        if args.requests.is_none() && args.duration.is_none() {
             spec.limits.num_requests = Some(20_000);
         }
         Some(b)
@@ -198,6 +204,7 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
         .min_by(|a, b| a.start_ms.total_cmp(&b.start_ms))
         .and_then(|r| r.failure());
     let (sent, completed) = (report.figures.sent, report.figures.completed);
+    let no_replica_names = completed > 0 && report.figures.replicas.is_empty();
     runs.push((args.name.clone(), report));
     print!("{}", render_table(&runs));
     if args.self_test {
@@ -220,8 +227,11 @@ pub async fn main(args: BenchArgs) -> Result<(), BenchError> {
         report.write_json(&path)?;
         eprintln!("wrote {}", path.display());
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.svg {
         write_svg(path, &runs)?;
+    }
+    if no_replica_names && !args.self_test {
+        eprintln!("{PER_REPLICA_HINT}");
     }
     if let Some(first) = first_error {
         eprintln!(

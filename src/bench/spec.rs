@@ -90,12 +90,12 @@ impl Limits {
     pub(crate) fn validate(&self) -> Result<(), BenchError> {
         if self.num_requests == Some(0) {
             return Err(BenchError::InvalidSpec(
-                "--num-requests must be at least 1".into(),
+                "--requests must be at least 1".into(),
             ));
         }
         if self.num_requests.is_some_and(|n| n > HARD_MAX_REQUESTS) {
             return Err(BenchError::InvalidSpec(format!(
-                "--num-requests is capped at {HARD_MAX_REQUESTS}"
+                "--requests is capped at {HARD_MAX_REQUESTS}"
             )));
         }
         if self

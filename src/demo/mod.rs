@@ -46,15 +46,15 @@ pub struct DemoArgs {
     /// Simulated replicas in the fleet.
     #[arg(long, default_value_t = 4)]
     pub replicas: usize,
-    /// Simulator profile of every replica (`fast`, `h100-8b`, `vllm-cpu-tiny`,
-    /// or a profile file such as `llmlb calibrate` writes).
+    /// Engine profile of every simulated replica: fast, h100-8b,
+    /// vllm-cpu-tiny, or a profile file such as `llmlb calibrate` writes.
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// KV-cache blocks per replica (16 tokens each): small enough that not
     /// every replica can hold every system prompt, so placement matters.
     #[arg(long, default_value_t = 1024)]
     pub kv_blocks: usize,
-    /// Requests per balancer run.
+    /// Requests per balancer run (at most 32 with --quick).
     #[arg(long, default_value_t = 240)]
     pub requests: u64,
     /// Arrival rate (requests per second, Poisson).
@@ -69,12 +69,13 @@ pub struct DemoArgs {
         default_value = "round_robin,least_connections,jsq,hash,cache"
     )]
     pub balancers: Vec<String>,
-    /// A few seconds instead of a minute or two: fast replicas, few requests.
+    /// A few seconds instead of a minute or two: the `fast` profile, at
+    /// most 32 requests, a smaller cache, a higher rate.
     #[arg(long)]
     pub quick: bool,
-    /// Where to write the latency CDFs.
-    #[arg(long, default_value = "llmlb-demo.svg")]
-    pub plot: PathBuf,
+    /// Where to write the latency CDFs as SVG.
+    #[arg(long, alias = "plot", default_value = "llmlb-demo.svg")]
+    pub svg: PathBuf,
     /// Seed of the workload and of the replicas.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -181,7 +182,7 @@ pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
         runs.push((balancer.clone(), report));
     }
     println!("{}", render(&rows));
-    bench::write_svg(&args.plot, &runs)?;
-    println!("latency CDFs written to {}", args.plot.display());
+    bench::write_svg(&args.svg, &runs)?;
+    println!("latency CDFs written to {}", args.svg.display());
     Ok(rows)
 }

@@ -28,6 +28,8 @@ impl Severity {
 pub enum Topic {
     /// The replica could not be probed at all.
     Probe,
+    /// The pool's `models` against the names the replica serves.
+    Model,
     Tokenizer,
     BlockSize,
     /// The replica's prefix cache (cached tokens on a repeated prompt).
@@ -42,6 +44,7 @@ impl Topic {
     pub fn as_str(self) -> &'static str {
         match self {
             Topic::Probe => "probe",
+            Topic::Model => "model",
             Topic::Tokenizer => "tokenizer",
             Topic::BlockSize => "block_size",
             Topic::PrefixCache => "prefix_cache",

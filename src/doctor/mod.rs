@@ -104,7 +104,6 @@ async fn check_pool(pc: &PoolConfig, opts: &Options, report: &mut Report) {
     };
     let client = crate::net::tls_client(&pc.timeouts, &tls);
     let auth = pc.upstream_api_key.as_ref().map(|k| format!("Bearer {k}"));
-    let model = pc.models.first().map(String::as_str).unwrap_or_default();
     for rc in &pc.replicas {
         let target = probe::Target {
             client: &client,
@@ -112,12 +111,88 @@ async fn check_pool(pc: &PoolConfig, opts: &Options, report: &mut Report) {
             auth: auth.as_deref(),
             timeout: opts.request_timeout,
         };
-        let findings = check_replica(pc, rc, &tokenizer, &described, model, &target, opts).await;
+        let served = target.served_models().await;
+        let (model, named) = models_finding(pc, &served);
+        let findings = match model {
+            // Every probe would be a 404: the name is the whole problem.
+            None => named.into_iter().collect(),
+            Some(model) => {
+                let mut f: Vec<Finding> = named.into_iter().collect();
+                f.extend(check_replica(pc, rc, &tokenizer, &described, model, &target, opts).await);
+                f
+            }
+        };
         report.replicas.push(ReplicaReport {
             pool: pc.name.clone(),
             replica: rc.name.clone().unwrap_or_else(|| rc.url.clone()),
             findings,
         });
+    }
+}
+
+/// Compares the pool's `models` with what the replica lists on
+/// `/v1/models`; returns the model to probe with (None when the replica
+/// serves none of them) and the finding. A replica that does not list its
+/// models is probed with the pool's first.
+fn models_finding<'a>(
+    pc: &'a PoolConfig,
+    served: &Result<Vec<String>, String>,
+) -> (Option<&'a str>, Option<Finding>) {
+    let first = pc.models.first().map(String::as_str);
+    let served = match served {
+        Ok(s) => s,
+        Err(_) => return (first, None),
+    };
+    let (found, missing): (Vec<&String>, Vec<&String>) =
+        pc.models.iter().partition(|m| served.contains(m));
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|m| format!("{m:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let serves = if served.is_empty() {
+        "no model".to_string()
+    } else {
+        list(served)
+    };
+    let hint = "the pool's `models` must be the names the replica serves (vLLM's \
+                --served-model-name, `llmlb replica-sim --model`)";
+    match (found.first(), missing.is_empty()) {
+        (None, _) => (
+            None,
+            Some(Finding::error(
+                Topic::Model,
+                format!(
+                    "pool {:?} routes {} but this replica serves {serves}: requests for them \
+                     get 404; {hint}",
+                    pc.name,
+                    list(&pc.models)
+                ),
+            )),
+        ),
+        (Some(m), true) => (
+            Some(m.as_str()),
+            Some(Finding::ok(
+                Topic::Model,
+                format!("serves {}", list(&pc.models)),
+            )),
+        ),
+        (Some(m), false) => (
+            Some(m.as_str()),
+            Some(Finding::warning(
+                Topic::Model,
+                format!(
+                    "does not serve {} (it serves {serves}): requests for those get 404 \
+                     here; {hint}",
+                    missing
+                        .iter()
+                        .map(|m| format!("{m:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        ),
     }
 }
 

@@ -91,6 +91,23 @@ impl Target<'_> {
         })
     }
 
+    /// The model names the replica serves (the `id`s of its `/v1/models`).
+    pub async fn served_models(&self) -> Result<Vec<String>, String> {
+        let (status, bytes) = self.send(Method::GET, "/v1/models", Bytes::new()).await?;
+        if status != 200 {
+            return Err(format!("/v1/models answered {status}"));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("/v1/models is not JSON: {e}"))?;
+        let ids = v["data"]
+            .as_array()
+            .ok_or_else(|| "/v1/models has no `data` list".to_string())?
+            .iter()
+            .filter_map(|m| m["id"].as_str().map(str::to_owned))
+            .collect();
+        Ok(ids)
+    }
+
     /// The block size in the replica's `vllm:cache_config_info`, if any.
     pub async fn metrics_block_size(&self) -> Option<usize> {
         let (status, bytes) = self

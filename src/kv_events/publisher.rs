@@ -4,7 +4,7 @@
 //! every buffered batch from `start_seq` on, each as `["", topic, seq,
 //! payload]`, then the end marker `["", "", ffffffffffffffff, ""]`.
 //!
-//! Used by the simulator (`llmlb sim --kv-events-port`). The owner hands
+//! Used by the simulator (`llmlb replica-sim --kv-events-port`). The owner hands
 //! batches to a [`Publisher`] without waiting; one task numbers, encodes,
 //! sends and buffers them (the last `buffer` batches, like vLLM's
 //! `buffer_steps`). Sequence numbers start at 0 when the task starts, so a

@@ -1,12 +1,12 @@
 //! The last step of a routing decision, shared by `serve`'s forwarder and
-//! `llmlb simulate`: among the pool's replicas eligible at `now_ms` and not
+//! `llmlb fleet-sim`: among the pool's replicas eligible at `now_ms` and not
 //! yet tried, keep what the routing [`Decision`] allows (and prefers), offer
 //! the balancer only those with a free slot under their `max_inflight`, and
 //! let it pick from views of their load read at one instant.
 //!
 //! `max_inflight` is a hard limit: when every replica the request may use
 //! is full, the answer is [`Choice::Wait`] with those replicas, never one of
-//! them overfilled. The forwarder waits for a slot to free; `llmlb simulate`
+//! them overfilled. The forwarder waits for a slot to free; `llmlb fleet-sim`
 //! parks the request until one does, on its virtual clock.
 //!
 //! Pure apart from the balancer's own state (round-robin cursors, p2c RNG);

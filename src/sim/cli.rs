@@ -1,4 +1,4 @@
-//! `llmlb sim`: one or more simulated replicas in one process.
+//! `llmlb replica-sim`: one or more simulated replicas in one process.
 //!
 //! The config of a replica is resolved in three layers: the named profile
 //! (`--profile`, or the `profile` key of the `--config` file), then the
@@ -24,87 +24,106 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1)]
     pub replicas: u16,
     /// Engine profile: fast, h100-8b, vllm-cpu-tiny, or a profile file such
-    /// as `llmlb calibrate` writes (default h100-8b).
+    /// as `llmlb calibrate` writes. Every flag below left unset takes the
+    /// profile's value. [default: the --config file's `profile`, else h100-8b]
     #[arg(long)]
     pub profile: Option<String>,
-    /// TOML file overriding the profile (see docs/SIMULATOR.md).
+    /// TOML file overriding the profile (docs/SIMULATOR.md). [default: none]
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model name served.
+    /// Model name served, as vLLM's `--served-model-name`: a proxy's pool
+    /// `models` must list it. [default: the profile's; h100-8b serves
+    /// meta-llama/Llama-3.1-8B-Instruct]
     #[arg(long)]
     pub model: Option<String>,
-    /// Simulated seconds per real second.
+    /// Simulated seconds per real second. [default: the profile's, 1]
     #[arg(long)]
     pub time_scale: Option<f64>,
+    /// Seed of replica 0 (replica i adds i). [default: the profile's, 0]
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Output tokens when a request does not say.
+    /// Output tokens when a request does not say. [default: the profile's]
     #[arg(long)]
     pub default_max_tokens: Option<usize>,
-    /// Simulated seconds before /health answers 200.
-    #[arg(long, value_name = "SECONDS")]
-    pub startup_delay: Option<f64>,
+    /// Simulated time before /health answers 200, e.g. `30s`. [default: 0s]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub startup_delay: Option<std::time::Duration>,
     /// Model directory (tokenizer.json, chat template) to count prompt
-    /// tokens with, as the model's vLLM does.
+    /// tokens with, as the model's vLLM does. [default: a stand-in that
+    /// counts about 4 characters per token]
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
+    /// Tokens per KV-cache block (vLLM's `--block-size`). [default: the
+    /// profile's]
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// KV-cache blocks per replica (the cache's size). [default: the
+    /// profile's]
     #[arg(long)]
     pub num_blocks: Option<usize>,
+    /// Most sequences batched at once (vLLM's `--max-num-seqs`). [default:
+    /// the profile's]
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
+    /// Most tokens in one step (vLLM's `--max-num-batched-tokens`).
+    /// [default: the profile's]
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Longest prompt plus output, in tokens (vLLM's `--max-model-len`).
+    /// [default: the profile's]
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Turn prefix caching on or off.
+    /// Turn prefix caching on or off. [default: the profile's, true]
     #[arg(long)]
     pub enable_prefix_caching: Option<bool>,
     /// Serve lower `priority` values first.
     #[arg(long)]
     pub priority_scheduling: bool,
-    /// Step cost: fixed seconds per step.
+    /// Step cost: fixed seconds per step. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub step_overhead: Option<f64>,
-    /// Step cost: extra seconds for a step that prefills.
+    /// Step cost: extra seconds for a step that prefills. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub prefill_overhead: Option<f64>,
-    /// Step cost: seconds per uncached prompt token.
+    /// Step cost: seconds per uncached prompt token. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub prefill_per_token: Option<f64>,
-    /// Step cost: seconds per decoding sequence.
+    /// Step cost: seconds per decoding sequence. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub decode_per_seq: Option<f64>,
-    /// Step cost: seconds per context token attended.
+    /// Step cost: seconds per context token attended. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub per_context_token: Option<f64>,
-    /// Step cost: seconds per query-key pair of prefilled tokens (quadratic attention).
+    /// Step cost: seconds per query-key pair of prefilled tokens (quadratic
+    /// attention). [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub prefill_attention: Option<f64>,
-    /// Step cost: API-server seconds per request, on the step that admits it.
+    /// Step cost: API-server seconds per request, on the step that admits
+    /// it. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub api_per_request: Option<f64>,
-    /// Step cost: API-server seconds per output token.
+    /// Step cost: API-server seconds per output token. [default: the profile's]
     #[arg(long, value_name = "SECONDS")]
     pub api_per_output_token: Option<f64>,
-    /// Fraction of inference requests answered with a 500.
+    /// Fraction of inference requests answered with a 500. [default: 0]
     #[arg(long)]
     pub error_rate: Option<f64>,
     /// Accept requests and never answer.
     #[arg(long)]
     pub hang: bool,
-    /// Multiply step times by this factor.
+    /// Multiply step times by this factor. [default: 1]
     #[arg(long)]
     pub slowdown: Option<f64>,
     /// Answer 503 while this many requests wait in the engine queue.
+    /// [default: no bound]
     #[arg(long)]
     pub max_waiting: Option<usize>,
     /// Publish KV-cache events as vLLM does (ZMQ PUB, topic `kv`): replica i
-    /// on port P+i (0: any free port).
+    /// on port P+i (0: any free port). [default: off]
     #[arg(long, value_name = "P")]
     pub kv_events_port: Option<u16>,
-    /// Serve KV-event replay (ZMQ ROUTER) on port R+i; needs --kv-events-port.
+    /// Serve KV-event replay (ZMQ ROUTER) on port R+i; needs
+    /// --kv-events-port. [default: off]
     #[arg(long, value_name = "R")]
     pub kv_events_replay_port: Option<u16>,
 }
@@ -152,7 +171,10 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     set(&mut c.time_scale, &args.time_scale);
     set(&mut c.seed, &args.seed);
     set(&mut c.default_max_tokens, &args.default_max_tokens);
-    set(&mut c.startup_delay, &args.startup_delay);
+    set(
+        &mut c.startup_delay,
+        &args.startup_delay.map(|d| d.as_secs_f64()),
+    );
     if args.tokenizer.is_some() {
         c.tokenizer_dir = args.tokenizer.clone();
     }
@@ -255,7 +277,7 @@ pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), Cl
     for h in &handles {
         let c = h.config();
         println!(
-            "llmlb sim: replica http://{} model {:?} (blocks {} x {}, max_num_seqs {}, time scale {})",
+            "llmlb replica-sim: replica http://{} model {:?} (blocks {} x {}, max_num_seqs {}, time scale {})",
             h.addr,
             c.model,
             c.engine.num_blocks,
@@ -267,7 +289,7 @@ pub async fn run(args: SimArgs, stop: impl Future<Output = ()>) -> Result<(), Cl
             let replay = h
                 .kv_replay
                 .map_or(String::new(), |r| format!(", replay tcp://{r}"));
-            println!("llmlb sim:   KV events tcp://{kv}{replay}");
+            println!("llmlb replica-sim:   KV events tcp://{kv}{replay}");
         }
     }
     stop.await;

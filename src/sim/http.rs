@@ -75,7 +75,7 @@ enum ReplicaError {
     Starting,
     #[error("the replica is shutting down")]
     Stopped,
-    #[error("injected failure (llmlb sim error_rate)")]
+    #[error("injected failure (llmlb replica-sim error_rate)")]
     Injected,
     #[error(transparent)]
     Read(#[from] ReadError),

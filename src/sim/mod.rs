@@ -1,4 +1,4 @@
-//! `llmlb sim`: simulated vLLM replicas, for demos, tests, benchmarks and
+//! `llmlb replica-sim`: simulated vLLM replicas, for demos, tests, benchmarks and
 //! capacity planning without GPUs.
 //!
 //! Each replica is an HTTP server speaking vLLM's OpenAI API and metrics, in
@@ -12,7 +12,7 @@
 //! - `http`, `openai`, `responses`, `stream`, `server`: the HTTP side;
 //! - [`metrics`] and [`exposition`]: vLLM's Prometheus metrics and their
 //!   text format; [`faults`]: failure injection;
-//! - [`cli`]: the `llmlb sim` command.
+//! - [`cli`]: the `llmlb replica-sim` command.
 //!
 //! `docs/SIMULATOR.md` says what is modelled, what is not, and how the
 //! profiles compare with a real vLLM.
@@ -93,7 +93,7 @@ impl SimHandle {
     }
 }
 
-/// Where a replica publishes KV-cache events (`llmlb sim --kv-events-port`).
+/// Where a replica publishes KV-cache events (`llmlb replica-sim --kv-events-port`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvEventsAddrs {
     /// The PUB socket (port 0: any free port).
@@ -146,7 +146,7 @@ fn spawn_inner(
     kv_events: Option<crate::kv_events::publisher::Publisher>,
 ) -> SimHandle {
     if let Err(e) = config.validate() {
-        panic!("llmlb sim: invalid config: {e}");
+        panic!("llmlb replica-sim: invalid config: {e}");
     }
     let addr = listener
         .local_addr()

@@ -84,7 +84,7 @@ pub fn parse(
     }
     if w.n.is_some_and(|n| n != 1) {
         return Err(ParseError::Bad(
-            "only n = 1 is supported by llmlb sim".into(),
+            "only n = 1 is supported by llmlb replica-sim".into(),
         ));
     }
     let prompt = match api {
@@ -133,7 +133,7 @@ fn completion_prompt(
             completion_prompt(items.first(), tokenizer)
         }
         Some(Value::Array(_)) => Err(ParseError::Bad(
-            "several prompts in one request are not supported by llmlb sim".into(),
+            "several prompts in one request are not supported by llmlb replica-sim".into(),
         )),
         _ => Err(bad()),
     }

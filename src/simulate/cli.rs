@@ -1,4 +1,4 @@
-//! The `llmlb simulate` command line: flags → workload, fleet config,
+//! The `llmlb fleet-sim` command line: flags → workload, fleet config,
 //! policies; run each policy (on up to `--jobs` threads) or search the
 //! smallest fleet; print the table (and with `--tiers` one row per policy
 //! and tier), write JSON and SVG.
@@ -25,25 +25,29 @@ pub enum BuiltIn {
     SharedPrefix,
 }
 
-/// Flags of `llmlb simulate`.
+/// Flags of `llmlb fleet-sim`.
 #[derive(Args, Debug, Clone)]
 pub struct SimulateArgs {
-    /// A Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids).
+    /// A Mooncake-format JSONL trace (timestamp, input_length, output_length,
+    /// hash_ids). [default: none; give --trace or --workload]
     #[arg(long, conflicts_with = "workload")]
     pub trace: Option<PathBuf>,
     /// A built-in `llmlb bench` workload instead of a trace (needs --rate).
+    /// [default: none]
     #[arg(long, value_enum)]
     pub workload: Option<BuiltIn>,
-    /// Built-in workloads: requests per second.
+    /// Built-in workloads: requests per second (required with --workload).
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Built-in workloads: requests (default: shared-prefix's size, random 1000).
-    #[arg(long)]
-    pub num_requests: Option<usize>,
+    /// Built-in workloads: requests to send. [default: shared-prefix's
+    /// groups × prompts, random 1000]
+    #[arg(long, alias = "num-requests")]
+    pub requests: Option<usize>,
     /// random: prompt tokens, `N` or `MIN..MAX`.
     #[arg(long, default_value = "1024")]
     pub input_len: LenRange,
-    /// random, shared-prefix: output tokens (`N` or `MIN..MAX`; shared-prefix takes MIN).
+    /// random, shared-prefix: output tokens (`N` or `MIN..MAX`; shared-prefix
+    /// takes MIN). [default: random 128, shared-prefix 256]
     #[arg(long)]
     pub output_len: Option<LenRange>,
     /// shared-prefix: groups sharing one system prompt.
@@ -58,7 +62,7 @@ pub struct SimulateArgs {
     /// shared-prefix: question tokens.
     #[arg(long, default_value_t = 128)]
     pub question_len: usize,
-    /// Trace: replay only the first N requests.
+    /// Trace: replay only the first N requests. [default: all]
     #[arg(long)]
     pub max_requests: Option<usize>,
     /// Trace: multiply block size, prompt and output lengths.
@@ -73,6 +77,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1.0)]
     pub rate_scale: f64,
     /// Replicas in the generated fleet (or the --config pool, resized).
+    /// [default: the config pool's, or 4]
     #[arg(long)]
     pub replicas: Option<usize>,
     /// Engine profile of every replica: fast, h100-8b, vllm-cpu-tiny, or a
@@ -80,14 +85,15 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// Override the profile's context length (e.g. 131072 for a 128k model).
+    /// [default: the profile's]
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// Override the profile's KV-cache blocks per replica (a smaller GPU, or
-    /// a larger model).
+    /// a larger model). [default: the profile's]
     #[arg(long)]
     pub num_blocks: Option<usize>,
     /// Override the profile's most sequences batched at once per replica
-    /// (vLLM's `--max-num-seqs`).
+    /// (vLLM's `--max-num-seqs`). [default: the profile's]
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
     /// Comma-separated: round_robin, least_connections, least_tokens, jsq,
@@ -100,16 +106,18 @@ pub struct SimulateArgs {
     )]
     pub policies: Vec<String>,
     /// An llmlb config: its pool serving --model is simulated (scrape,
-    /// health, timeouts, prefix settings as written). Default: one generated pool.
+    /// health, timeouts, prefix settings as written). [default: one
+    /// generated pool]
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Model name of the requests (default: the profile's, or the config's first).
+    /// Model name of the requests. [default: the config's first, or the
+    /// profile's]
     #[arg(long)]
     pub model: Option<String>,
     /// Priority tiers of the traffic and their relative weights, e.g.
     /// `paid=0.2,free=0.8`: names of the config's `[[tiers]]`, or of its
     /// `[[priorities]]` levels (by default `high` and `low`). Each arrival
-    /// draws its tier from the seeded generator.
+    /// draws its tier from the seeded generator. [default: none]
     #[arg(long)]
     pub tiers: Option<TierMix>,
     /// Goodput counts requests whose TTFT is at most this.
@@ -137,35 +145,39 @@ pub struct SimulateArgs {
     /// The lateness's standard deviation (at most --arrival-jitter): a
     /// constant part plus an exponential one. Default: --arrival-jitter
     /// (an exponential). Measured on a real client it is often smaller.
+    /// [default: --arrival-jitter]
     #[arg(long, value_parser = humantime::parse_duration)]
     pub arrival_jitter_sd: Option<Duration>,
     /// A fault on the virtual clock (repeatable), e.g. `kill:replica=3,at=60s`,
-    /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`, `zone:replicas=0-63,at=10m`.
+    /// `slow:replica=3,at=60s,factor=3`, `hang:replica=1,at=5m`,
+    /// `zone:replicas=0-63,at=10m`. [default: none]
     #[arg(long = "fault")]
     pub faults: Vec<Fault>,
     /// Search the smallest fleet meeting --objective, per policy.
     #[arg(long, requires = "objective")]
     pub find_replicas: bool,
-    /// e.g. `p99_ttft=2s` or `p99_ttft=2s,p99_itl=100ms`.
+    /// What --find-replicas must meet, e.g. `p99_ttft=2s` or
+    /// `p99_ttft=2s,p99_itl=100ms`. [default: none]
     #[arg(long)]
     pub objective: Option<Objective>,
     /// Largest fleet --find-replicas tries.
     #[arg(long, default_value_t = 4096)]
     pub max_replicas: usize,
-    /// Policies simulated at once (default: the machine's cores).
+    /// Policies simulated at once. [default: the machine's cores]
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Seed of the workload, the arrivals and the replicas.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Write every figure as JSON.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write TTFT and end-to-end CDFs as SVG.
+    /// Write every figure as JSON. [default: none]
+    #[arg(long, alias = "json")]
+    pub out: Option<PathBuf>,
+    /// Write TTFT and end-to-end CDFs as SVG. [default: none]
     #[arg(long)]
     pub svg: Option<PathBuf>,
 }
 
-/// What `--json` holds.
+/// What `--out` holds.
 #[derive(Debug, Serialize)]
 pub struct Output {
     pub workload: String,
@@ -311,7 +323,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     if let Some(path) = &args.svg {
         report::write_svg(path, &runs)?;
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.out {
         let out = Output {
             workload: workload.name.clone(),
             requests: workload.requests.len(),
@@ -370,7 +382,7 @@ fn unjittered_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError
     };
     SimWorkload::builtin(
         &spec,
-        args.num_requests.unwrap_or(size),
+        args.requests.unwrap_or(size),
         rate,
         args.rate_scale,
         args.seed,

@@ -41,7 +41,7 @@ pub struct Slot {
     pub tokens: u64,
     /// In `exact` mode, the router's record of what this replica reports
     /// holding, and the KV events of the step under way, applied to it when
-    /// the step ends (as `llmlb sim` publishes them then).
+    /// the step ends (as `llmlb replica-sim` publishes them then).
     pub kv: Option<KvFeed>,
 }
 
@@ -67,7 +67,7 @@ impl Slot {
     }
 
     /// Notes the events of the step just started (or of a step that could
-    /// not run: they go out with the next one, as in `llmlb sim`).
+    /// not run: they go out with the next one, as in `llmlb replica-sim`).
     pub fn note_kv_events(&mut self) {
         if let Some(feed) = &mut self.kv {
             feed.step.extend(self.engine.take_kv_events());

@@ -1,4 +1,4 @@
-//! `llmlb simulate`: a whole fleet on a virtual clock, for capacity planning
+//! `llmlb fleet-sim`: a whole fleet on a virtual clock, for capacity planning
 //! and policy choice.
 //!
 //! N pure engines ([`crate::sim::engine`]) advance step by step on one

@@ -134,7 +134,7 @@ struct Cli {
 
 fn execute_flags(flags: &[&str]) -> Result<String, String> {
     let mut argv = vec!["llmlb", "--workload", "random", "--rate", "50"];
-    argv.extend_from_slice(&["--num-requests", "20", "--profile", "fast"]);
+    argv.extend_from_slice(&["--requests", "20", "--profile", "fast"]);
     argv.extend_from_slice(&["--policies", "least_connections", "--jobs", "1"]);
     argv.extend_from_slice(flags);
     let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;

@@ -131,7 +131,7 @@ fn resolve(
     if let Some(t) = config.tiers.iter().find(|t| t.name == name) {
         if let Some(own) = t.pool.as_deref().filter(|p| *p != pool) {
             return Err(SimulateError::Invalid(format!(
-                "--tiers: tier {name:?} is served by pool {own:?}; llmlb simulate runs \
+                "--tiers: tier {name:?} is served by pool {own:?}; llmlb fleet-sim runs \
                  only pool {pool:?}"
             )));
         }

@@ -70,7 +70,7 @@ pub trait Workload: Send {
     fn name(&self) -> &'static str;
     fn next_conversation(&mut self) -> Option<Conversation>;
     /// How many requests the workload holds, if finite (a natural default
-    /// for `--num-requests`).
+    /// for `--requests`).
     fn size_hint(&self) -> Option<u64> {
         None
     }

@@ -22,7 +22,7 @@ pub enum Prompt<'a> {
     Chat(&'a [ChatMessage]),
     /// A completion prompt, used as is.
     Text(&'a str),
-    /// A prompt already in token ids (`llmlb simulate`, which feeds the
+    /// A prompt already in token ids (`llmlb fleet-sim`, which feeds the
     /// replicas and the router the same ids without rendering text).
     Tokens(&'a [u32]),
 }

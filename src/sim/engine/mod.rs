@@ -190,7 +190,7 @@ impl Engine {
         &self.pool
     }
 
-    /// Starts noting KV-cache events (`llmlb sim --kv-events-port`).
+    /// Starts noting KV-cache events (`llmlb replica-sim --kv-events-port`).
     pub fn record_kv_events(&mut self) {
         self.pool.record_events();
     }
