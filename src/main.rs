@@ -155,7 +155,12 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn doctor(path: &Path, events_wait: Duration, timeout: Duration, profile: Option<String>) -> ExitCode {
+fn doctor(
+    path: &Path,
+    events_wait: Duration,
+    timeout: Duration,
+    profile: Option<String>,
+) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
