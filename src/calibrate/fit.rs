@@ -118,10 +118,11 @@ pub fn least_squares<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N
         if ata[c][c].abs() <= scale * 1e-14 {
             return None;
         }
+        let pivot = ata[c];
         for k in c + 1..N {
-            let f = ata[k][c] / ata[c][c];
-            for j in c..N {
-                ata[k][j] -= f * ata[c][j];
+            let f = ata[k][c] / pivot[c];
+            for (a, p) in ata[k][c..].iter_mut().zip(&pivot[c..]) {
+                *a -= f * p;
             }
             aty[k] -= f * aty[c];
         }
