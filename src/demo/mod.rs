@@ -46,8 +46,8 @@ pub struct DemoArgs {
     /// Simulated replicas in the fleet.
     #[arg(long, default_value_t = 4)]
     pub replicas: usize,
-    /// Engine profile of every simulated replica: fast, h100-8b,
-    /// vllm-cpu-tiny, or a profile file such as `llmlb calibrate` writes.
+    /// Engine profile of every simulated replica: a built-in name (fast,
+    /// h100-8b, vllm-cpu-tiny) or a profile file.
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// KV-cache blocks per replica (16 tokens each): small enough that not

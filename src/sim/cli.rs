@@ -23,9 +23,9 @@ pub struct SimArgs {
     /// Number of replicas to run.
     #[arg(long, default_value_t = 1)]
     pub replicas: u16,
-    /// Engine profile: fast, h100-8b, vllm-cpu-tiny, or a profile file such
-    /// as `llmlb calibrate` writes. Every flag below left unset takes the
-    /// profile's value. [default: the --config file's `profile`, else h100-8b]
+    /// Engine profile: a built-in name (fast, h100-8b, vllm-cpu-tiny) or a
+    /// profile file. Every flag below left unset takes the profile's value.
+    /// [default: the --config file's `profile`, else h100-8b]
     #[arg(long)]
     pub profile: Option<String>,
     /// TOML file overriding the profile (docs/SIMULATOR.md). [default: none]
@@ -151,15 +151,7 @@ pub enum CliError {
 pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     let profile = args.profile.as_deref().unwrap_or("h100-8b");
     let mut c = match &args.config {
-        Some(path) if SimConfig::profile(profile).is_some() => {
-            SimConfig::from_toml_file(path, profile)?
-        }
-        Some(_) => {
-            return Err(ConfigError::Invalid(
-                "--config overrides a built-in profile; give a profile file as --profile alone"
-                    .into(),
-            ));
-        }
+        Some(path) => SimConfig::from_toml_file(path, profile)?,
         None => SimConfig::named_or_file(profile)?,
     };
     fn set<T: Clone>(dst: &mut T, v: &Option<T>) {

@@ -123,7 +123,7 @@ impl FaultConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("unknown profile `{0}` (known: {known}, or a profile file's path)", known = super::profile::NAMES.join(", "))]
+    #[error("unknown profile `{0}`: neither a built-in ({known}) nor a profile file", known = super::profile::NAMES.join(", "))]
     UnknownProfile(String),
     #[error("reading {path}: {source}")]
     Read {
@@ -142,19 +142,18 @@ impl SimConfig {
         super::profile::named(name)
     }
 
-    /// What `--profile NAME|FILE` names: a built-in profile, else a profile
-    /// file (a TOML file over `h100-8b`, or over the profile its `profile`
-    /// key names; `llmlb calibrate` writes complete ones).
-    pub fn named_or_file(name_or_path: &str) -> Result<SimConfig, ConfigError> {
-        if let Some(c) = SimConfig::profile(name_or_path) {
+    /// What a `--profile NAME|FILE` flag names: a built-in profile, or a
+    /// profile file (TOML overrides over its `profile` key, else `h100-8b`,
+    /// as `llmlb replica-sim --config` reads it).
+    pub fn named_or_file(arg: &str) -> Result<SimConfig, ConfigError> {
+        if let Some(c) = SimConfig::profile(arg) {
             return Ok(c);
         }
-        let path = Path::new(name_or_path);
-        let looks_like_a_file = path.extension().is_some() || name_or_path.contains('/');
-        if !looks_like_a_file && !path.exists() {
-            return Err(ConfigError::UnknownProfile(name_or_path.into()));
+        let path = Path::new(arg);
+        if path.is_file() {
+            return SimConfig::from_toml_file(path, "h100-8b");
         }
-        SimConfig::from_toml_file(path, "h100-8b")
+        Err(ConfigError::UnknownProfile(arg.to_string()))
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -295,5 +294,21 @@ mod tests {
         assert!(matches!(e, ConfigError::UnknownProfile(_)));
         let e = SimConfig::from_toml_str("[faults]\nerror_rate = 2.0\n", "fast").unwrap_err();
         assert!(e.to_string().contains("error_rate"), "{e}");
+    }
+
+    #[test]
+    fn a_profile_flag_names_a_built_in_or_a_file() {
+        assert_eq!(
+            SimConfig::named_or_file("fast").unwrap().model,
+            SimConfig::profile("fast").unwrap().model
+        );
+        let path = std::env::temp_dir().join(format!("llmlb-profile-{}.toml", std::process::id()));
+        std::fs::write(&path, "profile = \"fast\"\nmodel = \"from-file\"\n").unwrap();
+        let c = SimConfig::named_or_file(path.to_str().unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(c.model, "from-file");
+        assert_eq!(c.engine, SimConfig::profile("fast").unwrap().engine);
+        let e = SimConfig::named_or_file("gpu9000").unwrap_err();
+        assert!(e.to_string().contains("nor a profile file"), "{e}");
     }
 }

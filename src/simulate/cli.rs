@@ -80,8 +80,9 @@ pub struct SimulateArgs {
     /// [default: the config pool's, or 4]
     #[arg(long)]
     pub replicas: Option<usize>,
-    /// Engine profile of every replica: fast, h100-8b, vllm-cpu-tiny, or a
-    /// profile file such as `llmlb calibrate` writes.
+    /// Engine profile of every replica: a built-in name (fast, h100-8b,
+    /// vllm-cpu-tiny) or a profile file (as `llmlb replica-sim --config`
+    /// reads it).
     #[arg(long, default_value = "h100-8b")]
     pub profile: String,
     /// Override the profile's context length (e.g. 131072 for a 128k model).

@@ -11,7 +11,6 @@ use crate::kv_events::{EventBatch, KvEvent};
 use crate::routing::prefix::held::HeldBlocks;
 use crate::signals::{EngineTiming, LoadSnapshot};
 use crate::sim::engine::{Engine, StepOutcome};
-use crate::sim::profile;
 
 use super::SimulateError;
 use crate::sim::config::SimConfig;
@@ -90,13 +89,7 @@ impl Slot {
 
 /// The engine settings of a named profile.
 pub fn profile(name: &str) -> Result<SimConfig, SimulateError> {
-    SimConfig::named_or_file(name).map_err(|e| match e {
-        crate::sim::ConfigError::UnknownProfile(_) => SimulateError::Invalid(format!(
-            "unknown profile {name:?}: expected one of {}, or a profile file's path",
-            profile::NAMES.join(", ")
-        )),
-        other => SimulateError::Invalid(format!("--profile: {other}")),
-    })
+    SimConfig::named_or_file(name).map_err(|e| SimulateError::Invalid(format!("--profile: {e}")))
 }
 
 /// `n` idle replicas of `profile`, each engine seeded by its position.
