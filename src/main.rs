@@ -60,6 +60,7 @@ enum Command {
         timeout: Duration,
         /// A replica-sim profile (name or file) used to plan this fleet: say
         /// when it was fitted on another host, engine version or model.
+        /// [default: none]
         #[arg(long)]
         profile: Option<String>,
     },

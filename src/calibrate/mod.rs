@@ -45,16 +45,16 @@ pub struct CalibrateArgs {
     /// The replica's base URL (`http://host:port`).
     #[arg(long)]
     pub url: String,
-    /// The model to probe (default: the first the replica serves).
+    /// The model to probe. [default: the first the replica serves]
     #[arg(long)]
     pub model: Option<String>,
-    /// Sent as `Authorization: Bearer KEY`.
+    /// Sent as `Authorization: Bearer KEY`. [default: none]
     #[arg(long)]
     pub api_key: Option<String>,
     /// Where to write the profile (TOML).
     #[arg(long, short)]
     pub output: PathBuf,
-    /// Also write the probes' measurements and the fit as JSON.
+    /// Also write the probes' measurements and the fit as JSON. [default: none]
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The replica's `--max-num-seqs` (it does not export it).
@@ -63,13 +63,13 @@ pub struct CalibrateArgs {
     /// The replica's `--max-num-batched-tokens` (it does not export it).
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
-    /// The context length, when `/v1/models` does not say.
+    /// The context length. [default: what `/v1/models` says]
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// KV block size and blocks, when the replica does not export
-    /// `vllm:cache_config_info`.
+    /// Tokens per KV block. [default: `vllm:cache_config_info`'s]
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// KV blocks, null block included. [default: `vllm:cache_config_info`'s]
     #[arg(long)]
     pub num_blocks: Option<usize>,
     /// Most probe requests to send.
@@ -89,8 +89,10 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub allow_remote: bool,
     /// A model directory whose tokenizer the profile names (`tokenizer_dir`).
+    /// [default: none, the stand-in tokenizer]
     #[arg(long)]
     pub tokenizer_dir: Option<PathBuf>,
+    /// Seeds the probes' random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
