@@ -7,8 +7,9 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
 use llmlb::admission::AdmissionMetrics;
+use llmlb::pool::Topology;
 use llmlb::routing::prefix::blocks::{block_hashes, prompt_token_ids};
-use llmlb::routing::{Prompt, RouteInput, Topology};
+use llmlb::routing::{Prompt, RouteInput};
 use llmlb::telemetry::Metrics;
 use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 

@@ -85,3 +85,26 @@ async fn self_test_writes_json_and_svg_and_compares_them() {
     assert_eq!(text.matches("<polyline").count(), 4);
     assert!(text.contains("first (300 completed)"));
 }
+
+/// Against a server that names no replica (here the instant backend), the
+/// command says how to get per-replica counts from llmlb.
+#[tokio::test]
+async fn missing_replica_names_are_explained() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = InstantBackend::start(listener, 4).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_llmlb"))
+        .args(["bench", "--model", "m", "--requests", "5", "--no-progress"])
+        .args(["--input-len", "16", "--target", &backend.url()])
+        .output()
+        .await
+        .unwrap();
+    backend.stop().await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("replica_header = true"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("5 / 5"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -7,7 +7,7 @@ mod sim_support;
 use std::time::Duration;
 
 use llmlb::calibrate::{CalibrateArgs, CalibrateError, run};
-use llmlb::sim::SimConfig;
+use llmlb::replica_sim::SimConfig;
 use serde_json::json;
 
 fn args(addr: std::net::SocketAddr, output: &std::path::Path) -> CalibrateArgs {

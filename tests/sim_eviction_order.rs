@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use llmlb::kv_events::{BlockKey, KvEvent, wire};
-use llmlb::sim::engine::{CostModel, Engine, EngineParams, NewRequest};
+use llmlb::replica_sim::engine::{CostModel, Engine, EngineParams, NewRequest};
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -21,7 +21,7 @@
 
 use serde::Serialize;
 
-use crate::sim::engine::CostModel;
+use crate::replica_sim::engine::CostModel;
 
 /// What one probe group measured (seconds; `None` when nothing came back).
 #[derive(Debug, Clone, PartialEq, Serialize)]

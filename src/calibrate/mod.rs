@@ -35,8 +35,8 @@ use tokio::time::Instant;
 
 use crate::bench::client::{BenchClient, parse_target};
 use crate::bench::text::SplitMix;
-use crate::sim::config::{FaultConfig, Fitted, SimConfig};
-use crate::sim::engine::EngineParams;
+use crate::replica_sim::config::{FaultConfig, Fitted, SimConfig};
+use crate::replica_sim::engine::EngineParams;
 
 pub use fit::{Fit, Measured, ProbeKind, Row};
 

@@ -42,9 +42,9 @@ pub struct Options {
     pub events_wait: Duration,
     /// Connecting to an event endpoint, and a replay's whole answer.
     pub zmq_timeout: Duration,
-    /// A replica-sim profile to check against each replica (its name as
-    /// given, and the profile): was it fitted there, with this engine version?
-    pub profile: Option<(String, crate::sim::SimConfig)>,
+    /// A replica-sim profile to check against each replica: was it fitted
+    /// there, with this engine version?
+    pub profile: Option<profile::Planned>,
 }
 
 impl Default for Options {
@@ -268,17 +268,20 @@ async fn check_replica(
         block_size: pc.prefix.block_size,
     };
     let mut findings = verdict::judge(&expected, &observed);
-    if let Some((name, profile)) = &opts.profile {
+    if let Some(planned) = &opts.profile {
         let version = target.version().await;
-        let (host, cpu) = (crate::calibrate::this_host(), crate::calibrate::this_cpu());
         let seen = profile::Seen {
             replica_url: target.url,
             engine_version: version.as_deref(),
             model,
-            host: &host,
-            cpu: cpu.as_deref(),
+            host: &planned.host,
+            cpu: planned.cpu.as_deref(),
         };
-        findings.extend(profile::judge(name, profile, &seen));
+        findings.extend(profile::judge(
+            &planned.name,
+            planned.fitted.as_ref(),
+            &seen,
+        ));
     }
     findings
 }

@@ -4,10 +4,33 @@
 //! the doctor compares that with what each probed replica reports
 //! (`GET /version`, the pool's model) and, for a replica on this machine,
 //! with this machine's host name and CPU. Pure: the caller gathers what it
-//! compares.
+//! compares (it reads the profile file and this machine's facts).
 
 use super::finding::{Finding, Topic};
-use crate::sim::config::SimConfig;
+
+/// The profile to check: its name as given, where it was fitted (`None`
+/// when it has no `[fitted]` table), and this machine's host name and CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub name: String,
+    pub fitted: Option<FittedOn>,
+    pub host: String,
+    pub cpu: Option<String>,
+}
+
+/// What a profile's `[fitted]` table says of where it was fitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FittedOn {
+    /// When, as an RFC 3339 UTC time.
+    pub date: String,
+    /// The replica probed.
+    pub url: String,
+    pub model: String,
+    pub engine: String,
+    pub engine_version: Option<String>,
+    pub host: String,
+    pub cpu: Option<String>,
+}
 
 /// What the doctor knows of one replica and of the machine it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +65,8 @@ pub fn is_local(url: &str) -> bool {
 }
 
 /// The findings for one replica against the profile named `name`.
-pub fn judge(name: &str, profile: &SimConfig, seen: &Seen<'_>) -> Vec<Finding> {
-    let Some(f) = &profile.fitted else {
+pub fn judge(name: &str, fitted: Option<&FittedOn>, seen: &Seen<'_>) -> Vec<Finding> {
+    let Some(f) = fitted else {
         return vec![Finding::warning(
             Topic::Profile,
             format!(
@@ -130,11 +153,9 @@ pub fn judge(name: &str, profile: &SimConfig, seen: &Seen<'_>) -> Vec<Finding> {
 mod tests {
     use super::*;
     use crate::doctor::Severity;
-    use crate::sim::config::Fitted;
 
-    fn fitted() -> SimConfig {
-        let mut p = SimConfig::profile("vllm-cpu-tiny").unwrap();
-        p.fitted = Some(Fitted {
+    fn fitted() -> Option<FittedOn> {
+        Some(FittedOn {
             date: "2026-12-03T09:00:00Z".into(),
             url: "http://127.0.0.1:18000".into(),
             model: "tiny-llama".into(),
@@ -142,10 +163,7 @@ mod tests {
             engine_version: Some("0.32.0".into()),
             host: "box-a".into(),
             cpu: Some("AMD EPYC 7B13".into()),
-            requests: 300,
-            seconds: 90.0,
-        });
-        p
+        })
     }
 
     fn seen<'a>(version: Option<&'a str>, host: &'a str) -> Seen<'a> {
@@ -164,32 +182,31 @@ mod tests {
 
     #[test]
     fn the_same_replica_host_and_version_is_ok() {
-        let f = judge("p.toml", &fitted(), &seen(Some("0.32.0"), "box-a"));
+        let f = judge("p.toml", fitted().as_ref(), &seen(Some("0.32.0"), "box-a"));
         assert_eq!(worst(&f), Severity::Ok, "{f:?}");
         assert!(f[0].message.contains("fitted against this replica"));
     }
 
     #[test]
     fn another_engine_version_or_host_is_a_warning() {
-        let f = judge("p.toml", &fitted(), &seen(Some("0.33.1"), "box-a"));
+        let f = judge("p.toml", fitted().as_ref(), &seen(Some("0.33.1"), "box-a"));
         assert_eq!(worst(&f), Severity::Warning);
         assert!(
             f[0].message.contains("vllm 0.32.0") && f[0].message.contains("0.33.1"),
             "{f:?}"
         );
-        let f = judge("p.toml", &fitted(), &seen(Some("0.32.0"), "box-b"));
+        let f = judge("p.toml", fitted().as_ref(), &seen(Some("0.32.0"), "box-b"));
         assert_eq!(worst(&f), Severity::Warning);
         assert!(f[0].message.contains("host box-a, this is box-b"), "{f:?}");
         let mut other_cpu = seen(Some("0.32.0"), "box-a");
         other_cpu.cpu = Some("Intel Xeon");
-        let f = judge("p.toml", &fitted(), &other_cpu);
+        let f = judge("p.toml", fitted().as_ref(), &other_cpu);
         assert!(f[0].message.contains("Intel Xeon"), "{f:?}");
     }
 
     #[test]
     fn a_profile_without_fitted_table_says_so() {
-        let p = SimConfig::profile("h100-8b").unwrap();
-        let f = judge("h100-8b", &p, &seen(None, "box-a"));
+        let f = judge("h100-8b", None, &seen(None, "box-a"));
         assert_eq!(worst(&f), Severity::Warning);
         assert!(f[0].message.contains("llmlb calibrate"), "{f:?}");
     }
