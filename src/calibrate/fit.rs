@@ -8,8 +8,10 @@
 //! - **prefill** (one request at a time, prompts of growing length `L`):
 //!   the time to first token is `a + b L + c L (L + 1) / 2`; `c` is
 //!   `prefill_attention` (attention's query-key pairs), `b` less the context
-//!   term is `prefill_per_token`, and `a` less a step and the API server's
-//!   work is `prefill_overhead`;
+//!   term is `prefill_per_token`, and `a` less a step is `prefill_overhead`
+//!   (the simulator, like the replica probed one request at a time, charges
+//!   no front-end queue to a request that meets an idle engine, so the API
+//!   server's work on a lone request stays in this term);
 //! - **requests** (many one-token requests at once): the wall time per
 //!   request, less the engine's share of it (its steps batch up to
 //!   `max_num_seqs` of them), is the API server's work per request
@@ -37,8 +39,11 @@ pub struct Measured {
     pub error: Option<String>,
     /// Wall time of the group.
     pub wall: f64,
-    /// Client-side medians.
+    /// Client-side median time to first token.
     pub ttft_p50: Option<f64>,
+    /// Client-side token gap: the median over requests of each request's
+    /// mean gap (first to last token over the gaps between them), which
+    /// chunks read together or steps run late do not shrink.
     pub itl_p50: Option<f64>,
     /// The replica's own mean time to first token over the group (from its
     /// `/metrics`), when it exports one.
@@ -208,7 +213,7 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
         api_per_request = (per_request - engine).max(0.0);
         request_rows.push((m, per_request, engine));
     }
-    let prefill_overhead = (a - step - api_per_request).max(0.0);
+    let prefill_overhead = (a - step).max(0.0);
     let cost = CostModel {
         step_overhead: step,
         prefill_overhead,
@@ -230,7 +235,6 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
             measured: *t,
             fitted: step
                 + prefill_overhead
-                + api_per_request
                 + (prefill_per_token + per_ctx) * m.prompt_len as f64
                 + c * pairs(m.prompt_len),
         });
@@ -318,7 +322,6 @@ mod tests {
             m.server_ttft_mean = Some(
                 truth.step_overhead
                     + truth.prefill_overhead
-                    + truth.api_per_request
                     + (truth.prefill_per_token + truth.per_context_token) * l as f64
                     + truth.prefill_attention * pairs(l),
             );
@@ -342,7 +345,7 @@ mod tests {
         let mut r = probe(ProbeKind::Requests, 32, 16, 1);
         r.ok = 160;
         let k = 32.0;
-        let a = truth.step_overhead + truth.prefill_overhead + truth.api_per_request;
+        let a = truth.step_overhead + truth.prefill_overhead;
         let b = truth.prefill_per_token + truth.per_context_token;
         let engine = (truth.step_overhead
             + (a - truth.step_overhead)

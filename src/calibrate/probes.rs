@@ -130,6 +130,16 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     Some(xs[xs.len() / 2])
 }
 
+/// A request's mean gap between tokens, in seconds: from its first token
+/// to the end of its stream over the gaps between its tokens. The median of
+/// single gaps would collapse when the client reads several chunks at once
+/// (a busy machine) or a replica emits two steps' tokens together.
+fn mean_gap(r: &RequestRecord) -> Option<f64> {
+    let gaps = r.output_tokens.checked_sub(1).filter(|&g| g > 0)?;
+    let first = r.ttft_ms?;
+    Some((r.e2e_ms - first).max(0.0) / 1000.0 / gaps as f64)
+}
+
 /// Sends one group and measures it. `on_done` is called after each request.
 pub async fn run_group(
     client: &Arc<BenchClient>,
@@ -190,10 +200,7 @@ pub async fn run_group(
         .filter_map(|r| r.ttft_ms)
         .map(|ms| ms / 1000.0)
         .collect();
-    let itl = ok
-        .iter()
-        .flat_map(|r| r.itl_ms.iter().map(|ms| ms / 1000.0))
-        .collect();
+    let itl = ok.iter().filter_map(|r| mean_gap(r)).collect();
     let output: u64 = ok.iter().map(|r| r.output_tokens).sum();
     Measured {
         kind: group.kind,
