@@ -138,7 +138,7 @@ impl BenchClient {
             }
             Prompt::Tokens(ids) => {
                 body["prompt"] = json!(ids);
-                self.completions.clone()
+                completions.clone()
             }
             Prompt::Chat(messages) => {
                 body["messages"] = messages
