@@ -25,6 +25,6 @@ pub mod tiers;
 pub use branch::RouteBranch;
 pub use decision::Decision;
 pub use error::RouteError;
-pub use metrics::{RoutingMetrics, StreamBroken, VersionRecord};
+pub use metrics::{RoutingMetrics, StreamBroken};
 pub use prefix::blocks::Prompt;
 pub use router::{RouteInput, Router};
