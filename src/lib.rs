@@ -11,6 +11,7 @@ pub mod admin;
 pub mod admission;
 pub mod balancing;
 pub mod bench;
+pub mod calibrate;
 pub mod config;
 pub mod daemon;
 pub mod demo;

@@ -38,6 +38,8 @@ pub enum Topic {
     Replay,
     /// A disaggregated pool's prefill and decode sides (vLLM's protocol).
     Disaggregation,
+    /// The replica-sim profile used to plan (`--profile`).
+    Profile,
 }
 
 impl Topic {
@@ -51,6 +53,7 @@ impl Topic {
             Topic::Events => "events",
             Topic::Replay => "replay",
             Topic::Disaggregation => "disaggregation",
+            Topic::Profile => "profile",
         }
     }
 }

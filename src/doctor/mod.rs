@@ -20,6 +20,9 @@
 //! ([`roles`]): each prefill replica prefills for a remote decode, each
 //! decode replica decodes one of those prefills.
 //!
+//! With `--profile FILE`, each replica is also compared with where that
+//! replica-sim profile was fitted ([`profile`]).
+//!
 //! The probes are real traffic: six one-token generations per replica (one
 //! more for each replica of a disaggregated pair). DNS
 //! discovered replicas are not probed (only the configured list is).
@@ -27,6 +30,7 @@
 pub mod events;
 pub mod finding;
 pub mod probe;
+pub mod profile;
 mod roles;
 pub mod verdict;
 
@@ -48,6 +52,9 @@ pub struct Options {
     pub events_wait: Duration,
     /// Connecting to an event endpoint, and a replay's whole answer.
     pub zmq_timeout: Duration,
+    /// A replica-sim profile to check against each replica: was it fitted
+    /// there, with this engine version?
+    pub profile: Option<profile::Planned>,
 }
 
 impl Default for Options {
@@ -56,6 +63,7 @@ impl Default for Options {
             request_timeout: Duration::from_secs(60),
             events_wait: Duration::from_secs(5),
             zmq_timeout: Duration::from_secs(3),
+            profile: None,
         }
     }
 }
@@ -317,5 +325,20 @@ async fn check_replica(
     };
     let mut findings = verdict::judge(&expected, &observed);
     findings.extend(variants);
+    if let Some(planned) = &opts.profile {
+        let version = target.version().await;
+        let seen = profile::Seen {
+            replica_url: target.url,
+            engine_version: version.as_deref(),
+            model,
+            host: &planned.host,
+            cpu: planned.cpu.as_deref(),
+        };
+        findings.extend(profile::judge(
+            &planned.name,
+            planned.fitted.as_ref(),
+            &seen,
+        ));
+    }
     findings
 }

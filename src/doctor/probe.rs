@@ -217,6 +217,19 @@ impl Target<'_> {
             .and_then(|s| s.label("block_size")?.parse().ok())
     }
 
+    /// What the replica's `GET /version` says (vLLM: `{"version": "0.32.0"}`).
+    pub async fn version(&self) -> Option<String> {
+        let (status, bytes) = self
+            .send(Method::GET, "/version", Bytes::new())
+            .await
+            .ok()?;
+        if status != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        v["version"].as_str().map(str::to_owned)
+    }
+
     async fn send(&self, method: Method, path: &str, body: Bytes) -> Result<(u16, Bytes), String> {
         let mut req = Request::builder()
             .method(method)

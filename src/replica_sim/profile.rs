@@ -56,6 +56,7 @@ fn fast() -> SimConfig {
         faults: FaultConfig::default(),
         tokenizer_dir: None,
         disaggregation: RoleConfig::default(),
+        fitted: None,
     }
 }
 
@@ -94,6 +95,7 @@ fn h100_8b() -> SimConfig {
         faults: FaultConfig::default(),
         tokenizer_dir: None,
         disaggregation: RoleConfig::default(),
+        fitted: None,
     }
 }
 
@@ -145,5 +147,6 @@ fn vllm_cpu_tiny() -> SimConfig {
             transfer_bandwidth: 1e9,
             transfer_latency: 0.005,
         },
+        fitted: None,
     }
 }

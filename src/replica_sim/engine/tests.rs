@@ -166,11 +166,13 @@ fn lru_evicts_least_recently_freed_prefix_first() {
     assert_eq!(e.blocks_of(1), None);
     e.add_request(req(2, b.clone(), 1), t).unwrap();
     let (t, _) = run(&mut e, t);
-    // Free list: the 2 never-used blocks, then a's blocks (freed first, tail
-    // block first), then b's.
-    assert_eq!(e.pool().free_order(), vec![6, 7, 2, 1, 0, 5, 4, 3]);
-    // An 80-token prompt takes 5 blocks: 6, 7 and a's three, evicting a's prefix.
-    e.add_request(req(3, toks(300, 80), 1), t).unwrap();
+    // Free queue: b's partly filled block (anonymous blocks go to the head,
+    // to be reused first), the never-used blocks, then a's cached blocks
+    // (freed first, leaf first), then b's. a's partial block 2 went to the
+    // head and b took it.
+    assert_eq!(e.pool().free_order(), vec![4, 5, 6, 7, 1, 0, 3, 2]);
+    // A 96-token prompt takes 6 blocks: 4 to 7 and a's two, evicting a's prefix.
+    e.add_request(req(3, toks(300, 96), 1), t).unwrap();
     let (t, _) = run(&mut e, t);
     assert_eq!(e.stats().evictions, 2);
     let before = e.stats().prefix_hits;
