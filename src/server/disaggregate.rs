@@ -16,16 +16,15 @@ use std::time::Instant;
 use http::request;
 
 use super::ApiError;
-use super::prompt_tokens::prompt;
 use super::request::RequestMeta;
-use super::send::RequestCtx;
+use super::send::{RequestCtx, route_input};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
     strip_private,
 };
 use crate::pool::{Pool, SplitBranch, Topology};
-use crate::routing::{Decision, RouteInput};
+use crate::routing::Decision;
 use crate::telemetry::clock::now_millis;
 use crate::tokenize::Unpredictable;
 
@@ -90,18 +89,13 @@ pub async fn prefill_step(
     }
     let prefill_pool = step.topology.pool_named(&d.config.prefill_pool);
     let route = prefill_pool.and_then(|pp| {
-        let input = RouteInput {
-            model: step.model,
-            user: step.meta.user.as_deref(),
-            api_key: crate::gateway::keys::presented_key(&step.parts.headers),
-            headers: &step.parts.headers,
-            tier: step.tier,
-            prompt: prompt(step.meta),
-            tokens: step.tokens.map(|t| t.0),
-            salt: step.meta.cache_salt.as_deref(),
-            unpredictable: step.meta.unpredictable.or(step.tokens.and_then(|t| t.1)),
-            kind: step.meta.kind(),
-        };
+        let input = route_input(
+            step.meta,
+            step.model,
+            &step.parts.headers,
+            step.tier,
+            step.tokens,
+        );
         pp.router
             .route(&pp.replicas, &input, rand::random(), now_millis())
             .ok()

@@ -34,6 +34,30 @@ pub struct RequestCtx<'a> {
     pub trace: Option<&'a RequestTrace>,
 }
 
+/// What the router reads of one request: `model` is the name the pool
+/// serves (after an alias), `tokens` the prompt's ids from the pool's
+/// tokenizer with the reason its cached prefix cannot be predicted, if any.
+pub fn route_input<'a>(
+    meta: &'a RequestMeta,
+    model: &'a str,
+    headers: &'a HeaderMap,
+    tier: Option<&'a str>,
+    tokens: Option<(&'a [u32], Option<Unpredictable>)>,
+) -> RouteInput<'a> {
+    RouteInput {
+        model,
+        user: meta.user.as_deref(),
+        api_key: crate::gateway::keys::presented_key(headers),
+        headers,
+        tier,
+        prompt: prompt(meta),
+        tokens: tokens.map(|t| t.0),
+        salt: meta.cache_salt.as_deref(),
+        unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
+        kind: meta.kind(),
+    }
+}
+
 /// The routing stage within the chosen pool: the request's decision, and
 /// the body to send with the request's edits ([`Outbound`]: the served model
 /// name when an alias was used, `stream_options` for a stream the pool asks
@@ -52,18 +76,8 @@ pub fn route_within(
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
     let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage)?;
-    let input = RouteInput {
-        model: resolved.rewrite.unwrap_or(&meta.model),
-        user: meta.user.as_deref(),
-        api_key: crate::gateway::keys::presented_key(headers),
-        headers,
-        tier,
-        prompt: prompt(meta),
-        tokens: tokens.map(|t| t.0),
-        salt: meta.cache_salt.as_deref(),
-        unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
-        kind: meta.kind(),
-    };
+    let model = resolved.rewrite.unwrap_or(&meta.model);
+    let input = route_input(meta, model, headers, tier, tokens);
     let decision = pool
         .router
         .route(&pool.replicas, &input, rand::random(), now_millis())?;
