@@ -22,6 +22,9 @@ run ([pools.tokenizer] dir = the model's tokenizer with the same template):
 - `adapters`: the same prompts sent one at a time to the base model and the
   two adapters, reading llmlb's counters after each answer, so the
   prediction is checked per adapter.
+- `variants`: the same, one at a time, for request fields the kinds do not
+  split out: `documents`, `cache_salt` (two salts on the same prompts),
+  message content as text parts, and plain requests beside them.
 - `doctor`: `llmlb doctor` against the same replicas (plain, tools and
   `chat_template_kwargs` probes).
 - `placement` (with `--placement`): a mixed-adapter workload at
@@ -51,11 +54,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import vllm_replica  # noqa: E402  (beside this script)
+
 VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
-# Beside the repository, or beside its parent for a worktree one level down.
-SERVE = next((p for p in (os.path.join(ROOT, "..", "shared", "vllm-cpu", "setup_and_serve.sh"),
-                          os.path.join(ROOT, "..", "..", "shared", "vllm-cpu", "setup_and_serve.sh"))
-              if os.path.exists(p)), os.path.join(ROOT, "..", "shared", "vllm-cpu", "setup_and_serve.sh"))
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "tiny_tools_template.jinja")
 MODEL = "tiny-llama"
 ADAPTERS = ["sql", "chat"]
@@ -166,6 +168,13 @@ class Fleet:
                             *ADAPTERS],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            timeout=600)
+        # Free ports first: a replica left from an earlier run would answer
+        # in place of the new one, or keep the event sockets.
+        for p in self.ports:
+            vllm_replica.stop(p, quiet=True)
+        vllm_replica.wait_ports_free(
+            [*self.ports] + [port + i for i in range(2) for port in
+                             (self.args.events_port, self.args.subscribe_port, self.args.replay_port)])
         for i in range(2):
             self.relays.append(subprocess.Popen(
                 [os.path.join(VLLM_DIR, "venv", "bin", "python"),
@@ -173,10 +182,12 @@ class Fleet:
                  str(self.args.events_port + i), str(self.args.subscribe_port + i)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         modules = " ".join(f"{a}={adapters}/{a}" for a in ADAPTERS)
-        # Both replicas start at once; on a busy machine vLLM can take longer
-        # than the serve script waits, so readiness is awaited here as well.
-        starting = []
-        for i, port in enumerate(self.ports):
+        # Both at once (each pinned to its core); readiness is awaited up to
+        # --start-timeout, beyond the serve script's own wait.
+        os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+        errors = []
+
+        def one(i, port):
             cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                               "endpoint": f"tcp://127.0.0.1:{self.args.events_port + i}",
                               "replay_endpoint": f"tcp://127.0.0.1:{self.args.replay_port + i}",
@@ -184,18 +195,19 @@ class Fleet:
             extra = (f"--kv-events-config {cfg} --chat-template {TEMPLATE} "
                      "--enable-auto-tool-choice --tool-call-parser hermes "
                      f"--enable-lora --max-loras 1 --max-lora-rank 8 --lora-modules {modules}")
-            env = dict(os.environ, PORT=str(port), CORE=str(i), EXTRA_ARGS=extra,
-                       VLLM_SERVER_DEV_MODE="1")
-            starting.append(subprocess.Popen(["bash", SERVE, "serve"], env=env, stdout=sys.stderr))
-        for p in starting:
             try:
-                p.wait(timeout=self.args.start_timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        deadline = time.time() + self.args.start_timeout
-        for port in self.ports:
-            if not wait_ready(port, "/health", max(1, deadline - time.time())):
-                raise RuntimeError(f"vLLM on {port} not ready after {self.args.start_timeout} s")
+                vllm_replica.serve(port, i, extra, [self.args.replay_port + i],
+                                   wait=self.args.start_timeout)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        starting = [threading.Thread(target=one, args=(i, port)) for i, port in enumerate(self.ports)]
+        for t in starting:
+            t.start()
+        for t in starting:
+            t.join()
+        if errors:
+            raise RuntimeError("; ".join(errors))
 
     def reset(self):
         for p in self.ports:
@@ -206,8 +218,7 @@ class Fleet:
 
     def stop(self):
         for p in self.ports:
-            subprocess.run(["bash", SERVE, "stop"], env=dict(os.environ, PORT=str(p)),
-                           stdout=sys.stderr, timeout=60)
+            vllm_replica.stop(p)
         for r in self.relays:
             r.terminate()
 
@@ -322,35 +333,38 @@ def features(args, fleet, tmp, rng):
             "branches": by_label(own, "llmlb_routing_decisions_total", "branch")}
 
 
-def adapters(args, fleet, tmp, rng):
-    """One request at a time, llmlb's counters read after each: per model."""
+def sequential(args, fleet, tmp, bodies):
+    """One request at a time, llmlb's counters read after each answer, so
+    predicted and reported cached tokens are summed per label. `bodies` is
+    a list of (label, body)."""
     fleet.reset()
     proxy = Proxy(args, config(args, fleet, tmp, "least_connections"), tmp)
     per = {}
+    pname, rname = ("llmlb_prefix_cached_tokens_predicted_total",
+                    "llmlb_prefix_cached_tokens_reported_total")
+
+    def counters(text):
+        return (sum(v for _, v in samples(text, pname)), sum(v for _, v in samples(text, rname)),
+                sum(v for _, v in samples(text, "llmlb_model_requests_total")))
+
     try:
-        systems = system_prompts(rng, 3, args.system_words)
-        pname, rname = ("llmlb_prefix_cached_tokens_predicted_total",
-                        "llmlb_prefix_cached_tokens_reported_total")
-        own = proxy.metrics()
-        last = (sum(v for _, v in samples(own, pname)), sum(v for _, v in samples(own, rname)),
-                sum(v for l, v in samples(own, "llmlb_model_requests_total")))
-        for i in range(args.adapter_requests):
-            model = [MODEL, *ADAPTERS][i % 3]
-            r = send(args.proxy_port, body_of(rng, systems, model, False))
+        last = counters(proxy.metrics())
+        for label, body in bodies:
+            r = send(args.proxy_port, body)
             if r["status"] != 200:
-                per.setdefault(model, {"failed": 0}).setdefault("failed", 0)
-                per[model]["failed"] = per[model].get("failed", 0) + 1
+                per.setdefault(label, {})
+                per[label]["failed"] = per[label].get("failed", 0) + 1
+                per[label].setdefault("first_failure", r)
                 continue
             # The counters move when the answer's log line is written.
             for _ in range(50):
-                own = proxy.metrics()
-                now = (sum(v for _, v in samples(own, pname)), sum(v for _, v in samples(own, rname)),
-                       sum(v for l, v in samples(own, "llmlb_model_requests_total")))
+                now = counters(proxy.metrics())
                 if now[2] > last[2]:
                     break
                 time.sleep(0.02)
-            p = per.setdefault(model, {"predicted": 0, "reported": 0, "requests": 0,
-                                       "reported_by_replica": 0})
+            p = per.setdefault(label, {})
+            for k in ("predicted", "reported", "requests", "reported_by_replica"):
+                p.setdefault(k, 0)
             p["predicted"] += now[0] - last[0]
             p["reported"] += now[1] - last[1]
             p["reported_by_replica"] += r["cached"] or 0
@@ -362,6 +376,45 @@ def adapters(args, fleet, tmp, rng):
         if p.get("reported"):
             p["error"] = (p["predicted"] - p["reported"]) / p["reported"]
     return per
+
+
+def adapters(args, fleet, tmp, rng):
+    """The base model and the two adapters in turn, on shared system prompts."""
+    systems = system_prompts(rng, 3, args.system_words)
+    bodies = []
+    for i in range(args.adapter_requests):
+        model = [MODEL, *ADAPTERS][i % 3]
+        bodies.append((model, body_of(rng, systems, model, False)))
+    return sequential(args, fleet, tmp, bodies)
+
+
+def variants(args, fleet, tmp, rng):
+    """Request fields the closed-loop kinds do not split out: `documents`
+    (two shared document sets rendered before the messages), `cache_salt`
+    (two tenants' salts on the same prompts: blocks never shared across
+    salts), message content given as text parts, and plain requests beside
+    them."""
+    systems = system_prompts(rng, 3, args.system_words)
+    doc_sets = [[{"title": f"Manual {k}.{d}",
+                  "text": " ".join(rng.choice(WORDS) for _ in range(60))} for d in range(2)]
+                for k in range(2)]
+    bodies = []
+    labels = ["documents", "cache_salt", "content_parts", "plain"]
+    for i in range(args.variant_requests):
+        label = labels[i % len(labels)]
+        body = body_of(rng, systems, MODEL, False)
+        if label == "documents":
+            body["documents"] = rng.choice(doc_sets)
+        elif label == "cache_salt":
+            body["cache_salt"] = "tenant-" + rng.choice("ab")
+        elif label == "content_parts":
+            for m in body["messages"]:
+                words = m["content"].split(" ")
+                half = len(words) // 2
+                m["content"] = [{"type": "text", "text": " ".join(words[:half]) + " "},
+                                {"type": "text", "text": " ".join(words[half:])}]
+        bodies.append((label, body))
+    return sequential(args, fleet, tmp, bodies)
 
 
 def doctor(args, fleet, tmp):
@@ -472,8 +525,9 @@ def main():
     ap.add_argument("--system-words", type=int, default=220)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--placement", action="store_true")
-    ap.add_argument("--steps", default="features,adapters,doctor",
-                    help="which of features, adapters, doctor to run (comma-separated)")
+    ap.add_argument("--variant-requests", type=int, default=80)
+    ap.add_argument("--steps", default="features,adapters,variants,doctor",
+                    help="which of features, adapters, variants, doctor to run (comma-separated)")
     ap.add_argument("--balancers", default="least_connections")
     ap.add_argument("--replica-port", type=int, default=18000)
     ap.add_argument("--events-port", type=int, default=5557)
@@ -482,8 +536,8 @@ def main():
     ap.add_argument("--proxy-port", type=int, default=18090)
     ap.add_argument("--json")
     ap.add_argument("--adapters", help="reuse (or write once) the adapters in this directory")
-    ap.add_argument("--start-timeout", type=int, default=600,
-                    help="seconds to wait for both vLLM replicas")
+    ap.add_argument("--start-timeout", type=int, default=vllm_replica.start_wait(),
+                    help="seconds to wait for each vLLM replica (default VLLM_START_WAIT, else 900)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="llmlb-exact-features-")
     fleet = Fleet(args, tmp)
@@ -498,6 +552,9 @@ def main():
         if "adapters" in steps:
             out["adapters"] = adapters(args, fleet, tmp, random.Random(args.seed + 1))
             log(json.dumps(out["adapters"], indent=1))
+        if "variants" in steps:
+            out["variants"] = variants(args, fleet, tmp, random.Random(args.seed + 3))
+            log(json.dumps(out["variants"], indent=1))
         if "doctor" in steps:
             out["doctor"] = doctor(args, fleet, tmp)
             log("\n".join(out["doctor"]["report"]))

@@ -15,7 +15,9 @@
 # table, and stops the replicas; then the same for the simulated replicas
 # (ports 40 above the real ones), and last whether the two backends rank the
 # policies the same way by p99 TTFT and by prefix hits.
-# The replicas are stopped on any exit of this script too.
+# The replicas are stopped on any exit of this script too, each with its whole
+# process group (scripts/vllm_replica.py); a replica gets VLLM_START_WAIT
+# seconds (default 900) to answer /health.
 #
 # vLLM binds its event socket only for a wildcard (all interfaces) endpoint;
 # to stay on 127.0.0.1 its PUB socket connects to a loopback relay
@@ -23,7 +25,7 @@
 # relay (SUBSCRIBE_PORT+i). The replay endpoint is bound by vLLM itself.
 #
 # Usage: scripts/real-vllm-check.sh [extra real_vllm_check.py arguments]
-# Environment: BACKENDS (vllm,sim; `vllm` alone for the real one), LLMLB_SHARED (the
+# Environment: BACKENDS (vllm,sim; `vllm` alone for the real one), VLLM_START_WAIT, LLMLB_SHARED (the
 # shared directory, default ../shared beside the checkout), VLLMCPU_DIR (default ~/.cache/llmlb-vllm-cpu), REPLICA_PORT
 # (18600), EVENTS_PORT (15660), REPLAY_PORT (15670), PROXY_PORT (18680).
 set -euo pipefail
@@ -53,7 +55,7 @@ command -v python3 >/dev/null || skip "no python3"
 stop_replicas() {
   for pid in "${RELAYS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for port in "$REPLICA_PORT" "$((REPLICA_PORT + 1))"; do
-    PORT="$port" VLLMCPU_DIR="$VLLM_DIR" bash "$SERVE" stop >/dev/null 2>&1 || true
+    VLLMCPU_DIR="$VLLM_DIR" python3 "$ROOT/scripts/vllm_replica.py" stop --port "$port" >/dev/null 2>&1 || true
   done
 }
 trap stop_replicas EXIT

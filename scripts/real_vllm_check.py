@@ -3,7 +3,7 @@
 simulated ones, with the same workload, side by side.
 
 For each backend (`vllm`: the CPU build from shared/vllm-cpu; `sim`:
-`llmlb replica-sim --profile vllm-cpu-tiny`) two replicas are started, then for each
+`llmlb replica-sim --profile vllm-cpu-tiny`, or `--sim-profile FILE`) two replicas are started, then for each
 policy a fresh `llmlb serve` is started in front of them, the replicas' prefix
 caches are emptied, and `llmlb bench` sends one bounded shared-prefix
 workload (or, with `--workload trace`, the first `--max-requests` of a
@@ -55,8 +55,9 @@ import time
 import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import vllm_replica  # noqa: E402  (beside this script)
 SHARED = os.environ.get("LLMLB_SHARED", os.path.join(ROOT, "..", "shared"))
-VLLM_SCRIPT = os.path.join(SHARED, "vllm-cpu", "setup_and_serve.sh")
 VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
 FIXTURE_TOKENIZER = os.path.join(SHARED, "tokenizers", "tiny-llama")
 MODEL = "tiny-llama"
@@ -215,13 +216,11 @@ class Backend:
                                   "endpoint": f"tcp://127.0.0.1:{ev}",
                                   "replay_endpoint": f"tcp://127.0.0.1:{rp}", "topic": "kv"},
                                  separators=(",", ":"))
-                env = dict(os.environ, PORT=str(port), CORE=str(i),
-                           EXTRA_ARGS=f"--kv-events-config {cfg}", VLLM_SERVER_DEV_MODE="1")
-                subprocess.run(["bash", VLLM_SCRIPT, "serve"], env=env, check=True,
-                               stdout=sys.stderr, timeout=300)
+                os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+                vllm_replica.serve(port, i, f"--kv-events-config {cfg}", [rp])
             return
         cmd = [self.args.llmlb, "replica-sim", "--replicas", "2", "--port", str(self.ports[0]),
-               "--profile", "vllm-cpu-tiny", "--model", MODEL, "--seed", "1"]
+               "--profile", self.args.sim_profile, "--model", MODEL, "--seed", "1"]
         if self.args.sim_config:
             cmd += ["--config", self.args.sim_config]
         if not self.args.stand_in:
@@ -248,8 +247,7 @@ class Backend:
     def stop(self):
         if self.kind == "vllm":
             for p in self.ports:
-                subprocess.run(["bash", VLLM_SCRIPT, "stop"], env=dict(os.environ, PORT=str(p)),
-                               stdout=sys.stderr, timeout=60)
+                vllm_replica.stop(p)
             return
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
@@ -470,6 +468,9 @@ def main():
     ap.add_argument("--policies", default="round_robin,least_connections,hash,cache,exact")
     ap.add_argument("--llmlb", default=os.path.join(ROOT, "target", "release", "llmlb"))
     ap.add_argument("--tokenizer", help="tokenizer dir for the simulator (default: the vLLM model's, else the fixture)")
+    ap.add_argument("--sim-profile", default="vllm-cpu-tiny",
+                    help="the simulated replicas' profile: a built-in name or a file "
+                         "(e.g. the one `llmlb calibrate` wrote against the real replica)")
     ap.add_argument("--sim-config",
                     help="sim config overriding the profile, e.g. the [cost] that "
                          "`sim_fidelity.py --fit` gives for this machine's vLLM")
