@@ -87,9 +87,12 @@ def one_request(url, model, prompt, max_tokens, result):
             ev = json.loads(data)
             if ev.get("usage"):
                 usage = ev["usage"]
-            for ch in ev.get("choices", []):
-                if ch.get("text"):
-                    stamps.append(time.perf_counter())
+            # One chunk per engine step that produced a token, its text
+            # empty or not: a random-weight model's tokens often detokenize
+            # to nothing until a later one completes the character, and
+            # vLLM still streams a chunk (with empty text) for each.
+            if any(ch.get("text") is not None for ch in ev.get("choices", [])):
+                stamps.append(time.perf_counter())
         c.close()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         result.update(error=repr(e))

@@ -68,8 +68,11 @@ impl SseParser {
 pub enum Chunk {
     Done,
     Data {
-        /// Non-empty generated text (completions `text`, chat `delta.content`
-        /// or `delta.reasoning_content`).
+        /// A generated token: a completions choice's `text` (empty too: vLLM
+        /// streams one chunk per step, with empty text while the tokens so
+        /// far do not complete a character), or non-empty chat
+        /// `delta.content` or `delta.reasoning_content` (the first chat
+        /// chunk carries only the role, with empty content).
         content: bool,
         completion_tokens: Option<u64>,
         /// `usage.prompt_tokens`: the prompt length in the server's tokenizer.
@@ -131,7 +134,7 @@ pub fn classify(data: &str) -> Chunk {
     }
     let non_empty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
     let content = wire.choices.iter().any(|c| {
-        non_empty(&c.text)
+        c.text.is_some()
             || c.delta
                 .as_ref()
                 .is_some_and(|d| non_empty(&d.content) || non_empty(&d.reasoning_content))
@@ -187,6 +190,16 @@ mod tests {
         let text = r#"{"choices":[{"index":0,"text":" hi","finish_reason":null}]}"#;
         assert_eq!(
             classify(text),
+            Chunk::Data {
+                content: true,
+                completion_tokens: None,
+                prompt_tokens: None,
+            }
+        );
+        // A token whose text is held back (an incomplete character).
+        let held = r#"{"choices":[{"index":0,"text":"","finish_reason":null}]}"#;
+        assert_eq!(
+            classify(held),
             Chunk::Data {
                 content: true,
                 completion_tokens: None,

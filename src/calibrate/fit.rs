@@ -8,10 +8,12 @@
 //! - **prefill** (one request at a time, prompts of growing length `L`):
 //!   the time to first token is `a + b L + c L (L + 1) / 2`; `c` is
 //!   `prefill_attention` (attention's query-key pairs), `b` less the context
-//!   term is `prefill_per_token`, and `a` less a step is `prefill_overhead`
-//!   (the simulator, like the replica probed one request at a time, charges
-//!   no front-end queue to a request that meets an idle engine, so the API
-//!   server's work on a lone request stays in this term);
+//!   term is `prefill_per_token`, and `a` less a step and less the API
+//!   server's work per request (below) is `prefill_overhead`: the simulator
+//!   charges that work as a front-end queue sharing the engine's time, and
+//!   a step that admits a prompt must not pay it again (a lone request,
+//!   which meets an idle engine, skips the queue in the simulator, so its
+//!   time to first token comes out short by that work);
 //! - **requests** (many one-token requests at once): the wall time per
 //!   request, less the engine's share of it (its steps batch up to
 //!   `max_num_seqs` of them), is the API server's work per request
@@ -42,8 +44,10 @@ pub struct Measured {
     /// Client-side median time to first token.
     pub ttft_p50: Option<f64>,
     /// Client-side token gap: the median over requests of each request's
-    /// mean gap (first to last token over the gaps between them), which
-    /// chunks read together or steps run late do not shrink.
+    /// mean gap over its decode steps (the gaps between its tokens, less
+    /// those in which another request of the group got its first token:
+    /// that step also ran a prefill), which chunks read together or steps
+    /// run late do not shrink.
     pub itl_p50: Option<f64>,
     /// The replica's own mean time to first token over the group (from its
     /// `/metrics`), when it exports one.
@@ -203,17 +207,32 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
     let c = c.max(0.0);
     let prefill_per_token = (b - per_ctx).max(0.0);
 
+    // The intercept `a` of a lone prompt's time to first token holds the
+    // step, the engine's own prefill overhead and the API server's work on
+    // the request. Under load the simulator charges that work as the
+    // front-end queue (`api_per_request`), so it is taken out of the
+    // per-step prefill overhead, or every step that admits a prompt would
+    // pay it a second time. The requests probe (k at a time, wall time w
+    // per request) gives w = api + (a - api + k L b + c k pairs(L)) / k,
+    // solved for api; with k = 1 the two are not told apart and the work
+    // stays in the prefill overhead.
     let mut api_per_request: f64 = 0.0;
+    let mut prefill_overhead = (a - step).max(0.0);
     let mut request_rows = Vec::new();
     for m in of(ProbeKind::Requests) {
         let k = m.concurrency.min(max_num_seqs).max(1) as f64;
         let l = m.prompt_len as f64;
-        let engine = (step + (a - step).max(0.0) + k * l * b + c * k * pairs(m.prompt_len)) / k;
         let per_request = m.wall / m.ok as f64;
-        api_per_request = (per_request - engine).max(0.0);
-        request_rows.push((m, per_request, engine));
+        let rest = k * l * b + c * k * pairs(m.prompt_len);
+        let engine_of = |po: f64| (step + po + rest) / k;
+        if k > 1.0 {
+            let api = ((per_request - (a + rest) / k) / (1.0 - 1.0 / k)).max(0.0);
+            prefill_overhead = (a - step - api).max(0.0);
+        }
+        // The same api unless the overhead was clamped at 0.
+        api_per_request = (per_request - engine_of(prefill_overhead)).max(0.0);
+        request_rows.push((m, per_request, engine_of(prefill_overhead)));
     }
-    let prefill_overhead = (a - step).max(0.0);
     let cost = CostModel {
         step_overhead: step,
         prefill_overhead,
@@ -318,9 +337,11 @@ mod tests {
         };
         let mut probes = Vec::new();
         for l in [16, 128, 256, 512, 1024, 1536] {
+            // A lone request: the API server's work, then one step.
             let mut m = probe(ProbeKind::Prefill, 1, l, 2);
             m.server_ttft_mean = Some(
-                truth.step_overhead
+                truth.api_per_request
+                    + truth.step_overhead
                     + truth.prefill_overhead
                     + (truth.prefill_per_token + truth.per_context_token) * l as f64
                     + truth.prefill_attention * pairs(l),
@@ -345,10 +366,9 @@ mod tests {
         let mut r = probe(ProbeKind::Requests, 32, 16, 1);
         r.ok = 160;
         let k = 32.0;
-        let a = truth.step_overhead + truth.prefill_overhead;
         let b = truth.prefill_per_token + truth.per_context_token;
         let engine = (truth.step_overhead
-            + (a - truth.step_overhead)
+            + truth.prefill_overhead
             + k * 16.0 * b
             + truth.prefill_attention * k * pairs(16))
             / k;
@@ -394,7 +414,14 @@ mod tests {
             truth.prefill_overhead,
         );
         for row in &f.rows {
-            close(row.what, row.fitted, row.measured);
+            // The simulator sends a lone request straight to the engine:
+            // its time to first token is short by the API server's work.
+            let short = if row.what == "ttft" {
+                truth.api_per_request
+            } else {
+                0.0
+            };
+            close(row.what, row.fitted, row.measured - short);
         }
         assert_eq!(f.rows.len(), 12);
     }

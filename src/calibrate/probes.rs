@@ -140,6 +140,36 @@ fn mean_gap(r: &RequestRecord) -> Option<f64> {
     Some((r.e2e_ms - first).max(0.0) / 1000.0 / gaps as f64)
 }
 
+/// A request's mean gap over its decode steps alone, in seconds: the gaps
+/// in which another request of the group got its first token are left out,
+/// since the step that ended them also ran that request's prefill (vLLM
+/// batches a joining prompt with the running decodes). In a closed loop
+/// every request that finishes lets the next one in, so a long-prompt
+/// group's gaps would otherwise carry its own prefills, and the fit would
+/// charge them to the context attended (`per_context_token`), which the
+/// simulator adds to every decode step. `firsts` are the group's
+/// first-token times (ms since the group's start). Falls back to
+/// [`mean_gap`] without per-gap times.
+fn decode_gap(r: &RequestRecord, firsts: &[f64]) -> Option<f64> {
+    let first = r.start_ms + r.ttft_ms?;
+    if r.itl_ms.is_empty() {
+        return mean_gap(r);
+    }
+    let (mut sum, mut n, mut t) = (0.0, 0usize, first);
+    for gap in &r.itl_ms {
+        let next = t + gap;
+        if !firsts.iter().any(|&f| f > t && f <= next) {
+            sum += gap;
+            n += 1;
+        }
+        t = next;
+    }
+    if n == 0 {
+        return mean_gap(r);
+    }
+    Some(sum / n as f64 / 1000.0)
+}
+
 /// Sends one group and measures it. `on_done` is called after each request.
 pub async fn run_group(
     client: &Arc<BenchClient>,
@@ -200,7 +230,11 @@ pub async fn run_group(
         .filter_map(|r| r.ttft_ms)
         .map(|ms| ms / 1000.0)
         .collect();
-    let itl = ok.iter().filter_map(|r| mean_gap(r)).collect();
+    let firsts: Vec<f64> = ok
+        .iter()
+        .filter_map(|r| r.ttft_ms.map(|t| r.start_ms + t))
+        .collect();
+    let itl = ok.iter().filter_map(|r| decode_gap(r, &firsts)).collect();
     let output: u64 = ok.iter().map(|r| r.output_tokens).sum();
     Measured {
         kind: group.kind,
@@ -285,6 +319,34 @@ mod tests {
             .collect();
         assert_eq!(decode, vec![1, 4, 16, 64, 256]);
         assert!(p.iter().any(|g| g.prompt_len == 6144));
+    }
+
+    fn record(start_ms: f64, ttft_ms: f64, itl_ms: Vec<f64>) -> RequestRecord {
+        RequestRecord {
+            start_ms,
+            ttft_ms: Some(ttft_ms),
+            e2e_ms: ttft_ms + itl_ms.iter().sum::<f64>(),
+            output_tokens: itl_ms.len() as u64 + 1,
+            itl_ms,
+            input_tokens: 16,
+            outcome: Outcome::Ok,
+            replica: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_gap_that_ran_another_prefill_is_left_out() {
+        // Decode steps of 5 ms; a 40 ms step when the second request's
+        // prompt joins (its first token at 10 + 10 + 40 = 60 ms).
+        let a = record(0.0, 10.0, vec![5.0, 5.0, 40.0, 5.0, 5.0]);
+        let b = record(20.0, 40.0, vec![5.0, 5.0]);
+        let firsts = [10.0, 60.0];
+        let gap = decode_gap(&a, &firsts).unwrap();
+        assert!((gap - 0.005).abs() < 1e-12, "{gap}");
+        assert!((mean_gap(&a).unwrap() - 0.012).abs() < 1e-12);
+        // Its own first token is not another's prefill.
+        assert!((decode_gap(&b, &firsts).unwrap() - 0.005).abs() < 1e-12);
     }
 
     #[test]
