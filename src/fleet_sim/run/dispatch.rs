@@ -119,12 +119,38 @@ impl Sim<'_> {
         if self.slots[at].state != State::Up {
             return;
         }
+        if self.loaded(i) {
+            // The prompt's KV cache comes from its prefill replica first.
+            let wait = self.transfer_time(at, &self.live[i].prompt);
+            self.split[i].kv_at = now + wait;
+            self.split_counts.transfer_s.push(wait);
+            if wait > 0.0 {
+                self.queue.push(now + wait, Event::Loaded(i as u32));
+                return;
+            }
+        }
+        self.load(i, now);
+    }
+
+    /// Request `i` enters its replica's engine (a disaggregated one with
+    /// its KV cache arrived).
+    pub(super) fn load(&mut self, i: usize, now: f64) {
+        let l = &mut self.live[i];
+        if !l.open {
+            return;
+        }
+        let at = l.replica as usize;
+        if self.slots[at].state != State::Up {
+            return;
+        }
+        let prompt = std::mem::take(&mut l.prompt);
+        let external_tokens = if self.loaded(i) { prompt.len() } else { 0 };
         let req = NewRequest {
             id: i as u64,
-            prompt: std::mem::take(&mut l.prompt),
+            prompt,
             max_tokens: self.spec.workload.requests[i].output as usize,
             priority: 0,
-            external_tokens: 0,
+            external_tokens,
         };
         if self.slots[at].engine.add_request(req, now).is_err() {
             // The replica answers 400 (context too long).
