@@ -26,7 +26,7 @@ use super::idle::IdleTimer;
 use super::usage_strip::UsageStrip;
 use crate::balancing::{InFlightGuard, Replica};
 use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
-use crate::routing::{Failure, Pool, StreamBroken};
+use crate::routing::{Expected, Failure, Pool, StreamBroken};
 use crate::telemetry::{Metrics, ReplicaSeries};
 
 /// The status label of a response whose stream broke midway.
@@ -76,6 +76,9 @@ pub struct ProxyBody {
     idle: IdleTimer,
     /// Released at end of stream.
     guard: Option<InFlightGuard>,
+    /// `exact` mode: the prompt counts as held on the replica until its
+    /// events report it or the stream ends.
+    expected: Option<Expected>,
     completion: Option<Completion>,
     /// Server-sent events: a failure mid-stream becomes a readable error event.
     sse: bool,
@@ -99,6 +102,7 @@ impl ProxyBody {
             inner,
             idle: IdleTimer::new(idle_timeout),
             guard: Some(guard),
+            expected: None,
             completion: Some(completion),
             sse,
             first_byte_seen: false,
@@ -106,6 +110,12 @@ impl ProxyBody {
             output_seen: 0,
             strip: None,
         }
+    }
+
+    /// Keeps `expected` until the stream ends.
+    pub fn carrying(mut self, expected: Option<Expected>) -> ProxyBody {
+        self.expected = expected;
+        self
     }
 
     /// Removes the usage event of a stream llmlb asked for usage, keeping it
@@ -162,6 +172,7 @@ impl ProxyBody {
     fn finish(&mut self) {
         self.ended = true;
         self.guard = None;
+        self.expected = None;
         if let Some(mut c) = self.completion.take() {
             c.finished = true;
         }

@@ -18,7 +18,7 @@ use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
 use crate::net::ReportedUsage;
 use crate::routing::{Choice, StreamBroken, choose};
-use crate::routing::{Decision, Failure, Pool};
+use crate::routing::{Decision, Expected, Failure, Pool};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::StageSpan;
@@ -100,7 +100,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         };
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
-        req.route.dispatched(replica);
+        let expected = req.route.dispatched(replica);
         let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
             Arc::clone(&series.pool),
@@ -208,7 +208,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                     500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
                     _ => pool.record_success(replica),
                 }
-                let mut resp = stream_back(resp, &req, replica, guard, strip_usage);
+                let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
                 resp.extensions_mut().insert(super::Dispatched {
                     replica: Arc::clone(&series.replica),
                     branch: pick.branch.as_str(),
@@ -329,6 +329,7 @@ fn stream_back(
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
     guard: balancing::InFlightGuard,
+    expected: Option<Expected>,
     strip_usage: bool,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
@@ -358,7 +359,8 @@ fn stream_back(
         finished: false,
         broken,
     };
-    let mut body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse);
+    let mut body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse)
+        .carrying(expected);
     if strip_usage && sse {
         // Bytes may be taken out of the stream: its length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::prefix::cache_index::BlockIndex;
-use super::prefix::held::HeldBlocks;
+use super::prefix::held::{Expected, HeldBlocks};
 use super::prefix::score::requests_ahead;
 use super::{Pool, RouteBranch};
 use crate::admission::estimate::Placement;
@@ -88,13 +88,10 @@ impl Decision {
     }
 
     /// The request is being sent to `replica` now: remember its prompt
-    /// blocks there.
-    pub fn dispatched(&self, replica: &Replica) {
-        self.dispatched_at(replica, crate::telemetry::clock::now_millis());
-    }
-
-    /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
-    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) {
+    /// blocks there. In `exact` mode they count as held there while the
+    /// returned handle lives: the caller keeps it until the request ends.
+    #[must_use = "in exact mode the prompt counts as sent only while the handle lives"]
+    pub fn dispatched(&self, replica: &Replica) -> Option<Expected> {
         // The prompt's cached part takes no new KV blocks there: the
         // request's in-flight guard counted the whole prompt.
         if let Some(cached) = self.predicted_for(replica.id) {
@@ -105,11 +102,8 @@ impl Decision {
         {
             index.record(blocks);
         }
-        if let Some((held, tokens)) = &self.expect
-            && let Some(h) = held.get(&replica.id)
-        {
-            h.expect_prompt(tokens, now_ms);
-        }
+        let (held, tokens) = self.expect.as_ref()?;
+        Some(held.get(&replica.id)?.expect_prompt(tokens))
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.

@@ -38,5 +38,6 @@ pub use metrics::{RoutingMetrics, VersionRecord};
 pub use outcome::{Failure, StreamBroken};
 pub use pool::{Pool, Resolution};
 pub use prefix::blocks::Prompt;
+pub use prefix::held::Expected;
 pub use router::{RouteInput, Router};
 pub use topology::{Topology, queue_capacity};

@@ -53,7 +53,7 @@ impl Sim<'_> {
                 Choice::NoReplica(_) => return self.out.upstream += 1,
             };
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            decision.dispatched_at(&replica, now_ms);
+            let expected = decision.dispatched(&replica);
             tried.push(replica.id);
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
@@ -73,12 +73,14 @@ impl Sim<'_> {
                 }
                 State::Hung => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
                     self.queue.push(now + wait, Event::Timeout(i as u32));
                     return;
                 }
                 State::Up => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     self.live[i].prompt = std::mem::take(&mut self.prompt);
                     let half = self.half_delay();
                     if half > 0.0 {
@@ -134,6 +136,7 @@ impl Sim<'_> {
     pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
         self.live[i] = Live {
             guard: Some(guard),
+            expected: None,
             replica: at as u32,
             first: None,
             last: 0.0,
@@ -155,6 +158,7 @@ impl Sim<'_> {
         if l.open {
             l.open = false;
             l.guard = None;
+            l.expected = None;
             self.open -= 1;
             self.slot_freed = true;
             if let Some(q) = &mut self.pool_queue {

@@ -60,6 +60,9 @@ use super::workload::{SimWorkload, Source};
 #[derive(Debug, Default)]
 struct Live {
     guard: Option<InFlightGuard>,
+    /// `exact` mode: its prompt counts as held on its replica until the
+    /// replica's events report it or the request ends.
+    expected: Option<Expected>,
     replica: u32,
     first: Option<f64>,
     last: f64,
