@@ -4,9 +4,11 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use llmlb::balancing::{BalancerParams, ReplicaView, RequestInfo, ScrapedLoad, build};
+use llmlb::balancing::{BalancerParams, RequestInfo, build};
 use llmlb::config::{BalancerKind, P2cMetric};
-use llmlb::signals::{LoadSnapshot, MetricNames};
+use llmlb::replica::LoadSnapshot;
+use llmlb::replica::{ReplicaView, ScrapedLoad};
+use llmlb::signals::MetricNames;
 
 const VLLM: &str = include_str!("../tests/fixtures/vllm_metrics.txt");
 const VLLM_REAL: &str = include_str!("../tests/fixtures/vllm_cpu_real_metrics.txt");

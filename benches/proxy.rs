@@ -81,7 +81,7 @@ async fn instant_upstream(listener: TcpListener) {
 }
 
 /// Starts llmlb (one pool, one replica: the upstream) on `127.0.0.1:0`.
-async fn start_proxy(upstream: SocketAddr) -> llmlb::server::Running {
+async fn start_proxy(upstream: SocketAddr) -> llmlb::daemon::Running {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
          [[pools]]\nname = \"bench\"\nmodels = [\"{MODEL}\"]\nbalancer = \"least_connections\"\n\
@@ -90,7 +90,7 @@ async fn start_proxy(upstream: SocketAddr) -> llmlb::server::Running {
     let config = llmlb::config::parse(&text).expect("bench config is valid");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    llmlb::server::start(config, listener, admin).expect("llmlb starts")
+    llmlb::daemon::start(config, listener, admin).expect("llmlb starts")
 }
 
 /// One kept-alive client connection.

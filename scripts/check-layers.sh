@@ -3,46 +3,91 @@
 # the source: each rule names a group of modules and the modules none of
 # them may import (`crate::NAME`, in `use` lines and paths alike). No
 # exceptions: a violation is fixed in the code, not listed here.
+#
+# A file's unit tests (a `#[cfg(test)]` module declared inline, which by
+# convention closes the file) are not checked: like dev-dependencies, they
+# may build their fixtures from a higher layer (routing's tests route on a
+# `pool::Topology` built from config text).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The daemon's top: only `server`, `admin`, `demo` and `main.rs` may import these.
-TOP='server|forwarding|admin'
-# Loops that run beside the request path.
-LOOPS='background|discovery'
+# The edge and the daemon: nothing below imports these.
+TOP='server|forwarding|admin|daemon'
+# Loops that run beside the request path and write replica state.
+LOOPS='signals|health|discovery'
 # Tools that stand beside the proxy.
-TOOLS='sim|bench|simulate|demo'
+TOOLS='replica_sim|bench|fleet_sim|demo|doctor'
+# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire.
+BOTTOM_ONLY="$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing|replica"
 
 failed=0
+
+# The lines of FILE above its inline unit-test module, as `file:line:text`.
+code_lines() {
+  awk -v f="$1" '
+    held != "" && /^(pub(\(crate\))? )?mod [a-z_]+ \{$/ { exit }
+    held != "" { print f ":" held_nr ":" held; held = "" }
+    /^#\[cfg\(test\)\]$/ { held = $0; held_nr = FNR; next }
+    { print f ":" FNR ":" $0 }
+    END { if (held != "") print f ":" held_nr ":" held }
+  ' "$1"
+}
+
 # rule GROUP FORBIDDEN: no file under src/<each of GROUP> imports crate::<FORBIDDEN>.
 rule() {
-  local group=$1 forbidden=$2 paths=()
+  local group=$1 forbidden=$2 files=() hits=""
   for m in $group; do
-    if [[ -d src/$m ]]; then paths+=("src/$m"); elif [[ -f src/$m.rs ]]; then paths+=("src/$m.rs"); fi
+    if [[ -d src/$m ]]; then
+      while IFS= read -r f; do files+=("$f"); done < <(find "src/$m" -name '*.rs' | sort)
+    elif [[ -f src/$m.rs ]]; then
+      files+=("src/$m.rs")
+    else
+      echo "check-layers: no module src/$m" >&2
+      failed=1
+    fi
   done
-  local hits
-  hits=$(grep -rnE "crate::($forbidden)\b" "${paths[@]}" || true)
+  local found
+  for f in "${files[@]}"; do
+    found=$(code_lines "$f" | grep -E "crate::($forbidden)\b" || true)
+    if [[ -n "$found" ]]; then hits+="$found"$'\n'; fi
+  done
   if [[ -n "$hits" ]]; then
     echo "layer violation: {$group} may not import crate::{$forbidden}"
-    echo "$hits" | sed 's/^/  /'
+    printf '%s' "$hits" | sed 's/^/  /'
     failed=1
   fi
 }
 
-# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire.
-rule "net config telemetry tokenize tokenizer kv_events" \
-  "$TOP|$LOOPS|$TOOLS|gateway|routing|admission|balancing|signals|health"
-# Replica state and what feeds it.
-rule "balancing signals health" "$TOP|$LOOPS|$TOOLS|gateway|routing|admission"
-# The request path's stages below the edge.
-rule "admission" "$TOP|$LOOPS|$TOOLS|routing"
-rule "gateway routing" "$TOP|$LOOPS|$TOOLS"
-rule "forwarding" "server|admin|$LOOPS|$TOOLS|gateway"
-# Background loops get handles, not the daemon's state.
-rule "background discovery" "$TOP|$TOOLS|gateway|admission"
-# The simulator and the load generator never import the proxy.
-rule "sim bench" "$TOP|$LOOPS|simulate|demo|gateway|routing|admission|balancing|signals|health"
-rule "simulate" "$TOP|$LOOPS|demo|gateway"
+# The bottom imports nothing above it.
+rule "net config telemetry tokenize kv_events" "$BOTTOM_ONLY"
+# Telemetry declares metrics and traces from settings alone; each module
+# declares its own metrics through `telemetry::Family`.
+rule "telemetry" "$BOTTOM_ONLY|net|tokenize|kv_events"
+# Replica state sits just above the bottom.
+rule "replica" "$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing"
+# The loops that write replica state read the bottom and the replica.
+rule "signals health" "$TOP|$TOOLS|discovery|gateway|pool|routing|admission|balancing"
+# The pure pickers read replica views; they never reach into the loops.
+rule "balancing" "$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission"
+# Routing holds the rules alone: no queue, no health loop, no network.
+rule "routing" "$TOP|$LOOPS|$TOOLS|gateway|pool|admission|net"
+# Admission may read the caller (`gateway::Caller`) to settle its charge.
+rule "admission" "$TOP|$LOOPS|$TOOLS|pool|routing|balancing"
+rule "gateway" "$TOP|$LOOPS|$TOOLS|pool|routing|admission|balancing"
+# The pool stack sits above routing, admission and balancing.
+rule "pool" "$TOP|$LOOPS|$TOOLS|gateway"
+# Forwarding and the edge never import the admin listener or the daemon.
+rule "forwarding" "server|admin|daemon|$LOOPS|$TOOLS|gateway"
+# (`AppState` holds what discovery found, for reloads.)
+rule "server" "admin|daemon|signals|health|$TOOLS"
+rule "admin" "daemon|$LOOPS|$TOOLS"
+# Discovery gets handles (a config getter, a rebuild call), not the state.
+rule "discovery" "$TOP|$TOOLS|signals|health|gateway|pool|routing|admission|balancing"
+# The replica simulator and the load generator never import the proxy.
+rule "replica_sim bench" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admission|balancing|replica"
+# The fleet simulator runs the product's decisions, not its daemon.
+rule "fleet_sim" "$TOP|$LOOPS|demo|doctor|gateway"
+rule "doctor" "$TOP|health|discovery|replica_sim|bench|fleet_sim|demo|gateway|pool|routing|admission|balancing"
 
 if [[ $failed -ne 0 ]]; then
   exit 1

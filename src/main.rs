@@ -71,12 +71,12 @@ enum Command {
     /// Serve simulated vLLM replicas over HTTP: the OpenAI API, /metrics,
     /// KV events (docs/SIMULATOR.md).
     #[command(name = "replica-sim", alias = "sim")]
-    ReplicaSim(Box<llmlb::sim::cli::SimArgs>),
+    ReplicaSim(Box<llmlb::replica_sim::cli::SimArgs>),
     /// Simulate a whole fleet on a virtual clock with llmlb's own routing
     /// and balancing: compare policies, size a fleet, inject faults
     /// (docs/CAPACITY.md).
     #[command(name = "fleet-sim", alias = "simulate")]
-    FleetSim(Box<llmlb::simulate::cli::SimulateArgs>),
+    FleetSim(Box<llmlb::fleet_sim::cli::SimulateArgs>),
     /// Start a simulated fleet and the proxy, run the same short workload
     /// through each balancer, and print a comparison table.
     Demo(Box<llmlb::demo::DemoArgs>),
@@ -213,7 +213,7 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         // Before "listening" is logged: a SIGTERM right after start drains.
         let signals = Signals::install();
         let running =
-            llmlb::server::start_from_file(cfg, Some(path.to_path_buf()), listener, admin)?;
+            llmlb::daemon::start_from_file(cfg, Some(path.to_path_buf()), listener, admin)?;
         let (stop_watch, watch_rx) = tokio::sync::watch::channel(false);
         if !watch_interval.is_zero() {
             tokio::spawn(llmlb::server::reload::watch_file(
@@ -239,15 +239,15 @@ fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fleet_sim(args: &llmlb::simulate::cli::SimulateArgs) -> anyhow::Result<()> {
-    let text = llmlb::simulate::cli::execute(args)?;
+fn fleet_sim(args: &llmlb::fleet_sim::cli::SimulateArgs) -> anyhow::Result<()> {
+    let text = llmlb::fleet_sim::cli::execute(args)?;
     print!("{text}");
     Ok(())
 }
 
-fn replica_sim(args: llmlb::sim::cli::SimArgs) -> anyhow::Result<()> {
+fn replica_sim(args: llmlb::replica_sim::cli::SimArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(llmlb::sim::cli::run(args, wait_for_signal()))?;
+    runtime.block_on(llmlb::replica_sim::cli::run(args, wait_for_signal()))?;
     Ok(())
 }
 

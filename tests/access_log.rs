@@ -82,7 +82,11 @@ async fn next_access(s: &mut Serve) -> Value {
 
 /// A `fast` simulated replica named `gpu-a`, its model, and `llmlb serve`
 /// in front of it with `extra` config before the pool.
-async fn serve_sim(tag: &str, format: &str, extra: &str) -> (llmlb::sim::SimHandle, String, Serve) {
+async fn serve_sim(
+    tag: &str,
+    format: &str,
+    extra: &str,
+) -> (llmlb::replica_sim::SimHandle, String, Serve) {
     let sim = sim_support::start(sim_support::fast()).await;
     let model = sim_support::fast().model;
     let config = format!(

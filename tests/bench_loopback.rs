@@ -212,7 +212,7 @@ async fn closed_loop_measures_every_request() {
         assert_eq!(body["ignore_eos"], true);
         assert_eq!(body["max_tokens"], 5);
         let prompt = body["prompt"].as_str().unwrap();
-        assert_eq!(llmlb::tokenizer::count_tokens(prompt), 40);
+        assert_eq!(llmlb::tokenize::stand_in::count_tokens(prompt), 40);
     }
 }
 
@@ -353,7 +353,7 @@ async fn trace_replay_follows_timestamps_and_lengths() {
             let p = b["prompt"].as_str().unwrap();
             (
                 b["max_tokens"].as_u64().unwrap(),
-                llmlb::tokenizer::count_tokens(p),
+                llmlb::tokenize::stand_in::count_tokens(p),
             )
         })
         .collect();

@@ -10,7 +10,7 @@ mod kv_support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use llmlb::sim::SimHandle;
+use llmlb::replica_sim::SimHandle;
 
 use common::{call, chat_request, metric_value, metrics_text, start_llmlb};
 use kv_support::{chat, sim_with_events, system};

@@ -29,7 +29,7 @@ const SLOTS: usize = 4;
 
 /// One simulated replica whose requests take about 20 decode steps of
 /// 20 ms: about 0.4 s each, four at a time.
-fn replica_config() -> llmlb::sim::SimConfig {
+fn replica_config() -> llmlb::replica_sim::SimConfig {
     let mut sim = sim_support::fast();
     sim.model = "llama-3-8b".into();
     sim.engine.max_num_seqs = SLOTS;

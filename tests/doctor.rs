@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use llmlb::doctor::{Options, Report, Severity, Topic};
-use llmlb::sim::{SimConfig, SimHandle};
+use llmlb::replica_sim::{SimConfig, SimHandle};
 use tokio::net::TcpListener;
 
 use kv_support::sim_with_events;
@@ -88,7 +88,7 @@ async fn sim_with_tokenizer() -> SimHandle {
     let mut config = SimConfig::profile("fast").unwrap();
     config.tokenizer_dir = Some(PathBuf::from(TINY_LLAMA));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    llmlb::sim::spawn(listener, config)
+    llmlb::replica_sim::spawn(listener, config)
 }
 
 fn severity(report: &Report, topic: Topic) -> Option<Severity> {

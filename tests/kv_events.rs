@@ -11,9 +11,9 @@ use std::sync::Arc;
 use llmlb::kv_events::subscriber::{self, Endpoints, EventSink};
 use llmlb::kv_events::wire::{self, END_OF_REPLAY};
 use llmlb::kv_events::{BlockKey, KvEvent, Message};
+use llmlb::replica_sim::SimHandle;
 use llmlb::routing::prefix::blocks::{chained_hashes, exact_seed};
 use llmlb::routing::prefix::held::HeldBlocks;
-use llmlb::sim::SimHandle;
 use tokio::sync::watch;
 
 use common::until;

@@ -18,7 +18,7 @@ fn post(path: &str, token: Option<&str>) -> Request<Full<Bytes>> {
     b.body(Full::new(Bytes::new())).unwrap()
 }
 
-async fn start_from(file: &TempFile) -> llmlb::server::Running {
+async fn start_from(file: &TempFile) -> llmlb::daemon::Running {
     let text = std::fs::read_to_string(&file.path).unwrap();
     let lb = start_llmlb(&text).await;
     lb.state.config_path.set(file.path.clone()).unwrap();

@@ -42,7 +42,7 @@ struct Settled {
     tenant_tokens: f64,
 }
 
-async fn settled(lb: &llmlb::server::Running) -> Settled {
+async fn settled(lb: &llmlb::daemon::Running) -> Settled {
     let text = metrics_text(lb.admin_addr).await;
     let queue = lb.state.topology().pools[0]
         .admission
@@ -59,7 +59,7 @@ async fn settled(lb: &llmlb::server::Running) -> Settled {
     }
 }
 
-async fn released(lb: &llmlb::server::Running) {
+async fn released(lb: &llmlb::daemon::Running) {
     let gate = lb.state.pending.get("llama").expect("a gate");
     let queue = &lb.state.topology().pools[0]
         .admission

@@ -20,7 +20,7 @@ fn config(a: &Upstream, b: &Upstream, weights: &str) -> String {
 
 /// Version v1 on replica `a` (answering JSON), v2 on `b` (answering in
 /// `b_mode`), split by `weights`.
-async fn canary(weights: &str, b_mode: Mode) -> (Upstream, Upstream, llmlb::server::Running) {
+async fn canary(weights: &str, b_mode: Mode) -> (Upstream, Upstream, llmlb::daemon::Running) {
     let a = Upstream::start("a", Mode::Json).await;
     let b = Upstream::start("b", b_mode).await;
     let lb = start_llmlb(&config(&a, &b, weights)).await;

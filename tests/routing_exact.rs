@@ -11,8 +11,8 @@ mod kv_support;
 
 use std::net::SocketAddr;
 
-use llmlb::server::Running;
-use llmlb::sim::SimHandle;
+use llmlb::daemon::Running;
+use llmlb::replica_sim::SimHandle;
 
 use common::{metric_value, metrics_text, start_llmlb, until};
 use kv_support::{chat, prompt_hashes, sim_with_events, system};
@@ -27,7 +27,7 @@ async fn fleet(n: usize) -> Vec<SimHandle> {
 
 /// `n` replicas each holding one system prompt (`r{k}` holds `system(k)`),
 /// and llmlb in front once it has seen their cache events.
-async fn warmed_fleet(n: usize) -> (Vec<SimHandle>, llmlb::server::Running) {
+async fn warmed_fleet(n: usize) -> (Vec<SimHandle>, llmlb::daemon::Running) {
     let sims = fleet(n).await;
     let lb = start_llmlb(&config(&sims)).await;
     warm_directly(&sims).await;

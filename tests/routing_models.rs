@@ -74,14 +74,14 @@ async fn unknown_model_without_default_pool_is_404() {
 #[tokio::test]
 async fn models_reported_by_replicas_are_listed_and_routed() {
     let sim = |model: &str| {
-        let mut c = llmlb::sim::SimConfig::profile("fast").unwrap();
+        let mut c = llmlb::replica_sim::SimConfig::profile("fast").unwrap();
         c.model = model.into();
         c
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let adapters = llmlb::sim::spawn(listener, sim("sql-lora"));
+    let adapters = llmlb::replica_sim::spawn(listener, sim("sql-lora"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = llmlb::sim::spawn(listener, sim("base-model"));
+    let base = llmlb::replica_sim::spawn(listener, sim("base-model"));
     // A default pool takes what nobody serves, but not what a replica reports.
     let config = format!(
         "[[pools]]\nname = \"lora\"\nmodels_from_replicas = true\n\

@@ -33,7 +33,7 @@ fn config(ups: &[Upstream], prefix: &str) -> String {
 }
 
 /// Two llmlb instances with the same config in front of `ups`.
-async fn instances(ups: &[Upstream], prefix: &str) -> [llmlb::server::Running; 2] {
+async fn instances(ups: &[Upstream], prefix: &str) -> [llmlb::daemon::Running; 2] {
     let text = config(ups, prefix);
     [start_llmlb(&text).await, start_llmlb(&text).await]
 }

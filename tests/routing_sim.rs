@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use llmlb::bench::workload::SharedPrefixOptions;
 use llmlb::bench::{self, Arrivals, BenchSpec, Figures, Limits, WorkloadSpec};
-use llmlb::sim::{SimConfig, SimHandle};
+use llmlb::replica_sim::{SimConfig, SimHandle};
 use tokio::net::TcpListener;
 
 const REPLICAS: usize = 4;
@@ -55,7 +55,7 @@ async fn run(
         let mut config = sim.clone();
         config.seed = 11 + i as u64;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        replicas.push(llmlb::sim::spawn(listener, config));
+        replicas.push(llmlb::replica_sim::spawn(listener, config));
     }
     let mut text = format!(
         "[server]\nreplica_header = true\n\
@@ -71,7 +71,7 @@ async fn run(
     let config = llmlb::config::parse(&text).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let proxy = llmlb::server::start(config, listener, admin).unwrap();
+    let proxy = llmlb::daemon::start(config, listener, admin).unwrap();
     let mut spec = BenchSpec::new(
         format!("http://{}", proxy.addr),
         &model,

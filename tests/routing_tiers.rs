@@ -36,7 +36,7 @@ fn config(paid: &Upstream, free: &Upstream, open: &Upstream, overflow: bool) -> 
 async fn tiered(
     paid_mode: Mode,
     overflow: bool,
-) -> (Upstream, Upstream, Upstream, llmlb::server::Running) {
+) -> (Upstream, Upstream, Upstream, llmlb::daemon::Running) {
     let paid = Upstream::start("paid-1", paid_mode).await;
     let free = Upstream::start("free-1", Mode::Json).await;
     let open = Upstream::start("open-1", Mode::Json).await;

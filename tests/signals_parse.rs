@@ -3,7 +3,8 @@
 //! gauges, NaN), SGLang, the older vLLM KV name, garbage and truncation.
 
 use llmlb::config::{CustomMetricNames, MetricsPreset, ScrapeConfig};
-use llmlb::signals::{LoadSnapshot, MetricNames, parse};
+use llmlb::replica::LoadSnapshot;
+use llmlb::signals::{MetricNames, parse};
 use proptest::prelude::*;
 
 const VLLM: &str = include_str!("fixtures/vllm_two_engines.txt");

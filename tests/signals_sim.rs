@@ -12,7 +12,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use llmlb::bench::workload::{LenRange, RandomOptions};
 use llmlb::bench::{self, Arrivals, BenchSpec, Limits, WorkloadSpec};
-use llmlb::sim::{SimConfig, SimHandle};
+use llmlb::replica_sim::{SimConfig, SimHandle};
 use tokio::net::TcpListener;
 
 async fn fleet(n: usize, max_num_seqs: usize) -> Vec<SimHandle> {
@@ -21,7 +21,7 @@ async fn fleet(n: usize, max_num_seqs: usize) -> Vec<SimHandle> {
         let mut config = SimConfig::profile("fast").unwrap();
         config.engine.max_num_seqs = max_num_seqs;
         config.seed = i as u64;
-        out.push(llmlb::sim::spawn(
+        out.push(llmlb::replica_sim::spawn(
             TcpListener::bind("127.0.0.1:0").await.unwrap(),
             config,
         ));

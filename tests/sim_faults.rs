@@ -143,6 +143,6 @@ async fn bad_fault_patches_are_rejected() {
     assert_eq!(status, 400);
     let (status, _) = post(sim.addr, "/sim/fault", json!({"hung": true})).await;
     assert_eq!(status, 400);
-    assert_eq!(sim.faults(), llmlb::sim::FaultConfig::default());
+    assert_eq!(sim.faults(), llmlb::replica_sim::FaultConfig::default());
     sim.shutdown().await;
 }

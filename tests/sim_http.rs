@@ -5,7 +5,7 @@ mod sim_support;
 
 use std::time::Duration;
 
-use llmlb::tokenizer::{count_tokens, render_chat, tokenize};
+use llmlb::tokenize::stand_in::{count_tokens, render_chat, tokenize};
 use serde_json::json;
 use sim_support::*;
 use tokio::io::AsyncReadExt;

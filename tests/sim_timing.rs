@@ -11,13 +11,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llmlb::tokenizer::{count_tokens, render_chat};
+use llmlb::tokenize::stand_in::{count_tokens, render_chat};
 use serde_json::{Value, json};
 use sim_support::*;
 use tokio::time::Instant;
 
 /// A replica whose prefill is slow enough to see: 1 ms per prompt token.
-fn slow_prefill() -> llmlb::sim::SimConfig {
+fn slow_prefill() -> llmlb::replica_sim::SimConfig {
     let mut c = fast();
     c.cost.prefill_per_token = 0.001;
     c

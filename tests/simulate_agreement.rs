@@ -49,9 +49,9 @@ use llmlb::bench::workload::{
 };
 use llmlb::bench::{Arrivals, BenchSpec, Limits};
 use llmlb::demo::fleet::{Fleet, FleetSpec, PrefixCache, pool_keys};
-use llmlb::sim::SimConfig;
-use llmlb::simulate::run::{RunSpec, run};
-use llmlb::simulate::{Policy, RunResult, SimWorkload};
+use llmlb::fleet_sim::run::{RunSpec, run};
+use llmlb::fleet_sim::{Policy, RunResult, SimWorkload};
+use llmlb::replica_sim::SimConfig;
 
 const PROFILE: &str = "h100-8b";
 const REQUESTS: usize = 120;

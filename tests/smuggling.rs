@@ -12,7 +12,7 @@ const LIMIT: Duration = Duration::from_secs(10);
 const PATH: &str =
     "POST /v1/chat/completions HTTP/1.1\r\nHost: llmlb.test\r\nContent-Type: application/json\r\n";
 
-async fn setup() -> (Upstream, llmlb::server::Running) {
+async fn setup() -> (Upstream, llmlb::daemon::Running) {
     let (up, lb) = one_replica(
         Mode::Json,
         "[server]\nmax_header_bytes = 8192\nheader_read_timeout = \"500ms\"\n",

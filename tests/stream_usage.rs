@@ -117,7 +117,7 @@ fn keyed(body: &str) -> Request<Full<Bytes>> {
     req
 }
 
-async fn counters(lb: &llmlb::server::Running) -> (f64, f64) {
+async fn counters(lb: &llmlb::daemon::Running) -> (f64, f64) {
     let text = metrics_text(lb.admin_addr).await;
     (
         sample(&text, "llmlb_tenant_tokens_total{tenant=\"acme\"}"),

@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llmlb::signals::{LoadSnapshot, MetricNames, parse};
+use llmlb::replica::LoadSnapshot;
+use llmlb::signals::{MetricNames, parse};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::balancing::Replica;
-use crate::routing::{Pool, Topology};
+use crate::pool::{Pool, Topology};
+use crate::replica::Replica;
 use crate::telemetry::clock::now_millis;
 
 pub fn render(topology: &Topology) -> Value {

@@ -13,7 +13,7 @@
 use serde_json::{Value, json};
 
 use crate::forwarding::{Dispatch, RecentDispatches};
-use crate::routing::{Pool, Topology};
+use crate::pool::{Pool, Topology};
 use crate::server::AppState;
 
 /// The page, embedded at build time.
@@ -158,7 +158,7 @@ url = "http://127.0.0.1:3"
         );
         let topology = s.topology();
         let names = crate::signals::MetricNames::vllm();
-        topology.pools[0].replicas[0].store_load(crate::signals::LoadSnapshot::from_text(
+        topology.pools[0].replicas[0].store_load(crate::replica::LoadSnapshot::from_text(
             "vllm:prefix_cache_hits_total 25\nvllm:prefix_cache_queries_total 100\n",
             &names,
             crate::telemetry::clock::now_millis(),

@@ -1,6 +1,8 @@
 //! Metrics of the gateway and admission stages.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+
+use crate::telemetry::Family;
 
 const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -20,47 +22,28 @@ pub struct AdmissionMetrics {
 
 impl AdmissionMetrics {
     pub fn new(registry: &Registry) -> AdmissionMetrics {
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_queue_depth",
-                "Requests waiting in a pool's queue, by priority level.",
-            ),
+        let family = Family::new(registry);
+        let queue_depth = family.gauge(
+            "llmlb_queue_depth",
+            "Requests waiting in a pool's queue, by priority level.",
             &["pool", "level"],
-        )
-        .expect("metric");
-        let queue_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_queue_wait_seconds",
-                "Time a request waited in a pool's queue before dispatch.",
-            )
-            .buckets(WAIT_BUCKETS.to_vec()),
+        );
+        let queue_wait = family.histogram(
+            "llmlb_queue_wait_seconds",
+            "Time a request waited in a pool's queue before dispatch.",
             &["pool", "level"],
-        )
-        .expect("metric");
-        let tenant_requests = IntCounterVec::new(
-            Opts::new(
-                "llmlb_tenant_requests_total",
-                "Requests admitted per tenant.",
-            ),
+            WAIT_BUCKETS,
+        );
+        let tenant_requests = family.counter(
+            "llmlb_tenant_requests_total",
+            "Requests admitted per tenant.",
             &["tenant"],
-        )
-        .expect("metric");
-        let tenant_tokens = IntCounterVec::new(
-            Opts::new(
-                "llmlb_tenant_tokens_total",
-                "Prompt plus completion tokens per tenant (reported usage, else the estimate).",
-            ),
+        );
+        let tenant_tokens = family.counter(
+            "llmlb_tenant_tokens_total",
+            "Prompt plus completion tokens per tenant (reported usage, else the estimate).",
             &["tenant"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(queue_depth.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(queue_wait.clone()),
-            Box::new(tenant_requests.clone()),
-            Box::new(tenant_tokens.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        );
         AdmissionMetrics {
             queue_depth,
             queue_wait,

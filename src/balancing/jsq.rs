@@ -16,7 +16,8 @@
 //! `fallback_stale_metrics`): scraped and local units are never mixed.
 
 use super::load::{Load, Scan};
-use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
+use super::{BalancerParams, Branch, RequestInfo};
+use crate::replica::ReplicaView;
 
 /// JSQ: every candidate compared by [`QueueLength`].
 pub type JoinShortestQueue = Scan<QueueLength>;
@@ -67,7 +68,8 @@ impl Load for QueueLength {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::{Balancer, Pick, ScrapedLoad};
+    use crate::balancing::{Balancer, Pick};
+    use crate::replica::ScrapedLoad;
 
     fn view(id: u64, waiting: u64, running: u64, age_ms: u64, in_flight: u64) -> ReplicaView {
         ReplicaView {

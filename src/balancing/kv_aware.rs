@@ -7,7 +7,7 @@
 //! (`vllm:kv_cache_usage_perc`, or `gpu_cache_usage_perc` before vLLM 0.9.2)
 //! plus (tokens dispatched since that scrape plus this request's prompt and
 //! expected output) divided by the KV capacity in tokens
-//! ([`KvRoom::projected_usage`](super::view::KvRoom::projected_usage), the
+//! ([`KvRoom::projected_usage`](crate::replica::view::KvRoom::projected_usage), the
 //! same KV model cache-aware routing reads free tokens from). The capacity comes
 //! from the replica's `vllm:cache_config_info` (`num_gpu_blocks × block_size`),
 //! else the pool's `kv_capacity_tokens`. Candidates at or under
@@ -25,7 +25,8 @@
 //! `fallback_stale_metrics`).
 
 use super::load::{Load, Scan};
-use super::{BalancerParams, Branch, ReplicaView, RequestInfo};
+use super::{BalancerParams, Branch, RequestInfo};
+use crate::replica::ReplicaView;
 
 /// KV-aware: every candidate compared by [`KvHeadroom`].
 pub type KvAware = Scan<KvHeadroom>;
@@ -77,7 +78,8 @@ impl Load for KvHeadroom {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::{Balancer, Pick, ScrapedLoad};
+    use crate::balancing::{Balancer, Pick};
+    use crate::replica::ScrapedLoad;
 
     fn view(id: u64, usage: f64, waiting: u64, age_ms: u64) -> ReplicaView {
         ReplicaView {

@@ -10,7 +10,8 @@
 use std::cmp::Ordering;
 
 use super::load::{Load, Scan};
-use super::{Branch, ReplicaView, RequestInfo};
+use super::{Branch, RequestInfo};
+use crate::replica::ReplicaView;
 
 /// Least-connections: every candidate compared by [`InFlight`].
 pub type LeastConnections = Scan<InFlight>;

@@ -17,7 +17,8 @@
 //! the fleet is shared).
 
 use super::load::{Load, Scan};
-use super::{Branch, ReplicaView, RequestInfo};
+use super::{Branch, RequestInfo};
+use crate::replica::ReplicaView;
 
 /// Least-tokens: every candidate compared by [`OutstandingTokens`].
 pub type LeastTokens = Scan<OutstandingTokens>;

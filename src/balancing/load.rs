@@ -15,7 +15,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Balancer, Branch, Pick, ReplicaView, RequestInfo};
+use super::{Balancer, Branch, Pick, RequestInfo};
+use crate::replica::ReplicaView;
 
 /// How loaded a candidate is; smaller keys are less loaded.
 pub trait Load: std::fmt::Debug + Send + Sync {
@@ -144,7 +145,7 @@ mod tests {
     fn view(waiting: Option<u64>, in_flight: u64) -> ReplicaView {
         ReplicaView {
             in_flight,
-            load: waiting.map(|w| super::super::ScrapedLoad {
+            load: waiting.map(|w| crate::replica::ScrapedLoad {
                 waiting: Some(w),
                 ..Default::default()
             }),

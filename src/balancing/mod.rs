@@ -13,28 +13,24 @@
 
 mod jsq;
 mod kv_aware;
-mod learned;
 mod least_connections;
 mod least_tokens;
 pub mod load;
-pub mod outlier;
 mod p2c;
-pub mod replica;
+mod params;
 mod round_robin;
-mod view;
 
 pub use jsq::{JoinShortestQueue, QueueLength};
 pub use kv_aware::{KvAware, KvHeadroom};
-pub use learned::{LearnedRates, Rates};
 pub use least_connections::{InFlight, LeastConnections};
 pub use least_tokens::{LeastTokens, OutstandingTokens};
 pub use load::{Load, Scan};
 pub use p2c::PowerOfTwo;
-pub use replica::{InFlightGuard, Replica, ReplicaId};
+pub use params::BalancerParams;
 pub use round_robin::WeightedRoundRobin;
-pub use view::{BalancerParams, KvRoom, ReplicaView, ScrapedLoad};
 
 use crate::config::{BalancerKind, P2cMetric};
+use crate::replica::ReplicaView;
 
 /// What a balancer may know about the request being placed.
 #[derive(Debug, Clone, Copy, Default)]

@@ -17,7 +17,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Balancer, Branch, Load, Pick, ReplicaView, RequestInfo};
+use super::{Balancer, Branch, Load, Pick, RequestInfo};
+use crate::replica::ReplicaView;
 
 #[derive(Debug)]
 pub struct PowerOfTwo<L> {
@@ -93,7 +94,8 @@ impl<L: Load> Balancer for PowerOfTwo<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancing::{BalancerParams, InFlight, OutstandingTokens, QueueLength, ScrapedLoad};
+    use crate::balancing::{BalancerParams, InFlight, OutstandingTokens, QueueLength};
+    use crate::replica::ScrapedLoad;
 
     fn p2c<L: Load>(load: L, seed: u64) -> PowerOfTwo<L> {
         PowerOfTwo::new(load, seed)

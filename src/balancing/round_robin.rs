@@ -13,7 +13,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::{Balancer, Branch, Pick, ReplicaId, ReplicaView, RequestInfo};
+use super::{Balancer, Branch, Pick, RequestInfo};
+use crate::replica::{ReplicaId, ReplicaView};
 
 #[derive(Debug, Default)]
 pub struct WeightedRoundRobin {

@@ -9,7 +9,7 @@
 //! throughput and goodput ([`stats`]) as a table, JSON ([`report`]) and SVG
 //! CDFs ([`plot`]).
 //!
-//! Prompt lengths are exact in llmlb's own tokenizer ([`crate::tokenizer`],
+//! Prompt lengths are exact in llmlb's own tokenizer ([`crate::tokenize::stand_in`],
 //! which the simulated replicas use). A real model's tokenizer splits the
 //! pseudo-words differently, so against vLLM the prompt token counts differ
 //! from the requested ones; the report counts what the server's `usage` says

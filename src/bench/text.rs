@@ -1,7 +1,7 @@
 //! Deterministic prompt text of an exact token length.
 //!
 //! Every piece of generated text is a run of pseudo-words, each a space and
-//! two to five lowercase letters. Under [`crate::tokenizer`] such a word is
+//! two to five lowercase letters. Under [`crate::tokenize::stand_in`] such a word is
 //! exactly one token, and because every word starts with a space, joining two
 //! generated texts joins their token lists: `tokens(a + b) == tokens(a) ++
 //! tokens(b)`. That makes lengths exact and prefixes shared at token level.
@@ -107,7 +107,7 @@ pub fn push_block(out: &mut String, id: u64, block_tokens: usize, take: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::{count_tokens, tokenize};
+    use crate::tokenize::stand_in::{count_tokens, tokenize};
 
     #[test]
     fn every_word_is_one_token() {

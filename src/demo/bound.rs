@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use crate::bench::BenchError;
 use crate::bench::workload::{Prompt, WorkloadSpec};
 use crate::routing::prefix::blocks::{chained_hashes, exact_seed};
-use crate::tokenizer::{render_chat, tokenize};
+use crate::tokenize::stand_in::{render_chat, tokenize};
 
 /// Upper bound of `hits / prompt tokens` over the first `requests` requests
 /// (all turns) of `spec` with `seed`, for replicas with `block_size`.

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use super::{DemoArgs, DemoError};
-use crate::server::Running;
-use crate::sim::{SimConfig, SimHandle};
+use crate::daemon::Running;
+use crate::replica_sim::{SimConfig, SimHandle};
 
 pub struct Fleet {
     replicas: Vec<SimHandle>,
@@ -95,15 +95,15 @@ impl Fleet {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             replicas.push(if spec.kv_events {
                 let any = SocketAddr::from(([127, 0, 0, 1], 0));
-                let kv = crate::sim::KvEventsAddrs {
+                let kv = crate::replica_sim::KvEventsAddrs {
                     events: any,
                     replay: Some(any),
                 };
-                crate::sim::spawn_with_kv_events(listener, config, kv)
+                crate::replica_sim::spawn_with_kv_events(listener, config, kv)
                     .await
                     .map_err(|e| DemoError::Sim(e.to_string()))?
             } else {
-                crate::sim::spawn(listener, config)
+                crate::replica_sim::spawn(listener, config)
             });
         }
         let mut text = format!(
@@ -137,7 +137,7 @@ impl Fleet {
         })?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let admin = TcpListener::bind("127.0.0.1:0").await?;
-        let proxy = crate::server::start(config, listener, admin)?;
+        let proxy = crate::daemon::start(config, listener, admin)?;
         wait_for_first_scrape(&proxy).await;
         Ok(Fleet {
             replicas,

@@ -18,7 +18,7 @@ use clap::Args;
 
 use crate::bench::workload::SharedPrefixOptions;
 use crate::bench::{self, Arrivals, BenchSpec, Limits, WorkloadSpec};
-use crate::sim::SimConfig;
+use crate::replica_sim::SimConfig;
 use fleet::{Fleet, FleetSpec};
 pub use table::{DemoRow, render};
 

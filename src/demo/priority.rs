@@ -14,7 +14,7 @@ use super::fleet::{Fleet, FleetSpec, SCRAPE_INTERVAL};
 use super::{DemoArgs, DemoError};
 use crate::bench::workload::{LenRange, RandomOptions};
 use crate::bench::{self, Arrivals, BenchSpec, Figures, Limits, WorkloadSpec};
-use crate::sim::SimConfig;
+use crate::replica_sim::SimConfig;
 
 /// One variant's outcome per tier.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -40,37 +40,22 @@ pub struct DiscoveryMetrics {
 
 impl DiscoveryMetrics {
     pub fn new(registry: &Registry) -> DiscoveryMetrics {
-        let replicas = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_discovery_replicas",
-                "Replicas discovered by DNS per pool.",
-            ),
+        let family = crate::telemetry::Family::new(registry);
+        let replicas = family.gauge(
+            "llmlb_discovery_replicas",
+            "Replicas discovered by DNS per pool.",
             &["pool"],
-        )
-        .expect("metric");
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "llmlb_discovery_errors_total",
-                "Failed DNS resolutions per pool (the last known replicas stay).",
-            ),
+        );
+        let errors = family.counter(
+            "llmlb_discovery_errors_total",
+            "Failed DNS resolutions per pool (the last known replicas stay).",
             &["pool"],
-        )
-        .expect("metric");
-        let updates = IntCounterVec::new(
-            Opts::new(
-                "llmlb_discovery_updates_total",
-                "Changes of a pool's discovered replica set.",
-            ),
+        );
+        let updates = family.counter(
+            "llmlb_discovery_updates_total",
+            "Changes of a pool's discovered replica set.",
             &["pool"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(replicas.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(errors.clone()),
-            Box::new(updates.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        );
         DiscoveryMetrics {
             replicas,
             errors,

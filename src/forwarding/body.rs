@@ -24,9 +24,10 @@ use hyper::body::Incoming;
 
 use super::idle::IdleTimer;
 use super::usage_strip::UsageStrip;
-use crate::balancing::{InFlightGuard, Replica};
 use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
-use crate::routing::{Expected, Failure, Pool, StreamBroken};
+use crate::pool::{Failure, Pool};
+use crate::replica::{InFlightGuard, Replica};
+use crate::routing::{Expected, StreamBroken};
 use crate::telemetry::{Metrics, ReplicaSeries};
 
 /// The status label of a response whose stream broke midway.

@@ -15,10 +15,13 @@ use super::body::{Completion, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
-use crate::balancing::{self, Replica, ReplicaId, RequestInfo};
+use crate::balancing::RequestInfo;
 use crate::net::ReportedUsage;
-use crate::routing::{Choice, StreamBroken, choose};
-use crate::routing::{Decision, Expected, Failure, Pool};
+use crate::pool::{Choice, choose};
+use crate::pool::{Failure, Pool};
+use crate::replica::{Replica, ReplicaId};
+use crate::routing::StreamBroken;
+use crate::routing::{Decision, Expected};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::StageSpan;
@@ -30,11 +33,9 @@ pub struct ForwardRequest<'a> {
     pub path_and_query: &'a str,
     /// Client headers, hop-by-hop ones already removed.
     pub headers: HeaderMap,
-    /// The original request body, unchanged.
-    pub body: Bytes,
-    /// `Some` when the body asks for a stream (`"stream": true`), with
-    /// what its `stream_options` say, as the request's parse read them.
-    pub stream: Option<super::StreamOptions>,
+    /// The body to send, and the one with `stream_options` added when llmlb
+    /// asks the stream for its usage.
+    pub body: super::Outbound,
     pub info: RequestInfo<'a>,
     /// The routing stage's limits and preference among the pool's replicas.
     pub route: &'a Decision,
@@ -54,12 +55,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
-    let asked_usage = match req.stream {
-        Some(options) if pool.stream_usage => {
-            super::stream_usage::ask_for_usage(req.path_and_query, &req.body, options)
-        }
-        _ => None,
-    };
+    let asked_usage = req.body.with_usage.take();
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
     let mut tried: Vec<ReplicaId> = Vec::new();
@@ -126,7 +122,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
             &req,
             replica,
             &headers,
-            with_usage.unwrap_or(&req.body),
+            with_usage.unwrap_or(&req.body.body),
             tried.len(),
         )
         .await?;
@@ -141,7 +137,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                 }
                 let again;
                 (attempt, again) =
-                    send_once(&req, replica, &headers, &req.body, tried.len()).await?;
+                    send_once(&req, replica, &headers, &req.body.body, tried.len()).await?;
                 if let Ok(Ok(r)) = &again
                     && r.status() != StatusCode::BAD_REQUEST
                     && replica.note_refuses_stream_options()
@@ -328,7 +324,7 @@ fn stream_back(
     resp: Response<hyper::body::Incoming>,
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
-    guard: balancing::InFlightGuard,
+    guard: crate::replica::InFlightGuard,
     expected: Option<Expected>,
     strip_usage: bool,
 ) -> Response<ProxyBody> {
@@ -359,8 +355,8 @@ fn stream_back(
         finished: false,
         broken,
     };
-    let mut body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse)
-        .carrying(expected);
+    let mut body =
+        ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse).carrying(expected);
     if strip_usage && sse {
         // Bytes may be taken out of the stream: its length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);

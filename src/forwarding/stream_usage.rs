@@ -60,8 +60,7 @@ impl<'de> Deserialize<'de> for StreamOptions {
 /// the body goes as sent (not a stream, not a completion path, or the client
 /// asked for usage already).
 pub fn ask_for_usage(path_and_query: &str, body: &Bytes, options: StreamOptions) -> Option<Bytes> {
-    let path = path_and_query.split('?').next().unwrap_or("");
-    if !(path.ends_with("/chat/completions") || path.ends_with("/completions")) {
+    if !completion_path(path_and_query) {
         return None;
     }
     let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
@@ -82,10 +81,22 @@ pub fn ask_for_usage(path_and_query: &str, body: &Bytes, options: StreamOptions)
     }
 }
 
+/// Whether the path takes `stream_options` (chat and text completions).
+pub fn completion_path(path_and_query: &str) -> bool {
+    let path = path_and_query.split('?').next().unwrap_or("");
+    path.ends_with("/chat/completions") || path.ends_with("/completions")
+}
+
 /// Sets `stream_options.include_usage = true` in a body that has
 /// `stream_options`, keeping its other options.
 fn merge(body: &[u8]) -> Option<Bytes> {
     let mut map: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    merge_into(&mut map);
+    serde_json::to_vec(&map).ok().map(Bytes::from)
+}
+
+/// [`merge`] on a body already parsed.
+pub fn merge_into(map: &mut Map<String, Value>) {
     let options = map
         .entry("stream_options")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -95,7 +106,6 @@ fn merge(body: &[u8]) -> Option<Bytes> {
     if let Value::Object(o) = options {
         o.insert("include_usage".into(), Value::Bool(true));
     }
-    serde_json::to_vec(&map).ok().map(Bytes::from)
 }
 
 #[cfg(test)]

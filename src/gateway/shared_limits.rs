@@ -46,33 +46,20 @@ pub struct SharedLimitMetrics {
 
 impl SharedLimitMetrics {
     pub fn new(registry: &Registry) -> SharedLimitMetrics {
-        let fallbacks = IntCounter::new(
+        let family = crate::telemetry::Family::new(registry);
+        let fallbacks = family.counter_one(
             "llmlb_rate_limit_fallbacks_total",
             "Rate-limit checks done with local buckets because the shared backend failed.",
-        )
-        .expect("metric");
-        let lost_adjustments = IntCounter::new(
+        );
+        let lost_adjustments = family.counter_one(
             "llmlb_rate_limit_adjustments_lost_total",
             "Shared rate-limit refunds and settlements dropped because no runtime could run them.",
-        )
-        .expect("metric");
-        let up = IntGaugeVec::new(
-            prometheus::Opts::new(
-                "llmlb_rate_limit_backend_up",
-                "1 while the shared rate-limit backend answers (only when one is configured).",
-            ),
+        );
+        let up = family.gauge(
+            "llmlb_rate_limit_backend_up",
+            "1 while the shared rate-limit backend answers (only when one is configured).",
             &["backend"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(fallbacks.clone()))
-            .expect("unique metric names");
-        registry
-            .register(Box::new(lost_adjustments.clone()))
-            .expect("unique metric names");
-        registry
-            .register(Box::new(up.clone()))
-            .expect("unique metric names");
+        );
         SharedLimitMetrics {
             fallbacks,
             lost_adjustments,

@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Transition;
 use crate::net::{sleep_or_stop, stopped};
+use crate::replica::Transition;
 
-use super::Prober;
-use crate::balancing::Replica;
 use crate::config::HealthConfig;
+use crate::net::Prober;
+use crate::replica::Replica;
 use crate::telemetry::Metrics;
 
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub async fn run(
         }
         next = later(next, cfg.interval);
         let result = tokio::select! {
-            r = prober.get_from(&target.replica, &cfg.path, cfg.timeout) => r,
+            r = prober.get_from(&target.replica.scheme, &target.replica.authority, &cfg.path, cfg.timeout) => r,
             _ = stopped(&mut stop) => return,
         };
         if let Err(e) = &result {

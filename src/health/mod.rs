@@ -1,10 +1,6 @@
-//! Health: active checks (`GET /health` on a cadence, HAProxy's fall/rise)
-//! and the background loop that runs them. Passive outlier ejection lives
-//! with the replica state in `balancing::outlier`.
+//! Health: the active-check loop (`GET /health` on a cadence, HAProxy's
+//! fall/rise). The state it writes lives on the replica
+//! (`replica::health`); passive outlier ejection is `replica::outlier`; the
+//! HTTP client it probes with is `net::probe`.
 
 pub mod checker;
-mod probe;
-mod state;
-
-pub use probe::{ProbeError, Prober};
-pub use state::{ActiveHealth, Transition};

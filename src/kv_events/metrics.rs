@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
+
+use crate::telemetry::Family;
 
 use super::subscriber::EventSink;
 use super::wire::EventBatch;
@@ -27,47 +29,16 @@ pub struct KvEventMetrics {
 
 impl KvEventMetrics {
     pub fn register(registry: &Registry) -> KvEventMetrics {
+        let family = Family::new(registry);
         let labels = ["pool", "replica"];
-        let gaps = IntCounterVec::new(
-            Opts::new(
-                "llmlb_kv_events_gaps_total",
-                "Jumps in a replica's KV-event sequence numbers (a reconnect, a late start, a slow subscriber).",
-            ),
+        let gaps = family.counter("llmlb_kv_events_gaps_total", "Jumps in a replica's KV-event sequence numbers (a reconnect, a late start, a slow subscriber).", &labels);
+        let missed = family.counter(
+            "llmlb_kv_events_missed_total",
+            "KV-event messages that did not arrive live (the sum of the gaps' lengths).",
             &labels,
-        )
-        .expect("metric");
-        let missed = IntCounterVec::new(
-            Opts::new(
-                "llmlb_kv_events_missed_total",
-                "KV-event messages that did not arrive live (the sum of the gaps' lengths).",
-            ),
-            &labels,
-        )
-        .expect("metric");
-        let replays = IntCounterVec::new(
-            Opts::new(
-                "llmlb_kv_events_replays_total",
-                "Replays asked from a replica's replay endpoint, by outcome (complete, incomplete, failed, timeout).",
-            ),
-            &["pool", "replica", "outcome"],
-        )
-        .expect("metric");
-        let unknown = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_kv_events_unknown_replicas",
-                "Replicas of the pool whose record of cached blocks is unknown (scored from llmlb's estimate).",
-            ),
-            &["pool"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(gaps.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(missed.clone()),
-            Box::new(replays.clone()),
-            Box::new(unknown.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        );
+        let replays = family.counter("llmlb_kv_events_replays_total", "Replays asked from a replica's replay endpoint, by outcome (complete, incomplete, failed, timeout).", &["pool", "replica", "outcome"]);
+        let unknown = family.gauge("llmlb_kv_events_unknown_replicas", "Replicas of the pool whose record of cached blocks is unknown (scored from llmlb's estimate).", &["pool"]);
         KvEventMetrics {
             gaps,
             missed,

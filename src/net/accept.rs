@@ -91,30 +91,18 @@ impl ConnMetrics {
     /// Registers the metric families and returns the series of the client
     /// and the admin listener.
     pub fn register(registry: &prometheus::Registry) -> (ConnMetrics, ConnMetrics) {
-        use prometheus::{IntCounterVec, IntGaugeVec, Opts};
-        let open = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_client_connections",
-                "Connections open now, by listener.",
-            ),
+        let family = crate::telemetry::Family::new(registry);
+        let open = family.gauge(
+            "llmlb_client_connections",
+            "Connections open now, by listener.",
             &["listener"],
-        )
-        .expect("metric");
-        let closed = IntCounterVec::new(
-            Opts::new(
-                "llmlb_client_connections_closed_total",
-                "Connections closed, by listener and reason (normal, idle_timeout, \
-                 header_timeout, drain_timeout, tls_handshake).",
-            ),
+        );
+        let closed = family.counter(
+            "llmlb_client_connections_closed_total",
+            "Connections closed, by listener and reason (normal, idle_timeout, \
+             header_timeout, drain_timeout, tls_handshake).",
             &["listener", "reason"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(open.clone()))
-            .expect("unique metric names");
-        registry
-            .register(Box::new(closed.clone()))
-            .expect("unique metric names");
+        );
         let series = |listener: &'static str| ConnMetrics {
             listener,
             open: open.with_label_values(&[listener]),

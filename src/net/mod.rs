@@ -4,7 +4,8 @@
 //! optional TLS ([`accept`], [`connection`], [`client_tls`]), a body that
 //! reports its frames and its end once ([`guarded`]: `Watched`, and
 //! `Guarded` that holds a guard until then), and the pooled client that
-//! reaches replicas ([`upstream`], [`upstream_tls`]); reading `usage` token
+//! reaches replicas ([`upstream`], [`upstream_tls`]) and the small one the
+//! health and scrape loops probe them with ([`probe`]); reading `usage` token
 //! counts from a response's bytes ([`usage_tokens`]) and waiting for a stop
 //! signal ([`stopped`]).
 //!
@@ -16,6 +17,7 @@ pub mod body;
 pub mod client_tls;
 pub mod connection;
 pub mod guarded;
+pub mod probe;
 mod shutdown;
 pub mod upstream;
 pub mod upstream_tls;
@@ -26,6 +28,7 @@ pub use body::{
     BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
 };
 pub use guarded::{End, Guarded, Watch, Watched};
+pub use probe::{ProbeError, Prober};
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::RouteBranch;
 use super::decision::Decision;
 use super::prefix::rendezvous::{self, Node, hash64};
-use crate::balancing::{Replica, ReplicaId};
+use crate::replica::{Replica, ReplicaId};
 
 /// What the key stands for, which names the branch taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +119,7 @@ pub fn session_key(value: Option<&str>) -> Option<u64> {
 mod tests {
     use http::HeaderMap;
 
-    use crate::routing::test_fleet::{input, pool_of, route};
+    use crate::pool::test_fleet::{input, pool_of, route};
     use crate::routing::{Prompt, RouteBranch};
 
     #[test]

@@ -36,8 +36,8 @@ use super::prefix::predict;
 use super::prefix::rendezvous;
 use super::prefix::score::{self, Candidate};
 use super::router::Router;
-use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::PrefixMode;
+use crate::replica::{Replica, ReplicaId, ReplicaView};
 
 /// Sets the decision's preference among `cands` for a prompt of `tokens`.
 pub(super) fn prefer(
@@ -71,39 +71,13 @@ pub(super) fn prefer(
         Vec::new()
     };
     let hot = hot_of(router, key, &blocks, cands, &all_nodes, views, now_ms);
-    let home = hot.home.map(|i| cands[i].id);
-    // A replica at its concurrency limit cannot take the request now,
-    // however warm: score only those with a free slot, if any has one.
-    let with_slot: Vec<Arc<Replica>> = cands
-        .iter()
-        .filter(|r| r.has_free_slot())
-        .cloned()
-        .collect();
-    // What the full replicas hold, to tell an overflow from a miss.
-    let held_by_full = if with_slot.is_empty() {
-        0
-    } else {
-        cands
-            .iter()
-            .filter(|r| !r.has_free_slot())
-            .map(|r| holdings.holding(r.id).cached)
-            .max()
-            .unwrap_or(0)
-    };
+    let (with_slot, held_by_full) = with_free_slots(cands, &holdings);
     let all = cands;
     let cands: &[Arc<Replica>] = if with_slot.is_empty() {
         cands
     } else {
         &with_slot
     };
-    let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
-    let ahead = score::requests_ahead(&ordered, router.max_age_ms);
-    // Tie-break order: rendezvous on the prefix's key.
-    let order = rendezvous::order(key, &router.affinity.nodes(cands));
-    let mut rank = vec![0; cands.len()];
-    for (pos, &i) in order.iter().enumerate() {
-        rank[i] = pos;
-    }
     let held: Vec<Holding> = cands.iter().map(|r| holdings.holding(r.id)).collect();
     let most = held
         .iter()
@@ -111,48 +85,24 @@ pub(super) fn prefer(
         .max()
         .unwrap_or(0)
         .max(held_by_full);
-    // A hot prefix's copies (its home, then the first replicas of its
-    // order over every candidate, full or not, up to `copies`) count as
-    // holding the part its requests share: the first request sent to a cold
-    // copy warms it.
-    let copy_ids: Vec<ReplicaId> = if hot.copies > 1 {
-        let mut order = rendezvous::order(key, &all_nodes);
-        if let Some(h) = hot.home {
-            order.retain(|&i| i != h);
-            order.insert(0, h);
-        }
-        order.iter().take(hot.copies).map(|&i| all[i].id).collect()
-    } else {
-        Vec::new()
-    };
     let shared_tokens = ((hot.shared_blocks * block) as u64).min(tokens.len() as u64);
-    let shared = most.min(shared_tokens);
     // Every arrival of the prefix shares at least the blocks its key is
     // made of, the first one included. The home is counted as keeping them
     // only while no replica holds as much: a prefix held elsewhere is a hit
     // there, not a reason to prefill it again at home.
     let kept = shared_tokens.max((lead * block) as u64);
-    let kept = if most < kept { kept } else { 0 };
-    let scored: Vec<Candidate> = (0..cands.len())
-        .map(|i| Candidate {
-            ahead: ahead[i],
-            rates: ordered[i].rates,
-            prefilling: ordered[i].prefilling,
-            cached_tokens: if copy_ids.contains(&cands[i].id) {
-                held[i].cached.max(shared)
-            } else {
-                held[i].cached
-            },
-            // The prefix's home is where its next requests will look for
-            // the part they share, held now or not.
-            kept_tokens: if home == Some(cands[i].id) { kept } else { 0 },
-            room_tokens: held[i].room,
-            rank: rank[i],
-        })
-        .collect();
-    let Some((i, _)) = score::best(&router.cost, tokens.len() as u64, &scored) else {
+    let facts = PrefixFacts {
+        copies: copies_of(key, &hot, &all_nodes, all),
+        home: hot.home.map(|i| all[i].id),
+        shared: most.min(shared_tokens),
+        kept: if most < kept { kept } else { 0 },
+    };
+    let scored = candidates(router, key, cands, views, &held, &facts);
+    let prompt_len = tokens.len() as u64;
+    let Some((i, _)) = score::best(&router.cost, prompt_len, &scored) else {
         return;
     };
+    let id = cands[i].id;
     d.branches.push(if most == 0 {
         RouteBranch::PrefixMiss
     } else if held[i].cached == most {
@@ -163,27 +113,130 @@ pub(super) fn prefer(
     if held[i].estimated {
         d.branches.push(RouteBranch::PrefixEstimated);
     }
-    if copy_ids.contains(&cands[i].id) {
+    if facts.copies.contains(&id) {
         d.branches.push(RouteBranch::PrefixReplicated);
     }
-    if home == Some(cands[i].id) && scored[i].kept_tokens > scored[i].cached_tokens {
-        // Whether the home won only for what it is counted as keeping.
-        let as_held: Vec<Candidate> = scored
-            .iter()
-            .map(|c| Candidate {
-                kept_tokens: 0,
-                ..*c
-            })
-            .collect();
-        if score::best(&router.cost, tokens.len() as u64, &as_held).map(|b| b.0) != Some(i) {
-            d.branches.push(RouteBranch::PrefixHome);
-        }
+    if facts.home == Some(id) && !wins_as_held(router, prompt_len, &scored, i) {
+        d.branches.push(RouteBranch::PrefixHome);
     }
-    d.preferred = Some(vec![cands[i].id]);
+    d.preferred = Some(vec![id]);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if prefix.mode == PrefixMode::Exact {
         d.expect = Some((Arc::clone(&router.state.held), tokens.into_owned()));
     }
+}
+
+/// What a prefix brings to its candidates' scores.
+struct PrefixFacts {
+    /// A hot prefix's copies: they count as holding the part its requests
+    /// share (the first request sent to a cold copy warms it).
+    copies: Vec<ReplicaId>,
+    /// The prefix's home: where its next requests will look for the part
+    /// they share, held now or not.
+    home: Option<ReplicaId>,
+    /// Tokens a copy counts as holding.
+    shared: u64,
+    /// Tokens the home counts as keeping.
+    kept: u64,
+}
+
+/// The candidates with a free slot (none: every candidate is scored), and
+/// the most any full candidate holds, to tell an overflow from a miss (0
+/// when no candidate has a slot). A replica at its concurrency limit cannot
+/// take the request now, however warm.
+fn with_free_slots(cands: &[Arc<Replica>], holdings: &Holdings) -> (Vec<Arc<Replica>>, u64) {
+    let with_slot: Vec<Arc<Replica>> = cands
+        .iter()
+        .filter(|r| r.has_free_slot())
+        .cloned()
+        .collect();
+    let held_by_full = if with_slot.is_empty() {
+        0
+    } else {
+        cands
+            .iter()
+            .filter(|r| !r.has_free_slot())
+            .map(|r| holdings.holding(r.id).cached)
+            .max()
+            .unwrap_or(0)
+    };
+    (with_slot, held_by_full)
+}
+
+/// A hot prefix's copies: its home, then the first replicas of its order
+/// over every candidate (`all`, full or not), up to `hot.copies`; none for a
+/// prefix kept on one replica.
+fn copies_of(
+    key: u64,
+    hot: &Hot,
+    all_nodes: &[rendezvous::Node],
+    all: &[Arc<Replica>],
+) -> Vec<ReplicaId> {
+    if hot.copies <= 1 {
+        return Vec::new();
+    }
+    let mut order = rendezvous::order(key, all_nodes);
+    if let Some(h) = hot.home {
+        order.retain(|&i| i != h);
+        order.insert(0, h);
+    }
+    order.iter().take(hot.copies).map(|&i| all[i].id).collect()
+}
+
+/// Each candidate's scoring input: what is ahead of the request there, its
+/// rates, what it holds (a copy of the prefix at least its shared part),
+/// what it keeps (the home), its cache room and its rank in the rendezvous
+/// order on the prefix's `key` (the tie-break).
+fn candidates(
+    router: &Router,
+    key: u64,
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+    held: &[Holding],
+    facts: &PrefixFacts,
+) -> Vec<Candidate> {
+    let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
+    let ahead = score::requests_ahead(&ordered, router.max_age_ms);
+    let order = rendezvous::order(key, &router.affinity.nodes(cands));
+    let mut rank = vec![0; cands.len()];
+    for (pos, &i) in order.iter().enumerate() {
+        rank[i] = pos;
+    }
+    (0..cands.len())
+        .map(|i| Candidate {
+            ahead: ahead[i],
+            rates: ordered[i].rates,
+            prefilling: ordered[i].prefilling,
+            cached_tokens: if facts.copies.contains(&cands[i].id) {
+                held[i].cached.max(facts.shared)
+            } else {
+                held[i].cached
+            },
+            kept_tokens: if facts.home == Some(cands[i].id) {
+                facts.kept
+            } else {
+                0
+            },
+            room_tokens: held[i].room,
+            rank: rank[i],
+        })
+        .collect()
+}
+
+/// Whether candidate `i`, which won, would win without what it is counted
+/// as keeping (a home that won only for that is noted as such).
+fn wins_as_held(router: &Router, prompt_len: u64, scored: &[Candidate], i: usize) -> bool {
+    if scored[i].kept_tokens <= scored[i].cached_tokens {
+        return true;
+    }
+    let as_held: Vec<Candidate> = scored
+        .iter()
+        .map(|c| Candidate {
+            kept_tokens: 0,
+            ..*c
+        })
+        .collect();
+    score::best(&router.cost, prompt_len, &as_held).map(|b| b.0) == Some(i)
 }
 
 /// How many replicas should hold the prefix `key`, and what its arrivals
@@ -360,11 +413,11 @@ impl Holdings {
 mod tests {
     use http::HeaderMap;
 
-    use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::test_fleet::{
+    use crate::pool::test_fleet::{
         dispatch_chat, dispatch_chat_with_branches, hold_hot_prompt, hot_prompt_chat, input,
         pool_of, route,
     };
+    use crate::routing::prefix::blocks::block_hashes;
     use crate::routing::{Prompt, RouteBranch};
     use crate::tokenize::ChatMessage;
 
@@ -423,7 +476,7 @@ mod tests {
         let pool = &t.pools[0];
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
-        let mut held: std::collections::VecDeque<crate::balancing::InFlightGuard> =
+        let mut held: std::collections::VecDeque<crate::replica::InFlightGuard> =
             std::collections::VecDeque::new();
         let mut worst: f64 = 0.0;
         for i in 0..1_200 {
@@ -452,7 +505,7 @@ mod tests {
 
     #[test]
     fn the_index_lists_no_more_than_the_replica_reports_room_for() {
-        use crate::signals::LoadSnapshot;
+        use crate::replica::LoadSnapshot;
         let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
         let pool = &t.pools[0];
         let chat = hot_prompt_chat(0);
@@ -513,7 +566,7 @@ mod tests {
             "{on_first} of 8 on the replica all prefer"
         );
         for r in &pool.replicas {
-            r.store_load(crate::signals::LoadSnapshot {
+            r.store_load(crate::replica::LoadSnapshot {
                 kv_capacity_tokens: Some(16),
                 taken_at_ms: 1,
                 ..Default::default()
@@ -646,10 +699,13 @@ mod tests {
     fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
         use crate::kv_events::subscriber::EventSink;
         use crate::kv_events::{BlockKey, EventBatch, KvEvent};
-        use crate::routing::test_fleet::{replicas, topology};
+        use crate::pool::test_fleet::{replicas, topology};
         let t = topology(&format!(
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
-            replicas(2, |i| format!("kv_events = \"tcp://127.0.0.1:{}\"", 5557 + i))
+            replicas(2, |i| format!(
+                "kv_events = \"tcp://127.0.0.1:{}\"",
+                5557 + i
+            ))
         ));
         let pool = &t.pools[0];
         // Both records known and empty of this prompt; an event of another
@@ -692,7 +748,9 @@ mod tests {
         assert_eq!(first.branches, vec![RouteBranch::PrefixMiss]);
         let home = first.preferred.clone().unwrap()[0];
         let replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
-        let sent = first.dispatched(replica).expect("exact mode expects the prompt");
+        let sent = first
+            .dispatched(replica)
+            .expect("exact mode expects the prompt");
         // A minute later its prefill has still not been reported (a long
         // queue): the prefix on its way there still counts.
         let second = at("how are you", 60_000);

@@ -27,8 +27,8 @@ use http::HeaderName;
 use super::decision::{Decision, contains};
 use super::prefix::rendezvous::{hash64, mix};
 use super::{RouteBranch, RouteError};
-use crate::balancing::{Replica, ReplicaId};
 use crate::config::{CanaryConfig, Config, PoolConfig, StickySource};
+use crate::replica::{Replica, ReplicaId};
 
 #[derive(Debug)]
 pub struct Canary {
@@ -198,8 +198,8 @@ impl PoolCanary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::test_fleet::{input, replicas, route, topology};
     use crate::routing::Prompt;
-    use crate::routing::test_fleet::{input, replicas, route, topology};
     use http::HeaderMap;
 
     fn canary(v1: u32, v2: u32) -> Canary {

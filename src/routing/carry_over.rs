@@ -16,9 +16,9 @@ use super::decision::{Held, Indexes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::hot::{HotPrefixes, HotSettings};
-use crate::balancing::{Replica, ReplicaId};
 use crate::config::{PoolConfig, PrefixMode};
 use crate::kv_events::subscriber::Endpoints;
+use crate::replica::{Replica, ReplicaId};
 
 /// What a pool's routing learns about its replicas' prefix caches.
 #[derive(Debug, Default)]

@@ -1,11 +1,14 @@
 //! Routing metrics: decisions by branch, and per-version request counts,
 //! errors and latency so an operator can compare a canary with the rest.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 use super::RouteBranch;
+use crate::telemetry::Family;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -26,47 +29,28 @@ pub struct RoutingMetrics {
 
 impl RoutingMetrics {
     pub fn new(registry: &Registry) -> RoutingMetrics {
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "llmlb_routing_decisions_total",
-                "Routing steps that acted, by pool and branch.",
-            ),
+        let family = Family::new(registry);
+        let decisions = family.counter(
+            "llmlb_routing_decisions_total",
+            "Routing steps that acted, by pool and branch.",
             &["pool", "branch"],
-        )
-        .expect("metric");
-        let version_requests = IntCounterVec::new(
-            Opts::new(
-                "llmlb_version_requests_total",
-                "Requests by pool, replica version and status.",
-            ),
+        );
+        let version_requests = family.counter(
+            "llmlb_version_requests_total",
+            "Requests by pool, replica version and status.",
             &["pool", "version", "status"],
-        )
-        .expect("metric");
-        let version_errors = IntCounterVec::new(
-            Opts::new(
-                "llmlb_version_errors_total",
-                "Requests that failed (5xx from a replica or from llmlb), by pool and version.",
-            ),
+        );
+        let version_errors = family.counter(
+            "llmlb_version_errors_total",
+            "Requests that failed (5xx from a replica or from llmlb), by pool and version.",
             &["pool", "version"],
-        )
-        .expect("metric");
-        let version_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_version_request_duration_seconds",
-                "Request latency to the end of the response, by pool and version.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+        );
+        let version_duration = family.histogram(
+            "llmlb_version_request_duration_seconds",
+            "Request latency to the end of the response, by pool and version.",
             &["pool", "version"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(version_requests.clone()),
-            Box::new(version_errors.clone()),
-            Box::new(version_duration.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+            LATENCY_BUCKETS,
+        );
         RoutingMetrics {
             decisions,
             version_requests,
@@ -108,7 +92,7 @@ pub struct VersionRecord {
     pub status: u16,
     pub start: Instant,
     /// Set when the stream broke midway: the request counts as a 502.
-    pub broken: Option<super::StreamBroken>,
+    pub broken: Option<StreamBroken>,
 }
 
 impl Drop for VersionRecord {
@@ -119,5 +103,21 @@ impl Drop for VersionRecord {
         };
         self.metrics
             .record_version(&self.pool, &self.version, status, self.start);
+    }
+}
+
+/// Set when the replica's stream broke midway (an error or the idle
+/// timeout after the headers were sent). Travels in the response's
+/// extensions so the records around the body (canary versions) see it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamBroken(Arc<AtomicBool>);
+
+impl StreamBroken {
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Release);
     }
 }

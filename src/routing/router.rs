@@ -46,17 +46,17 @@ use super::prefix::hot::Replication;
 use super::prefix::score::CostModel;
 use super::saturation::{all_saturated, is_saturated};
 use super::tiers::PoolTiers;
-use crate::balancing::{Replica, ReplicaId, ReplicaView};
 use crate::config::{Config, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
 use crate::kv_events::subscriber::Endpoints;
+use crate::replica::{Replica, ReplicaId, ReplicaView};
 use crate::tokenize::PromptTokenizer;
 
 #[derive(Debug)]
 pub struct Router {
     pub(super) prefix: PrefixConfig,
-    pub(super) cost: CostModel,
+    pub(crate) cost: CostModel,
     saturation: SaturationConfig,
-    pub(super) max_age_ms: u64,
+    pub(crate) max_age_ms: u64,
     session_header: HeaderName,
     session_affinity: bool,
     canary: Option<PoolCanary>,
@@ -267,9 +267,9 @@ fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::test_fleet::{dispatch_chat, input, replicas, route, topology};
     use crate::routing::RouteBranch;
     use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::test_fleet::{dispatch_chat, input, replicas, route, topology};
     use crate::tokenize::ChatMessage;
 
     /// A pool with `[pools.tokenizer]` routes on the model's tokens: the

@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use crate::balancing::{Replica, ReplicaView, ScrapedLoad};
 use crate::config::SaturationConfig;
+use crate::replica::{Replica, ReplicaView, ScrapedLoad};
 
 pub fn is_saturated(
     replica: &Replica,

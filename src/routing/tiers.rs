@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use super::RouteBranch;
 use super::decision::{Decision, contains};
-use crate::balancing::{Replica, ReplicaId};
 use crate::config::Config;
+use crate::replica::{Replica, ReplicaId};
 
 /// One tier's reservation in a pool.
 #[derive(Debug)]
@@ -160,7 +160,7 @@ impl PoolTiers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::test_fleet::{replicas, topology};
+    use crate::pool::test_fleet::{replicas, topology};
 
     fn setup(overflow: bool) -> (PoolTiers, Vec<Arc<Replica>>) {
         let text = format!(

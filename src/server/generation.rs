@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
-use crate::routing::Topology;
+use crate::pool::Topology;
 
 /// What a request reads: one consistent triple.
 #[derive(Debug)]

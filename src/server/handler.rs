@@ -122,15 +122,8 @@ async fn route(
     let pool = resolved.pool;
     let tokens = estimate.tokens_for(pool, &meta).await;
     let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
-    let (decision, body) = send::route_within(
-        state,
-        &resolved,
-        &meta,
-        tokens,
-        &parts.headers,
-        tier,
-        &bytes,
-    )?;
+    let (decision, body) =
+        send::route_within(state, &resolved, &meta, tokens, &parts, tier, &bytes)?;
     notes.fields.pool = Some(pool.name.clone());
     notes.fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     if let Some(span) = routing {
@@ -144,7 +137,6 @@ async fn route(
         body,
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
-        stream: meta.stream.then_some(meta.stream_options),
         estimate: &estimate,
         strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,

@@ -9,7 +9,8 @@
 //! "Tokenizer"), far more than the few microseconds a hand-off to the
 //! blocking pool costs, and an async worker must never be held that long.
 
-use crate::routing::{Pool, Prompt};
+use crate::pool::Pool;
+use crate::routing::Prompt;
 use crate::tokenize::PromptTokenizer;
 
 use super::request::RequestMeta;

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Registry};
 
 use super::{AppState, Generation};
 use crate::config::{self, ConfigError};
 use crate::gateway::Gateway;
-use crate::routing::Topology;
+use crate::pool::Topology;
 
 #[derive(Debug, Clone)]
 pub struct ReloadMetrics {
@@ -28,26 +28,17 @@ pub struct ReloadMetrics {
 
 impl ReloadMetrics {
     pub fn new(registry: &Registry) -> ReloadMetrics {
-        let reloads = IntCounterVec::new(
-            Opts::new(
-                "llmlb_config_reloads_total",
-                "Config reload attempts by result.",
-            ),
+        let family = crate::telemetry::Family::new(registry);
+        let reloads = family.counter(
+            "llmlb_config_reloads_total",
+            "Config reload attempts by result.",
             &["result"],
-        )
-        .expect("metric");
-        let last_ok = IntGauge::new(
+        );
+        let last_ok = family.gauge_one(
             "llmlb_config_last_reload_successful",
             "1 when the last config reload succeeded (or none was tried).",
-        )
-        .expect("metric");
+        );
         last_ok.set(1);
-        registry
-            .register(Box::new(reloads.clone()))
-            .expect("unique metric names");
-        registry
-            .register(Box::new(last_ok.clone()))
-            .expect("unique metric names");
         ReloadMetrics { reloads, last_ok }
     }
 }
@@ -130,6 +121,39 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         Instant::now(),
         &state.shared_limit_metrics,
     );
+    let replicas: usize = topology.pools.iter().map(|p| p.replicas.len()).sum();
+    let summary = ReloadSummary {
+        pools: topology.pools.len(),
+        replicas,
+        kept_replicas: kept_replicas(old_topology, &topology),
+        needs_restart: needs_restart(old_config, &new),
+    };
+    state.pending.update(&new);
+    writer.store(Generation {
+        config: Arc::new(new),
+        topology: Arc::new(topology),
+        gateway: Arc::new(gateway),
+    });
+    drop(writer);
+    state
+        .reload_metrics
+        .reloads
+        .with_label_values(&["success"])
+        .inc();
+    state.reload_metrics.last_ok.set(1);
+    tracing::info!(
+        pools = summary.pools,
+        replicas = summary.replicas,
+        kept = summary.kept_replicas,
+        needs_restart = ?summary.needs_restart,
+        "config reloaded"
+    );
+    summary
+}
+
+/// The settings that changed but take effect only on a restart (listeners
+/// and their limits, TLS, the trace exporter, the drain timeout).
+fn needs_restart(old_config: &config::Config, new: &config::Config) -> Vec<String> {
     let mut needs_restart = Vec::new();
     for (key, changed) in [
         (
@@ -176,45 +200,22 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
             needs_restart.push(key.to_string());
         }
     }
+    needs_restart
+}
+
+/// How many of `new`'s replicas were carried over from `old` with their state.
+fn kept_replicas(old_topology: &Topology, topology: &Topology) -> usize {
     let old_ids: Vec<u64> = old_topology
         .pools
         .iter()
         .flat_map(|p| p.replicas.iter().map(|r| r.id))
         .collect();
-    let replicas: usize = topology.pools.iter().map(|p| p.replicas.len()).sum();
-    let kept_replicas = topology
+    topology
         .pools
         .iter()
         .flat_map(|p| p.replicas.iter())
         .filter(|r| old_ids.contains(&r.id))
-        .count();
-    let summary = ReloadSummary {
-        pools: topology.pools.len(),
-        replicas,
-        kept_replicas,
-        needs_restart,
-    };
-    state.pending.update(&new);
-    writer.store(Generation {
-        config: Arc::new(new),
-        topology: Arc::new(topology),
-        gateway: Arc::new(gateway),
-    });
-    drop(writer);
-    state
-        .reload_metrics
-        .reloads
-        .with_label_values(&["success"])
-        .inc();
-    state.reload_metrics.last_ok.set(1);
-    tracing::info!(
-        pools = summary.pools,
-        replicas = summary.replicas,
-        kept = summary.kept_replicas,
-        needs_restart = ?summary.needs_restart,
-        "config reloaded"
-    );
-    summary
+        .count()
 }
 
 /// Reloads whenever the file's content changes, checking every `interval`

@@ -18,10 +18,10 @@ use super::{ApiError, AppState};
 use crate::admission::Permit;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardRequest, ProxyBody, StreamOptions, forward, strip_hop_by_hop, strip_private,
+    ForwardRequest, Outbound, ProxyBody, forward, strip_hop_by_hop, strip_private,
 };
-use crate::routing::model_map::rewrite_model;
-use crate::routing::{Decision, Pool, Resolution, RouteInput, VersionRecord};
+use crate::pool::{Pool, Resolution};
+use crate::routing::{Decision, RouteInput, VersionRecord};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
@@ -36,21 +36,23 @@ pub struct RequestCtx<'a> {
 }
 
 /// The routing stage within the chosen pool: the request's decision, and
-/// the body to send (with the served model name when an alias was used).
+/// the body to send with the request's edits ([`Outbound`]: the served model
+/// name when an alias was used, `stream_options` for a stream the pool asks
+/// for its usage).
 pub fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
     meta: &RequestMeta,
     tokens: Option<&[u32]>,
-    headers: &HeaderMap,
+    parts: &request::Parts,
     tier: Option<&str>,
     bytes: &Bytes,
-) -> Result<(Decision, Bytes), ApiError> {
+) -> Result<(Decision, Outbound), ApiError> {
     let pool = resolved.pool;
-    let body = match resolved.rewrite {
-        Some(model) => rewrite_model(bytes, model)?,
-        None => bytes.clone(),
-    };
+    let headers = &parts.headers;
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
+    let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage)?;
     let input = RouteInput {
         model: resolved.rewrite.unwrap_or(&meta.model),
         user: meta.user.as_deref(),
@@ -72,12 +74,10 @@ pub fn route_within(
 /// The request as it leaves for the pool.
 pub struct Outgoing<'a> {
     pub parts: request::Parts,
-    pub body: Bytes,
+    pub body: Outbound,
     /// The model name the replica serves.
     pub model: &'a str,
     pub user: Option<&'a str>,
-    /// `Some` when the body asks for a stream, with its `stream_options`.
-    pub stream: Option<StreamOptions>,
     pub estimate: &'a Estimate,
     /// Remove the client's key: llmlb checked it, the replica has no use
     /// for it.
@@ -109,7 +109,6 @@ pub async fn send(
         path_and_query,
         headers: upstream_headers(parts.headers, out.strip_key, pool),
         body,
-        stream: out.stream,
         info: RequestInfo {
             model: out.model,
             prompt_tokens: out.estimate.prompt_tokens,

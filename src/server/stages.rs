@@ -22,7 +22,7 @@ use crate::admission::estimate::Placement;
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
-use crate::routing::{Pool, Resolution, Topology, placement_ttft};
+use crate::pool::{Pool, Resolution, Topology, placement_ttft};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 

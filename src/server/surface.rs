@@ -11,7 +11,7 @@ use super::request::{RequestMeta, extract};
 use super::{ApiError, AppState, error_response};
 use crate::config::CorsConfig;
 use crate::net::{ResponseBody, full_body};
-use crate::routing::Topology;
+use crate::pool::Topology;
 
 /// Endpoints forwarded to a replica of the pool serving the body's `model`
 /// (vLLM's OpenAI-compatible server answers all of them).

@@ -1,16 +1,14 @@
 //! Load signals: what each replica reports about itself on `/metrics`.
 //!
 //! [`parse`] reads Prometheus text, [`preset`] says which names carry load,
-//! [`LoadSnapshot`] is one scrape's result (stored on the replica, replaced
-//! whole), [`scraper`] is the background loop that keeps them fresh, and
-//! [`restart`] tells from consecutive scrapes that a replica restarted.
+//! `snapshot` reads one scrape into a [`LoadSnapshot`](crate::replica::LoadSnapshot)
+//! (stored on the replica, replaced whole), and [`scraper`] is the background
+//! loop that keeps them fresh and notices restarts
+//! ([`RestartWatch`](crate::replica::RestartWatch)).
 
 pub mod parse;
 pub mod preset;
-pub mod restart;
 pub mod scraper;
 mod snapshot;
 
 pub use preset::MetricNames;
-pub use restart::RestartWatch;
-pub use snapshot::{EngineTiming, LoadSnapshot};

@@ -16,11 +16,12 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{LoadSnapshot, MetricNames};
-use crate::balancing::Replica;
+use super::MetricNames;
 use crate::config::ScrapeConfig;
-use crate::health::{ProbeError, Prober};
+use crate::net::{ProbeError, Prober};
 use crate::net::{sleep_or_stop, stopped};
+use crate::replica::LoadSnapshot;
+use crate::replica::Replica;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 
@@ -87,7 +88,12 @@ pub async fn scrape_once(
     prober: &Prober,
 ) -> Result<LoadSnapshot, ScrapeError> {
     let body = prober
-        .get_from(&target.replica, &target.config.path, target.config.timeout)
+        .get_from(
+            &target.replica.scheme,
+            &target.replica.authority,
+            &target.config.path,
+            target.config.timeout,
+        )
         .await
         .map_err(ScrapeError::Fetch)?;
     let text = String::from_utf8_lossy(&body);

@@ -1,9 +1,9 @@
 //! llmlb's own metrics, registered in one private registry and served as
 //! Prometheus text on the admin listener.
 
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, HistogramVec, IntCounterVec, IntGaugeVec, Registry, TextEncoder};
+
+use super::Family;
 
 /// Latency buckets in seconds, from sub-millisecond proxy work to long generations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -43,129 +43,73 @@ pub struct Metrics {
     pub signals: super::SignalMetrics,
     /// Per-model TTFT, requests and tokens; build info.
     pub models: super::ModelMetrics,
-    /// KV-event subscribers: gaps, replays, unknown records.
-    pub kv_events: crate::kv_events::metrics::KvEventMetrics,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "llmlb_requests_total",
-                "Requests finished, by pool, replica and status.",
-            ),
+        let family = Family::new(&registry);
+        let requests = family.counter(
+            "llmlb_requests_total",
+            "Requests finished, by pool, replica and status.",
             &["pool", "replica", "status"],
-        )
-        .expect("metric");
-        let request_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_request_duration_seconds",
-                "End-to-end request latency seen by llmlb, to the last response byte.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+        );
+        let request_duration = family.histogram(
+            "llmlb_request_duration_seconds",
+            "End-to-end request latency seen by llmlb, to the last response byte.",
             &["pool"],
-        )
-        .expect("metric");
-        let time_to_first_byte = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_time_to_first_byte_seconds",
-                "Time from request arrival to the first response body byte from the replica.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+            LATENCY_BUCKETS,
+        );
+        let time_to_first_byte = family.histogram(
+            "llmlb_time_to_first_byte_seconds",
+            "Time from request arrival to the first response body byte from the replica.",
             &["pool"],
-        )
-        .expect("metric");
-        let in_flight = IntGaugeVec::new(
-            Opts::new("llmlb_replica_in_flight", "Requests in flight per replica."),
+            LATENCY_BUCKETS,
+        );
+        let in_flight = family.gauge(
+            "llmlb_replica_in_flight",
+            "Requests in flight per replica.",
             &["pool", "replica"],
-        )
-        .expect("metric");
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "llmlb_upstream_errors_total",
-                "Failures talking to a replica, by kind.",
-            ),
+        );
+        let upstream_errors = family.counter(
+            "llmlb_upstream_errors_total",
+            "Failures talking to a replica, by kind.",
             &["pool", "replica", "kind"],
-        )
-        .expect("metric");
-        let retries = IntCounterVec::new(
-            Opts::new(
-                "llmlb_retries_total",
-                "Attempts repeated on another replica.",
-            ),
+        );
+        let retries = family.counter(
+            "llmlb_retries_total",
+            "Attempts repeated on another replica.",
             &["pool"],
-        )
-        .expect("metric");
-        let rejections = IntCounterVec::new(
-            Opts::new(
-                "llmlb_rejections_total",
-                "Requests answered by llmlb itself with an error, by reason.",
-            ),
+        );
+        let rejections = family.counter(
+            "llmlb_rejections_total",
+            "Requests answered by llmlb itself with an error, by reason.",
             &["reason"],
-        )
-        .expect("metric");
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "llmlb_balancer_decisions_total",
-                "Balancer decisions by pool and branch.",
-            ),
+        );
+        let decisions = family.counter(
+            "llmlb_balancer_decisions_total",
+            "Balancer decisions by pool and branch.",
             &["pool", "branch"],
-        )
-        .expect("metric");
-        let replica_down = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_replica_down",
-                "1 while a replica receives no new work (ejected or failing health checks).",
-            ),
+        );
+        let replica_down = family.gauge(
+            "llmlb_replica_down",
+            "1 while a replica receives no new work (ejected or failing health checks).",
             &["pool", "replica"],
-        )
-        .expect("metric");
-        let prefix_replicated = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_prefix_replicated",
-                "Prefixes kept warm on two or more replicas because one replica cannot carry their demand, by pool.",
-            ),
+        );
+        let prefix_replicated = family.gauge("llmlb_prefix_replicated", "Prefixes kept warm on two or more replicas because one replica cannot carry their demand, by pool.", &["pool"]);
+        let prefix_extra_copies = family.gauge(
+            "llmlb_prefix_extra_copies",
+            "Copies of replicated prefixes beyond the first, summed, by pool.",
             &["pool"],
-        )
-        .expect("metric");
-        let prefix_extra_copies = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_prefix_extra_copies",
-                "Copies of replicated prefixes beyond the first, summed, by pool.",
-            ),
-            &["pool"],
-        )
-        .expect("metric");
-        let replica_info = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_replica_info",
-                "1 for each replica in the running config, with its URL.",
-            ),
+        );
+        let replica_info = family.gauge(
+            "llmlb_replica_info",
+            "1 for each replica in the running config, with its URL.",
             &["pool", "replica", "url"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(replica_info.clone()),
-            Box::new(request_duration.clone()),
-            Box::new(time_to_first_byte.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(upstream_errors.clone()),
-            Box::new(retries.clone()),
-            Box::new(rejections.clone()),
-            Box::new(decisions.clone()),
-            Box::new(replica_down.clone()),
-            Box::new(prefix_replicated.clone()),
-            Box::new(prefix_extra_copies.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        );
         let signals = super::SignalMetrics::register(&registry);
         let models = super::ModelMetrics::register(&registry);
-        let kv_events = crate::kv_events::metrics::KvEventMetrics::register(&registry);
         Metrics {
-            kv_events,
             signals,
             models,
             registry,

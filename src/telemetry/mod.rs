@@ -1,6 +1,7 @@
 //! Logs, llmlb's own Prometheus metrics and request traces.
 
 pub mod clock;
+mod family;
 mod logging;
 mod metrics;
 mod model_metrics;
@@ -9,6 +10,7 @@ mod replica_series;
 mod signal_metrics;
 pub mod trace;
 
+pub use family::Family;
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
 pub use model_metrics::ModelMetrics;

@@ -3,7 +3,9 @@
 //! `llmlb_build_info`. Only requests that reached a pool are counted, so the
 //! `model` label holds configured names, never whatever a client sent.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+use super::Family;
 
 /// Time-to-first-token buckets in seconds.
 const TTFT_BUCKETS: &[f64] = &[
@@ -24,49 +26,24 @@ pub struct ModelMetrics {
 
 impl ModelMetrics {
     pub fn register(registry: &Registry) -> ModelMetrics {
-        let ttft = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_time_to_first_token_seconds",
-                "Time from request arrival to the first generated text (streams) or the first byte of the answer (stream=\"false\": the whole generation).",
-            )
-            .buckets(TTFT_BUCKETS.to_vec()),
-            &["pool", "model", "stream"],
-        )
-        .expect("metric");
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "llmlb_model_requests_total",
-                "Requests finished, by pool, model, streaming and status.",
-            ),
+        let family = Family::new(registry);
+        let ttft = family.histogram("llmlb_time_to_first_token_seconds", "Time from request arrival to the first generated text (streams) or the first byte of the answer (stream=\"false\": the whole generation).", &["pool", "model", "stream"], TTFT_BUCKETS);
+        let requests = family.counter(
+            "llmlb_model_requests_total",
+            "Requests finished, by pool, model, streaming and status.",
             &["pool", "model", "stream", "status"],
-        )
-        .expect("metric");
-        let tokens = IntCounterVec::new(
-            Opts::new(
-                "llmlb_model_tokens_total",
-                "Tokens reported in the replicas' usage, by pool, model and kind (prompt, completion, cached).",
-            ),
-            &["pool", "model", "kind"],
-        )
-        .expect("metric");
+        );
+        let tokens = family.counter("llmlb_model_tokens_total", "Tokens reported in the replicas' usage, by pool, model and kind (prompt, completion, cached).", &["pool", "model", "kind"]);
         let build = IntGauge::with_opts(
             Opts::new("llmlb_build_info", "Always 1; the labels name the build.")
                 .const_label("version", env!("CARGO_PKG_VERSION")),
         )
         .expect("metric");
         build.set(1);
-        for c in [
-            // CPU seconds, resident memory, open file descriptors, threads,
-            // start time (`process_*`, Linux only; nothing elsewhere).
-            Box::new(prometheus::process_collector::ProcessCollector::for_self())
-                as Box<dyn prometheus::core::Collector>,
-            Box::new(ttft.clone()),
-            Box::new(requests.clone()),
-            Box::new(tokens.clone()),
-            Box::new(build),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        family.collector(build);
+        // CPU seconds, resident memory, open file descriptors, threads,
+        // start time (`process_*`, Linux only; nothing elsewhere).
+        family.collector(prometheus::process_collector::ProcessCollector::for_self());
         ModelMetrics {
             ttft,
             requests,

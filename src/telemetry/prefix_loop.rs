@@ -16,7 +16,7 @@
 //! `off` make no prediction and are not counted. Cost: two counter
 //! increments and one histogram observation per answer.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 /// Buckets of |predicted − reported| ÷ prompt tokens.
 const ERROR_BUCKETS: &[f64] = &[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
@@ -54,38 +54,10 @@ impl Observation {
 
 impl PrefixLoopMetrics {
     pub fn register(registry: &Registry) -> PrefixLoopMetrics {
-        let predicted = IntCounterVec::new(
-            Opts::new(
-                "llmlb_prefix_cached_tokens_predicted_total",
-                "Prompt tokens llmlb predicted, when routing, that the replica would find in its prefix cache (answers whose usage reports cached tokens).",
-            ),
-            &["pool", "replica"],
-        )
-        .expect("metric");
-        let reported = IntCounterVec::new(
-            Opts::new(
-                "llmlb_prefix_cached_tokens_reported_total",
-                "Prompt tokens the replica reported cached (usage.prompt_tokens_details.cached_tokens) on the same answers.",
-            ),
-            &["pool", "replica"],
-        )
-        .expect("metric");
-        let error = HistogramVec::new(
-            HistogramOpts::new(
-                "llmlb_prefix_cached_tokens_error_ratio",
-                "Per request, |predicted - reported| cached tokens as a fraction of the prompt's tokens.",
-            )
-            .buckets(ERROR_BUCKETS.to_vec()),
-            &["pool"],
-        )
-        .expect("metric");
-        for c in [
-            Box::new(predicted.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(reported.clone()),
-            Box::new(error.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        let family = super::Family::new(registry);
+        let predicted = family.counter("llmlb_prefix_cached_tokens_predicted_total", "Prompt tokens llmlb predicted, when routing, that the replica would find in its prefix cache (answers whose usage reports cached tokens).", &["pool", "replica"]);
+        let reported = family.counter("llmlb_prefix_cached_tokens_reported_total", "Prompt tokens the replica reported cached (usage.prompt_tokens_details.cached_tokens) on the same answers.", &["pool", "replica"]);
+        let error = family.histogram("llmlb_prefix_cached_tokens_error_ratio", "Per request, |predicted - reported| cached tokens as a fraction of the prompt's tokens.", &["pool"], ERROR_BUCKETS);
         PrefixLoopMetrics {
             predicted,
             reported,

@@ -1,7 +1,9 @@
 //! Metrics about load signals and replica health: scrapes, staleness
 //! fallbacks, active checks and outlier ejections.
 
-use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Registry};
+
+use super::Family;
 
 #[derive(Debug, Clone)]
 pub struct SignalMetrics {
@@ -29,56 +31,38 @@ pub struct SignalMetrics {
 
 impl SignalMetrics {
     pub fn register(registry: &Registry) -> SignalMetrics {
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric name");
-            c
-        };
-        let scrape_errors = counter(
+        let family = Family::new(registry);
+        let scrape_errors = family.counter(
             "llmlb_scrape_errors_total",
             "Failed scrapes of a replica's metrics endpoint, by kind.",
             &["pool", "replica", "kind"],
         );
-        let restarts = counter(
+        let restarts = family.counter(
             "llmlb_replica_restarts_total",
             "Replica restarts seen in scrapes (its prefix-cache counter went down); llmlb forgets what it held.",
             &["pool", "replica"],
         );
-        let stale_fallbacks = counter(
+        let stale_fallbacks = family.counter(
             "llmlb_stale_metrics_fallbacks_total",
             "Balancer picks that compared local counts because scraped load was missing or stale.",
             &["pool"],
         );
-        let health_check_failures = counter(
+        let health_check_failures = family.counter(
             "llmlb_health_check_failures_total",
             "Failed active health checks, by kind.",
             &["pool", "replica", "kind"],
         );
-        let ejections = counter(
+        let ejections = family.counter(
             "llmlb_outlier_ejections_total",
             "Replicas ejected after consecutive failures.",
             &["pool", "replica"],
         );
-        let scraped_requests = GaugeVec::new(
-            Opts::new(
-                "llmlb_replica_scraped_requests",
-                "Requests a replica last reported, by state (running, waiting).",
-            ),
+        let scraped_requests = family.float_gauge(
+            "llmlb_replica_scraped_requests",
+            "Requests a replica last reported, by state (running, waiting).",
             &["pool", "replica", "state"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(scraped_requests.clone()))
-            .expect("unique metric name");
-        let gauge = |name: &str, help: &str| {
-            let g = GaugeVec::new(Opts::new(name, help), &["pool", "replica"]).expect("metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric name");
-            g
-        };
+        );
+        let gauge = |name: &str, help: &str| family.float_gauge(name, help, &["pool", "replica"]);
         let scraped_kv_usage = gauge(
             "llmlb_replica_scraped_kv_usage_ratio",
             "Share of its KV cache a replica last reported in use (0 to 1).",
@@ -95,17 +79,11 @@ impl SignalMetrics {
             "llmlb_replica_decode_step_seconds",
             "Seconds per decode step on a replica, learned from its inter-token latency histogram.",
         );
-        let health_up = IntGaugeVec::new(
-            Opts::new(
-                "llmlb_replica_health_up",
-                "1 while active health checks hold a replica up, 0 while down.",
-            ),
+        let health_up = family.gauge(
+            "llmlb_replica_health_up",
+            "1 while active health checks hold a replica up, 0 while down.",
             &["pool", "replica"],
-        )
-        .expect("metric");
-        registry
-            .register(Box::new(health_up.clone()))
-            .expect("unique metric name");
+        );
         SignalMetrics {
             scrape_errors,
             restarts,

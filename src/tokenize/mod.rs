@@ -7,17 +7,18 @@
 //!   `tokenizer.json` and the chat template, rendered and encoded as vLLM
 //!   does, so counts equal vLLM's `usage.prompt_tokens`;
 //! - [`PromptTokenizer::StandIn`]: llmlb's prefix-stable stand-in
-//!   ([`crate::tokenizer`]) with a generic role template, for pools and
+//!   ([`stand_in`]) with a generic role template, for pools and
 //!   simulators given no model directory.
 //!
-//! This module depends on nothing in the proxy, so `sim/` and `bench/` can
-//! use it. Cost: see [`ModelTokenizer`] and [`crate::tokenizer`]; the
+//! This module depends on nothing in the proxy, so `replica_sim/` and `bench/` can
+//! use it. Cost: see [`ModelTokenizer`] and [`stand_in`]; the
 //! criterion bench `benches/tokenize.rs` measures render plus encode.
 
 mod clock;
 mod message;
 mod model;
 mod registry;
+pub mod stand_in;
 mod template;
 
 use std::path::Path;
@@ -26,8 +27,6 @@ use std::sync::Arc;
 pub use message::{ChatMessage, MessageContent};
 pub use model::{LoadError, ModelTokenizer};
 pub use registry::load_shared;
-
-use crate::tokenizer;
 
 /// Why a prompt could not be tokenized with a model's files.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,7 +85,7 @@ impl PromptTokenizer {
                     .iter()
                     .map(|m| (m.role.as_str(), m.joined("")))
                     .collect();
-                Ok(tokenizer::render_chat(
+                Ok(stand_in::render_chat(
                     joined.iter().map(|(r, t)| (*r, t.as_str())),
                 ))
             }
@@ -99,7 +98,7 @@ impl PromptTokenizer {
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizeError> {
         let text = self.render_chat(messages)?;
         match self {
-            PromptTokenizer::StandIn => Ok(tokenizer::tokenize(&text)),
+            PromptTokenizer::StandIn => Ok(stand_in::tokenize(&text)),
             PromptTokenizer::Model(m) => m.encode(&text, false),
         }
     }
@@ -108,7 +107,7 @@ impl PromptTokenizer {
     /// added (vLLM's completions default).
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         match self {
-            PromptTokenizer::StandIn => Ok(tokenizer::tokenize(text)),
+            PromptTokenizer::StandIn => Ok(stand_in::tokenize(text)),
             PromptTokenizer::Model(m) => m.encode(text, true),
         }
     }
@@ -129,10 +128,10 @@ mod tests {
             )
             .unwrap(),
         ];
-        let legacy = tokenizer::render_chat([("system", "Be terse."), ("user", "hi")]);
+        let legacy = stand_in::render_chat([("system", "Be terse."), ("user", "hi")]);
         assert_eq!(t.render_chat(&msgs).unwrap(), legacy);
-        assert_eq!(t.encode_chat(&msgs).unwrap(), tokenizer::tokenize(&legacy));
-        assert_eq!(t.encode_text("abc").unwrap(), tokenizer::tokenize("abc"));
+        assert_eq!(t.encode_chat(&msgs).unwrap(), stand_in::tokenize(&legacy));
+        assert_eq!(t.encode_text("abc").unwrap(), stand_in::tokenize("abc"));
         assert!(t.is_stand_in() && t.dir().is_none());
     }
 }

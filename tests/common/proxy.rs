@@ -3,12 +3,12 @@
 use super::*;
 
 /// A running llmlb for a test.
-pub async fn start_llmlb(config_toml: &str) -> llmlb::server::Running {
+pub async fn start_llmlb(config_toml: &str) -> llmlb::daemon::Running {
     let config = llmlb::config::parse(config_toml)
         .unwrap_or_else(|issues| panic!("test config invalid: {issues:?}"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    llmlb::server::start(config, listener, admin).unwrap()
+    llmlb::daemon::start(config, listener, admin).unwrap()
 }
 
 /// A pool config with the given replica URLs.
@@ -38,7 +38,7 @@ pub async fn refused_addr() -> SocketAddr {
 }
 
 /// Waiters per priority level in the first pool's queue.
-pub fn queue_depths(lb: &llmlb::server::Running) -> Vec<usize> {
+pub fn queue_depths(lb: &llmlb::daemon::Running) -> Vec<usize> {
     lb.state.topology().pools[0]
         .admission
         .as_ref()
@@ -54,7 +54,7 @@ pub async fn one_replica(
     mode: Mode,
     server: &str,
     pool: &str,
-) -> (Upstream, llmlb::server::Running) {
+) -> (Upstream, llmlb::daemon::Running) {
     let up = Upstream::start("a", mode).await;
     let config = format!(
         "{server}\n{}",
@@ -65,7 +65,7 @@ pub async fn one_replica(
 
 /// llmlb in front of an address that refuses connections and then `good`,
 /// round-robin, with the extra pool keys `pool`.
-pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::server::Running {
+pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::daemon::Running {
     let (refused, good) = (format!("http://{}", refused_addr().await), good.url());
     let replicas = [(refused.as_str(), 1), (good.as_str(), 1)];
     start_llmlb(&one_pool("round_robin", &replicas, pool)).await

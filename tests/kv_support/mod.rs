@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 
+use llmlb::replica_sim::{KvEventsAddrs, SimConfig, SimHandle};
 use llmlb::routing::prefix::blocks::{Prompt, chained_hashes, exact_seed, prompt_token_ids};
-use llmlb::sim::{KvEventsAddrs, SimConfig, SimHandle};
 use llmlb::tokenize::{ChatMessage, PromptTokenizer};
 use tokio::net::TcpListener;
 
@@ -28,7 +28,7 @@ pub async fn sim_with_events(replay: bool, blocks: usize, events: Option<SocketA
         events: events.unwrap_or(any),
         replay: replay.then_some(any),
     };
-    llmlb::sim::spawn_with_kv_events(listener, config, kv)
+    llmlb::replica_sim::spawn_with_kv_events(listener, config, kv)
         .await
         .unwrap()
 }

@@ -201,7 +201,7 @@ pub fn vllm_metrics(running: u64, waiting: u64, kv: f64) -> String {
 
 /// A running llmlb in front of the fakes, and a client to talk to it.
 pub struct Proxy {
-    pub running: llmlb::server::Running,
+    pub running: llmlb::daemon::Running,
     client: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
         Full<Bytes>,
@@ -222,7 +222,7 @@ impl Proxy {
         let config = llmlb::config::parse(&toml).unwrap_or_else(|e| panic!("{e:?}\n{toml}"));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let running = llmlb::server::start(config, listener, admin).unwrap();
+        let running = llmlb::daemon::start(config, listener, admin).unwrap();
         let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .build(hyper_util::client::legacy::connect::HttpConnector::new());
         Proxy { running, client }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llmlb::sim::{SimConfig, SimHandle};
+use llmlb::replica_sim::{SimConfig, SimHandle};
 use serde_json::Value;
 
 /// A scrape: `(name, sorted labels) -> value`.
@@ -19,7 +19,7 @@ pub type Scrape = HashMap<(String, Vec<(String, String)>), f64>;
 
 pub async fn start(config: SimConfig) -> SimHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    llmlb::sim::spawn(listener, config)
+    llmlb::replica_sim::spawn(listener, config)
 }
 
 pub fn fast() -> SimConfig {

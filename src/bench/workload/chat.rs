@@ -4,7 +4,7 @@
 //! shared system prompt, every earlier user message and assistant answer, and
 //! the new user message, to `/v1/chat/completions`; it is sent only after turn
 //! `t - 1` has finished and `think_time` has passed. Rendered with
-//! [`crate::tokenizer::render_chat`], turn `t + 1`'s prompt extends turn `t`'s
+//! [`crate::tokenize::stand_in::render_chat`], turn `t + 1`'s prompt extends turn `t`'s
 //! conversation, so a replica that kept turn `t` in its prefix cache reuses it.
 //!
 //! The assistant answers in the history are stand-ins of the requested output
@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::{Conversation, LenRange, Prompt, RequestSpec, Workload};
 use crate::bench::error::BenchError;
 use crate::bench::text::{SplitMix, mix, words};
-use crate::tokenizer::{count_tokens, render_chat};
+use crate::tokenize::stand_in::{count_tokens, render_chat};
 
 #[derive(Clone, Debug)]
 pub struct ChatOptions {
@@ -103,7 +103,7 @@ impl Workload for Chat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tokenize;
+    use crate::tokenize::stand_in::tokenize;
 
     fn sessions(seed: u64, n: usize) -> Vec<Conversation> {
         let mut w = Chat::new(ChatOptions::default(), seed).unwrap();

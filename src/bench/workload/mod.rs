@@ -34,7 +34,7 @@ pub enum Prompt {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestSpec {
     pub prompt: Prompt,
-    /// Prompt tokens as counted by [`crate::tokenizer`] (chat: the rendered
+    /// Prompt tokens as counted by [`crate::tokenize::stand_in`] (chat: the rendered
     /// template).
     pub input_tokens: usize,
     /// `max_tokens`; with `ignore_eos` the exact output length.

@@ -58,7 +58,7 @@ impl Workload for Random {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::count_tokens;
+    use crate::tokenize::stand_in::count_tokens;
 
     fn take(seed: u64, n: usize) -> Vec<Conversation> {
         let opts = RandomOptions {

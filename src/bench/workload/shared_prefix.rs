@@ -123,7 +123,7 @@ impl Workload for SharedPrefix {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tokenize;
+    use crate::tokenize::stand_in::tokenize;
 
     fn opts() -> SharedPrefixOptions {
         SharedPrefixOptions {

@@ -173,7 +173,7 @@ impl Workload for Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::{count_tokens, tokenize};
+    use crate::tokenize::stand_in::{count_tokens, tokenize};
 
     /// Ten lines of the Mooncake conversation trace (lines 1, 2, 4, 67, 134,
     /// 281, 41, 262, 266, 323), chosen for their shared prefixes.

@@ -15,7 +15,7 @@
 //!
 //! A replica that restarts loses its cache: the scrape loop sees its
 //! cumulative `prefix_cache_queries` counter go down and counts a restart
-//! ([`crate::signals::restart`]), and the index clears itself at its next
+//! ([`crate::replica::restart`]), and the index clears itself at its next
 //! check. A
 //! replica removed from the config takes its index with it; one that stays
 //! across a reload keeps it (the topology carries the `Arc` over).

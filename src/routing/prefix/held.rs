@@ -289,9 +289,10 @@ impl Held {
             if self.ours.contains_key(&h) {
                 continue;
             }
+            let full = self.pending.len() >= self.capacity;
             match self.pending.get_mut(&h) {
                 Some(n) => *n += 1,
-                None if self.pending.len() >= self.capacity => break,
+                None if full => break,
                 None => {
                     self.pending.insert(h, 1);
                 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::cache_index::BlockIndex;
-use crate::balancing::{Replica, ReplicaId};
+use crate::replica::{Replica, ReplicaId};
 
 /// `cached` tokens of a `prompt_len`-token prompt in blocks of
 /// `block_size`, as the replica will report them.

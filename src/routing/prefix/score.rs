@@ -23,12 +23,12 @@
 //!                  (prompt less its predicted cached part, plus output)
 //! ```
 //!
-//! (free KV tokens: [`KvRoom::free_tokens`](crate::balancing::KvRoom), the
+//! (free KV tokens: [`KvRoom::free_tokens`](crate::replica::KvRoom), the
 //! model `kv_aware` reads projected usage from; only a capacity the replica
 //! reports counts here.)
 //!
 //! The rates are the replica's own, learned from its timing histograms
-//! ([`crate::balancing::LearnedRates`]), weighed against the candidates'
+//! ([`crate::replica::LearnedRates`]), weighed against the candidates'
 //! median by the requests they were learned from; until a replica has
 //! produced a sample, the median of the candidates that have stands in,
 //! and only when none has do the pool's `prefill_tokens_per_second` and
@@ -97,8 +97,8 @@
 //! `rate_band` is above 1 or a candidate lacks a rate; no other allocation
 //! besides the `ahead` vector.
 
-use crate::balancing::{Rates, ReplicaView};
 use crate::config::{Evictions, KvWait};
+use crate::replica::{Rates, ReplicaView};
 
 /// The pool's prior rates, used until a replica or one of its peers has learned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -775,7 +775,7 @@ mod tests {
 
     #[test]
     fn scraped_load_only_when_fresh_for_all() {
-        use crate::balancing::ScrapedLoad;
+        use crate::replica::ScrapedLoad;
         let fresh = |w| {
             Some(ScrapedLoad {
                 running: Some(1),

@@ -1,0 +1,291 @@
+//! The decision adapter: a real [`Topology`] built from a config, and for
+//! each arrival the same calls `serve` makes: model → pool, the pool's
+//! [`Router::route`](crate::routing::Router::route) over plain request facts,
+//! then [`routing::choose`](crate::pool::choose) (eligibility, the
+//! decision's allowed and preferred sets, free slots, the balancer's pick).
+//! Replica state lives in the real [`Replica`] structs: the event loop holds
+//! real in-flight guards and stores scraped [`LoadSnapshot`]s in them, so the
+//! balancers and the router read what the proxy would know.
+//!
+//! A policy overrides every pool's balancer and prefix mode; `config` keeps
+//! the file as written. The generated fleet is one pool of N replicas at
+//! placeholder loopback addresses that are never contacted.
+//!
+//! A pool whose replicas have a `max_inflight` keeps its queue; the run
+//! loop models it on the virtual clock ([`super::pool_queue`]), since the
+//! real queue's grants and estimates run on the wall clock.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::admission::AdmissionMetrics;
+use crate::balancing::RequestInfo;
+use crate::config::{BalancerKind, Config, PrefixMode, ReplicaConfig};
+use crate::pool::{Choice, Pool, Topology};
+use crate::replica::ReplicaId;
+use crate::routing::{Decision, Prompt, RouteError, RouteInput};
+use crate::telemetry::Metrics;
+
+use super::SimulateError;
+
+/// A routing and balancing setup to compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// A balancer with prefix affinity off.
+    Balancer(BalancerKind),
+    /// `least_connections` behind prefix affinity (`hash` or `cache`).
+    Prefix(PrefixMode),
+    /// The config file as written.
+    AsConfigured,
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        let kinds = [
+            BalancerKind::RoundRobin,
+            BalancerKind::LeastConnections,
+            BalancerKind::LeastTokens,
+            BalancerKind::Jsq,
+            BalancerKind::KvAware,
+            BalancerKind::P2c,
+        ];
+        if let Some(k) = kinds.into_iter().find(|k| k.as_str() == s) {
+            return Ok(Policy::Balancer(k));
+        }
+        match s {
+            "hash" => Ok(Policy::Prefix(PrefixMode::Hash)),
+            "cache" => Ok(Policy::Prefix(PrefixMode::Cache)),
+            "exact" => Ok(Policy::Prefix(PrefixMode::Exact)),
+            "config" => Ok(Policy::AsConfigured),
+            _ => Err(format!(
+                "unknown policy {s:?}: expected round_robin, least_connections, least_tokens, jsq, kv_aware, p2c, hash, cache, exact or config"
+            )),
+        }
+    }
+}
+
+impl Policy {
+    pub fn name(&self) -> String {
+        match self {
+            Policy::Balancer(k) => k.as_str().to_string(),
+            Policy::Prefix(m) => m.as_str().to_string(),
+            Policy::AsConfigured => "config".into(),
+        }
+    }
+
+    /// `config` with every pool set to this policy.
+    pub fn apply(&self, config: &Config) -> Config {
+        let mut c = config.clone();
+        for pc in &mut c.pools {
+            match self {
+                Policy::Balancer(k) => {
+                    pc.balancer = *k;
+                    pc.prefix.mode = PrefixMode::Off;
+                }
+                Policy::Prefix(m) => {
+                    pc.balancer = BalancerKind::LeastConnections;
+                    pc.prefix.mode = *m;
+                    if *m == PrefixMode::Exact {
+                        for (i, r) in pc.replicas.iter_mut().enumerate() {
+                            r.kv_events.get_or_insert_with(|| placeholder_events(i));
+                        }
+                    }
+                }
+                Policy::AsConfigured => {}
+            }
+        }
+        c
+    }
+}
+
+/// One pool serving `model` with `replicas` placeholder replicas.
+pub fn generated_config(model: &str, replicas: usize) -> Result<Config, SimulateError> {
+    let mut text = format!("[[pools]]\nname = \"fleet\"\nmodels = [{model:?}]\n");
+    text.push_str(&placeholder_replicas(replicas, None));
+    crate::config::parse(&text).map_err(|issues| SimulateError::config("(generated)", &issues))
+}
+
+/// `config` with the pool serving `model` resized to `replicas` replicas,
+/// each a copy of its first replica (weight, limit, version) at a
+/// placeholder address.
+pub fn resized(config: &Config, model: &str, replicas: usize) -> Result<Config, SimulateError> {
+    let mut c = config.clone();
+    let pc = c
+        .pools
+        .iter_mut()
+        .find(|p| p.models.iter().any(|m| m == model))
+        .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
+    let first = pc.replicas.first().cloned();
+    let text = format!(
+        "[[pools]]\nname = \"x\"\nmodels = [\"x\"]\n{}",
+        placeholder_replicas(replicas, first.as_ref())
+    );
+    let parsed =
+        crate::config::parse(&text).map_err(|i| SimulateError::config("(generated)", &i))?;
+    pc.replicas = parsed.pools[0].replicas.clone();
+    Ok(c)
+}
+
+/// The KV-event endpoint of placeholder replica `i`: it only names the
+/// replica's events, which `simulate` feeds in without a socket.
+fn placeholder_events(i: usize) -> String {
+    format!("tcp://sim-r{i}:5557")
+}
+
+fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
+    (0..n)
+        .map(|i| {
+            let mut s = format!(
+                "[[pools.replicas]]\nurl = \"http://127.0.0.{}:{}\"\nname = \"r{i}\"\n",
+                1 + i / 50_000,
+                10_000 + i % 50_000
+            );
+            if let Some(r) = like {
+                s.push_str(&format!("weight = {}\n", r.weight));
+                if let Some(m) = r.max_inflight {
+                    s.push_str(&format!("max_inflight = {m}\n"));
+                }
+                if let Some(v) = &r.version {
+                    s.push_str(&format!("version = {v:?}\n"));
+                }
+                if r.kv_events.is_some() {
+                    s.push_str(&format!("kv_events = {:?}\n", placeholder_events(i)));
+                }
+            }
+            s
+        })
+        .collect()
+}
+
+/// The real topology and the calls `serve` makes on it.
+pub struct Decider {
+    topology: Topology,
+    pool: usize,
+    model: String,
+    metrics: Metrics,
+    index: HashMap<ReplicaId, u32>,
+    rng: u64,
+}
+
+impl Decider {
+    pub fn new(config: &Config, model: &str, seed: u64) -> Result<Decider, SimulateError> {
+        let issues = crate::config::validate(config);
+        if !issues.is_empty() {
+            return Err(SimulateError::config("(policy applied)", &issues));
+        }
+        let metrics = Metrics::new();
+        let admission = AdmissionMetrics::new(metrics.registry());
+        let topology = Topology::build(config, &metrics, &admission, None);
+        let pool = topology
+            .resolve(model, None)
+            .map(|r| r.pool.name.clone())
+            .and_then(|name| topology.pools.iter().position(|p| p.name == name))
+            .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
+        let p = &topology.pools[pool];
+        let index = p
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id, i as u32))
+            .collect();
+        Ok(Decider {
+            topology,
+            pool,
+            model: model.to_string(),
+            metrics,
+            index,
+            rng: seed ^ 0x0dec_1de5,
+        })
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.topology.pools[self.pool]
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The fleet position of a replica of the pool.
+    pub fn position(&self, id: ReplicaId) -> usize {
+        self.index[&id] as usize
+    }
+
+    pub fn info(&self, prompt_tokens: u32, max_tokens: u32) -> RequestInfo<'_> {
+        RequestInfo {
+            model: &self.model,
+            prompt_tokens,
+            max_tokens: Some(max_tokens),
+            user: None,
+        }
+    }
+
+    /// The routing stage, as `serve` runs it for a request without headers
+    /// or user, of `tier` (a `[[tiers]]` name) or none.
+    pub fn route(
+        &mut self,
+        prompt: Prompt<'_>,
+        tier: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Decision, RouteError> {
+        self.rng = splitmix(self.rng);
+        let headers = http::HeaderMap::new();
+        let input = RouteInput {
+            model: &self.model,
+            user: None,
+            api_key: None,
+            headers: &headers,
+            tier,
+            prompt,
+            tokens: None,
+        };
+        let pool = &self.topology.pools[self.pool];
+        pool.router.route(&pool.replicas, &input, self.rng, now_ms)
+    }
+
+    /// The forwarder's choice for the next attempt: a replica, or a wait
+    /// for a free slot when every allowed replica is at its `max_inflight`.
+    pub fn choose(
+        &self,
+        decision: &Decision,
+        tried: &[ReplicaId],
+        info: &RequestInfo<'_>,
+        now_ms: u64,
+    ) -> Choice {
+        crate::pool::choose(self.pool(), decision, tried, info, now_ms)
+    }
+}
+
+pub(super) fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_and_apply() {
+        assert_eq!(
+            "jsq".parse::<Policy>(),
+            Ok(Policy::Balancer(BalancerKind::Jsq))
+        );
+        assert_eq!(
+            "exact".parse::<Policy>(),
+            Ok(Policy::Prefix(PrefixMode::Exact))
+        );
+        assert!("nope".parse::<Policy>().is_err());
+        let c = generated_config("m", 3).unwrap();
+        let cache = Policy::Prefix(PrefixMode::Cache).apply(&c);
+        assert_eq!(cache.pools[0].prefix.mode, PrefixMode::Cache);
+        assert_eq!(cache.pools[0].replicas.len(), 3);
+        let d = Decider::new(&cache, "m", 0).unwrap();
+        assert_eq!(d.pool().replicas.len(), 3);
+        assert!(Decider::new(&cache, "other", 0).is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! The engines' side of the loop: starting a step, delivering its tokens
+//! and finished requests at its end (TTFT, inter-token gaps, end-to-end,
+//! the in-flight guard shrinking), and the scrape tick that stores each
+//! replica's load as `serve`'s scrape loop would.
+
+use crate::fleet_sim::clock::{Event, millis};
+use crate::fleet_sim::fleet::State;
+use crate::replica_sim::engine::StepOutcome;
+
+use super::Sim;
+
+impl Sim<'_> {
+    pub(super) fn start_step(&mut self, at: usize, now: f64) {
+        let slot = &mut self.slots[at];
+        if slot.state != State::Up || !slot.engine.has_work() {
+            return;
+        }
+        let out = slot.engine.step(now);
+        slot.note_kv_events();
+        if out.is_idle() {
+            // Nothing can run (no cache room): wait for the next arrival.
+            return;
+        }
+        self.queue.push(
+            out.end,
+            Event::StepEnd {
+                replica: at as u32,
+                epoch: slot.epoch,
+            },
+        );
+        slot.pending = Some(out);
+    }
+
+    pub(super) fn step_end(&mut self, at: usize, epoch: u32, now: f64) {
+        if self.slots[at].epoch != epoch {
+            return;
+        }
+        let Some(out) = self.slots[at].pending.take() else {
+            return;
+        };
+        self.slots[at].publish_kv_events(now);
+        self.deliver(at, &out, now);
+        self.start_step(at, now);
+    }
+
+    pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
+        let arrivals = &self.spec.workload.requests;
+        // Tokens reach the client, and the proxy sees the end, this long
+        // after the step.
+        let out_delay = self.half_delay();
+        self.slots[at].tokens += out.tokens.len() as u64;
+        self.out.output_tokens += out.tokens.len() as u64;
+        for t in &out.tokens {
+            let i = t.id as usize;
+            let l = &mut self.live[i];
+            match l.first {
+                None => {
+                    l.first = Some(now);
+                    let ttft = now + out_delay - arrivals[i].at;
+                    self.ttft.push(ttft);
+                    if let Some(tiers) = self.spec.tiers {
+                        self.tier_counts[usize::from(tiers.of_request[i])]
+                            .ttft
+                            .push(ttft);
+                    }
+                    if let Some(g) = &mut l.guard {
+                        g.prefill_done();
+                    }
+                    let pool = self.decider.pool();
+                    if let Some(g) = &l.guard {
+                        g.replica().outlier.on_success(millis(now), &pool.outlier);
+                    }
+                }
+                Some(_) => self.itl.observe(now - l.last),
+            }
+            l.last = now;
+            if let Some(g) = &mut l.guard {
+                g.produced(1);
+            }
+        }
+        self.out.preemptions += out.preempted.len() as u64;
+        for f in &out.finished {
+            let i = f.id as usize;
+            self.e2e.push(now + out_delay - arrivals[i].at);
+            self.out.completed += 1;
+            self.out.prompt_tokens += f.prompt_tokens as u64;
+            self.out.cached_tokens += f.cached_tokens as u64;
+            let within = self.live[i]
+                .first
+                .is_some_and(|t| t + out_delay - arrivals[i].at <= self.spec.goodput_ttft);
+            if within {
+                self.out.within_objective += 1;
+            }
+            if let Some(tiers) = self.spec.tiers {
+                let counts = &mut self.tier_counts[usize::from(tiers.of_request[i])];
+                counts.completed += 1;
+                counts.within_objective += u64::from(within);
+            }
+            self.live[i].done = true;
+            if out_delay > 0.0 {
+                self.queue.push(now + out_delay, Event::Release(i as u32));
+            } else {
+                self.release(i, now);
+            }
+        }
+    }
+
+    pub(super) fn scrape(&mut self, now: f64) {
+        let now_ms = millis(now);
+        let pool = std::sync::Arc::clone(self.decider.pool());
+        for (slot, replica) in self.slots.iter().zip(&pool.replicas) {
+            if slot.state == State::Up {
+                replica.store_load(slot.snapshot(now_ms));
+            }
+        }
+        if self.work_left()
+            && let Some(s) = &pool.scrape
+        {
+            let gap = if now == 0.0 && self.spec.scrape_phase > 0.0 {
+                self.spec.scrape_phase
+            } else {
+                s.interval.as_secs_f64()
+            };
+            self.queue.push(now + gap.max(1e-3), Event::Scrape);
+        }
+    }
+}

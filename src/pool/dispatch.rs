@@ -1,0 +1,75 @@
+//! The last step of a routing decision, shared by `serve`'s forwarder and
+//! `llmlb fleet-sim`: among the pool's replicas eligible at `now_ms` and not
+//! yet tried, keep what the routing [`Decision`] allows (and prefers), offer
+//! the balancer only those with a free slot under their `max_inflight`, and
+//! let it pick from views of their load read at one instant.
+//!
+//! `max_inflight` is a hard limit: when every replica the request may use
+//! is full, the answer is [`Choice::Wait`] with those replicas, never one of
+//! them overfilled. The forwarder waits for a slot to free; `llmlb fleet-sim`
+//! parks the request until one does, on its virtual clock.
+//!
+//! Pure apart from the balancer's own state (round-robin cursors, p2c RNG);
+//! no I/O. Cost: O(replicas) to filter and build views, plus the balancer's
+//! pick. The caller takes the slot (`Replica::try_acquire_tokens`) and picks
+//! again when it lost the race.
+
+use std::sync::Arc;
+
+use super::Pool;
+use crate::balancing::{self, Branch, Pick, RequestInfo};
+use crate::replica::{Replica, ReplicaId, ReplicaView};
+use crate::routing::Decision;
+
+/// What the next attempt of a request does.
+#[derive(Debug)]
+pub enum Choice {
+    /// Send it to this replica.
+    Pick(Arc<Replica>, Pick),
+    /// Every replica the request may use is at its concurrency limit: wait
+    /// until one of these ends a request.
+    Wait(Vec<Arc<Replica>>),
+    /// No replica is left; the balancer's branch says why.
+    NoReplica(Branch),
+}
+
+/// Chooses the replica for the next attempt of a request.
+pub fn choose(
+    pool: &Pool,
+    route: &Decision,
+    tried: &[ReplicaId],
+    info: &RequestInfo<'_>,
+    now_ms: u64,
+) -> Choice {
+    let (free, full): (Vec<Arc<Replica>>, Vec<Arc<Replica>>) = pool
+        .eligible_at(now_ms)
+        .into_iter()
+        .filter(|r| !tried.contains(&r.id))
+        .partition(|r| r.has_free_slot());
+    let candidates = route.narrow(free);
+    if candidates.is_empty() {
+        let allowed = route.narrow(full);
+        if !allowed.is_empty() {
+            return Choice::Wait(allowed);
+        }
+    }
+    match pick_from(pool, info, &candidates, now_ms) {
+        Ok((replica, pick)) => Choice::Pick(replica, pick),
+        Err(branch) => Choice::NoReplica(branch),
+    }
+}
+
+/// The pool's balancer's pick among `candidates`, their load read at `now_ms`.
+fn pick_from(
+    pool: &Pool,
+    info: &RequestInfo<'_>,
+    candidates: &[Arc<Replica>],
+    now_ms: u64,
+) -> Result<(Arc<Replica>, Pick), Branch> {
+    let views: Vec<ReplicaView> = candidates
+        .iter()
+        .map(|r| ReplicaView::at(r, now_ms))
+        .collect();
+    let pick = balancing::pick(pool.balancer.as_ref(), info, &views)?;
+    Ok((Arc::clone(&candidates[pick.index]), pick))
+}

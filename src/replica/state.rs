@@ -1,0 +1,595 @@
+//! Live state of one replica: identity, weight, the proxy's own load counts,
+//! its last scraped load, and its health (active checks and outlier ejection).
+//!
+//! Everything mutable is an atomic or an `ArcSwap` so the request path never
+//! takes a lock. The in-flight count and the outstanding-token estimate are
+//! held by an RAII [`InFlightGuard`] that travels inside the response body and
+//! is released at end of stream or when the client goes away.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwapOption;
+use prometheus::IntGauge;
+use tokio::sync::Notify;
+
+use super::ActiveHealth;
+use super::learned::LearnedRates;
+use super::outlier::Outlier;
+use super::view::ScrapedLoad;
+use super::{LoadSnapshot, RestartWatch};
+use crate::telemetry::clock::now_millis;
+use crate::telemetry::{Metrics, ReplicaSeries};
+
+/// Process-unique identity of a replica, stable across config reloads while the
+/// replica stays in the config.
+pub type ReplicaId = u64;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Debug)]
+pub struct Replica {
+    pub id: ReplicaId,
+    /// Label for metrics and logs (`host:port` unless configured).
+    pub name: String,
+    /// `host:port` used to build upstream URIs.
+    pub authority: http::uri::Authority,
+    /// `http` or `https`, from the replica's URL.
+    pub scheme: http::uri::Scheme,
+    /// The `Host` header of a request to it: the authority, without a port
+    /// that is the scheme's default (what hyper would derive from the URI,
+    /// made once instead of per request).
+    pub host: http::HeaderValue,
+    pub weight: u32,
+    /// Concurrency limit when the pool queues (`max_inflight`).
+    pub max_inflight: Option<u32>,
+    /// In-flight requests and outstanding tokens, shared with the replica's
+    /// successor when a reload changes its weight or limit.
+    counts: Arc<Counts>,
+    /// Since the last stored scrape: requests dispatched, requests finished,
+    /// tokens (prompt + expected output, less a predicted cached prefix)
+    /// dispatched.
+    dispatched_since_scrape: AtomicU64,
+    completed_since_scrape: AtomicU64,
+    tokens_since_scrape: AtomicU64,
+    load: ArcSwapOption<LoadSnapshot>,
+    /// Passive health.
+    pub outlier: Outlier,
+    /// Active health checks.
+    pub health: ActiveHealth,
+    /// Prefill and decode rates learned from consecutive scrapes.
+    pub learned: LearnedRates,
+    /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
+    /// streams already running finish.
+    draining: AtomicBool,
+    /// The replica answered 400 to a stream llmlb had added
+    /// `stream_options` to and took it without: llmlb stops adding it.
+    refuses_stream_options: AtomicBool,
+    in_flight_gauge: IntGauge,
+    /// Its metric series, looked up once (see [`Replica::series`]).
+    series: OnceLock<ReplicaSeries>,
+}
+
+impl Replica {
+    pub fn new(
+        name: String,
+        authority: http::uri::Authority,
+        weight: u32,
+        in_flight_gauge: IntGauge,
+    ) -> Replica {
+        let scheme = http::uri::Scheme::HTTP;
+        Replica {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            name,
+            host: host_header(&authority, &scheme),
+            authority,
+            scheme,
+            weight,
+            max_inflight: None,
+            counts: Arc::default(),
+            dispatched_since_scrape: AtomicU64::new(0),
+            completed_since_scrape: AtomicU64::new(0),
+            tokens_since_scrape: AtomicU64::new(0),
+            load: ArcSwapOption::empty(),
+            outlier: Outlier::default(),
+            health: ActiveHealth::default(),
+            learned: LearnedRates::default(),
+            draining: AtomicBool::new(false),
+            refuses_stream_options: AtomicBool::new(false),
+            in_flight_gauge,
+            series: OnceLock::new(),
+        }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.counts.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn outstanding_tokens(&self) -> u64 {
+        self.counts.outstanding_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Output tokens still to stream for the in-flight requests that are
+    /// past their first byte.
+    pub fn decoding_output(&self) -> u64 {
+        self.counts.decoding_output.load(Ordering::Relaxed)
+    }
+
+    /// In-flight requests that have not had their first byte yet: their
+    /// prompt is still queued or prefilling, so any prefill the replica
+    /// takes on before theirs delays their first token.
+    pub fn prefilling(&self) -> u64 {
+        self.counts.prefilling.load(Ordering::Relaxed)
+    }
+
+    /// Takes over `old`'s in-flight and token counts (builder style, before
+    /// sharing): a reload that changes a replica's weight or limit builds a
+    /// new `Replica` (same id), and the requests still running on the old
+    /// one keep counting against the new one's limit until they end.
+    pub fn carrying_counts_of(mut self, old: &Replica) -> Replica {
+        self.id = old.id;
+        self.counts = Arc::clone(&old.counts);
+        self
+    }
+
+    /// This replica's metric series in `pool`, looked up by label the first
+    /// time (a replica belongs to one pool and one registry).
+    pub fn series(&self, pool: &str, metrics: &Metrics) -> &ReplicaSeries {
+        self.series
+            .get_or_init(|| ReplicaSeries::new(metrics, pool, &self.name))
+    }
+
+    /// Resolves when one of this replica's in-flight requests ends (a slot
+    /// may have freed). Create it, then re-check, then await, so a release
+    /// between the check and the await is not missed.
+    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.counts.freed.notified()
+    }
+
+    /// Sets the URL scheme, `http` unless told (builder style, before sharing).
+    pub fn with_scheme(mut self, scheme: http::uri::Scheme) -> Replica {
+        self.host = host_header(&self.authority, &scheme);
+        self.scheme = scheme;
+        self
+    }
+
+    /// The absolute URI of `path_and_query` on this replica.
+    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+
+    /// Sets the concurrency limit (builder style, before sharing).
+    pub fn with_limit(mut self, max_inflight: Option<u32>) -> Replica {
+        self.max_inflight = max_inflight;
+        self
+    }
+
+    /// Whether the replica is under its concurrency limit (always, without one).
+    pub fn has_free_slot(&self) -> bool {
+        self.max_inflight
+            .is_none_or(|limit| self.in_flight() < u64::from(limit))
+    }
+
+    /// Counts one more request in flight until the guard is dropped.
+    pub fn acquire(self: &Arc<Self>) -> InFlightGuard {
+        self.acquire_tokens(0, 0)
+    }
+
+    /// Counts one more request in flight that should cost `prompt_tokens` of
+    /// prefill and up to `output_tokens` of decode, until the guard is
+    /// dropped. Ignores the concurrency limit; see [`Replica::try_acquire_tokens`].
+    pub fn acquire_tokens(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> InFlightGuard {
+        self.counts.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.guard(prompt_tokens, output_tokens)
+    }
+
+    /// Like [`Replica::acquire_tokens`], but only when the replica is under
+    /// its `max_inflight`: the check and the increment are one atomic step,
+    /// so two requests racing for the last slot cannot both take it.
+    pub fn try_acquire_tokens(
+        self: &Arc<Self>,
+        prompt_tokens: u64,
+        output_tokens: u64,
+    ) -> Option<InFlightGuard> {
+        let limit = self.max_inflight.map_or(u64::MAX, u64::from);
+        self.counts
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(self.guard(prompt_tokens, output_tokens))
+    }
+
+    fn guard(self: &Arc<Self>, prompt_tokens: u64, output_tokens: u64) -> InFlightGuard {
+        let total = prompt_tokens + output_tokens;
+        self.counts
+            .outstanding_tokens
+            .fetch_add(total, Ordering::Relaxed);
+        self.counts.prefilling.fetch_add(1, Ordering::Relaxed);
+        self.dispatched_since_scrape.fetch_add(1, Ordering::Relaxed);
+        self.tokens_since_scrape.fetch_add(total, Ordering::Relaxed);
+        self.in_flight_gauge.inc();
+        InFlightGuard {
+            replica: Arc::clone(self),
+            prefilled: false,
+            prompt_left: prompt_tokens,
+            output_left: output_tokens,
+        }
+    }
+
+    /// Takes back `tokens` of a request's prompt from the KV tokens counted
+    /// since the scrape: the part the replica holds cached already (it
+    /// shares those blocks instead of writing new ones). Call after the
+    /// request's guard is taken.
+    pub fn kv_tokens_shared(&self, tokens: u64) {
+        let _ = self
+            .tokens_since_scrape
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_sub(tokens))
+            });
+    }
+
+    /// Stores a new scrape and restarts the since-scrape counts.
+    /// Returns whether the scrape shows the replica restarted since the
+    /// last one ([`RestartWatch`]).
+    pub fn store_load(&self, snapshot: LoadSnapshot) -> bool {
+        let restarted = self.counts.restarts.observe(snapshot.prefix_cache_queries);
+        if let Some(previous) = self.load.load().as_deref() {
+            self.learned.observe(previous, &snapshot);
+        }
+        self.load.store(Some(Arc::new(snapshot)));
+        self.dispatched_since_scrape.store(0, Ordering::Relaxed);
+        self.completed_since_scrape.store(0, Ordering::Relaxed);
+        self.tokens_since_scrape.store(0, Ordering::Relaxed);
+        restarted
+    }
+
+    /// How many restarts the scrapes have shown (carried across reloads).
+    pub fn restarts(&self) -> u64 {
+        self.counts.restarts.restarts()
+    }
+
+    /// The last stored scrape, if any.
+    pub fn load_snapshot(&self) -> Option<Arc<LoadSnapshot>> {
+        self.load.load_full()
+    }
+
+    /// The last scrape as balancers see it, aged at `now_ms`, with what this
+    /// proxy has done since.
+    pub fn scraped_load(&self, now_ms: u64) -> Option<ScrapedLoad> {
+        let guard = self.load.load();
+        let s = guard.as_deref()?;
+        Some(ScrapedLoad {
+            running: s.running,
+            waiting: s.waiting,
+            kv_usage: s.kv_usage,
+            kv_capacity_tokens: s.kv_capacity_tokens,
+            age_ms: now_ms.saturating_sub(s.taken_at_ms),
+            dispatched_since: self.dispatched_since_scrape.load(Ordering::Relaxed),
+            completed_since: self.completed_since_scrape.load(Ordering::Relaxed),
+            tokens_since: self.tokens_since_scrape.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Whether the replica may receive new work now.
+    pub fn is_eligible(&self) -> bool {
+        self.is_eligible_at(now_millis())
+    }
+
+    /// Not drained, up by active checks and not ejected by passive health.
+    pub fn is_eligible_at(&self, now_ms: u64) -> bool {
+        !self.is_draining() && self.health.is_up() && !self.outlier.is_ejected_at(now_ms)
+    }
+
+    /// Drains the replica (`true`: no new work) or puts it back (`false`).
+    pub fn set_draining(&self, on: bool) {
+        self.draining.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether streams go to this replica without the `stream_options`
+    /// llmlb would add (it refused them once).
+    pub fn refuses_stream_options(&self) -> bool {
+        self.refuses_stream_options.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the replica refuses `stream_options`; true the first time.
+    pub fn note_refuses_stream_options(&self) -> bool {
+        !self.refuses_stream_options.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the replica is currently set aside by either kind of health.
+    pub fn is_down(&self) -> bool {
+        !self.is_eligible()
+    }
+}
+
+/// The counts a reload carries from a replica to its successor.
+#[derive(Debug, Default)]
+struct Counts {
+    in_flight: AtomicU64,
+    /// Estimated tokens the replica still has to process for this proxy's
+    /// in-flight requests (prompt not yet prefilled + output not yet streamed).
+    outstanding_tokens: AtomicU64,
+    /// Of the in-flight requests, those without a first byte yet.
+    prefilling: AtomicU64,
+    /// Output tokens still to stream for the requests past their first
+    /// byte (the ones decoding).
+    decoding_output: AtomicU64,
+    /// Woken whenever an in-flight request ends.
+    freed: Notify,
+    /// Restarts seen in the replica's scrapes.
+    restarts: RestartWatch,
+}
+
+/// One unit of in-flight load on a replica, released on drop.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    replica: Arc<Replica>,
+    /// Whether the replica has started answering (counted out of
+    /// `prefilling`).
+    prefilled: bool,
+    prompt_left: u64,
+    output_left: u64,
+}
+
+impl InFlightGuard {
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// The replica has started answering: the prompt is prefilled.
+    pub fn prefill_done(&mut self) {
+        if !std::mem::replace(&mut self.prefilled, true) {
+            let counts = &self.replica.counts;
+            counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+            counts
+                .decoding_output
+                .fetch_add(self.output_left, Ordering::Relaxed);
+        }
+        let p = std::mem::take(&mut self.prompt_left);
+        if p > 0 {
+            self.replica
+                .counts
+                .outstanding_tokens
+                .fetch_sub(p, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` output tokens have streamed out.
+    pub fn produced(&mut self, n: u64) {
+        let n = n.min(self.output_left);
+        if n > 0 {
+            self.output_left -= n;
+            let counts = &self.replica.counts;
+            counts.outstanding_tokens.fetch_sub(n, Ordering::Relaxed);
+            if self.prefilled {
+                counts.decoding_output.fetch_sub(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let r = &self.replica;
+        if self.prefilled {
+            r.counts
+                .decoding_output
+                .fetch_sub(self.output_left, Ordering::Relaxed);
+        } else {
+            r.counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+        }
+        let left = self.prompt_left + self.output_left;
+        if left > 0 {
+            r.counts
+                .outstanding_tokens
+                .fetch_sub(left, Ordering::Relaxed);
+        }
+        r.counts.in_flight.fetch_sub(1, Ordering::AcqRel);
+        r.counts.freed.notify_waiters();
+        r.completed_since_scrape.fetch_add(1, Ordering::Relaxed);
+        r.in_flight_gauge.dec();
+    }
+}
+
+/// `host[:port]` for the `Host` header, the port left out when it is the
+/// scheme's default (80 for `http`, 443 for `https`).
+fn host_header(authority: &http::uri::Authority, scheme: &http::uri::Scheme) -> http::HeaderValue {
+    let default_port = match scheme.as_str() {
+        "https" => 443,
+        _ => 80,
+    };
+    let text = match authority.port_u16() {
+        Some(port) if port == default_port => authority.host(),
+        _ => authority.as_str(),
+    };
+    http::HeaderValue::from_str(text).expect("an authority is a valid header value")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_header_leaves_out_only_the_schemes_default_port() {
+        let host = |authority: &str, scheme: http::uri::Scheme| {
+            host_header(&authority.parse().unwrap(), &scheme)
+        };
+        assert_eq!(
+            host("10.0.0.7:8000", http::uri::Scheme::HTTP),
+            "10.0.0.7:8000"
+        );
+        assert_eq!(host("vllm-0:80", http::uri::Scheme::HTTP), "vllm-0");
+        assert_eq!(host("vllm-0:443", http::uri::Scheme::HTTP), "vllm-0:443");
+        assert_eq!(host("vllm-0:443", http::uri::Scheme::HTTPS), "vllm-0");
+        assert_eq!(host("vllm-0", http::uri::Scheme::HTTPS), "vllm-0");
+    }
+
+    fn replica() -> Arc<Replica> {
+        Arc::new(Replica::new(
+            "r".into(),
+            "127.0.0.1:1".parse().unwrap(),
+            1,
+            IntGauge::new("g", "g").unwrap(),
+        ))
+    }
+
+    #[test]
+    fn guard_counts_and_releases() {
+        let r = replica();
+        let a = r.acquire();
+        let b = r.acquire();
+        assert_eq!(r.in_flight(), 2);
+        drop(a);
+        assert_eq!(r.in_flight(), 1);
+        drop(b);
+        assert_eq!(r.in_flight(), 0);
+    }
+
+    #[test]
+    fn try_acquire_stops_at_the_limit_and_a_successor_shares_the_count() {
+        let limited = || {
+            Replica::new(
+                "r".into(),
+                "127.0.0.1:1".parse().unwrap(),
+                1,
+                IntGauge::new("g", "g").unwrap(),
+            )
+            .with_limit(Some(2))
+        };
+        let r = Arc::new(limited());
+        let a = r.try_acquire_tokens(1, 1).expect("first slot");
+        let _b = r.try_acquire_tokens(1, 1).expect("second slot");
+        assert!(r.try_acquire_tokens(1, 1).is_none(), "limit 2 holds");
+        let next = Arc::new(limited().carrying_counts_of(&r));
+        assert_eq!(next.in_flight(), 2);
+        assert!(next.try_acquire_tokens(1, 1).is_none());
+        drop(a);
+        assert_eq!(next.in_flight(), 1);
+        assert!(next.try_acquire_tokens(1, 1).is_some());
+    }
+
+    #[test]
+    fn tokens_decrease_as_the_stream_flows() {
+        let r = replica();
+        let mut g = r.acquire_tokens(100, 50);
+        let other = r.acquire_tokens(10, 10);
+        assert_eq!(r.outstanding_tokens(), 170);
+        g.prefill_done();
+        assert_eq!(r.outstanding_tokens(), 70);
+        g.produced(20);
+        assert_eq!(r.outstanding_tokens(), 50);
+        g.produced(1000); // more than promised: clamps
+        assert_eq!(r.outstanding_tokens(), 20);
+        drop(g);
+        assert_eq!(r.outstanding_tokens(), 20);
+        drop(other); // a client that went away releases its whole share
+        assert_eq!(r.outstanding_tokens(), 0);
+    }
+
+    #[test]
+    fn prefilling_counts_requests_until_their_first_byte() {
+        let r = replica();
+        let mut a = r.acquire_tokens(100, 50);
+        let b = r.acquire_tokens(10, 10);
+        let mut c = r.acquire();
+        assert_eq!(r.prefilling(), 3);
+        a.prefill_done();
+        a.prefill_done(); // every chunk reports it: counted once
+        assert_eq!(r.prefilling(), 2);
+        drop(b); // went away before answering
+        assert_eq!(r.prefilling(), 1);
+        c.prefill_done(); // a prompt of 0 tokens still counts
+        assert_eq!(r.prefilling(), 0);
+        drop(a);
+        drop(c);
+        assert_eq!((r.prefilling(), r.in_flight()), (0, 0));
+    }
+
+    #[test]
+    fn decoding_output_counts_only_requests_past_their_first_byte() {
+        let r = replica();
+        let mut a = r.acquire_tokens(100, 50);
+        let mut b = r.acquire_tokens(1_000, 30);
+        assert_eq!(r.decoding_output(), 0, "both still prefilling");
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!(r.decoding_output(), 50);
+        a.produced(20);
+        b.produced(5); // before its first byte: not decoding yet
+        assert_eq!(r.decoding_output(), 30);
+        b.prefill_done();
+        assert_eq!(r.decoding_output(), 55);
+        drop(a);
+        assert_eq!(r.decoding_output(), 25);
+        drop(b);
+        assert_eq!(r.decoding_output(), 0);
+    }
+
+    #[test]
+    fn the_cached_part_of_a_prompt_is_taken_back_from_the_kv_tokens_sent() {
+        let r = replica();
+        r.store_load(LoadSnapshot {
+            taken_at_ms: 100,
+            ..LoadSnapshot::default()
+        });
+        let _g = r.acquire_tokens(1_600, 64);
+        r.kv_tokens_shared(1_536);
+        assert_eq!(r.scraped_load(100).unwrap().tokens_since, 128);
+        r.kv_tokens_shared(10_000); // more than was counted: stops at 0
+        assert_eq!(r.scraped_load(100).unwrap().tokens_since, 0);
+    }
+
+    #[test]
+    fn since_scrape_counts_restart_on_store() {
+        let r = replica();
+        assert!(r.scraped_load(10).is_none());
+        let g = r.acquire_tokens(5, 5);
+        drop(r.acquire());
+        r.store_load(LoadSnapshot {
+            waiting: Some(3),
+            taken_at_ms: 100,
+            ..LoadSnapshot::default()
+        });
+        let _g2 = r.acquire_tokens(7, 1);
+        drop(g);
+        let l = r.scraped_load(150).unwrap();
+        assert_eq!(l.waiting, Some(3));
+        assert_eq!(l.age_ms, 50);
+        assert_eq!(l.dispatched_since, 1);
+        assert_eq!(l.completed_since, 1);
+        assert_eq!(l.tokens_since, 8);
+    }
+
+    #[test]
+    fn ineligible_while_down_or_ejected() {
+        let r = replica();
+        assert!(r.is_eligible_at(1));
+        for _ in 0..3 {
+            r.health.record(false, 3, 2);
+        }
+        assert!(!r.is_eligible_at(1));
+    }
+
+    #[test]
+    fn drained_replica_is_ineligible_until_undrained() {
+        let r = replica();
+        r.set_draining(true);
+        assert!(!r.is_eligible_at(1));
+        r.set_draining(false);
+        assert!(r.is_eligible_at(1));
+    }
+}

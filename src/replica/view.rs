@@ -1,0 +1,165 @@
+//! What a balancer sees of a candidate: a copy of its numbers at pick time.
+//!
+//! Scraped values and the proxy's own counts are kept apart: a balancer that
+//! needs scraped data checks [`ScrapedLoad::is_fresh`] for every candidate it
+//! compares and, if any fails, compares them all by local counts instead.
+
+use super::learned::Rates;
+use super::state::{Replica, ReplicaId};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplicaView {
+    pub id: ReplicaId,
+    pub weight: u32,
+    /// Requests this proxy has sent to the replica that have not finished.
+    pub in_flight: u64,
+    /// Estimated tokens still to process for those requests.
+    pub outstanding_tokens: u64,
+    /// Of those, requests without a first byte yet (prompt still ahead).
+    pub prefilling: u64,
+    /// Output tokens still to stream for the others (past their first byte).
+    pub decoding_output: u64,
+    /// The replica's last scrape, when there is one.
+    pub load: Option<ScrapedLoad>,
+    /// Prefill and decode rates learned from its scrapes.
+    pub rates: Rates,
+}
+
+impl ReplicaView {
+    pub fn of(replica: &Replica) -> ReplicaView {
+        ReplicaView::at(replica, crate::telemetry::clock::now_millis())
+    }
+
+    pub fn at(replica: &Replica, now_ms: u64) -> ReplicaView {
+        ReplicaView {
+            id: replica.id,
+            weight: replica.weight,
+            in_flight: replica.in_flight(),
+            outstanding_tokens: replica.outstanding_tokens(),
+            prefilling: replica.prefilling(),
+            decoding_output: replica.decoding_output(),
+            load: replica.scraped_load(now_ms),
+            rates: replica.learned.rates(),
+        }
+    }
+
+    /// The scraped load when it is no older than `max_age_ms`.
+    pub fn fresh_load(&self, max_age_ms: u64) -> Option<&ScrapedLoad> {
+        self.load.as_ref().filter(|l| l.is_fresh(max_age_ms))
+    }
+}
+
+/// A scraped snapshot plus what this proxy has dispatched and completed on
+/// the replica since it was taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ScrapedLoad {
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub kv_usage: Option<f64>,
+    pub kv_capacity_tokens: Option<u64>,
+    pub age_ms: u64,
+    pub dispatched_since: u64,
+    pub completed_since: u64,
+    pub tokens_since: u64,
+}
+
+impl ScrapedLoad {
+    pub fn is_fresh(&self, max_age_ms: u64) -> bool {
+        self.age_ms <= max_age_ms
+    }
+
+    /// The waiting queue now, estimated: the scraped queue plus what was sent
+    /// since, minus what finished since (each finish frees a running slot that
+    /// a waiting request takes).
+    pub fn queue_now(&self) -> Option<u64> {
+        self.waiting
+            .map(|w| (w + self.dispatched_since).saturating_sub(self.completed_since))
+    }
+
+    /// The replica's KV cache as the scrape left it, with what llmlb sent
+    /// since: `None` when the usage is unknown, or the capacity is (the
+    /// replica's reported capacity, else `fallback_capacity`).
+    pub fn kv_room(&self, fallback_capacity: Option<u64>) -> Option<KvRoom> {
+        Some(KvRoom {
+            usage: self.kv_usage?,
+            capacity: self.kv_capacity_tokens.or(fallback_capacity)?,
+            tokens_since: self.tokens_since,
+        })
+    }
+
+    /// Requests in the replica now, running or waiting, estimated likewise.
+    pub fn in_system_now(&self) -> Option<u64> {
+        let base = self.waiting.unwrap_or(0) + self.running.unwrap_or(0);
+        (self.waiting.is_some() || self.running.is_some())
+            .then(|| (base + self.dispatched_since).saturating_sub(self.completed_since))
+    }
+}
+
+/// One model of a replica's KV cache, read two ways: as free tokens (by
+/// cache-aware routing, to tell whether a prompt's uncached blocks fit) and
+/// as projected usage (by `kv_aware`, against its threshold).
+///
+/// Every token llmlb sent since the scrape (prompt and expected output)
+/// counts as still held, less the part of a prompt that prefix routing
+/// predicted cached on the replica (those blocks are shared, not written
+/// again), which overestimates use slightly until the next scrape; vLLM
+/// counts blocks holding only a cached prefix as free, and so does this
+/// model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvRoom {
+    /// Fraction in use at the scrape.
+    pub usage: f64,
+    /// Capacity in tokens.
+    pub capacity: u64,
+    /// Tokens llmlb sent since the scrape.
+    pub tokens_since: u64,
+}
+
+impl KvRoom {
+    /// Free tokens now: `capacity × (1 − usage) − tokens since`, at least 0.
+    pub fn free_tokens(&self) -> u64 {
+        let free = (self.capacity as f64 * (1.0 - self.usage)).max(0.0) as u64;
+        free.saturating_sub(self.tokens_since)
+    }
+
+    /// Fraction in use once `extra` more tokens are placed:
+    /// `usage + (tokens since + extra) / capacity` (a capacity of 0 counts as 1).
+    pub fn projected_usage(&self, extra: u64) -> f64 {
+        self.usage + (self.tokens_since + extra) as f64 / self.capacity.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_tokens_and_projected_usage_read_one_model() {
+        let load = ScrapedLoad {
+            kv_usage: Some(0.25),
+            kv_capacity_tokens: Some(10_000),
+            tokens_since: 500,
+            ..ScrapedLoad::default()
+        };
+        let room = load.kv_room(Some(1)).unwrap();
+        assert_eq!(room.free_tokens(), 7_000);
+        assert!((room.projected_usage(1_000) - 0.4).abs() < 1e-12);
+        // Placing exactly the free tokens fills the cache.
+        assert!((room.projected_usage(room.free_tokens()) - 1.0).abs() < 1e-12);
+        // No reported capacity: the fallback, or nothing.
+        let bare = ScrapedLoad {
+            kv_capacity_tokens: None,
+            ..load
+        };
+        assert_eq!(bare.kv_room(None), None);
+        assert_eq!(bare.kv_room(Some(2_000)).unwrap().free_tokens(), 1_000);
+        // More sent than was free: none left, usage past 1.
+        let full = KvRoom {
+            usage: 0.9,
+            capacity: 1_000,
+            tokens_since: 400,
+        };
+        assert_eq!(full.free_tokens(), 0);
+        assert!(full.projected_usage(0) > 1.0);
+    }
+}
