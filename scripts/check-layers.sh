@@ -17,8 +17,9 @@ TOP='server|forwarding|admin|daemon'
 LOOPS='signals|health|discovery'
 # Tools that stand beside the proxy.
 TOOLS='replica_sim|bench|fleet_sim|demo|doctor'
-# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire.
-BOTTOM_ONLY="$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing|replica"
+# The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire,
+# the fleet store.
+BOTTOM_ONLY="fleet|$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing|replica"
 
 failed=0
 
@@ -63,6 +64,10 @@ rule "net config telemetry tokenize kv_events" "$BOTTOM_ONLY"
 # Telemetry declares metrics and traces from settings alone; each module
 # declares its own metrics through `telemetry::Family`.
 rule "telemetry" "$BOTTOM_ONLY|net|tokenize|kv_events"
+# The fleet store (what several instances share in Redis) reads settings and
+# declares its metrics; the daemon wires it to the replicas, the pools hand
+# it their dispatch records.
+rule "fleet" "$BOTTOM_ONLY|net|tokenize|kv_events"
 # Replica state sits just above the bottom.
 rule "replica" "$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing"
 # The loops that write replica state read the bottom and the replica.

@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod demo;
 pub mod discovery;
 pub mod doctor;
+pub mod fleet;
 pub mod fleet_sim;
 pub mod forwarding;
 pub mod gateway;

@@ -54,7 +54,11 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
             "text/html; charset=utf-8",
             status::PAGE.into(),
         ),
-        "/admin/status" => json(StatusCode::OK, &status::render(&state)),
+        "/admin/status" => {
+            let mut doc = status::render(&state);
+            status::attach_instances(&state, &mut doc).await;
+            json(StatusCode::OK, &doc)
+        }
         "/admin/replicas" => text(
             StatusCode::OK,
             "application/json",

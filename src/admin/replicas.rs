@@ -66,6 +66,9 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
         "eligible": r.is_eligible_at(now),
         "draining": r.is_draining(),
         "in_flight": r.in_flight(),
+        // `max_inflight`, and this instance's share of it under a fleet store.
+        "max_inflight": r.max_inflight,
+        "limit": r.limit(),
         "outstanding_tokens": r.outstanding_tokens(),
         "health": {
             "active": if r.health.checks() == 0 { "unchecked" } else if r.health.is_up() { "up" } else { "down" },

@@ -28,7 +28,23 @@ pub fn render(state: &AppState) -> Value {
     doc["draining"] = json!(state.draining.load(std::sync::atomic::Ordering::Relaxed));
     doc["version"] = json!(env!("CARGO_PKG_VERSION"));
     doc["recent_dispatches"] = recent(&state.recent_dispatches);
+    doc["fleet"] = state
+        .fleet
+        .as_ref()
+        .map_or(Value::Null, |f| json!(f.status()));
     doc
+}
+
+/// Adds the instances the fleet store lists to `doc["fleet"]` (or the
+/// reason they could not be listed).
+pub async fn attach_instances(state: &AppState, doc: &mut Value) {
+    let Some(fleet) = &state.fleet else {
+        return;
+    };
+    match fleet.instances().await {
+        Ok(list) => doc["fleet"]["instances"] = json!(list),
+        Err(e) => doc["fleet"]["instances_error"] = json!(e.to_string()),
+    }
 }
 
 /// The ring of recent dispatches, newest first.

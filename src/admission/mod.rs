@@ -63,6 +63,9 @@ impl Admission {
             Admit::Refused(refusal) => return Err(refused(refusal)),
             Admit::Wait(ticket) => ticket,
         };
+        // Under a fleet store, a waiting request is demand for a bigger
+        // share of the pool's slots: ask now rather than at the next tick.
+        crate::fleet::nudge();
         self.update_depths();
         let mut leave = LeaveOnDrop {
             admission: self,

@@ -19,7 +19,8 @@ pub enum WorkloadKind {
 /// Flags of `llmlb bench`.
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Base URL of the OpenAI-compatible server (llmlb, vLLM, ...).
+    /// Base URL of the OpenAI-compatible server (llmlb, vLLM, ...); a
+    /// comma-separated list spreads the requests over several (in turn).
     #[arg(
         long,
         visible_alias = "base-url",

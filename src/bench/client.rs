@@ -33,8 +33,10 @@ pub const REPLICA_HEADER: &str = "x-llmlb-replica";
 
 pub struct BenchClient {
     http: Client<HttpConnector, Full<Bytes>>,
-    completions: Uri,
-    chat: Uri,
+    /// Per target: its completions and chat URIs. Requests take the
+    /// targets in turn (several llmlb instances behind one client fleet).
+    targets: Vec<(Uri, Uri)>,
+    next: std::sync::atomic::AtomicUsize,
     headers: HeaderMap,
     model: String,
     timeout: Duration,
@@ -75,15 +77,19 @@ impl BenchClient {
         api_key: Option<&str>,
         timeout: Duration,
     ) -> Result<Self, BenchError> {
-        let base = parse_target(target, allow_remote)?;
-        let uri = |path: &str| {
-            format!("{base}{path}")
-                .parse::<Uri>()
-                .map_err(|e| BenchError::InvalidTarget {
-                    target: target.into(),
-                    reason: e.to_string(),
-                })
-        };
+        let mut targets = Vec::new();
+        for one in target.split(',').map(str::trim) {
+            let base = parse_target(one, allow_remote)?;
+            let uri = |path: &str| {
+                format!("{base}{path}")
+                    .parse::<Uri>()
+                    .map_err(|e| BenchError::InvalidTarget {
+                        target: one.into(),
+                        reason: e.to_string(),
+                    })
+            };
+            targets.push((uri("/v1/completions")?, uri("/v1/chat/completions")?));
+        }
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(key) = api_key {
@@ -107,8 +113,8 @@ impl BenchClient {
             .build(connector);
         Ok(BenchClient {
             http,
-            completions: uri("/v1/completions")?,
-            chat: uri("/v1/chat/completions")?,
+            targets,
+            next: std::sync::atomic::AtomicUsize::new(0),
             headers,
             model: model.to_owned(),
             timeout,
@@ -123,17 +129,19 @@ impl BenchClient {
             "stream_options": {"include_usage": true},
             "ignore_eos": true,
         });
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (completions, chat) = &self.targets[turn % self.targets.len()];
         let uri = match &spec.prompt {
             Prompt::Text(t) => {
                 body["prompt"] = json!(t);
-                self.completions.clone()
+                completions.clone()
             }
             Prompt::Chat(messages) => {
                 body["messages"] = messages
                     .iter()
                     .map(|(role, content)| json!({"role": role, "content": content}))
                     .collect();
-                self.chat.clone()
+                chat.clone()
             }
         };
         let bytes = serde_json::to_vec(&body).expect("a JSON value always serializes");

@@ -6,6 +6,7 @@
 mod cors;
 mod discovery;
 mod duration;
+mod fleet;
 mod gateway;
 mod hints;
 mod parse_all;
@@ -26,6 +27,7 @@ mod watch;
 pub use cors::CorsConfig;
 pub use discovery::{DiscoveryConfig, ReplicaNames};
 pub use duration::format as format_duration;
+pub use fleet::FleetConfig;
 pub use gateway::*;
 pub use hints::prefix_hints;
 pub use routing::*;

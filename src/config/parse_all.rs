@@ -29,6 +29,7 @@ pub fn section_issues(text: &str) -> Vec<ConfigIssue> {
             "gateway" => one::<GatewayConfig>(&key, value, &mut out),
             "limits" => one::<LimitsConfig>(&key, value, &mut out),
             "telemetry" => one::<super::TelemetryConfig>(&key, value, &mut out),
+            "fleet" => one::<super::FleetConfig>(&key, value, &mut out),
             "default_pool" => one::<String>(&key, value, &mut out),
             "aliases" => one::<std::collections::BTreeMap<String, String>>(&key, value, &mut out),
             "pools" => each::<PoolConfig>(&key, value, &mut out),
@@ -38,7 +39,7 @@ pub fn section_issues(text: &str) -> Vec<ConfigIssue> {
             _ => out.push(ConfigIssue {
                 key,
                 reason: "unknown section; expected one of server, pools, gateway, tiers, keys, \
-                         limits, priorities, default_pool, aliases, telemetry"
+                         limits, priorities, default_pool, aliases, telemetry, fleet"
                     .into(),
             }),
         }

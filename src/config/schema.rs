@@ -40,6 +40,9 @@ pub struct Config {
     /// Access log (and, later, traces).
     #[serde(default)]
     pub telemetry: super::TelemetryConfig,
+    /// The store shared by several llmlb instances (none: each on its own).
+    #[serde(default)]
+    pub fleet: Option<super::FleetConfig>,
 }
 
 impl Config {

@@ -92,6 +92,9 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         validate_pool(&mut out, &key, pool);
     }
     super::validate_gateway::validate(config, &mut out);
+    if let Some(fleet) = &config.fleet {
+        super::fleet::validate(fleet, &mut out);
+    }
     super::validate_routing::validate(config, &mut out);
     super::telemetry::validate(&config.telemetry, &mut out);
     out

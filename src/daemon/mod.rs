@@ -1,7 +1,7 @@
 //! The daemon: starts llmlb on its two listeners (the client listener runs
 //! `server`'s request handler, the admin listener `admin`'s), the loops
-//! beside the request path ([`loops`]: scrapes, health checks, KV events;
-//! `discovery`), and stops them in order. `llmlb serve` and the tests call
+//! beside the request path ([`loops`]: scrapes, health checks, KV events,
+//! the `[fleet]` store; `discovery`), and stops them in order. `llmlb serve` and the tests call
 //! [`start`]; nothing on the request path imports this module.
 
 pub mod loops;
@@ -134,6 +134,22 @@ pub fn start_from_file(
             Arc::clone(&state.metrics),
             background_rx.clone(),
         );
+        let fleet = state.fleet.clone().map(|fleet| {
+            let s = Arc::clone(&state);
+            loops::fleet::run(fleet, move || s.topology(), background_rx.clone())
+        });
+        let prefixes = state
+            .fleet
+            .clone()
+            .zip(state.take_fleet_inbox())
+            .map(|(fleet, inbox)| {
+                let s = Arc::clone(&state);
+                fleet.run_prefixes(
+                    inbox,
+                    move |record| loops::fleet::fold(&s.topology(), record),
+                    background_rx.clone(),
+                )
+            });
         let (s, r) = (Arc::clone(&state), Arc::clone(&state));
         let discovery = crate::discovery::run(
             crate::discovery::DiscoveryContext {
@@ -145,7 +161,17 @@ pub fn start_from_file(
             background_rx,
         );
         async move {
-            tokio::join!(supervise, discovery);
+            let fleet = async {
+                if let Some(f) = fleet {
+                    f.await;
+                }
+            };
+            let prefixes = async {
+                if let Some(p) = prefixes {
+                    p.await;
+                }
+            };
+            tokio::join!(supervise, discovery, fleet, prefixes);
         }
     });
     tracing::info!(%addr, %admin_addr, "llmlb listening");

@@ -177,7 +177,13 @@ impl Decider {
         }
         let metrics = Metrics::new();
         let admission = AdmissionMetrics::new(metrics.registry());
-        let topology = Topology::build(config, &metrics, &admission, None);
+        // One simulated instance decides alone: a `[fleet]` store is not
+        // part of the run.
+        let alone = Config {
+            fleet: None,
+            ..config.clone()
+        };
+        let topology = Topology::build(&alone, &metrics, &admission, None);
         let pool = topology
             .resolve(model, None)
             .map(|r| r.pool.name.clone())

@@ -240,6 +240,10 @@ async fn wait_for_slot(
     if candidates.iter().any(|r| r.has_free_slot()) {
         return Ok(());
     }
+    // Counted as demand for these replicas while it waits (a fleet store
+    // grows this instance's share of them from it).
+    let _waiting: Vec<_> = candidates.iter().map(|r| r.wait_here()).collect();
+    crate::fleet::nudge();
     let any = futures_util::future::select_all(freed);
     match tokio::time::timeout_at(until, any).await {
         Ok(_) => Ok(()),

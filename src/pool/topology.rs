@@ -191,6 +191,18 @@ impl Topology {
     pub fn is_ready(&self) -> bool {
         !self.pools.is_empty() && self.pools.iter().all(|p| p.is_ready())
     }
+
+    /// Makes every pool publish its dispatch records through `outbox` (the
+    /// other instances of a `[fleet]` fold them into their prefix index);
+    /// a new topology, after a reload, is given it again.
+    pub fn share_prefixes(&self, outbox: Option<&crate::fleet::PrefixOutbox>) {
+        let Some(outbox) = outbox else {
+            return;
+        };
+        for pool in &self.pools {
+            pool.router.share_prefixes(outbox.for_pool(&pool.name));
+        }
+    }
 }
 
 fn build_pool(
@@ -221,9 +233,13 @@ fn build_pool(
                 return Arc::clone(kept);
             }
             let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
+            // With a fleet store, a new replica has no slot here until the
+            // store grants this instance a share of its limit.
+            let fleet_cap = if config.fleet.is_some() { 0 } else { u32::MAX };
             let replica = Replica::new(name, authority, rc.weight, gauge)
                 .with_scheme(scheme)
-                .with_limit(limit);
+                .with_limit(limit)
+                .with_fleet_cap(fleet_cap);
             // A new weight or limit: the requests running there still count.
             Arc::new(match same {
                 Some(previous) => replica.carrying_counts_of(previous),
@@ -279,15 +295,14 @@ fn upstream_tls(pc: &PoolConfig) -> UpstreamTls {
     })
 }
 
-/// The pool's queue when any replica has a concurrency limit. Capacity is
-/// the sum of the limits of the replicas eligible at that moment.
 /// The requests `replicas` may run at once at `now_ms`: the sum of the
-/// eligible ones' `max_inflight` (an unlimited one counts as very many).
+/// eligible ones' limits (`max_inflight`, or this instance's share of it
+/// under a fleet store; an unlimited one counts as very many).
 pub fn queue_capacity(replicas: &[Arc<Replica>], now_ms: u64) -> usize {
     replicas
         .iter()
         .filter(|r| r.is_eligible_at(now_ms))
-        .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
+        .map(|r| r.limit().map_or(usize::MAX / 1024, |l| l as usize))
         .sum()
 }
 

@@ -6,7 +6,7 @@
 //! held by an RAII [`InFlightGuard`] that travels inside the response body and
 //! is released at end of stream or when the client goes away.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwapOption;
@@ -168,9 +168,45 @@ impl Replica {
         self
     }
 
+    /// The requests this process may run here at once: `max_inflight`,
+    /// or less when several llmlb instances share it (`[fleet]`: this
+    /// instance's lease of it). `None`: no limit.
+    pub fn limit(&self) -> Option<u32> {
+        let share = self.counts.fleet_cap.load(Ordering::Acquire);
+        self.max_inflight.map(|l| l.min(share))
+    }
+
+    /// Sets this instance's share of `max_inflight` (`u32::MAX`: all of
+    /// it); waiters for a slot look again when it grew.
+    pub fn set_fleet_cap(&self, cap: u32) {
+        let before = self.counts.fleet_cap.swap(cap, Ordering::AcqRel);
+        if cap > before {
+            self.counts.freed.notify_waiters();
+        }
+    }
+
+    /// Requests waiting for a slot that could use this replica (the fleet
+    /// store reports them as this instance's demand).
+    pub fn waiting(&self) -> u32 {
+        self.counts.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request waiting for a slot here until the guard drops.
+    pub fn wait_here(self: &Arc<Self>) -> WaitingGuard {
+        self.counts.waiting.fetch_add(1, Ordering::Relaxed);
+        WaitingGuard(Arc::clone(self))
+    }
+
+    /// Starts the replica with no slot until the fleet store grants some
+    /// (builder style, before sharing).
+    pub fn with_fleet_cap(self, cap: u32) -> Replica {
+        self.counts.fleet_cap.store(cap, Ordering::Relaxed);
+        self
+    }
+
     /// Whether the replica is under its concurrency limit (always, without one).
     pub fn has_free_slot(&self) -> bool {
-        self.max_inflight
+        self.limit()
             .is_none_or(|limit| self.in_flight() < u64::from(limit))
     }
 
@@ -199,7 +235,7 @@ impl Replica {
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Option<InFlightGuard> {
-        let limit = self.max_inflight.map_or(u64::MAX, u64::from);
+        let limit = self.limit().map_or(u64::MAX, u64::from);
         self.counts
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -316,10 +352,26 @@ impl Replica {
     }
 }
 
+/// A request counted as waiting for a slot on a replica (see
+/// [`Replica::wait_here`]).
+#[derive(Debug)]
+pub struct WaitingGuard(Arc<Replica>);
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.counts.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The counts a reload carries from a replica to its successor.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counts {
     in_flight: AtomicU64,
+    /// This instance's share of `max_inflight` when a fleet store splits
+    /// it among instances (`u32::MAX`: the whole limit).
+    fleet_cap: AtomicU32,
+    /// Requests waiting for a slot that could use this replica.
+    waiting: AtomicU32,
     /// Estimated tokens the replica still has to process for this proxy's
     /// in-flight requests (prompt not yet prefilled + output not yet streamed).
     outstanding_tokens: AtomicU64,
@@ -332,6 +384,21 @@ struct Counts {
     freed: Notify,
     /// Restarts seen in the replica's scrapes.
     restarts: RestartWatch,
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts {
+            in_flight: AtomicU64::new(0),
+            fleet_cap: AtomicU32::new(u32::MAX),
+            waiting: AtomicU32::new(0),
+            outstanding_tokens: AtomicU64::new(0),
+            prefilling: AtomicU64::new(0),
+            decoding_output: AtomicU64::new(0),
+            freed: Notify::new(),
+            restarts: RestartWatch::default(),
+        }
+    }
 }
 
 /// One unit of in-flight load on a replica, released on drop.

@@ -41,6 +41,9 @@ pub struct Decision {
     pub(super) expect: Option<(Held, Vec<u32>)>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
+    /// Under a fleet store: where the dispatch record goes for the other
+    /// instances, with the prefix key in `hash` mode.
+    pub(super) share: Option<(crate::fleet::PrefixOutbox, Option<u64>)>,
 }
 
 impl Decision {
@@ -88,6 +91,9 @@ impl Decision {
             && let Some(index) = indexes.get(&replica.id)
         {
             index.record(blocks);
+        }
+        if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
+            outbox.send(&replica.name, *key, blocks);
         }
         let (held, tokens) = self.expect.as_ref()?;
         Some(held.get(&replica.id)?.expect_prompt(tokens))

@@ -64,6 +64,9 @@ pub struct Router {
     pub(super) state: PrefixState,
     tiers: PoolTiers,
     tokenizer: PromptTokenizer,
+    /// Where dispatch records go for the other llmlb instances (`[fleet]`
+    /// with `share_prefixes`; `cache` and `hash` modes).
+    outbox: std::sync::OnceLock<crate::fleet::PrefixOutbox>,
 }
 
 /// What the routing stage knows about a request.
@@ -111,6 +114,48 @@ impl Router {
             state: PrefixState::build(pc, replicas, previous.map(|p| &p.state)),
             tiers: PoolTiers::build(config, replicas),
             tokenizer: pool_tokenizer(pc),
+            outbox: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Publishes this pool's dispatch records through `outbox` from now on
+    /// (`cache` and `hash` modes only: `exact` agrees through the
+    /// replicas' own KV events).
+    pub fn share_prefixes(&self, outbox: crate::fleet::PrefixOutbox) {
+        if matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Hash) {
+            let _ = self.outbox.set(outbox);
+        }
+    }
+
+    /// Folds what another llmlb instance sent to `replica` (one of
+    /// `replicas`, the pool's) into this instance's view: the blocks count
+    /// as held there, and in `hash` mode with homes the arrival counts
+    /// toward the prefix's demand. Unknown replicas are ignored.
+    pub fn fold_remote(
+        &self,
+        replicas: &[Arc<Replica>],
+        replica: &str,
+        key: Option<u64>,
+        blocks: &[u64],
+        now_ms: u64,
+    ) {
+        let Some(r) = replicas.iter().find(|r| r.name == replica) else {
+            return;
+        };
+        if let Some(index) = self.state.indexes.get(&r.id) {
+            index.record(blocks);
+        }
+        if let (Some(key), Some(_), PrefixMode::Hash) = (key, &self.state.hot, self.prefix.mode) {
+            let cands: Vec<Arc<Replica>> = replicas
+                .iter()
+                .filter(|r| r.is_eligible_at(now_ms))
+                .cloned()
+                .collect();
+            let views: HashMap<ReplicaId, ReplicaView> = cands
+                .iter()
+                .map(|r| (r.id, ReplicaView::at(r, now_ms)))
+                .collect();
+            cache::home_of(self, key, &cands, &views, now_ms);
         }
     }
 
@@ -215,6 +260,7 @@ impl Router {
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
             return Ok(d);
         }
+        let mut shared_key = None;
         match self.prefix.mode {
             PrefixMode::Off => {}
             PrefixMode::Hash => {
@@ -225,6 +271,7 @@ impl Router {
                     Cow::Borrowed(&tokens)
                 }) {
                     Some(key) => {
+                        shared_key = Some(key);
                         let home = cache::home_of(self, key, &cands, &views, now_ms);
                         self.affinity.prefer_home(
                             &mut d,
@@ -243,6 +290,11 @@ impl Router {
                 let tokens = self.tokens(input);
                 cache::prefer(self, &mut d, &cands, &views, input.model, tokens, now_ms)
             }
+        }
+        if let Some(outbox) = self.outbox.get()
+            && d.record.is_some()
+        {
+            d.share = Some((outbox.clone(), shared_key));
         }
         Ok(d)
     }

@@ -67,6 +67,15 @@ pub struct AppState {
     pub body_budget: budget::BodyBudget,
     /// Request traces, when `[telemetry.otlp]` is configured (fixed at start).
     pub traces: Option<crate::telemetry::trace::Tracing>,
+    /// The store shared with other instances, when `[fleet]` is configured
+    /// (fixed at start; a reload that changes `[fleet]` is logged and needs
+    /// a restart).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Where the pools publish their dispatch records for the other
+    /// instances (`[fleet] share_prefixes`), and the end the publishing
+    /// task takes at start.
+    pub fleet_outbox: Option<crate::fleet::PrefixOutbox>,
+    fleet_inbox: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<crate::fleet::PrefixRecord>>>,
 }
 
 impl AppState {
@@ -99,6 +108,17 @@ impl AppState {
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
         let pending = pending::Gates::build(&config);
+        let fleet = config.fleet.as_ref().and_then(|f| {
+            crate::fleet::Fleet::new(f, &crate::fleet::FleetMetrics::new(metrics.registry()))
+        });
+        let (fleet_outbox, fleet_inbox) = match &fleet {
+            Some(f) if f.config().share_prefixes => {
+                let (tx, rx) = crate::fleet::prefixes::outbox(f);
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        topology.share_prefixes(fleet_outbox.as_ref());
         Arc::new(AppState {
             live: generation::Live::new(Generation {
                 config: Arc::new(config),
@@ -120,6 +140,9 @@ impl AppState {
             last_reload_content: arc_swap::ArcSwapOption::empty(),
             body_budget: budget::BodyBudget::default(),
             traces,
+            fleet,
+            fleet_outbox,
+            fleet_inbox: std::sync::Mutex::new(fleet_inbox),
         })
     }
 
@@ -136,6 +159,14 @@ impl AppState {
     /// The topology in force (for a reader that needs nothing else).
     pub fn topology(&self) -> Arc<Topology> {
         Arc::clone(&self.live.load().topology)
+    }
+
+    /// The other instances' dispatch records, for the daemon's loop that
+    /// folds them into the pools (taken once, at start).
+    pub fn take_fleet_inbox(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<crate::fleet::PrefixRecord>> {
+        self.fleet_inbox.lock().expect("poisoned").take()
     }
 
     /// Request body bytes being read or held for forwarding now.

@@ -97,6 +97,7 @@ pub fn rebuild(state: &AppState) {
         &state.admission_metrics,
         Some(&current.topology),
     );
+    topology.share_prefixes(state.fleet_outbox.as_ref());
     writer.store(Generation {
         config: Arc::clone(&current.config),
         topology: Arc::new(topology),
@@ -115,6 +116,7 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         &state.admission_metrics,
         Some(old_topology),
     );
+    topology.share_prefixes(state.fleet_outbox.as_ref());
     let gateway = Gateway::build(
         &new,
         Some(&current.gateway),

@@ -28,6 +28,7 @@ mod client;
 mod metrics;
 mod process;
 mod proxy;
+mod redis_server;
 mod upstream;
 mod wait;
 
@@ -40,6 +41,8 @@ pub use metrics::*;
 pub use process::*;
 #[allow(unused_imports)]
 pub use proxy::*;
+#[allow(unused_imports)]
+pub use redis_server::*;
 #[allow(unused_imports)]
 pub use upstream::*;
 #[allow(unused_imports)]

@@ -11,6 +11,7 @@
 //! replicas that left ([`series`]). On shutdown it stops every
 //! loop and waits for them.
 
+pub mod fleet;
 mod series;
 
 use std::collections::HashMap;

@@ -1,0 +1,289 @@
+//! Several llmlb instances sharing one `[fleet]` store (a real
+//! `redis-server`) in front of one replica: its `max_inflight` holds for
+//! the sum of their requests, while instances come and go and while the
+//! store goes away and comes back.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+
+fn config(redis: &str, upstream: &str, limit: u32) -> String {
+    format!(
+        "[fleet]\nstore = \"{redis}\"\nrefresh = \"40ms\"\ntimeout = \"40ms\"\ninstance_ttl = \"600ms\"\n{}",
+        one_pool(
+            "least_connections",
+            &[(upstream, 1)],
+            &format!("max_inflight = {limit}")
+        )
+    )
+}
+
+/// One streaming chat through `lb`, read to its end: its status.
+async fn stream(lb: std::net::SocketAddr) -> StatusCode {
+    let (_conn, resp) = open_stream(lb).await;
+    let status = resp.status();
+    let _ = resp.into_body().collect().await;
+    status
+}
+
+/// Lets the replica finish held streams one at a time until `done` says
+/// stop, recording the most it ever held open at once.
+async fn release_and_watch(up: &Upstream, every: Duration, done: impl Fn() -> bool) -> usize {
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Instant::now();
+    while !done() {
+        assert!(Instant::now() < deadline, "the run ends");
+        peak = peak.max(up.open_streams.load(Ordering::SeqCst));
+        if last.elapsed() >= every && up.open_streams.load(Ordering::SeqCst) > 0 {
+            up.release_one();
+            last = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    peak
+}
+
+#[tokio::test]
+async fn three_instances_keep_one_replica_under_its_limit() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let cfg = config(&redis.url(), &up.url(), 2);
+    let lbs = [
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+    ];
+    let tasks: Vec<_> = (0..12)
+        .map(|i| tokio::spawn(stream(lbs[i % 3].addr)))
+        .collect();
+    let peak = release_and_watch(&up, Duration::from_millis(15), || {
+        tasks.iter().all(|t| t.is_finished())
+    })
+    .await;
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(up.requests(), 12);
+    assert!(peak <= 2, "the replica held {peak} streams at once");
+    assert!(peak >= 1);
+    // Every instance lists the three; the status page shows the store.
+    let (_, body) = admin_get(lbs[0].admin_addr, "/admin/status").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["fleet"]["store_up"], true, "{doc}");
+    assert_eq!(
+        doc["fleet"]["instances"].as_array().unwrap().len(),
+        3,
+        "{doc}"
+    );
+    let text = metrics_text(lbs[1].admin_addr).await;
+    assert_eq!(metric_value(&text, "llmlb_fleet_store_up", &[]), 1.0);
+    assert_eq!(metric_value(&text, "llmlb_fleet_instances", &[]), 3.0);
+    for lb in lbs {
+        lb.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_store_stopped_and_restarted_under_load_fails_nothing() {
+    let Some(mut redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let cfg = config(&redis.url(), &up.url(), 3);
+    let lbs = [
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+    ];
+    // Six clients, each sending streams one after the other.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..6)
+        .map(|i| {
+            let (lb, stop) = (lbs[i % 3].addr, stop.clone());
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..400 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    statuses.push(stream(lb).await);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let watch = {
+        let stop = stop.clone();
+        let up = &up;
+        async move {
+            let started = Instant::now();
+            release_and_watch(up, Duration::from_millis(5), || {
+                started.elapsed() > Duration::from_secs(4) && stop.load(Ordering::SeqCst)
+            })
+            .await
+        }
+    };
+    let faults = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        redis.stop();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        redis.restart().await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (peak, ()) = tokio::join!(watch, faults);
+    let mut served = 0;
+    for c in clients {
+        for s in c.await.unwrap() {
+            assert_eq!(s, StatusCode::OK, "no request fails because of the store");
+            served += 1;
+        }
+    }
+    assert!(served > 30, "{served} requests served");
+    assert!(peak <= 3, "the replica held {peak} streams at once");
+    for lb in &lbs {
+        let text = metrics_text(lb.admin_addr).await;
+        assert!(
+            metric_value(&text, "llmlb_fleet_fallbacks_total", &[]) >= 1.0,
+            "{text}"
+        );
+        assert_eq!(
+            metric_value(&text, "llmlb_fleet_store_up", &[]),
+            1.0,
+            "back"
+        );
+    }
+    for lb in lbs {
+        lb.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_instance_gives_its_slots_back_within_its_ttl() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let cfg = TempFile::config(
+        "fleet-kill",
+        &serve_config("", &config(&redis.url(), &up.url(), 2)),
+    );
+    let mut doomed = ServeProcess::start(&cfg.path, &[]);
+    let other = ServeProcess::start(&cfg.path, &[]);
+    // The doomed instance takes both slots (the other wants none yet).
+    let (_c1, _b1) = held_stream(doomed.addr).await;
+    let (_c2, _b2) = held_stream(doomed.addr).await;
+    assert_eq!(up.open_streams.load(Ordering::SeqCst), 2);
+    // The other's request waits: the limit holds across processes.
+    let waiting = tokio::spawn(stream(other.addr));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(up.requests(), 2, "no third request reached the replica");
+    doomed.child.0.kill().unwrap();
+    let killed = Instant::now();
+    doomed.child.0.wait().unwrap();
+    // Its streams die with it; its lease lapses with its registration.
+    until("the waiting request to reach the replica", || {
+        up.requests() == 3
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_millis(500 + 500),
+        "slots back in {took:?}"
+    );
+    up.release_one();
+    assert_eq!(waiting.await.unwrap(), StatusCode::OK);
+    drop(other);
+}
+
+/// A chat whose system prompt spans several cache blocks.
+fn chat(system_id: usize, question: &str) -> String {
+    let system = format!(
+        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
+         order number, and never promise a delivery date you cannot check. "
+    )
+    .repeat(3);
+    serde_json::json!({
+        "model": "llama-3-8b",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]
+    })
+    .to_string()
+}
+
+async fn replica_for(addr: std::net::SocketAddr, body: &str) -> String {
+    let (status, _, bytes) = call(addr, chat_request("/v1/chat/completions", body)).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    v["replica"].as_str().unwrap().to_string()
+}
+
+fn decisions(text: &str, branch: &str) -> f64 {
+    metric_value(text, "llmlb_routing_decisions_total", &[("branch", branch)])
+}
+
+#[tokio::test]
+async fn cache_mode_instances_share_one_prefix_view() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let ups = [
+        Upstream::start("r0", Mode::Json).await,
+        Upstream::start("r1", Mode::Json).await,
+        Upstream::start("r2", Mode::Json).await,
+    ];
+    let mut pool = String::from(
+        "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nbalancer = \"round_robin\"\n\
+         [pools.prefix]\nmode = \"cache\"\n",
+    );
+    for u in &ups {
+        pool.push_str(&format!("[[pools.replicas]]\nurl = \"{}\"\n", u.url()));
+    }
+    let cfg = format!(
+        "[fleet]\nstore = \"{}\"\nrefresh = \"40ms\"\ntimeout = \"40ms\"\ninstance_ttl = \"600ms\"\n{pool}",
+        redis.url()
+    );
+    let (a, b) = (start_llmlb(&cfg).await, start_llmlb(&cfg).await);
+    let mut first = Vec::new();
+    for p in 0..8 {
+        first.push(replica_for(a.addr, &chat(p, "Where is my parcel?")).await);
+    }
+    until_async(
+        "the second instance to fold the first's records",
+        Duration::from_secs(5),
+        async || {
+            let text = metrics_text(b.admin_addr).await;
+            metric_value(&text, "llmlb_fleet_prefix_records_total", &[]) >= 8.0
+        },
+    )
+    .await;
+    // What the first instance sent is a prefix hit on the second: it sends
+    // each prompt where the first did, though it never saw them itself.
+    for (p, there) in first.iter().enumerate() {
+        assert_eq!(
+            &replica_for(b.addr, &chat(p, "And the invoice?")).await,
+            there
+        );
+    }
+    let text = metrics_text(b.admin_addr).await;
+    assert_eq!(
+        (
+            decisions(&text, "prefix_hit"),
+            decisions(&text, "prefix_miss")
+        ),
+        (8.0, 0.0)
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
