@@ -9,19 +9,19 @@
 #     FLEET      1: the instances share a redis-server [fleet] store; 0: not
 #     SEED       workload seed (fresh prompts per run)
 # Env: LLMLB (binary, default target/release/llmlb), REPLICAS (4),
-#      BLOCKS (1024), CLIENTS (24), GROUPS (16), PER_GROUP (12), MODE (cache).
+#      BLOCKS (1024), CLIENTS (24), PREFIX_GROUPS (16), PER_GROUP (12), MODE (cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 LIMIT=$2 FLEET=$3 SEED=$4
 LLMLB=${LLMLB:-target/release/llmlb}
 REPLICAS=${REPLICAS:-4} BLOCKS=${BLOCKS:-1024} CLIENTS=${CLIENTS:-24}
-GROUPS_=${GROUPS:-16} PER_GROUP=${PER_GROUP:-12} MODE=${MODE:-cache}
+GROUPS_=${PREFIX_GROUPS:-16} PER_GROUP=${PER_GROUP:-12} MODE=${MODE:-cache}
 work=$(mktemp -d /tmp/llmlb-fleet-lab.XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  [[ -n ${KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -29,11 +29,13 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Replicas: one process, ports BASE..BASE+REPLICAS-1.
 base=$(( 20000 + (RANDOM % 2000) * 8 ))
+# The longest request the KV cache can hold (one block kept back).
 "$LLMLB" replica-sim --replicas "$REPLICAS" --port "$base" --num-blocks "$BLOCKS" \
-  --model m --seed "$SEED" 2>"$work/sim.log" &
+  --max-model-len $(( (BLOCKS - 1) * 16 )) --model m --seed "$SEED" 2>"$work/sim.log" &
 pids+=($!)
 for i in $(seq 0 $((REPLICAS - 1))); do
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$((base + i))/health" >/dev/null && break; sleep 0.05; done
+  curl -sf "http://127.0.0.1:$((base + i))/health" >/dev/null || { cat "$work/sim.log" >&2; exit 1; }
 done
 
 fleet=""
@@ -105,7 +107,7 @@ for i in $(seq 0 $((REPLICAS - 1))); do
 done
 python3 - "$work/bench.json" "$((hits - hits_before))" "$((queries - queries_before))" "$(cat "$work/peak")" "$N" "$LIMIT" "$FLEET" "$SEED" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))["figures"]
+r = json.load(open(sys.argv[1]))
 hits, queries, peak = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 n, limit, fleet, seed = sys.argv[5:9]
 print(f"instances={n} limit={limit} fleet={fleet} seed={seed} completed={r['completed']} "

@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         Command::Demo(_) => llmlb::demo::DEFAULT_LOG_FILTER,
         _ => "info",
     };
-    init_logging(cli.log_format, default_filter);
+    let log = init_logging(cli.log_format, default_filter);
     let result = match cli.command {
         Command::Serve { config } => serve(&config),
         Command::Check { config } => return check(&config),
@@ -103,6 +103,8 @@ fn main() -> ExitCode {
         Command::FleetSim(args) => fleet_sim(&args),
         Command::Demo(args) => demo(*args),
     };
+    // Every log line out before the last word.
+    drop(log);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,6 +17,9 @@ struct Serve {
     child: Child,
     lines: Lines<BufReader<ChildStderr>>,
     addr: std::net::SocketAddr,
+    admin_addr: std::net::SocketAddr,
+    /// The config file, rewritten by reload tests.
+    path: std::path::PathBuf,
     /// The config file, removed on drop.
     _file: common::TempFile,
 }
@@ -40,22 +43,28 @@ async fn serve(tag: &str, format: &str, config: &str) -> Serve {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let first = next_line(&mut lines).await;
-    let addr = first
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("addr="))
-        .map(|a| a.trim_matches('"').to_owned())
-        .or_else(|| {
-            serde_json::from_str::<Value>(&first)
-                .ok()
-                .and_then(|v| v["addr"].as_str().map(str::to_owned))
-        })
-        .unwrap_or_else(|| panic!("no address in {first}"))
-        .parse()
-        .unwrap();
+    let field = |key: &str| -> std::net::SocketAddr {
+        first
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .map(|a| a.trim_matches('"').to_owned())
+            .or_else(|| {
+                serde_json::from_str::<Value>(&first)
+                    .ok()
+                    .and_then(|v| v[key].as_str().map(str::to_owned))
+            })
+            .unwrap_or_else(|| panic!("no {key} in {first}"))
+            .parse()
+            .unwrap()
+    };
+    let (addr, admin_addr) = (field("addr"), field("admin_addr"));
+    let path = file.path.clone();
     Serve {
         child,
         lines,
         addr,
+        admin_addr,
+        path,
         _file: file,
     }
 }
@@ -184,4 +193,137 @@ async fn fields_and_sampling_follow_the_config() {
         .filter(|k| !["timestamp", "level", "target", "message"].contains(k))
         .collect();
     assert_eq!(keys, ["path", "status"]);
+}
+
+/// A request with its own id and `x-sim-fault`, on a connection of its
+/// own: the status and the body as far as it reads (a cut body ends early).
+async fn send_faulty(
+    addr: std::net::SocketAddr,
+    id: &str,
+    fault: &str,
+    body: Value,
+) -> (u16, String) {
+    let mut conn = common::Conn::open(addr).await;
+    let req = http::Request::post("/v1/completions")
+        .header("host", "llmlb.test")
+        .header("content-type", "application/json")
+        .header("x-request-id", id)
+        .header("x-sim-fault", fault)
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = conn.send(req).await;
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut text = Vec::new();
+    while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
+        if let Ok(data) = frame.into_data() {
+            text.extend_from_slice(&data);
+        }
+    }
+    (status, String::from_utf8_lossy(&text).into_owned())
+}
+
+/// Log lines up to and including the access line of request `id`.
+async fn lines_until_access(s: &mut Serve, id: &str) -> Vec<Value> {
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let line = next_line(&mut s.lines).await;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let done = v["target"] == "llmlb::access" && v["request_id"] == id;
+        seen.push(v);
+        if done {
+            return seen;
+        }
+    }
+    panic!("no access line for {id} among 50: {seen:#?}");
+}
+
+/// A replica that dies mid-stream: the access line, the warning before it
+/// and the metrics all say `stream_error`, and the warning names the
+/// request and the replica.
+#[tokio::test]
+async fn a_stream_broken_midway_is_a_stream_error_everywhere() {
+    let (_sim, model, mut s) = serve_sim("broken", "json", "").await;
+    let body = json!({"model": model, "prompt": "a b", "max_tokens": 40, "stream": true});
+    let (status, text) = send_faulty(s.addr, "broken-1", "break=300", body).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("\"error\""), "a readable error event: {text}");
+    let lines = lines_until_access(&mut s, "broken-1").await;
+    let warn = lines
+        .iter()
+        .find(|l| l["message"] == "upstream stream failed")
+        .unwrap_or_else(|| panic!("no warning: {lines:#?}"));
+    assert_eq!(warn["request_id"], "broken-1", "{warn}");
+    assert_eq!(warn["replica"], "gpu-a", "{warn}");
+    let access = lines.last().unwrap();
+    assert_eq!(access["status"], 200);
+    assert_eq!(access["outcome"], "stream_error", "{access}");
+    let text = common::metrics_text(s.admin_addr).await;
+    let label = [("status", "stream_error"), ("replica", "gpu-a")];
+    assert_eq!(
+        common::metric_value(&text, "llmlb_requests_total", &label),
+        1.0
+    );
+    assert_eq!(
+        common::metric_value(&text, "llmlb_requests_total", &[("status", "200")]),
+        0.0,
+        "{text}"
+    );
+}
+
+/// A refused request is one line, the access line, whose request id is
+/// the client's as sent (not quoted twice) and which names the error.
+#[tokio::test]
+async fn a_refused_request_writes_one_line_with_its_plain_request_id() {
+    let (_sim, model, mut s) = serve_sim("refused", "json", "").await;
+    let (status, _) = send_faulty(
+        s.addr,
+        "nope-1",
+        "",
+        json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let ok = json!({"model": model, "prompt": "x", "max_tokens": 2});
+    assert_eq!(send_faulty(s.addr, "ok-1", "", ok).await.0, 200);
+    let lines = lines_until_access(&mut s, "ok-1").await;
+    let about: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.to_string().contains("nope-1"))
+        .collect();
+    assert_eq!(about.len(), 1, "one line per refusal: {about:#?}");
+    let line = about[0];
+    assert_eq!(line["target"], "llmlb::access");
+    assert_eq!(line["request_id"], "nope-1");
+    assert_eq!(line["status"], 404);
+    assert_eq!(line["outcome"], "refused");
+    assert_eq!(line["error"], "model_not_found");
+}
+
+/// A rejected reload (a TOML syntax error, whose message spans lines) is
+/// one log line in the text format.
+#[tokio::test]
+async fn a_rejected_reload_is_one_text_line() {
+    let (_sim, model, mut s) = serve_sim("reload", "text", "").await;
+    std::fs::write(&s.path, "[server\nlisten = 1\n").unwrap();
+    let (status, _) = common::admin_post(s.admin_addr, "/admin/reload").await;
+    assert!(
+        status.is_client_error() || status.is_server_error(),
+        "{status}"
+    );
+    let ok = json!({"model": model, "prompt": "x", "max_tokens": 2});
+    assert_eq!(send_faulty(s.addr, "after-1", "", ok).await.0, 200);
+    let mut rejected = 0;
+    loop {
+        let line = next_line(&mut s.lines).await;
+        let stamped = line.len() > 20 && line.as_bytes()[..4].iter().all(u8::is_ascii_digit);
+        assert!(stamped, "a line that does not start an entry: {line:?}");
+        rejected += usize::from(line.contains("reload rejected"));
+        if line.contains("llmlb::access") && line.contains("after-1") {
+            break;
+        }
+    }
+    assert_eq!(rejected, 1);
 }

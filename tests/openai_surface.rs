@@ -174,3 +174,55 @@ fn active_health_checks_are_on_by_default() {
     );
     assert_eq!(health.path, "/health");
 }
+
+/// Model ids hold slashes; client libraries escape them in the path.
+#[tokio::test]
+async fn a_model_id_with_an_escaped_slash_is_found() {
+    let llama = Upstream::start("llama", Mode::Json).await;
+    let cfg = "[[pools]]\nname = \"meta\"\nmodels = [\"meta-llama/Llama-3.1-8B-Instruct\"]\n\
+               [[pools.replicas]]\nurl = \"URL\"\n"
+        .replace("URL", &llama.url());
+    let lb = start_llmlb(&cfg).await;
+    for path in [
+        "/v1/models/meta-llama%2FLlama-3.1-8B-Instruct",
+        "/v1/models/meta-llama%2fLlama-3.1-8B-Instruct",
+        "/v1/models/meta-llama/Llama-3.1-8B-Instruct",
+    ] {
+        let (status, _, body) = call(lb.addr, get(path)).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let model: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(model["id"], "meta-llama/Llama-3.1-8B-Instruct", "{path}");
+    }
+    let (status, _, _) = call(lb.addr, get("/v1/models/meta-llama%2FOther")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A 405 names the methods the path answers, as RFC 9110 requires.
+#[tokio::test]
+async fn method_not_allowed_names_the_allowed_methods() {
+    let llama = Upstream::start("llama", Mode::Json).await;
+    let lb = start_llmlb(&one_pool("round_robin", &[(&llama.url(), 1)], "")).await;
+    let request = |method: &str, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "llmlb.test")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for (method, path, allow) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("POST", "/health", "GET, HEAD"),
+        ("DELETE", "/v1/models/llama-3-8b", "GET, HEAD"),
+        ("POST", "/v1/models", "GET"),
+    ] {
+        let (status, headers, body) = call(lb.addr, request(method, path)).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_eq!(error_code(&body), "method_not_allowed");
+        assert_eq!(headers["allow"], allow, "{method} {path}");
+    }
+    let (status, headers, _) = call(lb.admin_addr, request("PUT", "/metrics")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(headers["allow"], "GET, HEAD, POST");
+}

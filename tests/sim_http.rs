@@ -434,3 +434,21 @@ async fn a_follow_up_turn_hits_on_the_previous_answer() {
     );
     sim.shutdown().await;
 }
+
+/// Two replicas started with the same seed (the default) hand out
+/// different response ids: ids from a fleet of simulators never collide.
+#[tokio::test]
+async fn replicas_with_the_same_seed_hand_out_different_ids() {
+    assert_eq!(fast().seed, fast().seed);
+    let (a, b) = (start(fast()).await, start(fast()).await);
+    let body = json!({"model": "llmlb-sim", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2});
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..3 {
+        for sim in [&a, &b] {
+            let answer = post_json(sim.addr, "/v1/chat/completions", body.clone()).await;
+            let id = answer["id"].as_str().unwrap().to_owned();
+            assert!(ids.insert(id.clone()), "{id} handed out twice");
+        }
+    }
+}

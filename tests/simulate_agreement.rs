@@ -267,6 +267,7 @@ fn simulate(
             network_delay,
             scrape_phase: real.scrape_phase,
             tiers: None,
+            tenants: None,
         },
         policy,
     )

@@ -21,12 +21,15 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
         return post(&state, &req);
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return error_response(
+        let mut resp = error_response(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
             "method_not_allowed",
             "admin endpoints answer GET",
         );
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
+        return resp;
     }
     match req.uri().path() {
         "/metrics" => {

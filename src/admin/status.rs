@@ -2,8 +2,9 @@
 //! HTML page (no external assets, no build step) that polls
 //! `GET /admin/status` every second and draws each pool, its replicas
 //! (health, ejections, in flight, the load they report, KV usage, prefix-cache
-//! hit rate), its queue depth per priority level, and a table of the last
-//! dispatches.
+//! hit rate), its queue depth per priority level and each level's tenants
+//! (waiting, running, weight, weighted tokens served), and a table of the
+//! last dispatches.
 //!
 //! `/admin/status` is `/admin/replicas` plus what a person watching the
 //! fleet also wants: readiness, draining, each pool's queue, and the last
@@ -83,13 +84,29 @@ fn queue(pool: &Pool) -> Value {
         return Value::Null;
     };
     let q = &admission.queue;
-    let levels: Vec<Value> = q
-        .levels()
-        .iter()
-        .zip(q.depths())
-        .map(|(level, depth)| json!({"name": level.name, "depth": depth}))
+    let levels: Vec<Value> = (q.levels().iter().zip(q.depths()).zip(q.tenants()))
+        .map(|((level, depth), tenants)| {
+            let tenants: Vec<Value> = (tenants.iter())
+                .filter(|t| t.waiting > 0 || t.in_service > 0)
+                .map(|t| {
+                    json!({
+                        "name": &*t.name,
+                        "weight": t.weight,
+                        "waiting": t.waiting,
+                        "running": t.in_service,
+                        "service": t.service.round(),
+                    })
+                })
+                .collect();
+            json!({"name": level.name, "depth": depth, "tenants": tenants})
+        })
         .collect();
-    json!({ "active": q.active(), "levels": levels })
+    let fairness = if q.fairness().enabled {
+        "tenants"
+    } else {
+        "fifo"
+    };
+    json!({ "active": q.active(), "fairness": fairness, "levels": levels })
 }
 
 #[cfg(test)]
@@ -142,7 +159,10 @@ url = "http://127.0.0.1:3"
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
             pools[0]["queue"],
-            json!({"active": 0, "levels": [{"name": "high", "depth": 0}, {"name": "low", "depth": 0}]})
+            json!({"active": 0, "fairness": "tenants", "levels": [
+                {"name": "high", "depth": 0, "tenants": []},
+                {"name": "low", "depth": 0, "tenants": []}
+            ]})
         );
         assert_eq!(pools[1]["queue"], Value::Null);
         assert_eq!(pools[1]["models"], json!(["m2", "m3"]));

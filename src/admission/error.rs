@@ -8,6 +8,9 @@ pub enum AdmitError {
     /// The queue of the request's priority level holds its maximum.
     #[error("queue for this priority is full")]
     QueueFull { retry_after: Duration },
+    /// The caller's tenant has its bound of waiters at this priority level.
+    #[error("this tenant's share of the queue for this priority is full")]
+    TenantQueueFull { retry_after: Duration },
     /// The estimated wait exceeds the level's latency objective.
     #[error("the fleet cannot start this request within its latency objective")]
     OverObjective {

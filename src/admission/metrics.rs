@@ -1,6 +1,6 @@
 //! Metrics of the gateway and admission stages.
 
-use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{CounterVec, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::telemetry::Family;
 
@@ -18,6 +18,15 @@ pub struct AdmissionMetrics {
     pub tenant_requests: IntCounterVec,
     /// Tokens per tenant, as reported by the replicas' `usage` (else estimated).
     pub tenant_tokens: IntCounterVec,
+    /// Waiters per pool, level and tenant.
+    pub tenant_queue_depth: IntGaugeVec,
+    /// Queue wait per pool and tenant.
+    pub tenant_queue_wait: HistogramVec,
+    /// Refusals per pool, tenant and bound (`level_full`, `tenant_full`,
+    /// `over_objective`, `timeout`).
+    pub tenant_refusals: IntCounterVec,
+    /// Weighted tokens served per pool and tenant (what fair share counts).
+    pub tenant_service: CounterVec,
 }
 
 impl AdmissionMetrics {
@@ -44,11 +53,41 @@ impl AdmissionMetrics {
             "Prompt plus completion tokens per tenant (reported usage, else the estimate).",
             &["tenant"],
         );
+        let tenant_queue_depth = family.gauge(
+            "llmlb_tenant_queue_depth",
+            "Requests waiting in a pool's queue, by priority level and tenant.",
+            &["pool", "level", "tenant"],
+        );
+        let tenant_queue_wait = family.histogram(
+            "llmlb_tenant_queue_wait_seconds",
+            "Time a tenant's request waited in a pool's queue before dispatch.",
+            &["pool", "tenant"],
+            WAIT_BUCKETS,
+        );
+        let tenant_refusals = family.counter(
+            "llmlb_tenant_queue_refusals_total",
+            "Requests a pool's queue refused or timed out, by tenant and the bound that refused.",
+            &["pool", "tenant", "bound"],
+        );
+        // Weighted tokens are fractional (prompt_weight): a float counter.
+        let tenant_service = CounterVec::new(
+            Opts::new(
+                "llmlb_tenant_service_tokens_total",
+                "Weighted tokens a pool served per tenant, as fair share counts them (prompt tokens times prompt_weight, plus output tokens).",
+            ),
+            &["pool", "tenant"],
+        )
+        .expect("metric");
+        family.collector(tenant_service.clone());
         AdmissionMetrics {
             queue_depth,
             queue_wait,
             tenant_requests,
             tenant_tokens,
+            tenant_queue_depth,
+            tenant_queue_wait,
+            tenant_refusals,
+            tenant_service,
         }
     }
 }

@@ -9,25 +9,30 @@
 //!   once: event-driven, no polling.
 //! - **Order**: each level's oldest waiter is considered with its *effective*
 //!   level, `level − ⌊waited / promote_after⌋` (not below 0). The lowest
-//!   effective level wins; ties go to the longest waiting.
+//!   effective level wins; ties go to the longest waiting. Within the
+//!   winning level, the waiter comes from the tenant with the least
+//!   weighted service so far ([`super::fair`], the Virtual Token Counter),
+//!   or the oldest waiter with `fairness = "fifo"`.
 //! - **Admission control** ([`super::estimate`]): a newcomer is refused
-//!   (429) when its level is full, when its estimated wait (its position ÷
+//!   (429) when its level is full or its tenant's share of the level is, when its estimated wait (its position ÷
 //!   the drain rate measured on requests a replica answered) exceeds the
 //!   level's `max_wait`, or, on a level with a `ttft_objective`, when its
 //!   predicted time to first token (a high-percentile queue wait plus the
 //!   placement the caller predicts) exceeds the objective. `Retry-After` is
 //!   the time to drain the whole backlog at the measured rate.
 //!
-//! Cost: O(levels) per grant under one short mutex; no `.await` inside it.
+//! Cost: O(levels + tenants of the level) per grant under one short mutex;
+//! no `.await` inside it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::estimate::{Drain, Placement};
-use super::refusal::{Standing, effective_level, lifted_ahead, refusal};
+use super::fair::{FairLevel, FairParams, TenantView};
+use super::refusal::{Standing, lifted_ahead, next_level, refusal};
 
 mod reload;
 
@@ -48,12 +53,43 @@ pub struct QueueParams {
     pub levels: Vec<Level>,
     /// Waiters per level.
     pub max_depth: usize,
+    /// Fair share among the tenants of a level.
+    pub fair: FairParams,
+}
+
+/// Who asks for a slot: its level, its tenant and its token estimate.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub level: usize,
+    /// The tenant it is counted to (empty: none named).
+    pub tenant: Arc<str>,
+    /// The prompt's tokens, as estimated before dispatch.
+    pub prompt_tokens: u64,
+    /// The output allowance (`max_tokens`, else the pool's default),
+    /// charged when the replica reports no `usage`.
+    pub output_tokens: u64,
+}
+
+impl Claim {
+    /// A request at `level` of no named tenant, of no known size.
+    pub fn anonymous(level: usize) -> Claim {
+        Claim {
+            level,
+            tenant: Arc::from(""),
+            prompt_tokens: 0,
+            output_tokens: 0,
+        }
+    }
 }
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Refusal {
     QueueFull {
+        retry_after: Duration,
+    },
+    /// The tenant has its bound of waiters at the level.
+    TenantFull {
         retry_after: Duration,
     },
     OverObjective {
@@ -77,6 +113,8 @@ pub type Capacity = Box<dyn Fn() -> usize + Send + Sync>;
 pub struct PoolQueue {
     me: Weak<PoolQueue>,
     params: QueueParams,
+    /// Where the fair-share structures' seconds count from.
+    origin: Instant,
     capacity: arc_swap::ArcSwap<Capacity>,
     inner: Mutex<Inner>,
 }
@@ -91,7 +129,8 @@ impl std::fmt::Debug for PoolQueue {
 
 #[derive(Debug, Default)]
 struct Inner {
-    waiting: Vec<VecDeque<Waiter>>,
+    /// Per level, its waiters by tenant.
+    waiting: Vec<FairLevel<Waiter>>,
     active: usize,
     next_id: u64,
     /// When each permit held now was handed out, by permit id.
@@ -106,8 +145,9 @@ struct Inner {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
-    since: Instant,
     tx: oneshot::Sender<Permit>,
+    prompt_tokens: u64,
+    output_tokens: u64,
 }
 
 /// A place in the queue; resolves to a [`Permit`] when granted.
@@ -129,6 +169,14 @@ pub struct Permit {
     pub level: usize,
     /// A replica answered: the hold time counts toward the service time.
     served: bool,
+    /// The tenant its service is counted to.
+    pub tenant: Arc<str>,
+    /// The prompt's tokens charged at dispatch, and the output allowance.
+    estimate: (u64, u64),
+    /// The tokens the replica reported (prompt, output), when it did.
+    reported: Option<(u64, u64)>,
+    /// Where the tenant's weighted tokens are counted when the slot frees.
+    service: Option<prometheus::Counter>,
 }
 
 impl Permit {
@@ -137,24 +185,62 @@ impl Permit {
     pub fn served(&mut self) {
         self.served = true;
     }
+
+    /// The tokens the replica's `usage` reported: the tenant's service is
+    /// corrected with them when the slot frees.
+    pub fn report_usage(&mut self, prompt: u64, output: u64) {
+        self.reported = Some((prompt, output));
+    }
+
+    /// Counts the request's weighted tokens on `counter` when the slot frees.
+    pub fn count_service(&mut self, counter: prometheus::Counter) {
+        self.service = Some(counter);
+    }
+
+    /// Tokens to charge the tenant when the slot frees, on top of the
+    /// prompt charged at dispatch: the reported output and the prompt's
+    /// correction; else the output allowance for an answered request, and
+    /// the prompt refunded for one no replica answered.
+    fn end_charge(&self, prompt_weight: f64) -> f64 {
+        let (prompt, output) = self.estimate;
+        match self.reported {
+            Some((p, o)) => prompt_weight * (p as f64 - prompt as f64) + o as f64,
+            None if self.served => output as f64,
+            None => -prompt_weight * prompt as f64,
+        }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let held = self.served.then(|| self.since.elapsed());
-        self.queue.release(held, self.id);
+        let prompt_weight = self.queue.params.fair.prompt_weight;
+        let charge = self.end_charge(prompt_weight);
+        if let Some(counter) = &self.service {
+            let at_dispatch = prompt_weight * self.estimate.0 as f64;
+            counter.inc_by((at_dispatch + charge).max(0.0));
+        }
+        self.queue
+            .release(held, self.id, self.level, &self.tenant, charge);
     }
 }
 
 impl PoolQueue {
     pub fn new(params: QueueParams, capacity: Capacity) -> Arc<PoolQueue> {
+        PoolQueue::counting_from(params, capacity, Instant::now())
+    }
+
+    /// A queue whose waiters' arrivals count from `origin` (a successor
+    /// keeps its predecessor's).
+    fn counting_from(params: QueueParams, capacity: Capacity, origin: Instant) -> Arc<PoolQueue> {
         let levels = params.levels.len().max(1);
         Arc::new_cyclic(|me| PoolQueue {
             me: me.clone(),
             params,
+            origin,
             capacity: arc_swap::ArcSwap::from_pointee(capacity),
             inner: Mutex::new(Inner {
-                waiting: (0..levels).map(|_| VecDeque::new()).collect(),
+                waiting: (0..levels).map(|_| FairLevel::default()).collect(),
                 ..Inner::default()
             }),
         })
@@ -173,29 +259,50 @@ impl PoolQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits a request at `level` now, queues it, or refuses it.
-    /// `placement` is its predicted time to first token once dispatched
-    /// (read only on a level with a `ttft_objective`).
+    /// Admits a request at `level` of no named tenant now, queues it, or
+    /// refuses it (see [`PoolQueue::admit_claim`]).
     pub fn admit(&self, level: usize, now: Instant, placement: impl Into<Placement>) -> Admit {
+        self.admit_claim(Claim::anonymous(level), now, placement)
+    }
+
+    /// Admits `claim` now, queues it, or refuses it. `placement` is its
+    /// predicted time to first token once dispatched (read only on a level
+    /// with a `ttft_objective`).
+    pub fn admit_claim(
+        &self,
+        claim: Claim,
+        now: Instant,
+        placement: impl Into<Placement>,
+    ) -> Admit {
         let placement = placement.into();
         if let Some(next) = self.successor() {
-            return next.admit(level, now, placement);
+            return next.admit_claim(claim, now, placement);
         }
-        let level = level.min(self.params.levels.len().saturating_sub(1));
+        let level = claim.level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let mut inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
+        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
         let free = queued == 0 && inner.active < capacity;
-        if let Some(refusal) = self.refusal(&inner, level, capacity, free, placement, now) {
+        let standing = (level, &*claim.tenant, capacity, free);
+        if let Some(refusal) = self.refusal(&inner, standing, placement, now) {
             return Admit::Refused(refusal);
         }
+        let weight = self.params.fair.weight(&claim.tenant);
         if free {
-            return Admit::Now(self.permit(&mut inner, level, now));
+            let estimate = (claim.prompt_tokens, claim.output_tokens);
+            return Admit::Now(self.permit(&mut inner, level, claim.tenant, weight, estimate, now));
         }
         let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.waiting[level].push_back(Waiter { id, since: now, tx });
+        let since = self.seconds(now);
+        let waiter = Waiter {
+            id,
+            tx,
+            prompt_tokens: claim.prompt_tokens,
+            output_tokens: claim.output_tokens,
+        };
+        inner.waiting[level].push(&claim.tenant, weight, since, waiter);
         Admit::Wait(Ticket {
             id,
             level,
@@ -204,59 +311,68 @@ impl PoolQueue {
         })
     }
 
-    /// What [`PoolQueue::admit`] would refuse a request at `level` with now,
-    /// without queueing it (`None`: it would be admitted or queued), before
-    /// its placement is known (counted as zero).
-    pub fn check(&self, level: usize) -> Option<Refusal> {
+    /// `at` in seconds since the queue's origin (negative before it).
+    fn seconds(&self, at: Instant) -> f64 {
+        match at.checked_duration_since(self.origin) {
+            Some(d) => d.as_secs_f64(),
+            None => -self.origin.duration_since(at).as_secs_f64(),
+        }
+    }
+
+    /// What [`PoolQueue::admit`] would refuse a request at `level` of
+    /// `tenant` with now, without queueing it (`None`: it would be admitted
+    /// or queued), before its placement is known (counted as zero).
+    pub fn check(&self, level: usize, tenant: &str) -> Option<Refusal> {
         if let Some(next) = self.successor() {
-            return next.check(level);
+            return next.check(level, tenant);
         }
         let level = level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
+        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
         let free = queued == 0 && inner.active < capacity;
         self.refusal(
             &inner,
-            level,
-            capacity,
-            free,
+            (level, tenant, capacity, free),
             Placement::default(),
             Instant::now(),
         )
     }
 
-    /// A full level, a wait estimated beyond the level's `max_wait`, or a
-    /// time to first token predicted beyond its `ttft_objective`
-    /// ([`super::refusal`]). `free`: a slot is free and nobody waits.
+    /// A full level or tenant share, a wait estimated beyond the level's
+    /// `max_wait`, or a time to first token predicted beyond its
+    /// `ttft_objective` ([`super::refusal`]). `at`: the newcomer's level
+    /// and tenant, the capacity, and whether a slot is free and nobody
+    /// waits.
     fn refusal(
         &self,
         inner: &Inner,
-        level: usize,
-        capacity: usize,
-        free: bool,
+        at: (usize, &str, usize, bool),
         placement: Placement,
         now: Instant,
     ) -> Option<Refusal> {
-        let depths: Vec<usize> = inner.waiting.iter().map(VecDeque::len).collect();
-        // Each level is oldest first, so its lifted waiters are a prefix.
+        let (level, tenant, capacity, free) = at;
+        let depths: Vec<usize> = inner.waiting.iter().map(FairLevel::len).collect();
+        let now_s = self.seconds(now);
+        // Each tenant's waiters are oldest first, so its lifted ones are a
+        // prefix.
         let promoted = inner
             .waiting
             .iter()
             .enumerate()
             .skip(level + 1)
             .map(|(l, q)| {
-                q.iter()
-                    .take_while(|w| {
-                        let waited = now.saturating_duration_since(w.since).as_secs_f64();
-                        lifted_ahead(&self.params.levels, level, l, waited)
-                    })
-                    .count()
+                q.count_prefix(|since| lifted_ahead(&self.params.levels, level, l, now_s - since))
             })
             .sum();
+        let fair = &self.params.fair;
+        let at_level = &inner.waiting[level];
         let standing = Standing {
             level,
             depths: &depths,
+            level_ahead: at_level.ahead(fair.enabled, tenant, fair.weight(tenant)),
+            tenant_depth: at_level.depth(tenant),
+            tenant_max_depth: fair.max_depth(tenant),
             promoted,
             capacity,
             free,
@@ -288,8 +404,7 @@ impl PoolQueue {
         }
         // A waiter moved here by `replace` may sit at a lower level.
         for q in inner.waiting.iter_mut().skip(level) {
-            if let Some(i) = q.iter().position(|w| w.id == ticket_id) {
-                q.remove(i);
+            if q.remove(|w| w.id == ticket_id).is_some() {
                 return true;
             }
         }
@@ -298,7 +413,23 @@ impl PoolQueue {
 
     /// Number of waiters per level.
     pub fn depths(&self) -> Vec<usize> {
-        self.lock().waiting.iter().map(VecDeque::len).collect()
+        match self.successor() {
+            Some(next) => next.depths(),
+            None => self.lock().waiting.iter().map(FairLevel::len).collect(),
+        }
+    }
+
+    /// The tenants of each level: waiters, slots held, service counted.
+    pub fn tenants(&self) -> Vec<Vec<TenantView>> {
+        match self.successor() {
+            Some(next) => next.tenants(),
+            None => self.lock().waiting.iter().map(FairLevel::tenants).collect(),
+        }
+    }
+
+    /// How the levels share among tenants.
+    pub fn fairness(&self) -> &FairParams {
+        &self.params.fair
     }
 
     /// Requests holding a permit.
@@ -313,14 +444,25 @@ impl PoolQueue {
     pub fn backlog_drain_time(&self) -> Duration {
         let capacity = (self.capacity.load())();
         let inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(VecDeque::len).sum();
+        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
         inner.drain.backlog(queued.saturating_sub(1), capacity)
     }
 
-    /// Takes a slot for a request at `level`, starting `now`.
-    fn permit(&self, inner: &mut Inner, level: usize, now: Instant) -> Permit {
+    /// Takes a slot for a request at `level` of `tenant`, starting `now`,
+    /// and charges the tenant its prompt.
+    fn permit(
+        &self,
+        inner: &mut Inner,
+        level: usize,
+        tenant: Arc<str>,
+        weight: f64,
+        estimate: (u64, u64),
+        now: Instant,
+    ) -> Permit {
         inner.active += 1;
         inner.drain.granted(level);
+        let prompt = self.params.fair.prompt_weight * estimate.0 as f64;
+        inner.waiting[level].started(&tenant, weight, prompt);
         let id = inner.next_id;
         inner.next_id += 1;
         inner.started.insert(id, now);
@@ -330,20 +472,34 @@ impl PoolQueue {
             since: now,
             level,
             served: false,
+            tenant,
+            estimate,
+            reported: None,
+            service: None,
         }
     }
 
     /// Frees permit `id`'s slot; `held` is the service time of a served
-    /// request.
-    fn release(&self, held: Option<Duration>, id: u64) {
+    /// request; `charge` the tokens its tenant is charged at the end.
+    fn release(
+        &self,
+        held: Option<Duration>,
+        id: u64,
+        level: usize,
+        tenant: &Arc<str>,
+        charge: f64,
+    ) {
         let granted = {
             let mut inner = self.lock();
             if let Some(next) = inner.successor.clone() {
                 drop(inner);
-                return next.release(held, id);
+                return next.release(held, id, level, tenant, charge);
             }
             inner.active = inner.active.saturating_sub(1);
             inner.started.remove(&id);
+            let weight = self.params.fair.weight(tenant);
+            let last = inner.waiting.len().saturating_sub(1);
+            inner.waiting[level.min(last)].ended(tenant, weight, charge);
             if let Some(held) = held {
                 inner.drain.served(held.as_secs_f64());
             }
@@ -369,36 +525,23 @@ impl PoolQueue {
         let mut out = Vec::new();
         let capacity = (self.capacity.load())();
         let now = Instant::now();
+        let now_s = self.seconds(now);
+        let fair = self.params.fair.enabled;
         while inner.active < capacity {
-            let Some(level) = self.next_level(inner, now) else {
+            let fronts = inner.waiting.iter().map(FairLevel::oldest);
+            let Some(level) = next_level(&self.params.levels, fronts, now_s) else {
                 break;
             };
-            let w = inner.waiting[level].pop_front().expect("non-empty level");
+            let (tenant, weight, entry) = inner.waiting[level].pop(fair).expect("non-empty level");
+            let w = entry.item;
             if w.tx.is_closed() {
                 continue;
             }
-            let permit = self.permit(inner, level, now);
+            let estimate = (w.prompt_tokens, w.output_tokens);
+            let permit = self.permit(inner, level, tenant, weight, estimate, now);
             out.push((w.tx, permit));
         }
         out
-    }
-
-    /// The level whose oldest waiter goes next.
-    fn next_level(&self, inner: &Inner, now: Instant) -> Option<usize> {
-        let mut best: Option<(usize, Instant, usize)> = None;
-        for (level, q) in inner.waiting.iter().enumerate() {
-            let Some(front) = q.front() else { continue };
-            let waited = now.saturating_duration_since(front.since).as_secs_f64();
-            let effective = effective_level(level, waited, self.params.levels[level].promote_after);
-            let better = match best {
-                None => true,
-                Some((e, since, _)) => effective < e || (effective == e && front.since < since),
-            };
-            if better {
-                best = Some((effective, front.since, level));
-            }
-        }
-        best.map(|(_, _, level)| level)
     }
 }
 
@@ -424,6 +567,7 @@ mod tests {
             QueueParams {
                 levels: vec![level("high"), level("low")],
                 max_depth: depth,
+                fair: FairParams::default(),
             },
             Box::new(move || c.load(Ordering::SeqCst)),
         );
@@ -531,6 +675,7 @@ mod tests {
             QueueParams {
                 levels: vec![level("high", Some(2)), level("low", None)],
                 max_depth: 100,
+                fair: FairParams::default(),
             },
             Box::new(|| 1),
         );
@@ -698,6 +843,7 @@ mod tests {
                     ttft_objective: Some(Duration::from_secs(2)),
                 }],
                 max_depth: 1000,
+                fair: FairParams::default(),
             },
             Box::new(move || capacity),
         )
@@ -792,6 +938,7 @@ mod tests {
             QueueParams {
                 levels: vec![one()],
                 max_depth: 4,
+                fair: FairParams::default(),
             },
             Box::new(|| 1),
         );
@@ -814,5 +961,184 @@ mod tests {
         cap.store(1, Ordering::SeqCst);
         q.poke();
         t.rx.try_recv().expect("granted once capacity appeared");
+    }
+
+    fn claim(tenant: &str, level: usize) -> Claim {
+        Claim {
+            level,
+            tenant: Arc::from(tenant),
+            prompt_tokens: 100,
+            output_tokens: 200,
+        }
+    }
+
+    fn fair_queue(capacity: usize, fair: FairParams) -> Arc<PoolQueue> {
+        PoolQueue::new(
+            QueueParams {
+                levels: vec![Level {
+                    name: "only".into(),
+                    max_wait: Duration::from_secs(3600),
+                    promote_after: Duration::from_secs(3600),
+                    ttft_objective: None,
+                }],
+                max_depth: 100,
+                fair,
+            },
+            Box::new(move || capacity),
+        )
+    }
+
+    /// Frees the oldest running slot as an answered request and returns
+    /// the tenants granted by it, adding their permits to `running`.
+    fn release_one(running: &mut Vec<Permit>, waiting: &mut Vec<Ticket>) -> Vec<Arc<str>> {
+        let mut p = running.remove(0);
+        p.served();
+        p.report_usage(100, 200);
+        drop(p);
+        let mut out = Vec::new();
+        waiting.retain_mut(|t| match t.rx.try_recv() {
+            Ok(p) => {
+                out.push(Arc::clone(&p.tenant));
+                running.push(p);
+                false
+            }
+            Err(_) => true,
+        });
+        out
+    }
+
+    #[test]
+    fn a_light_tenant_beside_a_flood_takes_the_next_free_slot() {
+        for (enabled, light_after) in [(true, 1), (false, 9)] {
+            let fair = FairParams {
+                enabled,
+                ..FairParams::default()
+            };
+            let q = fair_queue(4, fair);
+            let now = Instant::now();
+            let mut running: Vec<Permit> = (0..4)
+                .map(|_| now_permit(q.admit_claim(claim("heavy", 0), now, Duration::ZERO)))
+                .collect();
+            let mut waiting: Vec<Ticket> = (0..8)
+                .map(|_| ticket(q.admit_claim(claim("heavy", 0), now, Duration::ZERO)))
+                .collect();
+            waiting.push(ticket(q.admit_claim(
+                claim("light", 0),
+                now,
+                Duration::ZERO,
+            )));
+            let mut releases = 0;
+            loop {
+                releases += 1;
+                let granted = release_one(&mut running, &mut waiting);
+                assert_eq!(granted.len(), 1);
+                if &*granted[0] == "light" {
+                    break;
+                }
+                // The heavy tenant's stream sends its next request.
+                waiting.push(ticket(q.admit_claim(
+                    claim("heavy", 0),
+                    now,
+                    Duration::ZERO,
+                )));
+            }
+            assert_eq!(releases, light_after, "fair share {enabled}");
+        }
+    }
+
+    #[test]
+    fn weights_two_to_one_share_the_slots_two_to_one() {
+        let mut fair = FairParams::default();
+        fair.tenants.insert(
+            "gold".into(),
+            super::super::fair::Share {
+                weight: 2.0,
+                max_depth: None,
+            },
+        );
+        let q = fair_queue(2, fair);
+        let now = Instant::now();
+        let mut running: Vec<Permit> = (0..2)
+            .map(|_| now_permit(q.admit_claim(claim("other", 0), now, Duration::ZERO)))
+            .collect();
+        let mut waiting = Vec::new();
+        for _ in 0..50 {
+            waiting.push(ticket(q.admit_claim(claim("gold", 0), now, Duration::ZERO)));
+            waiting.push(ticket(q.admit_claim(
+                claim("plain", 0),
+                now,
+                Duration::ZERO,
+            )));
+        }
+        let mut served: Vec<Arc<str>> = Vec::new();
+        for _ in 0..60 {
+            served.extend(release_one(&mut running, &mut waiting));
+        }
+        let gold = served.iter().filter(|t| &***t == "gold").count() as f64;
+        let plain = served.iter().filter(|t| &***t == "plain").count() as f64;
+        assert!((gold / plain - 2.0).abs() <= 0.2, "{gold}:{plain}");
+    }
+
+    #[test]
+    fn a_tenant_at_its_bound_is_refused_while_others_still_queue() {
+        let mut fair = FairParams {
+            tenant_max_depth: 2,
+            ..FairParams::default()
+        };
+        fair.tenants.insert(
+            "big".into(),
+            super::super::fair::Share {
+                weight: 1.0,
+                max_depth: Some(3),
+            },
+        );
+        let q = fair_queue(1, fair);
+        let now = Instant::now();
+        let _running = now_permit(q.admit_claim(claim("a", 0), now, Duration::ZERO));
+        let _a: Vec<Ticket> = (0..2)
+            .map(|_| ticket(q.admit_claim(claim("a", 0), now, Duration::ZERO)))
+            .collect();
+        assert!(matches!(
+            q.admit_claim(claim("a", 0), now, Duration::ZERO),
+            Admit::Refused(Refusal::TenantFull { .. })
+        ));
+        assert!(matches!(q.check(0, "a"), Some(Refusal::TenantFull { .. })));
+        let _big: Vec<Ticket> = (0..3)
+            .map(|_| ticket(q.admit_claim(claim("big", 0), now, Duration::ZERO)))
+            .collect();
+        assert!(matches!(
+            q.admit_claim(claim("big", 0), now, Duration::ZERO),
+            Admit::Refused(Refusal::TenantFull { .. })
+        ));
+        assert!(matches!(
+            q.admit_claim(claim("b", 0), now, Duration::ZERO),
+            Admit::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn the_reported_usage_corrects_the_tenant_s_service() {
+        let q = fair_queue(1, FairParams::default());
+        let now = Instant::now();
+        let service = |q: &PoolQueue| q.tenants()[0][0].service;
+        let mut p = now_permit(q.admit_claim(claim("a", 0), now, Duration::ZERO));
+        // The prompt's estimate at dispatch: 100 × 0.5.
+        assert_eq!(service(&q), 50.0);
+        p.served();
+        p.report_usage(120, 30);
+        drop(p);
+        assert_eq!(service(&q), 60.0 + 30.0);
+        // Answered without a report: the output allowance.
+        let mut p = now_permit(q.admit_claim(claim("a", 0), now, Duration::ZERO));
+        p.served();
+        drop(p);
+        assert_eq!(service(&q), 90.0 + 50.0 + 200.0);
+        // Never answered: the prompt is refunded.
+        drop(now_permit(q.admit_claim(
+            claim("a", 0),
+            now,
+            Duration::ZERO,
+        )));
+        assert_eq!(service(&q), 340.0);
     }
 }

@@ -9,8 +9,13 @@
 //!   `max_wait`, or, on a level with a `ttft_objective`, its predicted time
 //!   to first token beyond the objective ([`super::estimate`]).
 //! - [`effective_level`]: aging. A waiter counts `⌊waited ÷ promote_after⌋`
-//!   levels higher than its own (not above level 0); the waiter with the
-//!   lowest effective level goes next, ties to the longest waiting.
+//!   levels higher than its own (not above level 0); [`next_level`]: the
+//!   level whose oldest waiter has the lowest effective level goes next,
+//!   ties to the longest waiting (which of its waiters goes is the level's
+//!   fair share, [`super::fair`]).
+//! - A full level (`max_depth`) or a tenant at its bound of waiters at the
+//!   level refuses at once; the estimated wait counts, of the newcomer's
+//!   own level, the waiters fair share puts before it.
 //!
 //! Times are seconds (f64) from any origin the caller keeps; nothing here
 //! reads a clock. Cost: O(levels), plus the deadline test's O(60 × capacity)
@@ -27,6 +32,12 @@ pub struct Standing<'a> {
     pub level: usize,
     /// Waiters per level, highest level first.
     pub depths: &'a [usize],
+    /// Waiters of its own level that go before it (all of them in arrival
+    /// order; under fair share, [`super::fair::FairLevel::ahead`]).
+    pub level_ahead: usize,
+    /// Waiters of its tenant at its level, and the bound on them.
+    pub tenant_depth: usize,
+    pub tenant_max_depth: usize,
     /// Waiters of lower levels that go before the newcomer
     /// ([`lifted_ahead`]).
     pub promoted: usize,
@@ -52,12 +63,15 @@ pub fn refusal(
     let level = s.level.min(levels.len().saturating_sub(1));
     let queued: usize = s.depths.iter().sum();
     let retry_after = drain.backlog(queued, s.capacity);
-    let ahead: usize = s.depths.iter().take(level + 1).sum::<usize>() + s.promoted;
+    let ahead: usize = s.depths.iter().take(level).sum::<usize>() + s.level_ahead + s.promoted;
     let at_level = s.depths.get(level).copied().unwrap_or(0);
     let settings = levels.get(level)?;
     if !s.free {
         if at_level >= max_depth {
             return Some(Refusal::QueueFull { retry_after });
+        }
+        if s.tenant_depth >= s.tenant_max_depth {
+            return Some(Refusal::TenantFull { retry_after });
         }
         if let Some(rate) = drain.rate(s.capacity) {
             let estimated = Duration::from_secs_f64((ahead + 1) as f64 / rate);
@@ -104,6 +118,33 @@ pub fn lifted_ahead(levels: &[Level], newcomer: usize, waiter: usize, waited: f6
     effective_level(waiter, waited + horizon, w.promote_after) <= newcomer
 }
 
+/// The level whose waiter goes next: each level's oldest waiter (`fronts`:
+/// its arrival in seconds and its order of arrival, `None` for an empty
+/// level) competes at its effective level at `now`; the lowest wins, ties
+/// to the longest waiting.
+pub fn next_level(
+    levels: &[Level],
+    fronts: impl Iterator<Item = Option<(f64, u64)>>,
+    now: f64,
+) -> Option<usize> {
+    let mut best: Option<(usize, f64, usize)> = None;
+    for (level, front) in fronts.enumerate() {
+        let Some((since, _)) = front else { continue };
+        let promote_after = levels
+            .get(level)
+            .map_or(Duration::ZERO, |l| l.promote_after);
+        let effective = effective_level(level, now - since, promote_after);
+        let better = match best {
+            None => true,
+            Some((e, s, _)) => effective < e || (effective == e && since < s),
+        };
+        if better {
+            best = Some((effective, since, level));
+        }
+    }
+    best.map(|(_, _, level)| level)
+}
+
 /// The level a waiter at `level` competes at after waiting `waited`
 /// seconds: one level higher per `promote_after` waited (none when it is
 /// zero), not above level 0.
@@ -134,6 +175,9 @@ mod tests {
         Standing {
             level,
             depths,
+            level_ahead: depths.get(level).copied().unwrap_or(0),
+            tenant_depth: 0,
+            tenant_max_depth: usize::MAX,
             capacity: 2,
             free,
             promoted: 0,

@@ -22,6 +22,12 @@ pub struct GatewayConfig {
     /// Honour a canary's version header (a caller forcing a version).
     /// Default: on when no `[[keys]]` exist, off when they do.
     pub trust_version_header: Option<bool>,
+    /// For a caller without a known API key: the header naming its tenant
+    /// (fair share within a priority level counts service by tenant).
+    pub tenant_header: Option<String>,
+    /// For a caller without a known key nor a tenant header: the body's
+    /// `user` field names its tenant.
+    pub tenant_from_user: bool,
 }
 
 impl Default for GatewayConfig {
@@ -32,6 +38,8 @@ impl Default for GatewayConfig {
             default_tier: None,
             trust_tier_header: None,
             trust_version_header: None,
+            tenant_header: Some("x-llmlb-tenant".to_string()),
+            tenant_from_user: false,
         }
     }
 }
@@ -88,6 +96,37 @@ pub struct TierConfig {
     /// lower tiers (or, with `pool`, the model's own pool).
     #[serde(default)]
     pub overflow: bool,
+}
+
+/// `[[tenants]]`: a tenant's share of a priority level when several wait.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The name API keys (`[[keys]] tenant`), the tenant header or `user`
+    /// give.
+    pub name: String,
+    /// Relative share: a tenant of weight 2 is served twice the tokens of
+    /// one of weight 1 while both wait.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Its waiters per level in each pool queue; default: the pool's
+    /// `queue.tenant_max_depth`.
+    #[serde(default)]
+    pub max_depth: Option<usize>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `[pools.queue] fairness`: how a level's waiters are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fairness {
+    /// Fair share among tenants by weighted tokens served (VTC).
+    Tenants,
+    /// Oldest first.
+    Fifo,
 }
 
 /// `[[keys]]`: one API key, stored only as the SHA-256 of the key (hex).
@@ -150,6 +189,14 @@ pub struct QueueConfig {
     /// Aging: time at one level after which a waiting request moves up a level.
     #[serde(with = "duration_serde")]
     pub promote_after: Duration,
+    /// Within a level: fair share among tenants (`tenants`) or oldest first.
+    pub fairness: Fairness,
+    /// What a prompt token counts against an output token in a tenant's
+    /// service.
+    pub prompt_weight: f64,
+    /// Waiters per tenant and level (a `[[tenants]] max_depth` overrides
+    /// it); default: `max_depth`.
+    pub tenant_max_depth: Option<usize>,
 }
 
 impl Default for QueueConfig {
@@ -159,6 +206,9 @@ impl Default for QueueConfig {
             max_wait: Duration::from_secs(2),
             timeout: Duration::from_secs(30),
             promote_after: Duration::from_secs(5),
+            fairness: Fairness::Tenants,
+            prompt_weight: 0.5,
+            tenant_max_depth: None,
         }
     }
 }

@@ -22,6 +22,7 @@ mod validate_gateway;
 mod validate_kv_events;
 mod validate_load;
 mod validate_routing;
+mod validate_tenants;
 mod watch;
 
 pub use cors::CorsConfig;
@@ -72,6 +73,21 @@ impl fmt::Display for ConfigError {
             }
         }
         Ok(())
+    }
+}
+
+impl ConfigError {
+    /// Every issue on one line (`; `-separated, line breaks inside a
+    /// reason, such as a TOML parse error's excerpt, folded into spaces):
+    /// a log entry stays one line.
+    pub fn one_line(&self) -> String {
+        let text = self.to_string();
+        let parts: Vec<String> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|l| !l.is_empty())
+            .collect();
+        parts.join("; ")
     }
 }
 

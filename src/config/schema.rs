@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use super::gateway::{
-    GatewayConfig, KeyConfig, LimitsConfig, PriorityConfig, QueueConfig, TierConfig,
+    GatewayConfig, KeyConfig, LimitsConfig, PriorityConfig, QueueConfig, TenantConfig, TierConfig,
     default_priorities,
 };
 use super::routing::{CanaryConfig, PrefixConfig, SaturationConfig, SessionConfig};
@@ -25,6 +25,9 @@ pub struct Config {
     pub tiers: Vec<TierConfig>,
     #[serde(default)]
     pub keys: Vec<KeyConfig>,
+    /// Tenants' weights and queue bounds for fair share within a level.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
     /// Where per-key rate limit buckets live (local or Redis).
     #[serde(default)]
     pub limits: LimitsConfig,

@@ -26,6 +26,8 @@ pub const ACCESS_LOG_FIELDS: &[&str] = &[
     "completion_tokens",
     "cached_tokens",
     "outcome",
+    "error",
+    "ttfb_ms",
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

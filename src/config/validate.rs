@@ -96,6 +96,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         super::fleet::validate(fleet, &mut out);
     }
     super::validate_routing::validate(config, &mut out);
+    super::validate_tenants::validate(config, &mut out);
     super::telemetry::validate(&config.telemetry, &mut out);
     out
 }

@@ -7,6 +7,7 @@
 //! process, and is stopped before the command returns.
 
 mod bound;
+pub mod fairness;
 pub mod fleet;
 pub mod priority;
 mod table;
@@ -35,6 +36,9 @@ pub enum Scenario {
     Balancers,
     /// Paid and free tiers overloading the fleet, with and without the queue.
     Priority,
+    /// A light tenant beside another tenant's flood on one priority level,
+    /// in arrival order and with fair share.
+    Fairness,
 }
 
 /// Flags of `llmlb demo`.
@@ -120,6 +124,10 @@ fn workload(args: &DemoArgs) -> SharedPrefixOptions {
 pub async fn run(mut args: DemoArgs) -> Result<Vec<DemoRow>, DemoError> {
     if args.scenario == Scenario::Priority {
         priority::run(&args).await?;
+        return Ok(Vec::new());
+    }
+    if args.scenario == Scenario::Fairness {
+        fairness::run(&args).await?;
         return Ok(Vec::new());
     }
     if args.quick {

@@ -14,6 +14,7 @@ use super::faults::Fault;
 use super::report::{self, RunResult};
 use super::run::{RunSpec, run};
 use super::search::{self, Objective};
+use super::tenants::{TenantMix, Tenants};
 use super::tiers::{TierMix, Tiers};
 use super::{SimWorkload, SimulateError};
 use crate::bench::workload::{LenRange, RandomOptions, SharedPrefixOptions, WorkloadSpec};
@@ -121,6 +122,14 @@ pub struct SimulateArgs {
     /// draws its tier from the seeded generator. [default: none]
     #[arg(long)]
     pub tiers: Option<TierMix>,
+    /// Tenants of the traffic, their shares of the arrivals and optionally
+    /// their fair-share weights, e.g. `chat=0.1@2,batch=0.9` (weights
+    /// default to the config's `[[tenants]]`, else 1), or closed loops:
+    /// `light=streams:1,batch=streams:12`. Each arrival draws its tenant
+    /// from the seeded generator; the pool queue shares each priority level
+    /// among them as `serve` does. [default: none]
+    #[arg(long)]
+    pub tenants: Option<TenantMix>,
     /// Goodput counts requests whose TTFT is at most this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub goodput_ttft: Duration,
@@ -258,6 +267,8 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         }
         None => None,
     };
+    let tenants =
+        (args.tenants.as_ref()).map(|mix| Tenants::draw(mix, workload.requests.len(), args.seed));
     let spec_for = |config: &Config, policy: &Policy| -> Result<RunResult, SimulateError> {
         let applied = policy.apply(config);
         let spec = RunSpec {
@@ -271,6 +282,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             network_delay: args.network_delay.as_secs_f64(),
             scrape_phase: args.scrape_phase.as_secs_f64(),
             tiers: tiers.as_ref(),
+            tenants: tenants.as_ref(),
         };
         run(&spec, &policy.name())
     };
@@ -308,6 +320,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     );
     text.push_str(&report::table(&runs));
     text.push_str(&super::tier_report::table(&runs));
+    text.push_str(&super::tenant_report::table(&runs));
     for (policy, p) in &probes {
         let list: Vec<String> = p
             .iter()

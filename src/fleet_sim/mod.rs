@@ -25,6 +25,8 @@ pub mod report;
 pub mod run;
 pub mod search;
 pub mod stats;
+pub mod tenant_report;
+pub mod tenants;
 pub mod tier_report;
 pub mod tiers;
 pub mod workload;
@@ -68,5 +70,7 @@ impl SimulateError {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod tenant_tests;
 #[cfg(test)]
 mod tier_tests;

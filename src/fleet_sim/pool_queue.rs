@@ -15,9 +15,11 @@
 //! `routing::placement_ttft` on the best replica) exceeds the objective;
 //! it gets 503 when it waited `queue.timeout`.
 //!
-//! Waiters go strictly by level, oldest first within one, with the real
-//! queue's aging ([`crate::admission::refusal::effective_level`]: one level
-//! up per `promote_after` waited).
+//! Waiters go strictly by level, with the real queue's aging
+//! ([`crate::admission::refusal::effective_level`]: one level up per
+//! `promote_after` waited), and within a level by the queue's fair share
+//! among tenants ([`crate::admission::fair`], with the pool's
+//! `[pools.queue]` fairness settings and the config's `[[tenants]]`).
 //!
 //! Not modelled: the queue's capacity counting replicas a canary split
 //! excludes (the forwarder's wait, which this is, does not).
@@ -26,6 +28,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::admission::estimate::Drain;
+use crate::admission::fair::FairParams;
 use crate::admission::refusal::{Standing, effective_level, lifted_ahead, refusal};
 use crate::admission::{Level, Refusal};
 use crate::pool::Pool;
@@ -41,6 +44,8 @@ pub struct QueueModel {
     /// When each request holding a slot was dispatched (seconds), by
     /// request index.
     started: HashMap<u32, f64>,
+    /// How a level is shared among tenants.
+    fair: FairParams,
 }
 
 impl QueueModel {
@@ -53,7 +58,31 @@ impl QueueModel {
             timeout: admission.timeout.as_secs_f64(),
             drain: Drain::default(),
             started: HashMap::new(),
+            fair: admission.queue.fairness().clone(),
         })
+    }
+
+    /// How a level is shared among tenants.
+    pub fn fairness(&self) -> &FairParams {
+        &self.fair
+    }
+
+    /// Gives `tenant` the fair-share `weight` (a `--tenants` weight).
+    pub fn set_weight(&mut self, tenant: &str, weight: f64) {
+        let share =
+            self.fair
+                .tenants
+                .entry(tenant.to_string())
+                .or_insert(crate::admission::fair::Share {
+                    weight,
+                    max_depth: None,
+                });
+        share.weight = weight;
+    }
+
+    /// The levels' settings.
+    pub fn level_settings(&self) -> &[Level] {
+        &self.levels
     }
 
     /// Whether requests at `level` are admitted by their predicted time to
@@ -125,6 +154,7 @@ mod tests {
             timeout: 30.0,
             drain: Drain::default(),
             started: HashMap::new(),
+            fair: FairParams::default(),
         }
     }
 
@@ -132,6 +162,9 @@ mod tests {
         Standing {
             level,
             depths,
+            level_ahead: depths.get(level).copied().unwrap_or(0),
+            tenant_depth: 0,
+            tenant_max_depth: usize::MAX,
             promoted: 0,
             capacity,
             free: false,

@@ -85,6 +85,9 @@ pub struct RunResult {
     /// Per tier, with `--tiers`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<TierResult>,
+    /// Per tenant, with `--tenants`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<super::tenant_report::TenantResult>,
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
     #[serde(skip)]
@@ -136,6 +139,7 @@ impl RunResult {
             wall_s: wall,
             ns_per_event: wall * 1e9 / events.max(1) as f64,
             tiers: Vec::new(),
+            tenants: Vec::new(),
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
             per_request: Vec::new(),

@@ -57,6 +57,7 @@ fn simulate_with(
         network_delay,
         scrape_phase,
         tiers: None,
+        tenants: None,
     };
     run(&spec, policy).unwrap()
 }
@@ -219,6 +220,7 @@ fn a_fault_beyond_the_fleet_is_an_error() {
         network_delay: 0.0,
         scrape_phase: 0.0,
         tiers: None,
+        tenants: None,
     };
     let err = run(&spec, "config").err().unwrap();
     assert!(err.to_string().contains("replica 5"), "{err}");
@@ -319,6 +321,7 @@ fn run_fast_delayed(
         network_delay,
         scrape_phase: 0.0,
         tiers,
+        tenants: None,
     };
     run(&spec, policy).unwrap()
 }

@@ -16,7 +16,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -28,48 +28,22 @@ use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
 use crate::routing::{Expected, StreamBroken};
-use crate::telemetry::{Metrics, ReplicaSeries};
+use crate::telemetry::Metrics;
 
-/// The status label of a response whose stream broke midway.
-pub const STREAM_ERROR: &str = "stream_error";
-
-/// Records the outcome of one proxied request exactly once, when the body ends
-/// or is dropped. A body dropped before its end counts as status 499 (client
-/// closed request), as NGINX reports it; a stream that broke midway counts
-/// as `stream_error`.
+/// What a stream that breaks reports to: the pool (the break counts toward
+/// the replica's outlier ejection), `llmlb_upstream_errors_total`, and the
+/// request's [`StreamBroken`] flag. The request's own signals (its status
+/// label, duration, time to first byte) are written by its end-of-request
+/// record above forwarding, which reads the flag.
 #[derive(Debug)]
-pub struct Completion {
+pub struct BreakReport {
     pub metrics: Arc<Metrics>,
-    /// The pool, told of a broken stream (outlier ejection).
     pub owner: Arc<Pool>,
-    /// The replica that answered; its metric series are counted.
+    /// The replica that answered.
     pub replica: Arc<Replica>,
-    pub status: u16,
-    pub start: Instant,
-    pub finished: bool,
     pub broken: StreamBroken,
-}
-
-impl Completion {
-    fn series(&self) -> &ReplicaSeries {
-        self.replica.series(&self.owner.name, &self.metrics)
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        let series = self.series();
-        if self.broken.is_set() {
-            series.finished(self.status, Some(STREAM_ERROR));
-        } else if self.finished {
-            series.finished(self.status, None);
-        } else {
-            series.finished(499, None);
-        }
-        series
-            .duration()
-            .observe(self.start.elapsed().as_secs_f64());
-    }
+    /// For the log line about the break.
+    pub request_id: http::HeaderValue,
 }
 
 pub struct ProxyBody {
@@ -80,10 +54,9 @@ pub struct ProxyBody {
     /// `exact` mode: the prompt counts as held on the replica until its
     /// events report it or the stream ends.
     expected: Option<Expected>,
-    completion: Option<Completion>,
+    report: BreakReport,
     /// Server-sent events: a failure mid-stream becomes a readable error event.
     sse: bool,
-    first_byte_seen: bool,
     ended: bool,
     /// Output tokens accounted so far (from `usage` when reported).
     output_seen: u64,
@@ -96,7 +69,7 @@ impl ProxyBody {
         inner: Incoming,
         idle_timeout: Duration,
         guard: InFlightGuard,
-        completion: Completion,
+        report: BreakReport,
         sse: bool,
     ) -> ProxyBody {
         ProxyBody {
@@ -104,9 +77,8 @@ impl ProxyBody {
             idle: IdleTimer::new(idle_timeout),
             guard: Some(guard),
             expected: None,
-            completion: Some(completion),
+            report,
             sse,
-            first_byte_seen: false,
             ended: false,
             output_seen: 0,
             strip: None,
@@ -174,20 +146,6 @@ impl ProxyBody {
         self.ended = true;
         self.guard = None;
         self.expected = None;
-        if let Some(mut c) = self.completion.take() {
-            c.finished = true;
-        }
-    }
-
-    fn first_byte(&mut self, frame: &Frame<Bytes>) {
-        if !self.first_byte_seen && frame.is_data() {
-            self.first_byte_seen = true;
-            if let Some(c) = &self.completion {
-                c.series()
-                    .first_byte()
-                    .observe(c.start.elapsed().as_secs_f64());
-            }
-        }
     }
 
     /// Ends the stream after an upstream failure: SSE clients get an error
@@ -197,19 +155,22 @@ impl ProxyBody {
         kind: &str,
         message: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(c) = &self.completion {
-            let series = c.series();
-            c.metrics
-                .upstream_errors
-                .with_label_values(&[&*series.pool, &series.replica, kind])
-                .inc();
-            c.broken.set();
-            if let Some(guard) = &self.guard {
-                c.owner
-                    .record_failure(guard.replica(), Failure::Reset, &c.metrics);
-            }
-        }
-        tracing::warn!(kind, %message, "upstream stream failed");
+        let r = &self.report;
+        r.metrics
+            .upstream_errors
+            .with_label_values(&[&r.owner.name, &r.replica.name, kind])
+            .inc();
+        r.broken.set();
+        r.owner
+            .record_failure(&r.replica, Failure::Reset, &r.metrics);
+        tracing::warn!(
+            request_id = r.request_id.to_str().unwrap_or(""),
+            pool = %r.owner.name,
+            replica = %r.replica.name,
+            kind,
+            error = %message,
+            "upstream stream failed"
+        );
         self.finish();
         if self.sse {
             let event = serde_json::json!({
@@ -284,10 +245,7 @@ impl Body for ProxyBody {
                         this.finish();
                     }
                     match out {
-                        Some(frame) => {
-                            this.first_byte(&frame);
-                            return Poll::Ready(Some(Ok(frame)));
-                        }
+                        Some(frame) => return Poll::Ready(Some(Ok(frame))),
                         None if last => return Poll::Ready(None),
                         // All of it was the usage event: read on.
                         None => continue,

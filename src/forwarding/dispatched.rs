@@ -15,3 +15,14 @@ pub struct Dispatched {
     /// (prefix modes other than `off`).
     pub predicted_cached: Option<u64>,
 }
+
+/// How far forwarding got, written into the caller's record as it goes:
+/// it outlives a forward the client abandoned, so a request whose client
+/// left while it waited for a replica still names its attempts.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Replicas the request was sent to (1 = no re-send).
+    pub attempts: u32,
+    /// The last of them.
+    pub replica: Option<Arc<crate::replica::Replica>>,
+}

@@ -4,14 +4,14 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use super::body::{Completion, ProxyBody};
+use super::body::{BreakReport, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
@@ -41,7 +41,6 @@ pub struct ForwardRequest<'a> {
     pub route: &'a Decision,
     pub request_id: &'a HeaderValue,
     pub client_ip: Option<IpAddr>,
-    pub start: Instant,
     pub metrics: &'a Arc<Metrics>,
     /// Name the serving replica in an `x-llmlb-replica` response header.
     pub expose_replica: bool,
@@ -49,6 +48,9 @@ pub struct ForwardRequest<'a> {
     pub recent: &'a RecentDispatches,
     /// The request's trace: each attempt gets a span and sends its context.
     pub trace: Option<&'a crate::telemetry::trace::RequestTrace>,
+    /// Where the attempts are written down as they are made (the
+    /// request's record, which counts the re-sends).
+    pub progress: &'a mut super::Progress,
 }
 
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>, ForwardError> {
@@ -96,6 +98,10 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         };
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
+        // A re-send counts (in the request's record) only once another
+        // replica took it.
+        req.progress.attempts = tried.len() as u32;
+        req.progress.replica = Some(Arc::clone(replica));
         let expected = req.route.dispatched(replica);
         let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
@@ -106,6 +112,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
             tried.len() as u32,
         );
         tracing::debug!(
+            request_id = req.request_id.to_str().unwrap_or(""),
             pool = %pool.name,
             replica = %replica.name,
             route = %req.route.route_label(),
@@ -142,7 +149,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                     && r.status() != StatusCode::BAD_REQUEST
                     && replica.note_refuses_stream_options()
                 {
-                    tracing::warn!(pool = %pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
+                    tracing::warn!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
                 }
                 again
             }
@@ -179,7 +186,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                 req.recent.settle(seq, outcome);
                 count_upstream_error(req.metrics, pool, replica, kind);
                 pool.record_failure(replica, failure, req.metrics);
-                tracing::info!(pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(&err), "upstream attempt failed");
+                tracing::info!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(&err), "upstream attempt failed");
                 drop(guard);
                 if !not_sent || tried.len() as u32 >= max_attempts {
                     return Err(ForwardError::UpstreamUnavailable {
@@ -187,7 +194,6 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                         attempts: tried.len() as u32,
                     });
                 }
-                req.metrics.retries.with_label_values(&[&pool.name]).inc();
             }
             Ok(Ok(resp)) => {
                 if let Some(a) = attempt {
@@ -350,17 +356,15 @@ fn stream_back(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let broken = StreamBroken::default();
     parts.extensions.insert(broken.clone());
-    let completion = Completion {
+    let report = BreakReport {
         metrics: Arc::clone(req.metrics),
         owner: Arc::clone(req.pool),
         replica: Arc::clone(replica),
-        status: parts.status.as_u16(),
-        start: req.start,
-        finished: false,
         broken,
+        request_id: req.request_id.clone(),
     };
     let mut body =
-        ProxyBody::new(incoming, req.pool.timeouts.idle, guard, completion, sse).carrying(expected);
+        ProxyBody::new(incoming, req.pool.timeouts.idle, guard, report, sse).carrying(expected);
     if strip_usage && sse {
         // Bytes may be taken out of the stream: its length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);

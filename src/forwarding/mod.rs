@@ -13,8 +13,8 @@ mod recent;
 mod stream_usage;
 mod usage_strip;
 
-pub use body::{ProxyBody, STREAM_ERROR};
-pub use dispatched::Dispatched;
+pub use body::ProxyBody;
+pub use dispatched::{Dispatched, Progress};
 pub use error::ForwardError;
 pub use forward::{ForwardRequest, forward};
 pub use headers::{CONTROL_PREFIX, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, strip_private};

@@ -54,6 +54,10 @@ pub struct Gateway {
     keys: Vec<Arc<KeyState>>,
     /// Names of the priority levels, highest first.
     pub levels: Vec<String>,
+    /// The header naming a keyless caller's tenant.
+    tenant_header: Option<http::HeaderName>,
+    /// A keyless caller without the header: the body's `user` names it.
+    tenant_from_user: bool,
 }
 
 impl Gateway {
@@ -117,7 +121,25 @@ impl Gateway {
             digests,
             keys,
             levels,
+            tenant_header: (config.gateway.tenant_header.as_ref())
+                .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
+            tenant_from_user: config.gateway.tenant_from_user,
         }
+    }
+
+    /// The tenant fair share counts a request to: its API key's tenant,
+    /// else the tenant header's value, else (with `tenant_from_user`) the
+    /// body's `user`; empty when none names one.
+    pub fn tenant_of(&self, caller: &Caller, headers: &HeaderMap, user: Option<&str>) -> Arc<str> {
+        if let Some(t) = &caller.tenant {
+            return Arc::clone(t);
+        }
+        let header = (self.tenant_header.as_ref())
+            .and_then(|h| headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty());
+        let user = user.filter(|u| self.tenant_from_user && !u.is_empty());
+        Arc::from(header.or(user).unwrap_or(""))
     }
 
     /// Identifies the caller. With auth on, a missing or unknown key is
@@ -208,6 +230,22 @@ pub(super) mod tests {
             h.insert(*k, v.parse().unwrap());
         }
         h
+    }
+
+    #[test]
+    fn the_tenant_comes_from_the_key_else_the_header_else_user_when_asked() {
+        let g = gateway(false);
+        let by_key = acme(&g);
+        let named = headers(&[("x-llmlb-tenant", "batch")]);
+        assert_eq!(&*g.tenant_of(&by_key, &named, Some("u")), "acme");
+        let anon = g.authenticate(&HeaderMap::new()).unwrap();
+        assert_eq!(&*g.tenant_of(&anon, &named, Some("u")), "batch");
+        assert_eq!(&*g.tenant_of(&anon, &HeaderMap::new(), Some("u")), "");
+        let by_user = gateway_with("auth = false\ntenant_from_user = true");
+        assert_eq!(
+            &*by_user.tenant_of(&anon, &HeaderMap::new(), Some("u")),
+            "u"
+        );
     }
 
     #[test]

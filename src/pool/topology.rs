@@ -7,9 +7,10 @@ use std::sync::atomic::AtomicBool;
 
 use super::model_map::ModelMap;
 use super::{Pool, Resolution};
+use crate::admission::fair::{FairParams, Share};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
 use crate::balancing::{self, BalancerParams};
-use crate::config::{Config, PoolConfig, UpstreamTlsConfig};
+use crate::config::{Config, Fairness, PoolConfig, UpstreamTlsConfig};
 use crate::net::Prober;
 use crate::net::UpstreamTls;
 use crate::replica::Replica;
@@ -331,7 +332,11 @@ fn queue_for(
     let params = QueueParams {
         levels,
         max_depth: pc.queue.max_depth,
+        fair: fair_params(config, pc),
     };
+    let named = (config.tenants.iter().map(|t| t.name.clone()))
+        .chain(config.keys.iter().map(|k| k.tenant.clone()))
+        .collect();
     // A reload that keeps the queue's shape keeps the queue itself: its
     // waiters and the permits of requests in flight stay counted.
     // A reshaped queue takes the old one's place with its active count and
@@ -344,7 +349,31 @@ fn queue_for(
         Some(a) => a.queue.replace(params, capacity),
         None => PoolQueue::new(params, capacity),
     };
-    Some(Admission::new(queue, pc.queue.timeout, &pc.name, metrics))
+    Some(Admission::new(
+        queue,
+        pc.queue.timeout,
+        &pc.name,
+        metrics,
+        named,
+    ))
+}
+
+/// How `pc`'s queue shares a level among the config's tenants.
+pub fn fair_params(config: &Config, pc: &PoolConfig) -> FairParams {
+    FairParams {
+        enabled: pc.queue.fairness == Fairness::Tenants,
+        prompt_weight: pc.queue.prompt_weight,
+        tenants: (config.tenants.iter())
+            .map(|t| {
+                let share = Share {
+                    weight: t.weight,
+                    max_depth: t.max_depth,
+                };
+                (t.name.clone(), share)
+            })
+            .collect(),
+        tenant_max_depth: pc.queue.tenant_max_depth.unwrap_or(pc.queue.max_depth),
+    }
 }
 
 #[cfg(test)]

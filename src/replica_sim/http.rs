@@ -6,7 +6,8 @@
 //! `error_rate` answers that fraction of inference requests with a 500
 //! before any work; `max_waiting` answers 503 while the engine queue holds
 //! that many requests; during the startup delay `/health`, `/v1/models` and
-//! inference answer 503.
+//! inference answer 503. A request may ask for its own faults in an
+//! `x-sim-fault` header (`request_faults.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,7 @@ use super::driver::{Command, Refused, SimClock};
 use super::engine::{EngineStats, NewRequest};
 use super::faults::{FaultPatch, Faults};
 use super::openai::{self, Api, ParseError};
+use super::request_faults::RequestFaults;
 use super::responses::Meta;
 use super::stream::{AbortGuard, SseBody};
 use crate::net::{ReadError, ResponseBody, error_response, full_body, read_body};
@@ -44,6 +46,10 @@ pub struct Replica {
     /// Unix time the replica started (the `_created` metric series).
     pub created_unix: f64,
     pub next_id: AtomicU64,
+    /// Drawn when the replica starts, never from the seed: two replicas
+    /// with the same seed (two processes, or two in one) hand out
+    /// different response ids.
+    pub id_salt: u64,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -75,7 +81,7 @@ enum ReplicaError {
     Starting,
     #[error("the replica is shutting down")]
     Stopped,
-    #[error("injected failure (llmlb replica-sim error_rate)")]
+    #[error("injected failure (llmlb replica-sim error_rate or x-sim-fault)")]
     Injected,
     #[error(transparent)]
     Read(#[from] ReadError),
@@ -143,7 +149,31 @@ pub async fn handle(r: Arc<Replica>, req: Request<Incoming>) -> Response<Respons
         r.stopped().await;
         return ReplicaError::Stopped.into_response();
     }
-    let result = match (&method, path.as_str()) {
+    let faults = match RequestFaults::from_headers(req.headers()) {
+        Ok(f) => f,
+        Err(e) => return ReplicaError::BadRequest(e).into_response(),
+    };
+    if faults.stall {
+        r.stopped().await;
+        return ReplicaError::Stopped.into_response();
+    }
+    if faults.error {
+        return ReplicaError::Injected.into_response();
+    }
+    let resp = answer(&r, &method, &path, req).await;
+    if faults.shape_body() {
+        return resp.map(|body| faults.apply(body));
+    }
+    resp
+}
+
+async fn answer(
+    r: &Replica,
+    method: &Method,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<ResponseBody> {
+    let result = match (method, path) {
         (&Method::GET | &Method::HEAD, "/health") => {
             if r.ready() {
                 Ok(Response::new(full_body("")))
@@ -151,9 +181,9 @@ pub async fn handle(r: Arc<Replica>, req: Request<Incoming>) -> Response<Respons
                 Err(ReplicaError::Starting)
             }
         }
-        (&Method::GET, "/v1/models") => models(&r),
-        (&Method::POST, "/v1/completions") => infer(&r, Api::Completions, req).await,
-        (&Method::POST, "/v1/chat/completions") => infer(&r, Api::Chat, req).await,
+        (&Method::GET, "/v1/models") => models(r),
+        (&Method::POST, "/v1/completions") => infer(r, Api::Completions, req).await,
+        (&Method::POST, "/v1/chat/completions") => infer(r, Api::Chat, req).await,
         (
             _,
             "/health"
@@ -217,7 +247,7 @@ async fn infer(
         }
     }
     let created = unix_now() as u64;
-    let meta = Meta::new(api, mix_id(id, r.config.seed), created, &r.config.model);
+    let meta = Meta::new(api, mix_id(id, r.id_salt), created, &r.config.model);
     if parsed.stream {
         let body = SseBody::new(rx, meta, parsed.include_usage, guard);
         let mut resp = Response::new(body.boxed_unsync());
@@ -328,7 +358,7 @@ pub fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A response id that differs between replicas of one process.
-fn mix_id(id: u64, seed: u64) -> u64 {
-    super::engine::kv_cache::mix64(id ^ seed.rotate_left(32))
+/// A response id that differs between replicas (their salts differ).
+fn mix_id(id: u64, salt: u64) -> u64 {
+    super::engine::kv_cache::mix64(id ^ salt.rotate_left(32))
 }

@@ -27,6 +27,7 @@ mod http;
 pub mod metrics;
 mod openai;
 pub mod profile;
+pub mod request_faults;
 mod responses;
 mod server;
 mod stream;
@@ -184,6 +185,7 @@ fn spawn_inner(
         clock,
         created_unix: http::unix_now(),
         next_id: AtomicU64::new(1),
+        id_salt: rand::random(),
         shutdown: shutdown_rx.clone(),
     });
     let driver = tokio::spawn(driver.run());

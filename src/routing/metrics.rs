@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use prometheus::{HistogramVec, IntCounterVec, Registry};
 
@@ -65,44 +64,28 @@ impl RoutingMetrics {
         }
     }
 
-    /// Records one finished request of `version`.
-    pub fn record_version(&self, pool: &str, version: &str, status: u16, start: Instant) {
+    /// Records one finished request of `version` under its status
+    /// `label` (the same as `llmlb_requests_total`'s); `error`: it failed
+    /// on llmlb's or the replica's side.
+    pub fn record_version(
+        &self,
+        pool: &str,
+        version: &str,
+        label: &str,
+        error: bool,
+        duration_secs: f64,
+    ) {
         self.version_requests
-            .with_label_values(&[pool, version, &status.to_string()])
+            .with_label_values(&[pool, version, label])
             .inc();
-        if status >= 500 {
+        if error {
             self.version_errors
                 .with_label_values(&[pool, version])
                 .inc();
         }
         self.version_duration
             .with_label_values(&[pool, version])
-            .observe(start.elapsed().as_secs_f64());
-    }
-}
-
-/// Records a request's version outcome once, when dropped: carried inside the
-/// response body, so the latency runs to the end of the stream (or to the
-/// moment the client went away).
-#[derive(Debug)]
-pub struct VersionRecord {
-    pub metrics: RoutingMetrics,
-    pub pool: String,
-    pub version: std::sync::Arc<str>,
-    pub status: u16,
-    pub start: Instant,
-    /// Set when the stream broke midway: the request counts as a 502.
-    pub broken: Option<StreamBroken>,
-}
-
-impl Drop for VersionRecord {
-    fn drop(&mut self) {
-        let status = match &self.broken {
-            Some(b) if b.is_set() => 502,
-            _ => self.status,
-        };
-        self.metrics
-            .record_version(&self.pool, &self.version, status, self.start);
+            .observe(duration_secs);
     }
 }
 

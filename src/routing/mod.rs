@@ -25,7 +25,7 @@ pub mod tiers;
 pub use branch::RouteBranch;
 pub use decision::Decision;
 pub use error::RouteError;
-pub use metrics::{RoutingMetrics, StreamBroken, VersionRecord};
+pub use metrics::{RoutingMetrics, StreamBroken};
 pub use prefix::blocks::Prompt;
 pub use prefix::held::Expected;
 pub use router::{RouteInput, Router};

@@ -1,16 +1,17 @@
-//! The access log: one structured line per finished request, written when
-//! its answer has ended (or the client went away), Envoy-style.
+//! The access log: one structured line per finished request, written from
+//! the request's end-of-request record ([`super::record`]), Envoy-style.
 //!
 //! The line goes through `tracing` at `info` under the target
 //! `llmlb::access`, so it follows `--log-format` (text or JSON) and
 //! `RUST_LOG`. The request's response body ([`super::scope::ScopedBody`])
-//! holds the [`Entry`] and sees the end of the answer, the first content
-//! (time to first token: the first SSE frame carrying generated text, or the
-//! first byte of a non-streamed answer) and the replica's `usage` (read from
-//! the last 8 KiB of the body, where vLLM puts it in both JSON answers and
-//! the final stream chunk, with [`find_usage`]). Fields and sampling
-//! come from `[telemetry.access_log]`; failed requests are always logged.
-//! The same end records the per-model metrics ([`ModelMetrics`]).
+//! sees the end of the answer, the first content (time to first token: the
+//! first SSE frame carrying generated text, or the first byte of a
+//! non-streamed answer) and the replica's `usage` (read from the last 8 KiB
+//! of the body, where vLLM puts it in both JSON answers and the final
+//! stream chunk, with [`find_usage`]). Fields and sampling come from
+//! `[telemetry.access_log]`; failed requests are always logged. This file
+//! also writes the record's per-model metrics ([`ModelMetrics`]) and ends
+//! its trace span.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -20,8 +21,7 @@ use http::header::HeaderValue;
 use serde::Deserialize;
 
 use super::AppState;
-use crate::forwarding::Dispatched;
-use crate::telemetry::ModelMetrics;
+use super::record::{Ended, Record};
 use crate::telemetry::trace::{RequestTrace, Tracing};
 
 /// What is known when the request arrives.
@@ -30,9 +30,9 @@ pub struct AccessStart {
     client: SocketAddr,
     method: String,
     path: String,
-    start: Instant,
+    pub(super) start: Instant,
     /// The request's trace span, ended with the line.
-    trace: Option<RequestTrace>,
+    pub(super) trace: Option<RequestTrace>,
 }
 
 impl AccessStart {
@@ -67,16 +67,11 @@ impl AccessStart {
     pub fn trace(&self) -> Option<&RequestTrace> {
         self.trace.as_ref()
     }
-}
 
-/// What routing learned (filled in as far as the request got).
-#[derive(Debug, Default, Clone)]
-pub struct RouteFields {
-    pub model: Option<String>,
-    pub stream: Option<bool>,
-    pub pool: Option<String>,
-    /// The routing stage's branches, `+`-joined.
-    pub route: Option<String>,
+    /// The request's id (`x-request-id`).
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
 }
 
 /// Token counts from the replica's `usage`.
@@ -147,126 +142,63 @@ pub fn has_content(frame: &[u8]) -> bool {
     })
 }
 
-/// The line's record, held by the response body ([`super::scope`]) until
-/// the answer ends.
-pub struct Entry {
-    start: AccessStart,
-    fields: RouteFields,
-    status: u16,
-    dispatched: Option<Dispatched>,
-    mask: u32,
-    sampled: bool,
-    /// Write the line at all (`[telemetry.access_log] enabled`).
-    logging: bool,
-    metrics: ModelMetrics,
-}
-
-impl Entry {
-    /// The record for a response with `parts`, or `None` when nothing is to
-    /// be written or counted at its end (no line, no pool): the request's
-    /// trace span, if any, ends here then.
-    pub fn new(
-        state: &AppState,
-        mut start: AccessStart,
-        fields: RouteFields,
-        parts: &http::response::Parts,
-    ) -> Option<Entry> {
-        let config = state.config();
-        let log = &config.telemetry.access_log;
-        let logging =
-            log.enabled && tracing::enabled!(target: "llmlb::access", tracing::Level::INFO);
-        if !logging && fields.pool.is_none() {
-            if let Some(trace) = start.trace.take() {
-                trace.end(parts.status.as_u16(), "complete");
-            }
-            return None;
-        }
-        let sampled = logging && (log.sample >= 1.0 || rand::random::<f64>() < log.sample);
-        Some(Entry {
-            start,
-            fields,
-            status: parts.status.as_u16(),
-            dispatched: parts.extensions.get::<Dispatched>().cloned(),
-            mask: log.field_mask(),
-            sampled,
-            logging,
-            metrics: state.metrics.models.clone(),
-        })
-    }
-
-    /// Ends the trace span, records the per-model metrics and writes the
-    /// line (sampled; failures and broken answers always).
-    pub fn finish(mut self, outcome: &'static str, first: Option<Instant>, usage: Option<Usage>) {
-        if let Some(trace) = self.start.trace.take() {
-            end_trace(trace, &self, outcome, first, usage);
-        }
-        record(&self, first, usage);
-        if self.logging && (self.sampled || self.status >= 400 || outcome != "complete") {
-            emit(&self, outcome, first, usage);
-        }
-    }
-}
-
-/// Ends the request's span with what the access log knows.
-fn end_trace(
-    trace: RequestTrace,
-    e: &Entry,
-    outcome: &'static str,
-    first: Option<Instant>,
-    usage: Option<Usage>,
-) {
-    if let Some(model) = &e.fields.model {
+/// Ends the request's span with what the record knows; `error`: the
+/// span's status is an error.
+pub(super) fn end_trace(trace: RequestTrace, r: &Record, ended: &Ended, error: bool) {
+    if let Some(model) = &r.fields.model {
         trace.set("gen_ai.request.model", model.clone());
     }
-    if let Some(pool) = &e.fields.pool {
+    if let Some(pool) = &r.fields.pool {
         trace.set("llmlb.pool", pool.clone());
     }
-    if let Some(d) = &e.dispatched {
-        trace.set("llmlb.replica", d.replica.to_string());
-        trace.set("llmlb.attempts", i64::from(d.attempts));
+    if let Some(replica) = r.replica() {
+        trace.set("llmlb.replica", replica.to_owned());
     }
-    if let Some(t) = first {
-        let ms = t.duration_since(e.start.start).as_secs_f64() * 1000.0;
+    if r.fields.progress.attempts > 0 {
+        trace.set("llmlb.attempts", i64::from(r.fields.progress.attempts));
+    }
+    if let Some(e) = &r.refusal {
+        trace.set("error.type", e.code);
+    }
+    if let Some(t) = ended.first_content {
+        let ms = t.duration_since(r.start.start).as_secs_f64() * 1000.0;
         trace.set("llmlb.ttft_ms", ms);
     }
-    let u = usage.unwrap_or_default();
+    let u = ended.usage.unwrap_or_default();
     if let Some(n) = u.prompt_tokens {
         trace.set("gen_ai.usage.input_tokens", n as i64);
     }
     if let Some(n) = u.completion_tokens {
         trace.set("gen_ai.usage.output_tokens", n as i64);
     }
-    trace.end(e.status, outcome);
+    trace.end(r.status, ended.outcome.as_str(), error);
 }
 
-/// Per-model metrics for a request that reached a pool.
-fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
-    let (Some(pool), Some(model)) = (&e.fields.pool, &e.fields.model) else {
+/// Per-model metrics for a request that reached a pool, under the record's
+/// status `label`.
+pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
+    let (Some(pool), Some(model)) = (&r.fields.pool, &r.fields.model) else {
         return;
     };
-    let m = &e.metrics;
-    let stream = if e.fields.stream == Some(true) {
+    let m = &r.state().metrics.models;
+    let stream = if r.fields.stream == Some(true) {
         "true"
     } else {
         "false"
     };
-    // The digits, borrowed; `e.status` came from a `StatusCode`, so the
-    // fallback is never taken.
-    let code = http::StatusCode::from_u16(e.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    let status = code.as_str();
     m.requests
-        .with_label_values(&[pool, model, stream, status])
+        .with_label_values(&[pool, model, stream, label])
         .inc();
-    if let Some(t) = first.filter(|_| e.status < 400) {
+    if let Some(t) = ended.first_content.filter(|_| r.status < 400) {
         m.ttft
             .with_label_values(&[pool, model, stream])
-            .observe(t.duration_since(e.start.start).as_secs_f64());
+            .observe(t.duration_since(r.start.start).as_secs_f64());
     }
-    let u = usage.unwrap_or_default();
-    if let Some(d) = &e.dispatched {
+    let u = ended.usage.unwrap_or_default();
+    if let Some(d) = &r.dispatched {
         let reported = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
         let o = crate::telemetry::prefix_loop::observation(
-            e.status,
+            r.status,
             d.predicted_cached,
             u.prompt_tokens,
             reported,
@@ -287,36 +219,53 @@ fn record(e: &Entry, first: Option<Instant>, usage: Option<Usage>) {
     }
 }
 
-fn emit(e: &Entry, outcome: &str, first: Option<Instant>, usage: Option<Usage>) {
-    let on = |i: usize| e.mask & (1 << i) != 0;
+/// Writes the record's line (sampled; failures and broken answers always),
+/// when the access log is on.
+pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Instant) {
+    if !tracing::enabled!(target: "llmlb::access", tracing::Level::INFO) {
+        return;
+    }
+    let config = state.config();
+    let log = &config.telemetry.access_log;
+    let failed = r.status >= 400 || ended.outcome != super::record::Outcome::Complete;
+    if !log.enabled || !(failed || log.sample >= 1.0 || rand::random::<f64>() < log.sample) {
+        return;
+    }
+    let mask = log.field_mask();
+    let on = |i: usize| mask & (1 << i) != 0;
     fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
         v.filter(|_| on)
     }
     let ms = |t: Instant| {
-        (t.duration_since(e.start.start).as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+        (t.duration_since(r.start.start).as_secs_f64() * 1000.0 * 100.0).round() / 100.0
     };
-    let d = e.dispatched.as_ref();
-    let u = usage.unwrap_or_default();
+    let d = r.dispatched.as_ref();
+    let u = ended.usage.unwrap_or_default();
+    let attempts = Some(r.fields.progress.attempts).filter(|&n| n > 0);
+    let e = r.refusal.as_ref();
     tracing::info!(
         target: "llmlb::access",
-        request_id = keep(on(0), Some(e.start.request_id.as_str())),
-        client = keep(on(1), Some(e.start.client.to_string())).as_deref(),
-        method = keep(on(2), Some(e.start.method.as_str())),
-        path = keep(on(3), Some(e.start.path.as_str())),
-        model = keep(on(4), e.fields.model.as_deref()),
-        stream = keep(on(5), e.fields.stream),
-        pool = keep(on(6), e.fields.pool.as_deref()),
-        replica = keep(on(7), d.map(|d| &*d.replica)),
-        route = keep(on(8), e.fields.route.as_deref()),
+        request_id = keep(on(0), Some(r.start.request_id.as_str())),
+        client = keep(on(1), Some(r.start.client.to_string())).as_deref(),
+        method = keep(on(2), Some(r.start.method.as_str())),
+        path = keep(on(3), Some(r.start.path.as_str())),
+        model = keep(on(4), r.fields.model.as_deref()),
+        stream = keep(on(5), r.fields.stream),
+        pool = keep(on(6), r.fields.pool.as_deref()),
+        replica = keep(on(7), r.replica()),
+        route = keep(on(8), r.fields.route.as_deref()),
         branch = keep(on(9), d.map(|d| d.branch)),
-        status = keep(on(10), Some(e.status)),
-        attempts = keep(on(11), d.map(|d| d.attempts)),
-        ttft_ms = keep(on(12), first.map(ms)),
-        duration_ms = keep(on(13), Some(ms(Instant::now()))),
+        status = keep(on(10), Some(r.status)),
+        attempts = keep(on(11), attempts),
+        ttft_ms = keep(on(12), ended.first_content.map(ms)),
+        duration_ms = keep(on(13), Some(ms(end))),
         prompt_tokens = keep(on(14), u.prompt_tokens),
         completion_tokens = keep(on(15), u.completion_tokens),
         cached_tokens = keep(on(16), u.prompt_tokens_details.and_then(|d| d.cached_tokens)),
-        outcome = keep(on(17), Some(outcome)),
+        outcome = keep(on(17), Some(ended.outcome.as_str())),
+        error = keep(on(18), e.map(|e| e.code)),
+        error_message = keep(on(18), e.map(|e| e.message.as_str())),
+        ttfb_ms = keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
         "request"
     );
 }

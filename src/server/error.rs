@@ -20,8 +20,9 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
-    #[error("method {0} is not allowed on this path")]
-    MethodNotAllowed(String),
+    /// `allow`: the methods the path answers (the `Allow` header).
+    #[error("method {method} is not allowed on this path")]
+    MethodNotAllowed { method: String, allow: &'static str },
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     /// Forwarding gave up; its message is the client's. (A slot wait that
@@ -41,6 +42,8 @@ pub enum ApiError {
     },
     #[error("queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
     QueueFull { retry_after: Duration },
+    #[error("this tenant's share of the queue for this priority is full; retry after {}s", retry_secs(*retry_after))]
+    TenantQueueFull { retry_after: Duration },
     #[error("the fleet cannot start this request within its latency objective ({}); retry after {}s", estimate_words(*estimated), retry_secs(*retry_after))]
     OverObjective {
         estimated: Option<Duration>,
@@ -87,7 +90,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ShuttingDown | ApiError::PoolOverloaded { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -103,6 +106,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::RateLimited { .. }
             | ApiError::QueueFull { .. }
+            | ApiError::TenantQueueFull { .. }
             | ApiError::OverObjective { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::QueueTimeout { .. } | ApiError::ServerBusy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -114,6 +118,7 @@ impl ApiError {
         match self {
             ApiError::RateLimited { retry_after, .. }
             | ApiError::QueueFull { retry_after }
+            | ApiError::TenantQueueFull { retry_after }
             | ApiError::OverObjective { retry_after, .. }
             | ApiError::QueueTimeout { retry_after }
             | ApiError::Upstream(ForwardError::SlotTimeout { retry_after }) => Some(*retry_after),
@@ -137,7 +142,7 @@ impl ApiError {
             ApiError::BadRequest(_) | ApiError::InvalidParam { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::RouteNotFound { .. } => "not_found",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::Upstream(e) => match e {
                 ForwardError::NoHealthyReplica { .. } => "no_healthy_replica",
@@ -152,6 +157,7 @@ impl ApiError {
             ApiError::RateLimited { kind: "tokens", .. } => "rate_limit_tokens",
             ApiError::RateLimited { .. } => "rate_limit_requests",
             ApiError::QueueFull { .. } => "queue_full",
+            ApiError::TenantQueueFull { .. } => "tenant_queue_full",
             ApiError::OverObjective { .. } => "over_objective",
             ApiError::QueueTimeout { .. } => "queue_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
@@ -185,6 +191,10 @@ impl ApiError {
                 header::RETRY_AFTER,
                 header::HeaderValue::from(retry_secs(d)),
             );
+        }
+        if let ApiError::MethodNotAllowed { allow, .. } = &self {
+            resp.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static(allow));
         }
         if matches!(self, ApiError::Unauthorized(_)) {
             resp.headers_mut().insert(

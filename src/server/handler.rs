@@ -10,7 +10,7 @@ use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
-use super::closed::ClientClosed;
+use super::record::{Refusal, RouteFields, Unanswered};
 use super::scope::{self, AnswerBody, Scope, ScopedBody};
 use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
@@ -19,69 +19,73 @@ use crate::admission::Settlement;
 use crate::forwarding::REQUEST_ID;
 use crate::gateway::RateHeaders;
 
-/// Handles one request. The client-closed record is made when hyper hands
-/// the request over, before the future first runs: hyper may drop a future
-/// it never polled when the connection closes at once.
+/// Handles one request. Its record is made when hyper hands the request
+/// over, before the future first runs: hyper may drop a future it never
+/// polled when the connection closes at once, and the record still
+/// finishes (as `client_closed`).
 pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> impl Future<Output = Response<ScopedBody>> + Send {
-    let closed = ClientClosed::new(&state.metrics);
-    handle_counted(state, peer, req, closed)
+    let start = Instant::now();
+    let request_id = request_id(req.headers());
+    let access =
+        access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
+    let unanswered = Unanswered::new(&state, access);
+    handle_counted(state, peer, req, request_id, unanswered)
 }
 
 async fn handle_counted(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
-    mut closed: ClientClosed,
+    request_id: HeaderValue,
+    mut unanswered: Unanswered,
 ) -> Response<ScopedBody> {
-    let start = Instant::now();
-    let request_id = request_id(req.headers());
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let access =
-        access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
-    let mut fields = access_log::RouteFields::default();
     let mut rate = RateHeaders::default();
+    let access = unanswered.start.as_ref().expect("not answered yet");
     let ctx = RequestCtx {
         state: &state,
         peer,
         request_id: &request_id,
-        start,
         trace: access.trace(),
     };
     let notes = Notes {
         rate: &mut rate,
-        fields: &mut fields,
-        pool_label: &mut closed.pool,
+        fields: &mut unanswered.fields,
     };
     let routed = route(&ctx, req, notes).await;
-    closed.disarm();
-    let (mut resp, scope) = match routed {
-        Ok(routed) => routed,
+    let (mut resp, scope, refusal) = match routed {
+        Ok((resp, scope)) => (resp, scope, None),
         Err(err) => {
-            state
-                .metrics
-                .rejections
-                .with_label_values(&[err.reason()])
-                .inc();
-            tracing::info!(code = err.code(), error = %err.log_message(), request_id = ?request_id, "request rejected");
-            (err.into_response().map(Either::Right), Scope::default())
+            tracing::debug!(
+                request_id = request_id.to_str().unwrap_or(""),
+                code = err.code(),
+                error = %err.log_message(),
+                "request refused"
+            );
+            let refusal = Refusal::of(&err);
+            (
+                err.into_response().map(Either::Right),
+                Scope::default(),
+                Some(refusal),
+            )
         }
     };
+    let (access, fields) = unanswered.answered();
     super::limit_headers::apply(&rate, resp.headers_mut());
     resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
     surface::apply_cors(&state, origin.as_ref(), resp.headers_mut());
-    scope::respond(&state, access, fields, scope, resp)
+    scope::respond(&state, access, fields, refusal, scope, resp)
 }
 
-/// What the request path writes down for the answer and the access log as
-/// it goes, whether it ends in an answer or an error.
+/// What the request path writes down for the answer and the record as it
+/// goes, whether it ends in an answer or an error.
 struct Notes<'a> {
     rate: &'a mut RateHeaders,
-    fields: &'a mut access_log::RouteFields,
-    pool_label: &'a mut Option<String>,
+    fields: &'a mut RouteFields,
 }
 
 /// The request path, one step after another (each in [`super::stages`] or
@@ -104,7 +108,8 @@ async fn route(
     // Authenticate, and shed what cannot be served, before reading the body.
     let caller = generation.gateway.authenticate(req.headers())?;
     let tier = topology.tier(caller.tier.as_deref());
-    let early_pending = stages::shed_before_body(state, topology, tier, &caller)?;
+    let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
+    let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
     let (parts, body) = req.into_parts();
     let (bytes, _held) =
         stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
@@ -112,11 +117,15 @@ async fn route(
     notes.fields.model = Some(meta.model.clone());
     notes.fields.stream = Some(meta.stream);
     let first = stages::resolve_pool(topology, &meta.model, tier).await?;
-    *notes.pool_label = Some(first.pool.name.clone());
+    notes.fields.pool = Some(first.pool.name.clone());
     let pending = stages::enter_pending(state, first.pool, early_pending)?;
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
     let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
-    let mut permit = stages::admit(first.pool, &caller, estimate.prompt_tokens, ctx.trace).await?;
+    let tenant = match &*tenant {
+        "" => (generation.gateway).tenant_of(&caller, &parts.headers, meta.user.as_deref()),
+        _ => tenant,
+    };
+    let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
@@ -126,6 +135,7 @@ async fn route(
         send::route_within(state, &resolved, &meta, tokens, &parts, tier, &bytes)?;
     notes.fields.pool = Some(pool.name.clone());
     notes.fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
+    notes.fields.version = decision.version.clone();
     if let Some(span) = routing {
         span.set("llmlb.pool", pool.name.clone());
         if let Some(label) = &notes.fields.route {
@@ -141,7 +151,15 @@ async fn route(
         strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,
     };
-    let (resp, version) = send::send(ctx, pool, &decision, out, permit.as_mut()).await?;
+    let resp = send::send(
+        ctx,
+        pool,
+        &decision,
+        out,
+        permit.as_mut(),
+        &mut notes.fields.progress,
+    )
+    .await?;
     charge.commit();
     let settlement = Settlement {
         caller,
@@ -150,7 +168,7 @@ async fn route(
     };
     Ok((
         resp.map(Either::Left),
-        Scope::routed(version, pending, permit, settlement),
+        Scope::routed(pending, permit, settlement),
     ))
 }
 

@@ -4,7 +4,6 @@
 
 pub mod access_log;
 mod budget;
-mod closed;
 mod error;
 pub mod generation;
 mod handler;
@@ -12,6 +11,7 @@ mod limit_headers;
 mod multipart;
 pub mod pending;
 mod prompt_tokens;
+pub mod record;
 pub mod reload;
 pub mod request;
 pub mod scope;

@@ -80,7 +80,7 @@ pub fn reload(state: &AppState, path: Option<&Path>) -> Result<ReloadSummary, Co
                 .with_label_values(&["failure"])
                 .inc();
             state.reload_metrics.last_ok.set(0);
-            tracing::error!(file = %path.display(), errors = %e, "config reload rejected; keeping the running config");
+            tracing::error!(file = %path.display(), errors = %e.one_line(), "config reload rejected; keeping the running config");
             Err(e)
         }
     }

@@ -5,12 +5,13 @@
 //! `net::Watched` body whose watcher, [`Scoped`], is the request's state;
 //! `Watched` calls its end exactly once.
 //!
-//! The scope holds, as plain optional fields, the canary version record,
-//! the pool's `max_pending` guard, the queue permit, the token settlement
-//! and the access-log entry. Each frame is observed once: its length, the
-//! first generated content and the last 8 KiB of the body, where the
+//! The scope holds, as plain optional fields, the pool's `max_pending`
+//! guard, the queue permit, the token settlement and the request's
+//! end-of-request record ([`super::record`]). Each frame is observed once:
+//! its length, the first byte, the first generated content, a stream's
+//! closing `data: [DONE]` and the last 8 KiB of the body, where the
 //! replica's `usage` is found once at the end for both the settlement and
-//! the access log (or in the usage event llmlb kept from the client,
+//! the record (or in the usage event llmlb kept from the client,
 //! `net::ReportedUsage`). The end-of-answer work runs exactly once, when the
 //! body ends, fails or is dropped (the client went away).
 //!
@@ -19,17 +20,19 @@
 //! replica's `ProxyBody` itself or a body llmlb made (an error, a local
 //! answer); the accept loop then wraps it in its per-connection count
 //! (`net::Guarded`). Every answer is wrapped, also one with nothing to do
-//! at its end (an empty scope and no log line): that costs a length add
-//! per frame, less than a boxed layer would.
+//! at its end (an empty scope): that costs a length add per frame, less
+//! than a boxed layer would.
 //!
 //! Order at the end: the forwarding body (its in-flight guard) goes first,
-//! then the version record, the pending guard and the queue permit (a
-//! waiter the permit grants finds the replica's slot already free), then
-//! the settlement and the access-log line. A body of declared length writes
-//! its line with its last byte, as a server may drop it without polling
-//! its end. Cost per frame: a length add, a content scan until the first
-//! content, and a copy into the tail buffer while a settlement or a line
-//! is pending (cut back once per 8 KiB of body, not per frame).
+//! then the pending guard and the queue permit (a waiter the permit grants
+//! finds the replica's slot already free), then the settlement and the
+//! record. A body of declared length finishes its record with its last
+//! byte, as a server may drop it without polling its end; so does a stream
+//! whose `data: [DONE]` went by (a client may close on it before the
+//! stream's last, empty chunk). Cost per frame: a length add, a content
+//! scan until the first content, and a copy into the tail buffer while a
+//! settlement or the record is pending (cut back once per 8 KiB of body,
+//! not per frame).
 
 use std::time::Instant;
 
@@ -39,13 +42,16 @@ use http::header;
 use http_body::Body;
 use http_body_util::Either;
 
+use std::sync::Arc;
+
 use super::AppState;
-use super::access_log::{AccessStart, Entry, RouteFields, Usage, find_usage, has_content};
+use super::access_log::{AccessStart, Usage, find_usage, has_content};
 use super::pending::PendingGuard;
+use super::record::{Ended, Outcome, Record, Refusal, RouteFields};
 use crate::admission::{Permit, Settlement};
-use crate::forwarding::ProxyBody;
+use crate::forwarding::{Dispatched, ProxyBody};
 use crate::net::{End, ReportedUsage, ResponseBody, Watch, Watched};
-use crate::routing::VersionRecord;
+use crate::routing::StreamBroken;
 
 /// How much of the end of a body is kept to find `usage` in.
 const TAIL_BYTES: usize = 8 * 1024;
@@ -54,8 +60,6 @@ const TAIL_BYTES: usize = 8 * 1024;
 /// request refused early holds nothing).
 #[derive(Default)]
 pub struct Scope {
-    /// The canary version's outcome, recorded at the end.
-    pub version: Option<VersionRecord>,
     /// The pool's `max_pending` count.
     pub pending: Option<PendingGuard>,
     /// The queue slot.
@@ -69,14 +73,12 @@ impl Scope {
     /// caller has a key or the request went through a queue; otherwise
     /// there is nothing to settle.
     pub fn routed(
-        version: Option<VersionRecord>,
         pending: Option<PendingGuard>,
         permit: Option<Permit>,
         settlement: Settlement,
     ) -> Scope {
         let settles = permit.is_some() || settlement.caller.key.is_some();
         Scope {
-            version,
             pending,
             permit,
             settlement: settles.then_some(settlement),
@@ -92,17 +94,18 @@ pub type AnswerBody = Either<ProxyBody, ResponseBody>;
 /// request's [`Scoped`] state.
 pub type ScopedBody = Watched<Scoped, AnswerBody>;
 
-/// Wraps `resp` in the request's scope: its access-log entry (when there is
-/// a line to write or a pool to count) and what `scope` holds.
+/// Wraps `resp` in the request's scope: its end-of-request record (with
+/// the `refusal` when llmlb answered with an error itself) and what
+/// `scope` holds.
 pub fn respond(
-    state: &AppState,
+    state: &Arc<AppState>,
     access: AccessStart,
     fields: RouteFields,
+    refusal: Option<Refusal>,
     scope: Scope,
     resp: Response<AnswerBody>,
 ) -> Response<ScopedBody> {
     let (parts, body) = resp.into_parts();
-    let entry = Entry::new(state, access, fields, &parts);
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -115,7 +118,18 @@ pub fn respond(
         .and_then(|v| v.parse().ok())
         .or_else(|| body.size_hint().exact());
     let kept = parts.extensions.get::<ReportedUsage>().cloned();
-    let scoped = Scoped::new(scope, entry, sse, length, kept);
+    let broken = parts.extensions.get::<StreamBroken>().cloned();
+    let dispatched = parts.extensions.get::<Dispatched>().cloned();
+    let record = Record::new(
+        state,
+        access,
+        fields,
+        parts.status.as_u16(),
+        dispatched,
+        refusal,
+    );
+    let mut scoped = Scoped::new(scope, Some(record), sse, length, kept);
+    scoped.broken = broken;
     Response::from_parts(parts, Watched::new(body, scoped))
 }
 
@@ -143,13 +157,18 @@ impl Tail {
 /// What a request's answer holds and observes until it ends.
 pub struct Scoped {
     scope: Scope,
-    entry: Option<Entry>,
+    record: Option<Record>,
     sse: bool,
     /// The declared length, when there is one: a server may drop the body
     /// once it has written that many bytes, without polling its end.
     length: Option<u64>,
     seen: u64,
+    first_byte: Option<Instant>,
     first_content: Option<Instant>,
+    /// A stream's closing `data: [DONE]` went by.
+    done: bool,
+    /// Set by forwarding when the replica's stream broke.
+    broken: Option<StreamBroken>,
     tail: Tail,
     /// The usage event llmlb asked a stream for and kept from the client.
     kept: Option<ReportedUsage>,
@@ -160,18 +179,21 @@ pub struct Scoped {
 impl Scoped {
     pub fn new(
         scope: Scope,
-        entry: Option<Entry>,
+        record: Option<Record>,
         sse: bool,
         length: Option<u64>,
         kept: Option<ReportedUsage>,
     ) -> Scoped {
         Scoped {
             scope,
-            entry,
+            record,
             sse,
             length,
             seen: 0,
+            first_byte: None,
             first_content: None,
+            done: false,
+            broken: None,
             tail: Tail::default(),
             kept,
             usage: None,
@@ -200,51 +222,94 @@ impl Scoped {
         read
     }
 
-    /// Writes the access-log line (and the per-model metrics), once.
-    fn log(&mut self, outcome: &'static str) {
-        if self.entry.is_some() {
+    /// Whether the whole answer was handed on: its declared length, or a
+    /// stream's `data: [DONE]`.
+    fn delivered(&self) -> bool {
+        self.length.is_some_and(|n| self.seen >= n) || self.done
+    }
+
+    /// How the answer ended, `how` its body ended.
+    fn outcome(&self, how: End) -> Outcome {
+        if let Some(fixed) = self.record.as_ref().and_then(Record::refused) {
+            return fixed;
+        }
+        if self.broken.as_ref().is_some_and(StreamBroken::is_set) {
+            return Outcome::StreamError;
+        }
+        match how {
+            End::Complete => Outcome::Complete,
+            End::Failed => Outcome::StreamError,
+            End::Dropped { at_end } if at_end || self.delivered() => Outcome::Complete,
+            End::Dropped { .. } => Outcome::ClientClosedMidstream,
+        }
+    }
+
+    /// Finishes the request's record, once.
+    fn finish(&mut self, how: End) {
+        if self.record.is_some() {
+            let outcome = self.outcome(how);
             let (usage, _) = self.usage();
-            if let Some(entry) = self.entry.take() {
-                entry.finish(outcome, self.first_content, usage);
+            if let Some(record) = self.record.take() {
+                record.finish(Ended {
+                    outcome,
+                    first_byte: self.first_byte,
+                    first_content: self.first_content,
+                    usage,
+                });
             }
         }
     }
 }
 
+/// Whether an SSE frame ends with the stream's closing `data: [DONE]`.
+fn ends_stream(data: &[u8]) -> bool {
+    data.trim_ascii_end().ends_with(b"data: [DONE]")
+}
+
 impl Watch for Scoped {
     fn data(&mut self, data: &Bytes, at_end: bool) {
         self.seen += data.len() as u64;
-        if self.entry.is_none() && self.scope.settlement.is_none() {
+        if self.record.is_none() && self.scope.settlement.is_none() {
             return;
         }
-        if self.first_content.is_none() && !data.is_empty() && (!self.sse || has_content(data)) {
-            self.first_content = Some(Instant::now());
+        if !data.is_empty() {
+            let now = Instant::now();
+            self.first_byte.get_or_insert(now);
+            if self.first_content.is_none() && (!self.sse || has_content(data)) {
+                self.first_content = Some(now);
+            }
+            if self.sse && ends_stream(data) {
+                self.done = true;
+            }
         }
         self.tail.push(data);
-        if at_end || self.length.is_some_and(|n| self.seen >= n) {
-            self.log("complete");
+        if at_end || self.delivered() {
+            self.finish(End::Complete);
         }
     }
 
     /// Releases what the scope holds (the forwarding body has ended or
-    /// gone already), then settles and logs.
+    /// gone already), then settles and finishes the record.
     fn end(&mut self, how: End) {
-        let outcome = match how {
-            End::Complete => "complete",
-            End::Failed => "upstream_error",
-            End::Dropped { at_end } if at_end || self.length.is_some_and(|n| self.seen >= n) => {
-                "complete"
-            }
-            End::Dropped { .. } => "client_closed",
-        };
-        self.scope.version = None;
         self.scope.pending = None;
+        if self.scope.permit.is_some() {
+            // The tenant's fair share is corrected with what the replica
+            // reports before the slot frees.
+            let reported = self.usage().0.and_then(|u| {
+                let prompt = u.prompt_tokens?;
+                let output = u.completion_tokens.unwrap_or(0);
+                Some((prompt, output))
+            });
+            if let (Some((prompt, output)), Some(permit)) = (reported, &mut self.scope.permit) {
+                permit.report_usage(prompt, output);
+            }
+        }
         self.scope.permit = None;
         if let Some(settlement) = self.scope.settlement.take() {
             let (_, total) = self.usage();
             settlement.settle(total);
         }
-        self.log(outcome);
+        self.finish(how);
     }
 }
 
@@ -253,17 +318,16 @@ mod tests {
     use super::*;
     use crate::admission::{Admit, Level, PoolQueue, QueueParams};
     use crate::net::{Guarded, full_body};
-    use crate::routing::RoutingMetrics;
     use crate::server::pending::{Gate, Gates};
     use http_body_util::BodyExt;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
     use std::time::Duration;
 
     /// The items of a scope, and the counters that show them settled.
     struct Fixture {
         gate: Arc<Gate>,
         queue: Arc<PoolQueue>,
-        versions: RoutingMetrics,
+        state: Arc<AppState>,
         /// Queue slots still held when the inner body went.
         held_at_inner_drop: Arc<Mutex<Vec<usize>>>,
     }
@@ -283,13 +347,14 @@ mod tests {
                         ttft_objective: None,
                     }],
                     max_depth: 1,
+                    fair: Default::default(),
                 },
                 Box::new(|| 1),
             );
             Fixture {
                 gate: Gates::build(&config).get("p").unwrap(),
                 queue,
-                versions: RoutingMetrics::new(&prometheus::Registry::new()),
+                state: AppState::new(config),
                 held_at_inner_drop: Arc::default(),
             }
         }
@@ -299,14 +364,6 @@ mod tests {
                 panic!("a free slot");
             };
             let scope = Scope {
-                version: Some(VersionRecord {
-                    metrics: self.versions.clone(),
-                    pool: "p".into(),
-                    version: "v1".into(),
-                    status: 200,
-                    start: Instant::now(),
-                    broken: None,
-                }),
                 pending: Some(self.gate.try_enter().unwrap()),
                 permit: Some(permit),
                 settlement: None,
@@ -319,20 +376,35 @@ mod tests {
                 ),
             );
             let inner = Either::Right(inner.boxed_unsync());
-            Watched::new(inner, Scoped::new(scope, None, true, None, None))
+            let peer = "127.0.0.1:1".parse().unwrap();
+            let id = http::HeaderValue::from_static("r1");
+            let access = AccessStart::new(&http::Request::new(()), peer, &id, Instant::now(), None);
+            let fields = RouteFields {
+                pool: Some("p".into()),
+                ..RouteFields::default()
+            };
+            let record = Record::new(&self.state, access, fields, 200, None, None);
+            Watched::new(inner, Scoped::new(scope, Some(record), true, None, None))
         }
 
-        fn versions_recorded(&self) -> u64 {
-            self.versions
-                .version_requests
-                .with_label_values(&["p", "v1", "200"])
-                .get()
+        /// Requests the record counted, whatever their status label.
+        fn recorded(&self) -> u64 {
+            ["200", "499"]
+                .map(|l| {
+                    self.state
+                        .metrics
+                        .requests
+                        .with_label_values(&["p", "", l])
+                        .get()
+                })
+                .iter()
+                .sum()
         }
 
         fn assert_settled_once(&self) {
             assert_eq!(self.gate.pending(), 0);
             assert_eq!(self.queue.active(), 0);
-            assert_eq!(self.versions_recorded(), 1);
+            assert_eq!(self.recorded(), 1);
         }
     }
 
@@ -351,7 +423,8 @@ mod tests {
         let mut body = f.body();
         assert_eq!((f.gate.pending(), f.queue.active()), (1, 1));
         assert!(body.frame().await.unwrap().is_ok());
-        assert_eq!(f.versions_recorded(), 0, "nothing settles mid-answer");
+        assert_eq!(f.recorded(), 1, "the last byte finishes the record");
+        assert_eq!(f.gate.pending(), 1, "the guards go at the body's end");
         assert!(body.frame().await.is_none());
         f.assert_settled_once();
         drop(body);

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::HeaderValue;
@@ -18,20 +17,19 @@ use super::{ApiError, AppState};
 use crate::admission::Permit;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardRequest, Outbound, ProxyBody, forward, strip_hop_by_hop, strip_private,
+    ForwardRequest, Outbound, Progress, ProxyBody, forward, strip_hop_by_hop, strip_private,
 };
 use crate::pool::{Pool, Resolution};
-use crate::routing::{Decision, RouteInput, VersionRecord};
+use crate::routing::{Decision, RouteInput};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
 /// What every step of one request shares: the process, the client, the
-/// request's id, start and trace.
+/// request's id and trace.
 pub struct RequestCtx<'a> {
     pub state: &'a AppState,
     pub peer: SocketAddr,
     pub request_id: &'a HeaderValue,
-    pub start: Instant,
     pub trace: Option<&'a RequestTrace>,
 }
 
@@ -86,24 +84,25 @@ pub struct Outgoing<'a> {
     pub expose_replica: bool,
 }
 
-/// Forwards under `decision`. A canary version is tagged on the answer and
-/// its outcome recorded (at once for a failure, when the answer ends
-/// otherwise, through the returned record); a successful answer marks the
-/// queue permit served so the queue learns its drain rate from it.
+/// Forwards under `decision`, writing its attempts into `progress` (the
+/// request's record). A canary version is tagged on the answer; a
+/// successful answer marks the queue permit served so the queue learns its
+/// drain rate from it.
 pub async fn send(
     ctx: &RequestCtx<'_>,
     pool: &Arc<Pool>,
     decision: &Decision,
     out: Outgoing<'_>,
     permit: Option<&mut Permit>,
-) -> Result<(Response<ProxyBody>, Option<VersionRecord>), ApiError> {
+    progress: &mut Progress,
+) -> Result<Response<ProxyBody>, ApiError> {
     let Outgoing { parts, body, .. } = out;
     let path_and_query = parts
         .uri
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/");
-    let forwarded = forward(ForwardRequest {
+    let mut resp = forward(ForwardRequest {
         pool,
         method: parts.method.clone(),
         path_and_query,
@@ -118,37 +117,24 @@ pub async fn send(
         route: decision,
         request_id: ctx.request_id,
         client_ip: Some(ctx.peer.ip()),
-        start: ctx.start,
         metrics: &ctx.state.metrics,
         expose_replica: out.expose_replica,
         recent: &ctx.state.recent_dispatches,
         trace: ctx.trace,
+        progress,
     })
-    .await;
-    let resp = match forwarded {
-        Ok(resp) => resp,
-        Err(err) => {
-            let err = ApiError::from(err);
-            if let Some(v) = &decision.version {
-                ctx.state.routing_metrics.record_version(
-                    &pool.name,
-                    v,
-                    err.status().as_u16(),
-                    ctx.start,
-                );
-            }
-            return Err(err);
-        }
-    };
+    .await?;
     // A replica answered: the time this request holds its queue slot
     // teaches the queue its drain rate (failures and refusals do not).
     if let Some(p) = permit.filter(|_| resp.status().is_success()) {
         p.served();
     }
-    Ok(match &decision.version {
-        Some(v) => tag_version(resp, ctx, &pool.name, v),
-        None => (resp, None),
-    })
+    if let Some(v) = &decision.version
+        && let Ok(v) = HeaderValue::from_str(v)
+    {
+        resp.headers_mut().insert("x-llmlb-version", v);
+    }
+    Ok(resp)
 }
 
 /// The client's headers as the replica gets them: hop-by-hop headers and
@@ -158,29 +144,4 @@ fn upstream_headers(mut headers: HeaderMap, strip_key: bool, pool: &Pool) -> Hea
     strip_hop_by_hop(&mut headers);
     strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
     headers
-}
-
-/// Tags the response with its canary version; the record it returns notes
-/// the version's outcome when the answer ends.
-fn tag_version(
-    mut resp: Response<ProxyBody>,
-    ctx: &RequestCtx<'_>,
-    pool: &str,
-    version: &Arc<str>,
-) -> (Response<ProxyBody>, Option<VersionRecord>) {
-    let record = VersionRecord {
-        metrics: ctx.state.routing_metrics.clone(),
-        pool: pool.to_string(),
-        version: Arc::clone(version),
-        status: resp.status().as_u16(),
-        start: ctx.start,
-        broken: resp
-            .extensions()
-            .get::<crate::routing::StreamBroken>()
-            .cloned(),
-    };
-    if let Ok(v) = HeaderValue::from_str(version) {
-        resp.headers_mut().insert("x-llmlb-version", v);
-    }
-    (resp, Some(record))
 }

@@ -50,6 +50,9 @@ impl From<AdmitError> for ApiError {
     fn from(e: AdmitError) -> ApiError {
         match e {
             AdmitError::QueueFull { retry_after } => ApiError::QueueFull { retry_after },
+            AdmitError::TenantQueueFull { retry_after } => {
+                ApiError::TenantQueueFull { retry_after }
+            }
             AdmitError::OverObjective {
                 estimated,
                 retry_after,

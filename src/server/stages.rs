@@ -6,6 +6,7 @@
 //! Each step returns what the next one needs or the error the client gets;
 //! none of them writes the response.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -17,8 +18,8 @@ use super::pending::PendingGuard;
 use super::prompt_tokens::PromptTokens;
 use super::request::{RequestMeta, content_length};
 use super::{ApiError, AppState, surface};
-use crate::admission::Permit;
 use crate::admission::estimate::Placement;
+use crate::admission::{Claim, Permit};
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
@@ -54,7 +55,10 @@ pub async fn answer_locally(
         }
         return Some(match *req.method() {
             Method::GET => Ok(models(state).await),
-            ref m => Err(ApiError::MethodNotAllowed(m.to_string())),
+            ref m => Err(ApiError::MethodNotAllowed {
+                method: m.to_string(),
+                allow: "GET",
+            }),
         });
     }
     if !surface::is_model_routed(path) {
@@ -64,7 +68,10 @@ pub async fn answer_locally(
         }));
     }
     if req.method() != Method::POST {
-        return Some(Err(ApiError::MethodNotAllowed(req.method().to_string())));
+        return Some(Err(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allow: "POST",
+        }));
     }
     if state.closing.load(std::sync::atomic::Ordering::Relaxed) {
         return Some(Err(ApiError::ShuttingDown));
@@ -95,6 +102,7 @@ pub fn shed_before_body(
     topology: &Topology,
     tier: Option<&str>,
     caller: &Caller,
+    tenant: &str,
 ) -> Result<Option<(String, PendingGuard)>, ApiError> {
     let Some(pool) = topology.pool_before_body(tier) else {
         return Ok(None);
@@ -108,7 +116,7 @@ pub fn shed_before_body(
         early = Some((pool.name.clone(), guard));
     }
     if let Some(admission) = &pool.admission {
-        admission.check(caller.level)?;
+        admission.check(caller.level, tenant)?;
     }
     Ok(early)
 }
@@ -261,25 +269,34 @@ pub async fn charge<'c>(
     Ok(Charge::new(caller, tokens))
 }
 
-/// Waits in the pool's queue, when it has one (a `llmlb.queue` span). A
-/// level with a `ttft_objective` is given the request's predicted time to
-/// first token on its best replica (`routing::placement_ttft`).
+/// Waits in the pool's queue, when it has one (a `llmlb.queue` span), as
+/// `tenant`'s request of `estimate`'s size. A level with a
+/// `ttft_objective` is given the request's predicted time to first token
+/// on its best replica (`routing::placement_ttft`).
 pub async fn admit(
     pool: &Pool,
     caller: &Caller,
-    prompt_tokens: u32,
+    tenant: Arc<str>,
+    estimate: &Estimate,
     trace: Option<&RequestTrace>,
 ) -> Result<Option<Permit>, ApiError> {
     let Some(admission) = &pool.admission else {
         return Ok(None);
     };
+    let prompt_tokens = u64::from(estimate.prompt_tokens);
     let placement = if admission.has_deadline(caller.level) {
-        placement_ttft(pool, u64::from(prompt_tokens), now_millis())
+        placement_ttft(pool, prompt_tokens, now_millis())
     } else {
         Placement::default()
     };
+    let claim = Claim {
+        level: caller.level,
+        tenant,
+        prompt_tokens,
+        output_tokens: estimate.total.saturating_sub(prompt_tokens),
+    };
     let _queued = trace.map(|t| t.stage("llmlb.queue"));
-    Ok(Some(admission.acquire(caller.level, placement).await?))
+    Ok(Some(admission.acquire(claim, placement).await?))
 }
 
 /// After a queue wait, the same pool with the replicas in force now (a

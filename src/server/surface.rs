@@ -52,7 +52,10 @@ pub fn local_answer<B>(
     }
     if path == "/health" {
         if !get {
-            return Some(Err(ApiError::MethodNotAllowed(req.method().to_string())));
+            return Some(Err(ApiError::MethodNotAllowed {
+                method: req.method().to_string(),
+                allow: "GET, HEAD",
+            }));
         }
         return Some(Ok(if state.is_ready() {
             Response::new(full_body(String::new()))
@@ -65,9 +68,16 @@ pub fn local_answer<B>(
             )
         }));
     }
-    let id = path.strip_prefix("/v1/models/")?;
+    let raw = path.strip_prefix("/v1/models/")?;
+    // Model ids hold slashes (`meta-llama/Llama-3.1-8B-Instruct`); a client
+    // library escapes them in the path (`%2F`), so the id is decoded.
+    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8();
+    let id = decoded.as_deref().unwrap_or(raw);
     if !get {
-        return Some(Err(ApiError::MethodNotAllowed(req.method().to_string())));
+        return Some(Err(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allow: "GET, HEAD",
+        }));
     }
     let topology = state.topology();
     Some(

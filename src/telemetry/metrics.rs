@@ -14,17 +14,17 @@ const LATENCY_BUCKETS: &[f64] = &[
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Finished requests by pool, replica and HTTP status.
+    /// Finished requests by pool, replica and status label (every request).
     pub requests: IntCounterVec,
     /// Time from request arrival to the end of the response body.
     pub request_duration: HistogramVec,
-    /// Time from request arrival to the first response body byte from the replica.
+    /// Time from request arrival to the first body byte of a replica's answer.
     pub time_to_first_byte: HistogramVec,
     /// Requests in flight per replica.
     pub in_flight: IntGaugeVec,
     /// Failures talking to a replica, by kind (`connect`, `timeout`, `stream`, ...).
     pub upstream_errors: IntCounterVec,
-    /// Attempts repeated on another replica.
+    /// Re-sends to another replica.
     pub retries: IntCounterVec,
     /// Requests answered by llmlb itself with an error, by reason.
     pub rejections: IntCounterVec,
@@ -51,18 +51,18 @@ impl Metrics {
         let family = Family::new(&registry);
         let requests = family.counter(
             "llmlb_requests_total",
-            "Requests finished, by pool, replica and status.",
+            "Requests finished, by pool, replica and status: every request once (replica empty when none was tried, pool empty before one was known; status stream_error for a broken stream, 499 for a client that left).",
             &["pool", "replica", "status"],
         );
         let request_duration = family.histogram(
             "llmlb_request_duration_seconds",
-            "End-to-end request latency seen by llmlb, to the last response byte.",
+            "End-to-end request latency seen by llmlb, to the last response byte (every request).",
             &["pool"],
             LATENCY_BUCKETS,
         );
         let time_to_first_byte = family.histogram(
             "llmlb_time_to_first_byte_seconds",
-            "Time from request arrival to the first response body byte from the replica.",
+            "Time from request arrival to the first body byte of a replica's answer (every answer a replica sent a byte of, streamed or not).",
             &["pool"],
             LATENCY_BUCKETS,
         );
@@ -78,7 +78,7 @@ impl Metrics {
         );
         let retries = family.counter(
             "llmlb_retries_total",
-            "Attempts repeated on another replica.",
+            "Re-sends to another replica after a connection could not be made (each re-send once).",
             &["pool"],
         );
         let rejections = family.counter(

@@ -45,28 +45,18 @@ impl ReplicaSeries {
 
     /// Counts a finished request by its status label (`200`, `499`,
     /// `stream_error`, ...).
-    pub fn finished(&self, status: u16, label: Option<&str>) {
-        match label {
-            None if status == 200 => self
-                .ok
+    pub fn finished(&self, label: &str) {
+        if label == "200" {
+            self.ok
                 .get_or_init(|| {
                     self.requests
                         .with_label_values(&[&*self.pool, &self.replica, "200"])
                 })
-                .inc(),
-            _ => {
-                let text;
-                let label = match label {
-                    Some(l) => l,
-                    None => {
-                        text = status.to_string();
-                        &text
-                    }
-                };
-                self.requests
-                    .with_label_values(&[&*self.pool, &self.replica, label])
-                    .inc();
-            }
+                .inc();
+        } else {
+            self.requests
+                .with_label_values(&[&*self.pool, &self.replica, label])
+                .inc();
         }
     }
 

@@ -160,15 +160,16 @@ impl RequestTrace {
             .set_attribute(KeyValue::new(key, value.into()));
     }
 
-    /// Ends the request's span with its final status and outcome.
-    pub fn end(self, status: u16, outcome: &'static str) {
+    /// Ends the request's span with its final status and outcome; `error`
+    /// sets the span's status to an error named by the outcome.
+    pub fn end(self, status: u16, outcome: &'static str, error: bool) {
         let span = self.cx.span();
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
         ));
         span.set_attribute(KeyValue::new("llmlb.outcome", outcome));
-        if status >= 500 || outcome != "complete" {
+        if error {
             span.set_status(Status::error(outcome));
         }
         span.end();

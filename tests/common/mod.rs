@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
 
 mod client;
+mod collector;
 mod metrics;
 mod process;
 mod proxy;
@@ -35,6 +36,8 @@ mod wait;
 // Each test uses part of the support; the rest is unused there.
 #[allow(unused_imports)]
 pub use client::*;
+#[allow(unused_imports)]
+pub use collector::*;
 #[allow(unused_imports)]
 pub use metrics::*;
 #[allow(unused_imports)]

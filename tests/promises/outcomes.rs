@@ -1,6 +1,7 @@
-//! Every request ends in exactly one outcome, counted once: answered
-//! (`llmlb_requests_total` by status), refused (`llmlb_rejections_total`),
-//! or closed by the client (`llmlb_requests_total{status="499"}`).
+//! Every request ends in exactly one outcome, counted once in
+//! `llmlb_requests_total`: answered (by status), refused (by status, and
+//! by reason in `llmlb_rejections_total`), or closed by the client
+//! (`status="499"`).
 
 use std::time::Duration;
 
@@ -44,8 +45,8 @@ async fn finished_json_answers_count_as_200_not_499() {
 }
 
 /// N requests into an overloaded pool (one slot, a short queue), a seeded
-/// share of whose clients give up at a random moment: llmlb's own counters
-/// add up to N.
+/// share of whose clients give up at a random moment: llmlb's request
+/// counter adds up to N.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() {
     const N: usize = 60;
@@ -104,8 +105,7 @@ async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() 
     let mut text = String::new();
     for _ in 0..500 {
         text = metrics_text(lb.admin_addr).await;
-        counted = metric_value(&text, "llmlb_requests_total", &[])
-            + metric_value(&text, "llmlb_rejections_total", &[]);
+        counted = metric_value(&text, "llmlb_requests_total", &[]);
         if counted >= N as f64 {
             break;
         }
@@ -120,6 +120,11 @@ async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() 
     assert_eq!(
         counted, N as f64,
         "answered + refused + client-closed = N: {lines:#?}"
+    );
+    assert_eq!(
+        metric_value(&text, "llmlb_rejections_total", &[]),
+        total(&text, "429"),
+        "each refusal (a full queue: 429) has its reason: {lines:#?}"
     );
     let text = metrics_text(lb.admin_addr).await;
     assert!(total(&text, "499") >= 1.0, "some clients left: {text}");
@@ -177,4 +182,87 @@ async fn a_client_leaving_the_queue_is_counted_and_refunded() {
     until("third dispatched", || up.requests() == 2).await;
     up.release_one();
     assert_eq!(third.await.unwrap().0, 200);
+}
+
+/// llmlb in front of one `fast` simulated replica.
+async fn behind_sim() -> (llmlb::replica_sim::SimHandle, llmlb::daemon::Running) {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let lb = start_llmlb(&format!(
+        "[[pools]]\nname = \"llama\"\nmodels = [\"llmlb-sim\"]\n\
+         [[pools.replicas]]\nurl = \"http://{}\"\n",
+        sim.addr
+    ))
+    .await;
+    (sim, lb)
+}
+
+/// Every answer from a replica has a first byte, streamed or not (a JSON
+/// answer's only frame is also its last).
+#[tokio::test]
+async fn every_answer_counts_its_first_byte() {
+    let (_sim, lb) = behind_sim().await;
+    for stream in [false, false, false, true, true] {
+        let body = format!(
+            r#"{{"model":"llmlb-sim","messages":[{{"role":"user","content":"hi"}}],"max_tokens":3,"stream":{stream}}}"#
+        );
+        let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", &body)).await;
+        assert_eq!(status, 200);
+    }
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = metrics_text(lb.admin_addr).await;
+        if total(&text, "200") >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(total(&text, "200"), 5.0, "{text}");
+    let count = |name: &str| sample(&text, &format!("{name}{{pool=\"llama\"}}"));
+    assert_eq!(
+        count("llmlb_time_to_first_byte_seconds_count"),
+        5.0,
+        "{text}"
+    );
+    assert_eq!(count("llmlb_request_duration_seconds_count"), 5.0, "{text}");
+}
+
+/// A client that closes its connection as soon as `data: [DONE]` arrives
+/// got the whole stream: counted 200, not 499, even though the replica's
+/// last (empty) chunk had not come yet.
+#[tokio::test]
+async fn a_stream_closed_by_the_client_at_done_is_complete() {
+    let (_sim, lb) = behind_sim().await;
+    let mut conn = Conn::open(lb.addr).await;
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "llmlb.test")
+        .header("content-type", "application/json")
+        // The replica waits 150 ms before each frame and before its end.
+        .header("x-sim-fault", "slow=150")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            r#"{"model":"llmlb-sim","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}"#,
+        )))
+        .unwrap();
+    let resp = conn.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    while !seen.ends_with(b"data: [DONE]\n\n") {
+        let frame = http_body_util::BodyExt::frame(&mut body)
+            .await
+            .expect("the stream goes on to [DONE]")
+            .unwrap();
+        seen.extend_from_slice(&frame.into_data().unwrap_or_default());
+    }
+    drop(body);
+    conn.close();
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = metrics_text(lb.admin_addr).await;
+        if total(&text, "200") + total(&text, "499") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(total(&text, "200"), 1.0, "{text}");
+    assert_eq!(total(&text, "499"), 0.0, "{text}");
 }

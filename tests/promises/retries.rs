@@ -66,3 +66,35 @@ fn the_upstream_idle_timeout_is_shorter_than_uvicorns_keep_alive() {
         std::time::Duration::from_millis(1500)
     );
 }
+
+/// Three replicas that refuse connections, five retries allowed: the
+/// request goes to each once (two re-sends), then fails. The counter says
+/// two: a retry counts when another replica takes it, not when one is
+/// looked for.
+#[tokio::test]
+async fn the_retry_counter_counts_re_sends_not_searches() {
+    let dead: Vec<String> = futures_util::future::join_all((0..3).map(|_| refused_addr()))
+        .await
+        .into_iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let lb = start_llmlb(&one_pool(
+        "round_robin",
+        &[(&dead[0], 1), (&dead[1], 1), (&dead[2], 1)],
+        "retries = 5\n[pools.health]\nenabled = false",
+    ))
+    .await;
+    let (status, _, body) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(&body));
+    let text = metrics_text(lb.admin_addr).await;
+    assert_eq!(
+        metric_value(&text, "llmlb_upstream_errors_total", &[("kind", "connect")]),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "llmlb_retries_total", &[]),
+        2.0,
+        "{text}"
+    );
+}

@@ -11,6 +11,7 @@ impl PoolQueue {
     /// Whether a config with `params` can keep using this queue on reload.
     pub fn same_params(&self, params: &QueueParams) -> bool {
         self.params.max_depth == params.max_depth
+            && self.params.fair == params.fair
             && self.params.levels.len() == params.levels.len()
             && self.params.levels.iter().zip(&params.levels).all(|(a, b)| {
                 a.name == b.name
@@ -32,7 +33,7 @@ impl PoolQueue {
             drop(old);
             return next.replace(params, capacity);
         }
-        let next = PoolQueue::new(params, capacity);
+        let next = PoolQueue::counting_from(params, capacity, self.origin);
         {
             let mut inner = next.lock();
             inner.active = old.active;
@@ -41,7 +42,7 @@ impl PoolQueue {
             inner.drain = old.drain.clone();
             let top = inner.waiting.len() - 1;
             for (level, q) in old.waiting.iter_mut().enumerate() {
-                inner.waiting[level.min(top)].extend(q.drain(..));
+                inner.waiting[level.min(top)].absorb(std::mem::take(q));
             }
         }
         old.active = 0;

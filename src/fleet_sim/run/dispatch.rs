@@ -1,8 +1,14 @@
 //! Sending a request to a replica: the forwarder's choice, refused
 //! connections and retries, hung replicas, and the wait for a free slot
 //! (`max_inflight`) with its deadline, waiters served by priority level
-//! (with aging) and oldest first within one.
+//! (with aging) and within one by the pool queue's fair share among
+//! tenants ([`crate::admission::fair`], the structure `serve`'s queue
+//! keeps), charged with each request's prompt at dispatch and its output
+//! when the proxy sees its end.
 
+use crate::admission::Level;
+use crate::admission::fair::{Entry, FairLevel};
+use crate::admission::refusal::next_level;
 use crate::fleet_sim::clock::{Event, millis};
 use crate::fleet_sim::fleet::State;
 use crate::pool::{Choice, Failure};
@@ -15,14 +21,15 @@ use super::{Live, Sim, Waiter};
 impl Sim<'_> {
     /// Sends request `i` (its prompt in `self.prompt`) to the replica the
     /// forwarder's choice names, retrying refused connections up to the
-    /// pool's `retries`, or parks it until a slot frees.
+    /// pool's `retries`; or returns it, to wait until a slot frees.
+    #[must_use]
     pub(super) fn dispatch(
         &mut self,
         i: usize,
         decision: Decision,
         mut tried: Vec<ReplicaId>,
         now: f64,
-    ) {
+    ) -> Option<Waiter> {
         let r = &self.spec.workload.requests[i];
         let now_ms = millis(now);
         let retries = self.decider.pool().retries as usize;
@@ -41,17 +48,22 @@ impl Sim<'_> {
                         self.queue
                             .push(now + timeout, Event::SlotDeadline(i as u32));
                     }
-                    self.waiting.push_back(Waiter {
+                    return Some(Waiter {
                         index: i,
-                        level: self.level(i),
-                        since: r.at,
                         decision,
                         tried,
                     });
-                    return;
                 }
-                Choice::NoReplica(_) if tried.is_empty() => return self.out.no_replica += 1,
-                Choice::NoReplica(_) => return self.out.upstream += 1,
+                Choice::NoReplica(_) if tried.is_empty() => {
+                    self.out.no_replica += 1;
+                    self.finished(i, now);
+                    return None;
+                }
+                Choice::NoReplica(_) => {
+                    self.out.upstream += 1;
+                    self.finished(i, now);
+                    return None;
+                }
             };
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
             let expected = decision.dispatched(&replica);
@@ -69,7 +81,9 @@ impl Sim<'_> {
                         now_ms,
                     );
                     if tried.len() > retries {
-                        return self.out.upstream += 1;
+                        self.out.upstream += 1;
+                        self.finished(i, now);
+                        return None;
                     }
                 }
                 State::Hung => {
@@ -77,7 +91,7 @@ impl Sim<'_> {
                     self.live[i].expected = expected;
                     let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
                     self.queue.push(now + wait, Event::Timeout(i as u32));
-                    return;
+                    return None;
                 }
                 State::Up => {
                     self.open_request(i, at, guard, now);
@@ -89,7 +103,7 @@ impl Sim<'_> {
                     } else {
                         self.enter(i, now);
                     }
-                    return;
+                    return None;
                 }
             }
         }
@@ -130,8 +144,25 @@ impl Sim<'_> {
             if let Some(q) = &mut self.pool_queue {
                 q.served(now - self.live[i].dispatched_at);
             }
-            self.close(i);
+            self.close_as(i, true);
         }
+    }
+
+    /// Parks request `i`, a newcomer, until a slot frees (its tenant
+    /// starts waiting, or waits for one more).
+    pub(super) fn park(&mut self, waiter: Waiter) {
+        let i = waiter.index;
+        let (level, tenant) = (self.level(i), self.tenant(i));
+        let weight = self.weight(&tenant);
+        let since = self.arrived_at[i];
+        self.waiting[level].push(&tenant, weight, since, waiter);
+    }
+
+    /// Tenant `tenant`'s fair-share weight.
+    fn weight(&self, tenant: &str) -> f64 {
+        self.pool_queue
+            .as_ref()
+            .map_or(1.0, |q| q.fairness().weight(tenant))
     }
 
     pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
@@ -148,13 +179,25 @@ impl Sim<'_> {
             done: false,
         };
         self.open += 1;
-        let level = self.level(i);
+        let (level, tenant) = (self.level(i), self.tenant(i));
+        let weight = self.weight(&tenant);
         if let Some(q) = &mut self.pool_queue {
             q.granted(i, level, now);
+            let prompt =
+                q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
+            self.waiting[level].started(&tenant, weight, prompt);
         }
     }
 
+    /// Request `i` ended without an answer (failed, timed out, refused by
+    /// its replica).
     pub(super) fn close(&mut self, i: usize) {
+        self.close_as(i, false);
+    }
+
+    /// Request `i` frees its slot; its tenant is charged its output when a
+    /// replica answered it, else refunded its prompt.
+    fn close_as(&mut self, i: usize, served: bool) {
         let l = &mut self.live[i];
         if l.open {
             l.open = false;
@@ -162,45 +205,79 @@ impl Sim<'_> {
             l.expected = None;
             self.open -= 1;
             self.slot_freed = true;
+            let (level, tenant) = (self.level(i), self.tenant(i));
+            let weight = self.weight(&tenant);
+            let r = &self.spec.workload.requests[i];
             if let Some(q) = &mut self.pool_queue {
                 q.released(i);
+                let charge = if served {
+                    f64::from(r.output)
+                } else {
+                    -q.fairness().prompt_weight * f64::from(r.input)
+                };
+                self.waiting[level].ended(&tenant, weight, charge);
             }
+            let now = self.queue.now();
+            self.finished(i, now);
         }
     }
 
     /// After a slot freed: every waiter tries again in the order `serve`'s
-    /// queue grants slots (highest effective level first, after aging, then
-    /// oldest first); those still without a slot keep their place.
+    /// queue grants slots (the level whose oldest waiter has the highest
+    /// effective level after aging, then the level's fair share among
+    /// tenants); those still without a slot keep their place.
     pub(super) fn retry_waiting(&mut self, now: f64) {
-        if let (Some(q), Some(_)) = (&self.pool_queue, self.spec.tiers) {
-            let mut order: Vec<Waiter> = self.waiting.drain(..).collect();
-            order.sort_by(|a, b| {
-                let rank = |w: &Waiter| q.effective_level(w.level, now - w.since);
-                rank(a)
-                    .cmp(&rank(b))
-                    .then(a.since.total_cmp(&b.since))
-                    .then(a.index.cmp(&b.index))
-            });
-            self.waiting.extend(order);
-        }
-        for _ in 0..self.waiting.len() {
-            let Some(w) = self.waiting.pop_front() else {
+        let fair = self
+            .pool_queue
+            .as_ref()
+            .is_some_and(|q| q.fairness().enabled);
+        let levels: Vec<Level> = self
+            .pool_queue
+            .as_ref()
+            .map_or_else(Vec::new, |q| q.level_settings().to_vec());
+        let mut kept = Vec::new();
+        loop {
+            let fronts = self.waiting.iter().map(FairLevel::oldest);
+            let Some(level) = next_level(&levels, fronts, now) else {
                 break;
             };
+            let Some((tenant, weight, entry)) = self.waiting[level].pop(fair) else {
+                break;
+            };
+            let Entry {
+                seq,
+                since,
+                item: w,
+            } = entry;
             let r = &self.spec.workload.requests[w.index];
             self.spec.workload.fill_prompt(r, &mut self.prompt);
-            self.dispatch(w.index, w.decision, w.tried, now);
+            if let Some(w) = self.dispatch(w.index, w.decision, w.tried, now) {
+                kept.push((
+                    level,
+                    tenant,
+                    weight,
+                    Entry {
+                        seq,
+                        since,
+                        item: w,
+                    },
+                ));
+            }
+        }
+        for (level, tenant, weight, entry) in kept {
+            self.waiting[level].restore(&tenant, weight, entry);
         }
     }
 
     /// A waiter's deadline: still without a slot, it gets `serve`'s 503
     /// (false: it got one before).
     pub(super) fn slot_deadline(&mut self, i: usize) -> bool {
-        let Some(pos) = self.waiting.iter().position(|w| w.index == i) else {
-            return false;
-        };
-        self.waiting.remove(pos);
-        self.out.slot_timeout += 1;
-        true
+        let gone = (self.waiting.iter_mut()).any(|l| l.remove(|w| w.index == i).is_some());
+        if gone {
+            self.out.slot_timeout += 1;
+            let now = self.queue.now();
+            self.finished(i, now);
+        }
+        gone
     }
 }

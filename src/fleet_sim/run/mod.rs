@@ -34,10 +34,11 @@ mod dispatch;
 mod outages;
 mod steps;
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admission::estimate::Placement;
+use crate::admission::fair::FairLevel;
 use crate::admission::refusal::Standing;
 use crate::config::Config;
 use crate::pool::{placement_ttft, queue_capacity};
@@ -53,6 +54,8 @@ use super::fleet::{self, Slot};
 use super::pool_queue::QueueModel;
 use super::report::{Outcomes, RunResult};
 use super::stats::LogHistogram;
+use super::tenant_report::TenantResult;
+use super::tenants::Tenants;
 use super::tier_report::{TierCounts, TierResult};
 use super::tiers::{Tiers, default_level};
 use super::workload::{SimWorkload, Source};
@@ -106,6 +109,8 @@ pub struct RunSpec<'a> {
     /// Each request's priority tier (`None`: every request at the level of
     /// a caller naming no tier).
     pub tiers: Option<&'a Tiers>,
+    /// Each request's tenant (`None`: no tenant named).
+    pub tenants: Option<&'a Tenants>,
 }
 
 struct Sim<'a> {
@@ -121,8 +126,8 @@ struct Sim<'a> {
     open: usize,
     arrived: usize,
     prompt: Vec<u32>,
-    /// Requests waiting for a free slot, oldest first.
-    waiting: VecDeque<Waiter>,
+    /// Requests waiting for a free slot, per priority level, by tenant.
+    waiting: Vec<FairLevel<Waiter>>,
     /// A slot was freed by the last event: the waiters try again.
     slot_freed: bool,
     /// The pool queue, when its replicas have a `max_inflight`.
@@ -131,16 +136,22 @@ struct Sim<'a> {
     default_level: usize,
     /// Per tier of `spec.tiers`.
     tier_counts: Vec<TierCounts>,
+    /// Per tenant of `spec.tenants`, and its output tokens.
+    tenant_counts: Vec<(TierCounts, u64)>,
+    /// Per request, its tenant's index (closed loop: dealt as streams send).
+    tenant_of: Vec<u16>,
+    /// Per request, when it arrived (seconds).
+    arrived_at: Vec<f64>,
+    /// Closed loop: each request's end was seen by its stream.
+    ended: Vec<bool>,
+    /// Closed loop: the next request a stream sends.
+    next_send: usize,
 }
 
 /// A request waiting, as `serve`'s forwarder waits, for one of the replicas
 /// it may use to end a request.
 struct Waiter {
     index: usize,
-    /// Its priority level.
-    level: usize,
-    /// When it arrived (seconds).
-    since: f64,
     decision: Decision,
     tried: Vec<ReplicaId>,
 }
@@ -170,13 +181,27 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         open: 0,
         arrived: 0,
         prompt: Vec::new(),
-        waiting: VecDeque::new(),
+        waiting: Vec::new(),
         slot_freed: false,
         pool_queue: None,
         default_level: default_level(spec.config),
         tier_counts: vec![TierCounts::default(); spec.tiers.map_or(0, |t| t.tiers.len())],
+        tenant_counts: vec![Default::default(); spec.tenants.map_or(0, |t| t.tenants.len())],
+        tenant_of: spec.tenants.map_or_else(Vec::new, |t| t.of_request.clone()),
+        arrived_at: spec.workload.requests.iter().map(|r| r.at).collect(),
+        ended: vec![false; requests],
+        next_send: 0,
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
+    let levels = sim.pool_queue.as_ref().map_or(1, |q| q.levels()).max(1);
+    sim.waiting = (0..levels).map(|_| FairLevel::default()).collect();
+    if let (Some(q), Some(t)) = (&mut sim.pool_queue, spec.tenants) {
+        for tenant in &t.tenants {
+            if let Some(w) = tenant.weight {
+                q.set_weight(&tenant.name, w);
+            }
+        }
+    }
     // `exact` mode: each replica's KV events feed the router's record.
     let pool = std::sync::Arc::clone(sim.decider.pool());
     for (id, _, held) in pool.router.kv_subscriptions() {
@@ -184,8 +209,17 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             sim.slots[at].publish_to(held);
         }
     }
-    sim.queue
-        .push(spec.workload.requests[0].at, Event::Arrival(0));
+    if sim.closed_loop() {
+        let streams = spec.tenants.map_or(0, Tenants::total_streams).min(requests);
+        for k in 0..streams {
+            sim.arrived_at[k] = 0.0;
+            sim.queue.push(0.0, Event::Arrival(k as u32));
+        }
+        sim.next_send = streams;
+    } else {
+        sim.queue
+            .push(spec.workload.requests[0].at, Event::Arrival(0));
+    }
     if sim.decider.pool().scrape.is_some() {
         sim.queue.push(0.0, Event::Scrape);
     }
@@ -231,7 +265,7 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         if acted {
             last = now;
         }
-        if std::mem::take(&mut sim.slot_freed) && !sim.waiting.is_empty() {
+        if std::mem::take(&mut sim.slot_freed) && sim.waiting.iter().any(|l| !l.is_empty()) {
             sim.retry_waiting(now);
         }
     }
@@ -268,9 +302,15 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         started.elapsed().as_secs_f64(),
     );
     result.tiers = tiers;
+    if let Some(t) = spec.tenants {
+        result.tenants = (t.tenants.iter())
+            .zip(std::mem::take(&mut sim.tenant_counts))
+            .map(|(tenant, (counts, tokens))| TenantResult::new(tenant, counts, tokens, end))
+            .collect();
+    }
     let half = spec.network_delay / 2.0;
-    result.per_request = (sim.live.iter().zip(&spec.workload.requests))
-        .map(|(l, r)| (l.first.map(|t| t + half - r.at), l.replica))
+    result.per_request = (sim.live.iter().zip(sim.arrived_at.iter().copied()))
+        .map(|(l, at)| (l.first.map(|t| t + half - at), l.replica))
         .collect();
     Ok(result)
 }
@@ -288,7 +328,7 @@ impl Sim<'_> {
     fn arrive(&mut self, i: usize, now: f64) {
         let w = self.spec.workload;
         self.arrived += 1;
-        if let Some(next) = w.requests.get(i + 1) {
+        if let Some(next) = w.requests.get(i + 1).filter(|_| !self.closed_loop()) {
             self.queue.push(next.at, Event::Arrival(i as u32 + 1));
         }
         let r = &w.requests[i];
@@ -297,11 +337,19 @@ impl Sim<'_> {
         if let Some(t) = tier {
             self.tier_counts[t].requests += 1;
         }
+        let tenant = self.spec.tenants.map(|_| usize::from(self.tenant_of[i]));
+        if let Some(t) = tenant {
+            self.tenant_counts[t].0.requests += 1;
+        }
         if self.refused(i, now) {
             self.out.rejected_429 += 1;
             if let Some(t) = tier {
                 self.tier_counts[t].rejected_429 += 1;
             }
+            if let Some(t) = tenant {
+                self.tenant_counts[t].0.rejected_429 += 1;
+            }
+            self.finished(i, now);
             return;
         }
         w.fill_prompt(r, &mut self.prompt);
@@ -314,17 +362,50 @@ impl Sim<'_> {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;
+                self.finished(i, now);
                 return;
             }
         };
-        self.dispatch(i, decision, Vec::new(), now);
+        if let Some(waiter) = self.dispatch(i, decision, Vec::new(), now) {
+            self.park(waiter);
+        }
     }
 
     /// The priority level of request `i`.
     fn level(&self, i: usize) -> usize {
-        self.spec
+        let level = self
+            .spec
             .tiers
-            .map_or(self.default_level, |t| t.of(i).level)
+            .map_or(self.default_level, |t| t.of(i).level);
+        level.min(self.waiting.len().saturating_sub(1))
+    }
+
+    /// The tenant of request `i` (empty: none).
+    fn tenant(&self, i: usize) -> Arc<str> {
+        self.spec.tenants.map_or_else(
+            || Arc::from(""),
+            |t| Arc::clone(&t.tenants[usize::from(self.tenant_of[i])].name),
+        )
+    }
+
+    /// Whether tenants send in closed loops (`--tenants NAME=streams:N`).
+    fn closed_loop(&self) -> bool {
+        self.spec.tenants.is_some_and(|t| !t.streams.is_empty())
+    }
+
+    /// Request `i` ended as its client sees it (answered, failed or
+    /// refused): in a closed loop its stream sends the next request now.
+    fn finished(&mut self, i: usize, now: f64) {
+        if !self.closed_loop() || std::mem::replace(&mut self.ended[i], true) {
+            return;
+        }
+        let j = self.next_send;
+        if j < self.live.len() {
+            self.next_send += 1;
+            self.tenant_of[j] = self.tenant_of[i];
+            self.arrived_at[j] = now;
+            self.queue.push(now, Event::Arrival(j as u32));
+        }
     }
 
     /// The pool queue's admission test for arrival `i`, as `serve`'s queue
@@ -338,13 +419,14 @@ impl Sim<'_> {
         let now_ms = millis(now);
         let pool = self.decider.pool();
         let capacity = queue_capacity(&pool.replicas, now_ms);
-        let last = q.levels().saturating_sub(1);
-        let mut depths = vec![0; last + 1];
-        let mut promoted = 0;
-        for w in &self.waiting {
-            depths[w.level.min(last)] += 1;
-            promoted += usize::from(q.lifted_ahead(level, w.level, now - w.since));
-        }
+        let depths: Vec<usize> = self.waiting.iter().map(FairLevel::len).collect();
+        let promoted = (self.waiting.iter().enumerate())
+            .skip(level + 1)
+            .map(|(l, w)| w.count_prefix(|since| q.lifted_ahead(level, l, now - since)))
+            .sum();
+        let tenant = self.tenant(i);
+        let fair = q.fairness();
+        let at_level = &self.waiting[level];
         let placement = if q.has_deadline(level) {
             let prompt = u64::from(self.spec.workload.requests[i].input);
             placement_ttft(pool, prompt, now_ms)
@@ -354,9 +436,12 @@ impl Sim<'_> {
         let standing = Standing {
             level,
             depths: &depths,
+            level_ahead: at_level.ahead(fair.enabled, &tenant, fair.weight(&tenant)),
+            tenant_depth: at_level.depth(&tenant),
+            tenant_max_depth: fair.max_depth(&tenant),
             promoted,
             capacity,
-            free: self.waiting.is_empty() && self.open < capacity,
+            free: depths.iter().all(|&d| d == 0) && self.open < capacity,
             placement,
         };
         q.refusal(standing, now).is_some()

@@ -44,7 +44,6 @@ impl Sim<'_> {
     }
 
     pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
-        let arrivals = &self.spec.workload.requests;
         // Tokens reach the client, and the proxy sees the end, this long
         // after the step.
         let out_delay = self.half_delay();
@@ -56,10 +55,16 @@ impl Sim<'_> {
             match l.first {
                 None => {
                     l.first = Some(now);
-                    let ttft = now + out_delay - arrivals[i].at;
+                    let ttft = now + out_delay - self.arrived_at[i];
                     self.ttft.push(ttft);
                     if let Some(tiers) = self.spec.tiers {
                         self.tier_counts[usize::from(tiers.of_request[i])]
+                            .ttft
+                            .push(ttft);
+                    }
+                    if self.spec.tenants.is_some() {
+                        self.tenant_counts[usize::from(self.tenant_of[i])]
+                            .0
                             .ttft
                             .push(ttft);
                     }
@@ -81,13 +86,13 @@ impl Sim<'_> {
         self.out.preemptions += out.preempted.len() as u64;
         for f in &out.finished {
             let i = f.id as usize;
-            self.e2e.push(now + out_delay - arrivals[i].at);
+            self.e2e.push(now + out_delay - self.arrived_at[i]);
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
             let within = self.live[i]
                 .first
-                .is_some_and(|t| t + out_delay - arrivals[i].at <= self.spec.goodput_ttft);
+                .is_some_and(|t| t + out_delay - self.arrived_at[i] <= self.spec.goodput_ttft);
             if within {
                 self.out.within_objective += 1;
             }
@@ -95,6 +100,12 @@ impl Sim<'_> {
                 let counts = &mut self.tier_counts[usize::from(tiers.of_request[i])];
                 counts.completed += 1;
                 counts.within_objective += u64::from(within);
+            }
+            if self.spec.tenants.is_some() {
+                let (counts, tokens) = &mut self.tenant_counts[usize::from(self.tenant_of[i])];
+                counts.completed += 1;
+                counts.within_objective += u64::from(within);
+                *tokens += f.completion_tokens as u64;
             }
             self.live[i].done = true;
             if out_delay > 0.0 {
