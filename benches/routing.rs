@@ -45,6 +45,9 @@ fn routing(c: &mut Criterion) {
         tier: None,
         prompt: Prompt::Chat(&chat),
         tokens: None,
+        salt: None,
+        unpredictable: None,
+        kind: "plain",
     };
     let mut group = c.benchmark_group("route");
     let cases: [(&str, &str); 3] = [

@@ -16,9 +16,9 @@ TOP='server|forwarding|admin|daemon'
 # Loops that run beside the request path and write replica state.
 LOOPS='signals|health|discovery'
 # Tools that stand beside the proxy.
-TOOLS='replica_sim|bench|fleet_sim|demo|doctor'
+TOOLS='replica_sim|bench|fleet_sim|demo|doctor|calibrate'
 # The bottom: plumbing, settings, metrics, tokenizers, the KV-event wire,
-# the fleet store.
+# the fleet store, the prefill/decode pairing bodies.
 BOTTOM_ONLY="fleet|$TOP|$LOOPS|$TOOLS|gateway|pool|routing|admission|balancing|replica"
 
 failed=0
@@ -60,7 +60,7 @@ rule() {
 }
 
 # The bottom imports nothing above it.
-rule "net config telemetry tokenize kv_events" "$BOTTOM_ONLY"
+rule "net config telemetry tokenize kv_events kv_transfer" "$BOTTOM_ONLY"
 # Telemetry declares metrics and traces from settings alone; each module
 # declares its own metrics through `telemetry::Family`.
 rule "telemetry" "$BOTTOM_ONLY|net|tokenize|kv_events"
@@ -89,10 +89,13 @@ rule "admin" "daemon|$LOOPS|$TOOLS"
 # Discovery gets handles (a config getter, a rebuild call), not the state.
 rule "discovery" "$TOP|$TOOLS|signals|health|gateway|pool|routing|admission|balancing"
 # The replica simulator and the load generator never import the proxy.
-rule "replica_sim bench" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admission|balancing|replica"
+rule "replica_sim bench" "$TOP|$LOOPS|fleet_sim|demo|doctor|calibrate|gateway|pool|routing|admission|balancing|replica"
 # The fleet simulator runs the product's decisions, not its daemon.
-rule "fleet_sim" "$TOP|$LOOPS|demo|doctor|gateway"
-rule "doctor" "$TOP|health|discovery|replica_sim|bench|fleet_sim|demo|gateway|pool|routing|admission|balancing"
+rule "fleet_sim" "$TOP|$LOOPS|demo|doctor|calibrate|gateway"
+rule "doctor" "$TOP|health|discovery|replica_sim|bench|fleet_sim|demo|calibrate|gateway|pool|routing|admission|balancing"
+# Calibration probes a replica with the load generator's client and writes a
+# replica-sim profile: nothing of the proxy.
+rule "calibrate" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admission|balancing|replica"
 
 if [[ $failed -ne 0 ]]; then
   exit 1

@@ -23,13 +23,14 @@
 # relay (SUBSCRIBE_PORT+i). The replay endpoint is bound by vLLM itself.
 #
 # Usage: scripts/real-vllm-check.sh [extra real_vllm_check.py arguments]
-# Environment: BACKENDS (vllm,sim; `vllm` alone for the real one), VLLMCPU_DIR (default ~/.cache/llmlb-vllm-cpu), REPLICA_PORT
+# Environment: BACKENDS (vllm,sim; `vllm` alone for the real one), LLMLB_SHARED (the
+# shared directory, default ../shared beside the checkout), VLLMCPU_DIR (default ~/.cache/llmlb-vllm-cpu), REPLICA_PORT
 # (18600), EVENTS_PORT (15660), REPLAY_PORT (15670), PROXY_PORT (18680).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VLLM_DIR="${VLLMCPU_DIR:-$HOME/.cache/llmlb-vllm-cpu}"
-SERVE="$ROOT/../shared/vllm-cpu/setup_and_serve.sh"
+SERVE="${LLMLB_SHARED:-$ROOT/../shared}/vllm-cpu/setup_and_serve.sh"
 REPLICA_PORT="${REPLICA_PORT:-18600}"
 EVENTS_PORT="${EVENTS_PORT:-15660}"
 REPLAY_PORT="${REPLAY_PORT:-15670}"

@@ -55,7 +55,7 @@ import time
 import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(ROOT, "..", "shared")
+SHARED = os.environ.get("LLMLB_SHARED", os.path.join(ROOT, "..", "shared"))
 VLLM_SCRIPT = os.path.join(SHARED, "vllm-cpu", "setup_and_serve.sh")
 VLLM_DIR = os.environ.get("VLLMCPU_DIR", os.path.expanduser("~/.cache/llmlb-vllm-cpu"))
 FIXTURE_TOKENIZER = os.path.join(SHARED, "tokenizers", "tiny-llama")

@@ -286,7 +286,7 @@ def fit(path, per_context_token, max_num_seqs):
         L = p["prompt_len"]
         engine = (step + max(a - step, 0.0) + k * L * b + c * k * L * (L + 1) / 2) / k
         api_req = max(p["wall_s"] / p["ok"] - engine, 0.0)
-    prefill_overhead = max(a - step - api_req, 0.0)
+    prefill_overhead = max(a - step, 0.0)  # a lone request meets an idle engine: no front-end queue
     print(f"# fitted from {path}: {len(dec)} decode, {len(pre)} prefill probes")
     for l in sorted({p["prompt_len"] for p in pre}):
         got = [p["server_ttft_mean_ms"] for p in pre if p["prompt_len"] == l][0]

@@ -58,6 +58,11 @@ enum Command {
         /// Longest wait for one probe answer.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
+        /// A replica-sim profile (name or file) used to plan this fleet: say
+        /// when it was fitted on another host, engine version or model.
+        /// [default: none]
+        #[arg(long)]
+        profile: Option<String>,
     },
     /// Print the SHA-256 of an API key, for `[[keys]] sha256 = ...`.
     /// Reads the key from standard input when not given.
@@ -77,6 +82,10 @@ enum Command {
     /// (docs/CAPACITY.md).
     #[command(name = "fleet-sim", alias = "simulate")]
     FleetSim(Box<llmlb::fleet_sim::cli::SimulateArgs>),
+    /// Fit a replica-sim engine profile to a running replica: probe it
+    /// (bounded in requests and time), fit the step-time model, write the
+    /// profile file that `--profile FILE` takes (docs/CAPACITY.md).
+    Calibrate(Box<llmlb::calibrate::CalibrateArgs>),
     /// Start a simulated fleet and the proxy, run the same short workload
     /// through each balancer, and print a comparison table.
     Demo(Box<llmlb::demo::DemoArgs>),
@@ -96,11 +105,13 @@ fn main() -> ExitCode {
             config,
             events_wait,
             timeout,
-        } => return doctor(&config, events_wait, timeout),
+            profile,
+        } => return doctor(&config, events_wait, timeout, profile),
         Command::HashKey { key } => hash_key(key),
         Command::Bench(args) => bench(*args),
         Command::ReplicaSim(args) => replica_sim(*args),
         Command::FleetSim(args) => fleet_sim(&args),
+        Command::Calibrate(args) => calibrate(&args),
         Command::Demo(args) => demo(*args),
     };
     // Every log line out before the last word.
@@ -130,6 +141,18 @@ fn check(path: &Path) -> ExitCode {
                     p.balancer.as_str(),
                     p.models.join(", ")
                 );
+                if p.role == config::PoolRole::Prefill {
+                    println!("    role prefill: prefills for the pools that name it");
+                }
+                if let Some(d) = &p.disaggregation {
+                    println!(
+                        "    disaggregated: prefill pool {:?}, protocol {}, when {} (min {} uncached tokens)",
+                        d.prefill_pool,
+                        d.protocol.as_str(),
+                        d.when.as_str(),
+                        d.min_uncached_tokens
+                    );
+                }
                 match &p.tokenizer {
                     Some(t) => println!("    tokenizer {}", t.dir.display()),
                     None => println!(
@@ -150,7 +173,12 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn doctor(path: &Path, events_wait: Duration, timeout: Duration) -> ExitCode {
+fn doctor(
+    path: &Path,
+    events_wait: Duration,
+    timeout: Duration,
+    profile: Option<String>,
+) -> ExitCode {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -158,9 +186,33 @@ fn doctor(path: &Path, events_wait: Duration, timeout: Duration) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let profile = match profile {
+        None => None,
+        Some(name) => match llmlb::replica_sim::SimConfig::named_or_file(&name) {
+            Ok(p) => Some(llmlb::doctor::profile::Planned {
+                name,
+                fitted: p.fitted.map(|f| llmlb::doctor::profile::FittedOn {
+                    date: f.date,
+                    url: f.url,
+                    model: f.model,
+                    engine: f.engine,
+                    engine_version: f.engine_version,
+                    host: f.host,
+                    cpu: f.cpu,
+                }),
+                host: llmlb::calibrate::this_host(),
+                cpu: llmlb::calibrate::this_cpu(),
+            }),
+            Err(e) => {
+                eprintln!("--profile: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let opts = llmlb::doctor::Options {
         events_wait: events_wait.min(Duration::from_secs(600)),
         request_timeout: timeout.clamp(Duration::from_millis(100), Duration::from_secs(3600)),
+        profile,
         ..Default::default()
     };
     let report = match tokio::runtime::Runtime::new() {
@@ -244,6 +296,13 @@ fn demo(args: llmlb::demo::DemoArgs) -> anyhow::Result<()> {
 fn fleet_sim(args: &llmlb::fleet_sim::cli::SimulateArgs) -> anyhow::Result<()> {
     let text = llmlb::fleet_sim::cli::execute(args)?;
     print!("{text}");
+    Ok(())
+}
+
+fn calibrate(args: &llmlb::calibrate::CalibrateArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let cal = runtime.block_on(llmlb::calibrate::run(args))?;
+    print!("{}", llmlb::calibrate::summary(&cal, &args.output));
     Ok(())
 }
 

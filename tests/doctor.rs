@@ -22,6 +22,7 @@ fn opts() -> Options {
         events_wait: Duration::from_secs(2),
         request_timeout: Duration::from_secs(30),
         zmq_timeout: Duration::from_secs(2),
+        profile: None,
     }
 }
 

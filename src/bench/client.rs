@@ -136,6 +136,10 @@ impl BenchClient {
                 body["prompt"] = json!(t);
                 completions.clone()
             }
+            Prompt::Tokens(ids) => {
+                body["prompt"] = json!(ids);
+                completions.clone()
+            }
             Prompt::Chat(messages) => {
                 body["messages"] = messages
                     .iter()

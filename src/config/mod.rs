@@ -4,6 +4,7 @@
 //! problem found, each naming the file, the dotted key and the reason.
 
 mod cors;
+mod disaggregation;
 mod discovery;
 mod duration;
 mod fleet;
@@ -18,6 +19,7 @@ mod tls_files;
 mod tokenizer;
 mod upstream_tls;
 mod validate;
+mod validate_disaggregation;
 mod validate_gateway;
 mod validate_kv_events;
 mod validate_load;
@@ -26,6 +28,7 @@ mod validate_tenants;
 mod watch;
 
 pub use cors::CorsConfig;
+pub use disaggregation::{DisaggregateWhen, DisaggregationConfig, KvProtocol, PoolRole};
 pub use discovery::{DiscoveryConfig, ReplicaNames};
 pub use duration::format as format_duration;
 pub use fleet::FleetConfig;

@@ -233,6 +233,30 @@ fn default_version_header() -> String {
     "x-llmlb-version".into()
 }
 
+/// `[pools.lora]`: the LoRA adapters the pool's replicas serve. A request
+/// naming one is keyed by it in prefix routing (vLLM caches each adapter's
+/// blocks apart from the base model's) and placed where it is loaded.
+/// Adapter names also count when a replica's KV events or
+/// `vllm:lora_requests_info` report them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Request `model` values that name an adapter rather than the base model.
+    pub adapters: Vec<String>,
+    /// Prefer replicas that have the request's adapter loaded (or a free
+    /// adapter slot), by their `vllm:lora_requests_info`.
+    pub placement: bool,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            adapters: Vec::new(),
+            placement: true,
+        }
+    }
+}
+
 /// `[pools.session]`: the session header, for canary stickiness and, with
 /// `affinity = true`, to keep a session on one replica.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

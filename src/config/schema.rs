@@ -109,6 +109,14 @@ pub struct PoolConfig {
     /// loaded at run time; names in `models` keep their pool.
     #[serde(default)]
     pub models_from_replicas: bool,
+    /// `prefill`: the pool prefills for the pools that name it in their
+    /// `[pools.disaggregation] prefill_pool`, and is not routed to by name.
+    #[serde(default)]
+    pub role: super::PoolRole,
+    /// Prefill some requests on another pool's replicas (see
+    /// docs/DISAGGREGATION.md); this pool's replicas decode them.
+    #[serde(default)]
+    pub disaggregation: Option<super::DisaggregationConfig>,
     #[serde(default = "default_balancer")]
     pub balancer: BalancerKind,
     /// Extra attempts on another replica when the connection to a replica
@@ -146,6 +154,9 @@ pub struct PoolConfig {
     /// Session header and session affinity.
     #[serde(default)]
     pub session: SessionConfig,
+    /// LoRA adapters served by the replicas.
+    #[serde(default)]
+    pub lora: super::routing::LoraConfig,
     /// Circuit breaker: requests of this pool being queued or forwarded at
     /// once; further requests get 503 `pool_overloaded` at once. 0: no limit.
     #[serde(default = "default_max_pending")]

@@ -71,7 +71,10 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
                 &format!("duplicate pool name {:?} (also pools[{first}])", pool.name),
             );
         }
-        if pool.models.is_empty() && !pool.models_from_replicas {
+        if pool.models.is_empty()
+            && !pool.models_from_replicas
+            && pool.role != super::PoolRole::Prefill
+        {
             push(
                 &mut out,
                 &format!("{key}.models"),
@@ -96,6 +99,7 @@ pub fn validate(config: &Config) -> Vec<ConfigIssue> {
         super::fleet::validate(fleet, &mut out);
     }
     super::validate_routing::validate(config, &mut out);
+    super::validate_disaggregation::validate(config, &mut out);
     super::validate_tenants::validate(config, &mut out);
     super::telemetry::validate(&config.telemetry, &mut out);
     out

@@ -126,6 +126,9 @@ pub fn start_from_file(
         admin_limits,
         Some(admin_metrics),
     ));
+    // The first line a process logs names the listeners (before any
+    // loop logs: the fleet store's loop logs when it joins).
+    tracing::info!(%addr, %admin_addr, "llmlb listening");
     let (background_shutdown, background_rx) = watch::channel(false);
     let background_task = tokio::spawn({
         let s = Arc::clone(&state);
@@ -174,7 +177,6 @@ pub fn start_from_file(
             tokio::join!(supervise, discovery, fleet, prefixes);
         }
     });
-    tracing::info!(%addr, %admin_addr, "llmlb listening");
     Ok(Running {
         addr,
         admin_addr,

@@ -36,6 +36,7 @@ pub fn hit_rate_upper_bound(
                 Prompt::Chat(m) => tokenize(&render_chat(
                     m.iter().map(|(r, c)| (r.as_str(), c.as_str())),
                 )),
+                Prompt::Tokens(ids) => ids.clone(),
             };
             let blocks = chained_hashes(exact_seed(), &tokens, block_size);
             let most = tokens.len().saturating_sub(1) / block_size.max(1);

@@ -36,6 +36,10 @@ pub enum Topic {
     PrefixCache,
     Events,
     Replay,
+    /// A disaggregated pool's prefill and decode sides (vLLM's protocol).
+    Disaggregation,
+    /// The replica-sim profile used to plan (`--profile`).
+    Profile,
 }
 
 impl Topic {
@@ -48,6 +52,8 @@ impl Topic {
             Topic::PrefixCache => "prefix_cache",
             Topic::Events => "events",
             Topic::Replay => "replay",
+            Topic::Disaggregation => "disaggregation",
+            Topic::Profile => "profile",
         }
     }
 }

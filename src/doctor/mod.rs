@@ -10,14 +10,28 @@
 //! ([`events`]). [`verdict::judge`] compares what came back with llmlb's own
 //! prediction (its token count with the pool's tokenizer, and on the second
 //! send the block-aligned cached count), and [`finding::Report`] renders the
-//! findings; the command exits 1 when any is an error.
+//! findings; the command exits 1 when any is an error. Then the same prompt
+//! twice with a tool list and twice with `chat_template_kwargs`
+//! ([`probe::Variant`], [`verdict::judge_variant`]): llmlb's count with the
+//! pool's chat template against the replica's, and the repeated send's
+//! cached tokens.
 //!
-//! The probe is real traffic: two one-token generations per replica. DNS
+//! A disaggregated pool and its prefill pool are also probed as a pair
+//! ([`roles`]): each prefill replica prefills for a remote decode, each
+//! decode replica decodes one of those prefills.
+//!
+//! With `--profile FILE`, each replica is also compared with where that
+//! replica-sim profile was fitted ([`profile`]).
+//!
+//! The probes are real traffic: six one-token generations per replica (one
+//! more for each replica of a disaggregated pair). DNS
 //! discovered replicas are not probed (only the configured list is).
 
 pub mod events;
 pub mod finding;
 pub mod probe;
+pub mod profile;
+mod roles;
 pub mod verdict;
 
 use std::time::Duration;
@@ -38,6 +52,9 @@ pub struct Options {
     pub events_wait: Duration,
     /// Connecting to an event endpoint, and a replay's whole answer.
     pub zmq_timeout: Duration,
+    /// A replica-sim profile to check against each replica: was it fitted
+    /// there, with this engine version?
+    pub profile: Option<profile::Planned>,
 }
 
 impl Default for Options {
@@ -46,6 +63,7 @@ impl Default for Options {
             request_timeout: Duration::from_secs(60),
             events_wait: Duration::from_secs(5),
             zmq_timeout: Duration::from_secs(3),
+            profile: None,
         }
     }
 }
@@ -62,7 +80,24 @@ pub async fn run(config: &Config, opts: &Options) -> Report {
             ));
             continue;
         }
-        check_pool(pc, opts, &mut report).await;
+        // A prefill pool lists no models: it is probed with the model of
+        // the pool it prefills for.
+        let named_by = config.pools.iter().find(|p| {
+            p.disaggregation
+                .as_ref()
+                .is_some_and(|d| d.prefill_pool == pc.name)
+        });
+        match named_by {
+            Some(decode) if pc.role == crate::config::PoolRole::Prefill => {
+                let mut probed = pc.clone();
+                probed.models = decode.models.clone();
+                check_pool(&probed, opts, &mut report).await;
+            }
+            _ => check_pool(pc, opts, &mut report).await,
+        }
+    }
+    for pc in &config.pools {
+        roles::check(config, pc, opts.request_timeout, &mut report).await;
     }
     report
 }
@@ -245,10 +280,39 @@ async fn check_replica(
             },
         },
     };
+    let metrics_block_size = target.metrics_block_size().await;
+    let replica_bs = match &events {
+        EventsSeen::Heard { heard, .. } => heard.block_size,
+        _ => None,
+    }
+    .or(metrics_block_size)
+    .unwrap_or(pc.prefix.block_size);
+    let mut variants = Vec::new();
+    if first.is_ok() {
+        for variant in [probe::Variant::Tools, probe::Variant::TemplateArgs] {
+            let ours = tokenizer
+                .encode_chat_with(&messages, &variant.options())
+                .map(|t| t.len() as u64)
+                .map_err(|e| e.to_string());
+            let body = probe::body_of(variant, model, &messages);
+            let first = target.chat(&body).await;
+            let second = match first {
+                Ok(_) => Some(target.chat(&body).await),
+                Err(_) => None,
+            };
+            variants.extend(verdict::judge_variant(
+                variant.label(),
+                ours,
+                &first,
+                second.as_ref(),
+                replica_bs,
+            ));
+        }
+    }
     let observed = Observed {
         first,
         second,
-        metrics_block_size: target.metrics_block_size().await,
+        metrics_block_size,
         events,
         replay,
     };
@@ -259,5 +323,22 @@ async fn check_replica(
         mode: pc.prefix.mode,
         block_size: pc.prefix.block_size,
     };
-    verdict::judge(&expected, &observed)
+    let mut findings = verdict::judge(&expected, &observed);
+    findings.extend(variants);
+    if let Some(planned) = &opts.profile {
+        let version = target.version().await;
+        let seen = profile::Seen {
+            replica_url: target.url,
+            engine_version: version.as_deref(),
+            model,
+            host: &planned.host,
+            cpu: planned.cpu.as_deref(),
+        };
+        findings.extend(profile::judge(
+            &planned.name,
+            planned.fitted.as_ref(),
+            &seen,
+        ));
+    }
+    findings
 }

@@ -125,6 +125,66 @@ fn tokenizer(e: &Expected, first: &Usage, out: &mut Vec<Finding>) -> bool {
     false
 }
 
+/// A probe with tools or template arguments: llmlb's token count for it
+/// against the replica's, and the repeated send's cached tokens. A replica
+/// that refuses the probe (vLLM answers 400 to `tools` without
+/// `--enable-auto-tool-choice`) gets a warning, not an error.
+pub fn judge_variant(
+    label: &str,
+    ours: Result<u64, String>,
+    first: &Result<Usage, String>,
+    second: Option<&Result<Usage, String>>,
+    bs: usize,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let first = match first {
+        Ok(u) => u,
+        Err(err) => {
+            out.push(Finding::warning(
+                Topic::Probe,
+                format!("{label} was refused ({err}); not checked"),
+            ));
+            return out;
+        }
+    };
+    let ours = match ours {
+        Ok(n) => n,
+        Err(err) => {
+            out.push(Finding::error(
+                Topic::Tokenizer,
+                format!("llmlb cannot render {label}: {err}"),
+            ));
+            return out;
+        }
+    };
+    if first.prompt_tokens == ours {
+        out.push(Finding::ok(
+            Topic::Tokenizer,
+            format!("llmlb and the replica both count {ours} prompt tokens for {label}"),
+        ));
+    } else {
+        out.push(Finding::error(
+            Topic::Tokenizer,
+            format!(
+                "llmlb counts {ours} prompt tokens for {label}, the replica {}: the pool's \
+                 chat template renders tools or template arguments differently from the \
+                 replica's (vLLM: --chat-template), so prefix routing mispredicts such requests",
+                first.prompt_tokens
+            ),
+        ));
+        return out;
+    }
+    if let Some(Ok(u)) = second {
+        let mut cache = Vec::new();
+        prefix_cache(u, bs, &mut cache);
+        for mut f in cache {
+            f.message = format!("{label}: {}", f.message);
+            out.push(f);
+        }
+    }
+    out
+}
+
 fn block_size(e: &Expected, replica_bs: Option<usize>, out: &mut Vec<Finding>) {
     match (e.mode, replica_bs) {
         (PrefixMode::Exact, Some(bs)) => out.push(Finding::ok(
@@ -402,6 +462,31 @@ mod tests {
         let f = judge(&e, &o);
         assert_eq!(worst(&f, Topic::Events), Some(Severity::Ok));
         assert_eq!(worst(&f, Topic::Replay), Some(Severity::Error));
+    }
+
+    #[test]
+    fn variant_probes_compare_counts_and_caching() {
+        let label = "the tool-calling probe";
+        let f = judge_variant(
+            label,
+            Ok(300),
+            &Ok(usage(300, None)),
+            Some(&Ok(usage(300, Some(256)))),
+            128,
+        );
+        assert!(f.iter().all(|x| x.severity == Severity::Ok), "{f:?}");
+        assert!(f[1].message.starts_with(label), "{f:?}");
+        let f = judge_variant(label, Ok(290), &Ok(usage(300, None)), None, 128);
+        assert_eq!(worst(&f, Topic::Tokenizer), Some(Severity::Error));
+        assert!(f[0].message.contains("290") && f[0].message.contains("300"));
+        let f = judge_variant(
+            label,
+            Ok(300),
+            &Err("the replica answered 400".into()),
+            None,
+            128,
+        );
+        assert_eq!(worst(&f, Topic::Probe), Some(Severity::Warning));
     }
 
     #[test]

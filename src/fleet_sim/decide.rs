@@ -190,6 +190,13 @@ impl Decider {
             .and_then(|name| topology.pools.iter().position(|p| p.name == name))
             .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
         let p = &topology.pools[pool];
+        if p.disaggregation.is_some() {
+            return Err(SimulateError::Invalid(format!(
+                "pool {:?} has [pools.disaggregation]: fleet-sim does not model prefill pools yet \
+                 (run replica-sim replicas with --role prefill and --role decode behind llmlb serve)",
+                p.name
+            )));
+        }
         let index = p
             .replicas
             .iter()
@@ -246,6 +253,9 @@ impl Decider {
             tier,
             prompt,
             tokens: None,
+            salt: None,
+            unpredictable: None,
+            kind: "plain",
         };
         let pool = &self.topology.pools[self.pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)

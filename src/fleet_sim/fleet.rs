@@ -155,6 +155,7 @@ mod tests {
             prompt: (0..200).collect(),
             max_tokens: 10,
             priority: 0,
+            external_tokens: 0,
         };
         slot.engine.add_request(req, 0.0).unwrap();
         let mut now = 0.0;

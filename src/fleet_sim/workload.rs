@@ -262,6 +262,7 @@ fn stand_in_tokens(p: &workload::Prompt) -> Vec<u32> {
                 m.iter().map(|(r, c)| (r.as_str(), c.as_str())),
             ))
         }
+        workload::Prompt::Tokens(ids) => ids.clone(),
     }
 }
 

@@ -14,6 +14,9 @@ pub struct Dispatched {
     /// Cached prompt tokens the routing stage predicted for this replica
     /// (prefix modes other than `off`).
     pub predicted_cached: Option<u64>,
+    /// The request's kind for the closed-loop metrics (`plain`, `tools`,
+    /// `template_args`, `adapter`).
+    pub kind: &'static str,
 }
 
 /// How far forwarding got, written into the caller's record as it goes:

@@ -102,7 +102,14 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         // replica took it.
         req.progress.attempts = tried.len() as u32;
         req.progress.replica = Some(Arc::clone(replica));
-        let expected = req.route.dispatched(replica);
+        let sent = req.route.dispatched(replica);
+        if sent.swap {
+            req.metrics
+                .lora_swaps
+                .with_label_values(&[&pool.name, &replica.name])
+                .inc();
+        }
+        let expected = sent.sent;
         let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
             Arc::clone(&series.pool),
@@ -216,6 +223,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                     branch: pick.branch.as_str(),
                     attempts: tried.len() as u32,
                     predicted_cached: req.route.predicted_for(replica.id),
+                    kind: req.route.kind_label(),
                 });
                 return Ok(resp);
             }

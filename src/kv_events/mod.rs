@@ -13,4 +13,4 @@ pub mod subscriber;
 pub mod wire;
 
 pub use stored::StoredBlocks;
-pub use wire::{BlockKey, EventBatch, KvEvent, Message, WireError};
+pub use wire::{BlockExtra, BlockKey, EventBatch, KvEvent, Message, WireError};

@@ -8,7 +8,7 @@
 //! pairs each replica hash with its tokens; a trailing partial block (which
 //! vLLM never sends) and a `block_size` of 0 yield no block.
 
-use super::{BlockKey, KvEvent};
+use super::{BlockExtra, BlockKey, KvEvent};
 
 /// The fields of a `BlockStored`, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,6 +19,8 @@ pub struct StoredBlocks<'a> {
     pub block_size: usize,
     pub lora_name: Option<&'a str>,
     pub medium: Option<&'a str>,
+    /// Per block, what else keyed its hash (may be shorter than the blocks).
+    pub extra_keys: &'a [BlockExtra],
 }
 
 impl<'a> StoredBlocks<'a> {
@@ -48,6 +50,7 @@ impl KvEvent {
                 block_size,
                 lora_name,
                 medium,
+                extra_keys,
             } => Some(StoredBlocks {
                 block_hashes,
                 parent_block_hash: *parent_block_hash,
@@ -55,6 +58,7 @@ impl KvEvent {
                 block_size: *block_size,
                 lora_name: lora_name.as_deref(),
                 medium: medium.as_deref(),
+                extra_keys,
             }),
             _ => None,
         }
@@ -73,6 +77,7 @@ mod tests {
             block_size,
             lora_name: Some("adapter".into()),
             medium: None,
+            extra_keys: Vec::new(),
         }
     }
 

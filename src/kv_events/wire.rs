@@ -9,8 +9,12 @@
 //! order. The decoder reads both:
 //!
 //! - `BlockStored`: `block_hashes`, `parent_block_hash`, `token_ids`,
-//!   `block_size`, `lora_id`, `medium`, `lora_name`, then whatever later
-//!   versions add (`extra_keys`, `group_idx`, ...), which is ignored;
+//!   `block_size`, `lora_id`, `medium`, `lora_name`, `extra_keys`, then
+//!   whatever later versions add (`group_idx`, ...), which is ignored.
+//!   `extra_keys` holds, per block, the untagged keys vLLM mixed into its
+//!   hash: the LoRA name (when `lora_name` is set), `(mm_identifier,
+//!   offset)` pairs, the cache salt (a prompt's first block only) and
+//!   prompt-embedding digests; read into a [`BlockExtra`] per block;
 //! - `BlockRemoved`: `block_hashes`, `medium`, ...;
 //! - `AllBlocksCleared`.
 //!
@@ -43,12 +47,25 @@ pub enum KvEvent {
         block_size: usize,
         lora_name: Option<String>,
         medium: Option<String>,
+        /// Per block, what else keyed its hash (empty: nothing did).
+        extra_keys: Vec<BlockExtra>,
     },
     BlockRemoved {
         block_hashes: Vec<BlockKey>,
         medium: Option<String>,
     },
     AllBlocksCleared,
+}
+
+/// What besides its tokens, its parent and the LoRA adapter keyed one
+/// stored block's hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockExtra {
+    /// The request's `cache_salt` (on a prompt's first block).
+    pub salt: Option<String>,
+    /// Keys llmlb cannot reproduce from a request (multimodal items,
+    /// prompt embeddings): the block never matches a prompt's.
+    pub opaque: bool,
 }
 
 /// The payload of one message.
@@ -190,6 +207,7 @@ const STORED: &[&str] = &[
     "lora_id",
     "medium",
     "lora_name",
+    "extra_keys",
 ];
 const REMOVED: &[&str] = &["block_hashes", "medium"];
 
@@ -218,12 +236,14 @@ fn decode_event(e: &Value) -> Result<Option<KvEvent>, WireError> {
                     .ok_or_else(|| shape("BlockStored token_ids are not all u32"))?,
                 _ => return Err(shape("BlockStored without token_ids")),
             };
+            let lora_name = text(f.get("lora_name"));
             KvEvent::BlockStored {
                 block_hashes: hashes(f.get("block_hashes"))?,
                 parent_block_hash: f.get("parent_block_hash").map(block_key).transpose()?,
                 token_ids,
                 block_size,
-                lora_name: text(f.get("lora_name")),
+                extra_keys: extra_keys(f.get("extra_keys"), lora_name.is_some()),
+                lora_name,
                 medium: text(f.get("medium")),
             }
         }
@@ -234,6 +254,31 @@ fn decode_event(e: &Value) -> Result<Option<KvEvent>, WireError> {
         "AllBlocksCleared" => KvEvent::AllBlocksCleared,
         _ => return Ok(None),
     }))
+}
+
+/// The per-block extra keys: after the LoRA name (when the event has one),
+/// a string is the cache salt, anything else (an `(identifier, offset)`
+/// pair, a digest) a key llmlb cannot reproduce.
+fn extra_keys(v: Option<&Value>, lora: bool) -> Vec<BlockExtra> {
+    let Some(Value::Array(blocks)) = v else {
+        return Vec::new();
+    };
+    blocks
+        .iter()
+        .map(|keys| {
+            let mut extra = BlockExtra::default();
+            let Value::Array(keys) = keys else {
+                return extra;
+            };
+            for key in keys.iter().skip(usize::from(lora)) {
+                match key.as_str() {
+                    Some(salt) if extra.salt.is_none() => extra.salt = Some(salt.to_string()),
+                    _ => extra.opaque = true,
+                }
+            }
+            extra
+        })
+        .collect()
 }
 
 fn text(v: Option<&Value>) -> Option<String> {
@@ -284,6 +329,7 @@ pub fn encode_payload(batch: &EventBatch) -> Vec<u8> {
                     Value::Nil,
                     opt_str(s.medium),
                     opt_str(s.lora_name),
+                    encode_extra(&s),
                 ])
             }
             KvEvent::BlockRemoved {
@@ -307,6 +353,29 @@ pub fn encode_payload(batch: &EventBatch) -> Vec<u8> {
     out
 }
 
+/// The `extra_keys` of a stored event, untagged as vLLM publishes them
+/// (nil when no block has any).
+fn encode_extra(s: &super::StoredBlocks<'_>) -> Value {
+    let per_block: Vec<Value> = (0..s.block_hashes.len())
+        .map(|i| {
+            let mut keys: Vec<Value> = s.lora_name.map(Value::from).into_iter().collect();
+            if let Some(salt) = s.extra_keys.get(i).and_then(|e| e.salt.as_deref()) {
+                keys.push(Value::from(salt));
+            }
+            if keys.is_empty() {
+                Value::Nil
+            } else {
+                Value::Array(keys)
+            }
+        })
+        .collect();
+    if per_block.iter().all(Value::is_nil) {
+        Value::Nil
+    } else {
+        Value::Array(per_block)
+    }
+}
+
 /// The three frames of one message.
 pub fn encode_frames(topic: &[u8], seq: u64, batch: &EventBatch) -> [Vec<u8>; 3] {
     [
@@ -328,6 +397,7 @@ mod tests {
             block_size: 2,
             lora_name: None,
             medium: Some("GPU".into()),
+            extra_keys: Vec::new(),
         }
     }
 
@@ -349,6 +419,45 @@ mod tests {
         let m = decode_frames(&frames).unwrap();
         assert_eq!((m.topic.as_slice(), m.seq), (&b"kv"[..], 41));
         assert_eq!(m.batch, batch);
+        // An adapter's salted prompt start keeps its keys.
+        let salted = EventBatch {
+            ts: 1.0,
+            events: vec![KvEvent::BlockStored {
+                block_hashes: vec![BlockKey(1), BlockKey(2)],
+                parent_block_hash: None,
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+                lora_name: Some("sql".into()),
+                medium: None,
+                extra_keys: vec![
+                    BlockExtra {
+                        salt: Some("s".into()),
+                        opaque: false,
+                    },
+                    BlockExtra::default(),
+                ],
+            }],
+            dp_rank: None,
+        };
+        let m = decode_frames(&encode_frames(b"kv", 1, &salted)).unwrap();
+        assert_eq!(m.batch, salted);
+    }
+
+    #[test]
+    fn extra_keys_read_as_vllm_writes_them() {
+        let keys = Value::Array(vec![
+            Value::Array(vec!["sql".into(), "salt".into()]),
+            Value::Array(vec![
+                "sql".into(),
+                Value::Array(vec!["img".into(), 0u64.into()]),
+            ]),
+            Value::Nil,
+        ]);
+        let got = extra_keys(Some(&keys), true);
+        assert_eq!(got[0].salt.as_deref(), Some("salt"));
+        assert!(!got[0].opaque && got[1].opaque && got[1].salt.is_none());
+        assert_eq!(got[2], BlockExtra::default());
+        assert!(extra_keys(None, false).is_empty());
     }
 
     fn payload(v: Value) -> Vec<u8> {

@@ -10,6 +10,7 @@
 //! outlier ejection, branch counts) and the placement estimate the pool
 //! queue's deadline admission asks for ([`placement_ttft`]).
 
+pub mod disaggregate;
 mod dispatch;
 pub mod model_map;
 mod outcome;
@@ -19,6 +20,7 @@ pub mod replica_models;
 pub(crate) mod test_fleet;
 mod topology;
 
+pub use disaggregate::{Disaggregation, SplitBranch};
 pub use dispatch::{Choice, choose};
 pub use outcome::Failure;
 pub use placement::placement_ttft;
@@ -72,6 +74,9 @@ pub struct Pool {
     pub replica_models: Option<replica_models::ReplicaModels>,
     /// Ask streams for `usage` (`stream_usage`).
     pub stream_usage: bool,
+    /// `[pools.disaggregation]`: some requests are prefilled on another
+    /// pool's replicas.
+    pub disaggregation: Option<Disaggregation>,
 }
 
 /// One pool's series of the `decisions` counter, one per balancer branch,

@@ -57,6 +57,9 @@ pub fn input<'a>(
         tier: None,
         prompt,
         tokens: None,
+        salt: None,
+        unpredictable: None,
+        kind: "plain",
     }
 }
 

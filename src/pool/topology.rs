@@ -72,6 +72,11 @@ impl Topology {
         self.models.served(model).map(|i| &self.pools[i])
     }
 
+    /// The pool named `name` (a disaggregated pool's prefill pool).
+    pub fn pool_named(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
     /// The caller's tier, or the configured default tier.
     pub fn tier<'a>(&'a self, caller_tier: Option<&'a str>) -> Option<&'a str> {
         caller_tier.or(self.default_tier.as_deref())
@@ -279,6 +284,9 @@ fn build_pool(
             .models_from_replicas
             .then(super::replica_models::ReplicaModels::default),
         stream_usage: pc.stream_usage,
+        disaggregation: pc.disaggregation.clone().map(|d| {
+            super::Disaggregation::carrying(d, old.and_then(|p| p.disaggregation.as_ref()))
+        }),
     }
 }
 

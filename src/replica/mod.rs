@@ -5,7 +5,8 @@
 //! requests and tokens, what was sent since the last scrape) and the state
 //! the loops beside it write: the last scrape ([`LoadSnapshot`]), the
 //! restart watch ([`restart`]), the learned rates ([`learned`]), active
-//! health ([`health`]) and passive outlier ejection ([`outlier`]).
+//! health ([`health`]), passive outlier ejection ([`outlier`]) and the LoRA
+//! adapters it holds ([`adapters`]).
 //! [`ReplicaView`] ([`view`]) is the copy of those numbers a balancer
 //! compares at pick time.
 //!
@@ -13,6 +14,7 @@
 //! and health loops (`signals`, `health`) write into it, the balancers and
 //! the pool stack read it.
 
+pub mod adapters;
 pub mod health;
 pub mod learned;
 pub mod outlier;

@@ -59,6 +59,8 @@ pub struct Replica {
     pub health: ActiveHealth,
     /// Prefill and decode rates learned from consecutive scrapes.
     pub learned: LearnedRates,
+    /// LoRA adapters loaded there (scraped, and sent since).
+    pub adapters: super::adapters::Adapters,
     /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
     /// streams already running finish.
     draining: AtomicBool,
@@ -94,6 +96,7 @@ impl Replica {
             outlier: Outlier::default(),
             health: ActiveHealth::default(),
             learned: LearnedRates::default(),
+            adapters: Default::default(),
             draining: AtomicBool::new(false),
             refuses_stream_options: AtomicBool::new(false),
             in_flight_gauge,

@@ -126,6 +126,23 @@ pub struct SimArgs {
     /// --kv-events-port. [default: off]
     #[arg(long, value_name = "R")]
     pub kv_events_replay_port: Option<u16>,
+    /// Prefill/decode disaggregation: the side this replica plays in vLLM's
+    /// KV-transfer protocol (both: either). [default: the --config file's,
+    /// else both]
+    #[arg(long, value_enum)]
+    pub role: Option<super::Role>,
+    /// KV-cache bytes per token, for the transfer time to a decode replica.
+    /// [default: the --config file's, else 131072]
+    #[arg(long, value_name = "BYTES")]
+    pub kv_bytes_per_token: Option<f64>,
+    /// Bytes per second from a prefill to a decode replica. [default: the
+    /// --config file's, else 25e9]
+    #[arg(long, value_name = "BYTES_PER_SECOND")]
+    pub transfer_bandwidth: Option<f64>,
+    /// Fixed seconds of every KV transfer. [default: the --config file's,
+    /// else 0.002]
+    #[arg(long, value_name = "SECONDS")]
+    pub transfer_latency: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +211,11 @@ pub fn resolve(args: &SimArgs) -> Result<SimConfig, ConfigError> {
     if args.max_waiting.is_some() {
         f.max_waiting = args.max_waiting;
     }
+    let d = &mut c.disaggregation;
+    set(&mut d.role, &args.role);
+    set(&mut d.kv_bytes_per_token, &args.kv_bytes_per_token);
+    set(&mut d.transfer_bandwidth, &args.transfer_bandwidth);
+    set(&mut d.transfer_latency, &args.transfer_latency);
     c.validate().map_err(ConfigError::Invalid)?;
     Ok(c)
 }

@@ -43,6 +43,41 @@ pub struct SimConfig {
     /// tokens, as the model's vLLM would (unset: the stand-in tokenizer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_dir: Option<PathBuf>,
+    /// Prefill/decode role and KV transfer speed.
+    #[serde(default)]
+    pub disaggregation: super::role::RoleConfig,
+    /// Where the profile was fitted, when `llmlb calibrate` wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fitted: Option<Fitted>,
+}
+
+/// Where and against what a profile was fitted (the `[fitted]` table that
+/// `llmlb calibrate` writes). `llmlb doctor --profile` compares it with the
+/// replicas it probes and the machine it runs on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fitted {
+    /// When, as an RFC 3339 UTC time.
+    pub date: String,
+    /// The replica probed.
+    pub url: String,
+    /// The model it served.
+    pub model: String,
+    /// The serving engine (`vllm` when its metrics carry the `vllm:` prefix).
+    pub engine: String,
+    /// What the replica's `GET /version` answered, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// The host name of the machine the calibration ran on.
+    pub host: String,
+    /// Its CPU model: the replica's own when the replica ran there (a
+    /// loopback URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// Probe requests sent.
+    pub requests: u64,
+    /// Wall time of the probes, in seconds.
+    pub seconds: f64,
 }
 
 /// Fault injection settings, at start and as changed by `POST /sim/fault`.
@@ -146,6 +181,7 @@ impl SimConfig {
         self.engine.validate()?;
         self.cost.validate()?;
         self.faults.validate()?;
+        self.disaggregation.validate()?;
         self.tokenizer().map(|_| ())
     }
 

@@ -17,6 +17,11 @@
 //! cost model exactly. A request arriving while a step is in flight is
 //! stamped no later than that step's end, the earliest it could be scheduled.
 //!
+//! A disaggregated request (its prompt computed by a prefill replica,
+//! [`NewRequest::external_tokens`]) enters the engine only once its KV
+//! cache has arrived: the transfer time of the prompt tokens the engine's
+//! prefix cache does not hold ([`RoleConfig::transfer_time`]) after it came.
+//!
 //! The command channel is unbounded because aborts are sent from `Drop`,
 //! which cannot wait; what it carries is bounded by the open connections
 //! (one add and at most one abort each).
@@ -30,6 +35,7 @@ use tokio::time::Instant;
 
 use super::engine::{AddError, Engine, EngineStats, Finished, NewRequest, StepOutcome};
 use super::faults::Faults;
+use super::role::RoleConfig;
 use crate::kv_events::KvEvent;
 use crate::kv_events::publisher::Publisher;
 
@@ -86,6 +92,18 @@ pub struct Driver {
     pub shutdown: watch::Receiver<bool>,
     /// Where the engine's KV-cache events go (`--kv-events-port`).
     pub kv_events: Option<Publisher>,
+    /// How fast a prefill replica's KV cache arrives.
+    pub transfer: RoleConfig,
+    /// Requests whose KV cache is on its way, with the simulated time it
+    /// arrives.
+    pub arriving: Vec<(f64, Arriving)>,
+}
+
+/// An add waiting for its request's KV cache.
+pub struct Arriving {
+    req: NewRequest,
+    events: mpsc::UnboundedSender<TokenOut>,
+    reply: oneshot::Sender<Result<(), Refused>>,
 }
 
 impl Driver {
@@ -97,6 +115,12 @@ impl Driver {
         let mut last_end = 0.0_f64;
         loop {
             let deadline = in_flight.as_ref().map(|o| self.clock.instant_at(o.end));
+            let arrival_due = self
+                .arriving
+                .iter()
+                .map(|a| a.0)
+                .min_by(f64::total_cmp)
+                .map(|t| self.clock.instant_at(t));
             let mut resume_at = None;
             tokio::select! {
                 biased;
@@ -109,6 +133,18 @@ impl Driver {
                     }
                     None => break,
                 },
+                _ = sleep_until(arrival_due), if arrival_due.is_some() => {
+                    let now = self.clock.now();
+                    let arrival = in_flight.as_ref().map_or(now, |o| now.min(o.end));
+                    let (due, later) = std::mem::take(&mut self.arriving)
+                        .into_iter()
+                        .partition(|a| a.0 <= now);
+                    self.arriving = later;
+                    let due: Vec<(f64, Arriving)> = due;
+                    for (_, a) in due {
+                        self.add(a, arrival, &mut subscribers);
+                    }
+                }
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     let out = in_flight.take().expect("a step is in flight");
                     last_end = out.end;
@@ -141,24 +177,49 @@ impl Driver {
     ) {
         match cmd {
             Command::Add { req, events, reply } => {
-                let id = req.id;
-                let waiting = self.engine.num_waiting();
-                let result = match self.faults.max_waiting() {
-                    Some(limit) if waiting >= limit => {
-                        self.faults.record_refusal();
-                        Err(Refused::QueueFull { waiting })
+                let a = Arriving { req, events, reply };
+                let external = a.req.external_tokens;
+                if external > 0 {
+                    let cached = self.engine.cached_prefix_tokens(&a.req.prompt);
+                    let sent = a.req.prompt.len().saturating_sub(cached).min(external);
+                    let delay = self.transfer.transfer_time(sent);
+                    if delay > 0.0 {
+                        self.arriving.push((arrival + delay, a));
+                        return;
                     }
-                    _ => self.engine.add_request(req, arrival).map_err(Refused::from),
-                };
-                if result.is_ok() {
-                    subscribers.insert(id, events);
                 }
-                if reply.send(result.clone()).is_err() && result.is_ok() {
-                    // The client left before hearing back.
-                    self.abort(id, subscribers);
-                }
+                self.add(a, arrival, subscribers);
             }
-            Command::Abort { id } => self.abort(id, subscribers),
+            Command::Abort { id } => {
+                // A request still waiting for its KV cache leaves quietly.
+                self.arriving.retain(|(_, a)| a.req.id != id);
+                self.abort(id, subscribers);
+            }
+        }
+    }
+
+    fn add(
+        &mut self,
+        a: Arriving,
+        arrival: f64,
+        subscribers: &mut HashMap<u64, mpsc::UnboundedSender<TokenOut>>,
+    ) {
+        let Arriving { req, events, reply } = a;
+        let id = req.id;
+        let waiting = self.engine.num_waiting();
+        let result = match self.faults.max_waiting() {
+            Some(limit) if waiting >= limit => {
+                self.faults.record_refusal();
+                Err(Refused::QueueFull { waiting })
+            }
+            _ => self.engine.add_request(req, arrival).map_err(Refused::from),
+        };
+        if result.is_ok() {
+            subscribers.insert(id, events);
+        }
+        if reply.send(result.clone()).is_err() && result.is_ok() {
+            // The client left before hearing back.
+            self.abort(id, subscribers);
         }
     }
 

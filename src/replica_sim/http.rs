@@ -24,7 +24,7 @@ use super::config::SimConfig;
 use super::driver::{Command, Refused, SimClock};
 use super::engine::{EngineStats, NewRequest};
 use super::faults::{FaultPatch, Faults};
-use super::openai::{self, Api, ParseError};
+use super::openai::{self, Api, KvAsk, ParseError};
 use super::request_faults::RequestFaults;
 use super::responses::Meta;
 use super::stream::{AbortGuard, SseBody};
@@ -51,6 +51,9 @@ pub struct Replica {
     /// different response ids.
     pub id_salt: u64,
     pub shutdown: watch::Receiver<bool>,
+    /// Where the replica listens (named in the KV transfer parameters it
+    /// answers as a prefill replica).
+    pub addr: std::net::SocketAddr,
 }
 
 impl Replica {
@@ -215,6 +218,26 @@ async fn infer(
         ParseError::Bad(m) => ReplicaError::BadRequest(m),
         e @ ParseError::UnknownModel(_) => ReplicaError::NotFound(e.to_string()),
     })?;
+    let role = r.config.disaggregation.role;
+    let external_tokens = match parsed.kv {
+        KvAsk::RemoteDecode if !role.prefills_for_others() => {
+            return Err(ReplicaError::BadRequest(format!(
+                "this replica's role is {}: it does not prefill for another replica (kv_transfer_params.do_remote_decode)",
+                role.as_str()
+            )));
+        }
+        KvAsk::RemotePrefill { .. } if !role.decodes_for_others() => {
+            return Err(ReplicaError::BadRequest(format!(
+                "this replica's role is {}: it does not decode another replica's prefill (kv_transfer_params.do_remote_prefill)",
+                role.as_str()
+            )));
+        }
+        KvAsk::RemotePrefill { tokens } => {
+            tokens.map_or(parsed.prompt.len(), |t| t.min(parsed.prompt.len()))
+        }
+        KvAsk::Local | KvAsk::RemoteDecode => 0,
+    };
+    let prompt_len = parsed.prompt.len();
     let id = r.next_id.fetch_add(1, Ordering::Relaxed);
     let (events, mut rx) = mpsc::unbounded_channel();
     let (reply, answer) = oneshot::channel();
@@ -224,6 +247,7 @@ async fn infer(
         prompt: parsed.prompt,
         max_tokens: parsed.max_tokens.unwrap_or(r.config.default_max_tokens),
         priority: parsed.priority,
+        external_tokens,
     };
     r.commands
         .send(Command::Add {
@@ -264,11 +288,37 @@ async fn infer(
         text.push_str(t.text);
         if let Some(fin) = t.finished {
             guard.disarm();
-            return Ok(json_text(StatusCode::OK, meta.response(&text, &fin)));
+            let mut answer = meta.response(&text, &fin);
+            if parsed.kv == KvAsk::RemoteDecode {
+                answer = with_transfer_params(r, &answer, id, prompt_len);
+            }
+            return Ok(json_text(StatusCode::OK, answer));
         }
     }
     guard.disarm();
     Err(ReplicaError::Stopped)
+}
+
+/// A prefill replica's answer with the `kv_transfer_params` that tell a
+/// decode replica where the prompt's KV cache is (vLLM's NIXL connector
+/// answers these; the simulated decode side needs only `do_remote_prefill`
+/// and `remote_num_tokens`).
+fn with_transfer_params(r: &Replica, answer: &str, id: u64, prompt_tokens: usize) -> String {
+    let Ok(serde_json::Value::Object(mut map)) = serde_json::from_str(answer) else {
+        return answer.to_string();
+    };
+    let bs = r.config.engine.block_size;
+    let blocks: Vec<u64> = (0..prompt_tokens.div_ceil(bs) as u64).collect();
+    let params = crate::kv_transfer::prefill_answer_params(
+        &format!("llmlb-sim-{}", r.addr.port()),
+        &format!("cmpl-{id}"),
+        &r.addr.ip().to_string(),
+        r.addr.port(),
+        &blocks,
+        prompt_tokens,
+    );
+    map.insert("kv_transfer_params".into(), params);
+    serde_json::Value::Object(map).to_string()
 }
 
 fn models(r: &Replica) -> Result<Response<ResponseBody>, ReplicaError> {

@@ -29,11 +29,13 @@ mod openai;
 pub mod profile;
 pub mod request_faults;
 mod responses;
+pub mod role;
 mod server;
 mod stream;
 pub mod text;
 
 pub use config::{ConfigError, FaultConfig, SimConfig};
+pub use role::{Role, RoleConfig};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -172,6 +174,8 @@ fn spawn_inner(
         commands: commands_rx,
         shutdown: shutdown_rx.clone(),
         kv_events,
+        transfer: config.disaggregation.clone(),
+        arriving: Vec::new(),
     };
     let tokenizer = config
         .tokenizer()
@@ -187,6 +191,7 @@ fn spawn_inner(
         next_id: AtomicU64::new(1),
         id_salt: rand::random(),
         shutdown: shutdown_rx.clone(),
+        addr,
     });
     let driver = tokio::spawn(driver.run());
     let server = tokio::spawn(server::serve(listener, Arc::clone(&replica), shutdown_rx));

@@ -30,6 +30,43 @@ pub struct Parsed {
     pub stream: bool,
     pub include_usage: bool,
     pub priority: i64,
+    /// What `kv_transfer_params` asks of the replica.
+    pub kv: KvAsk,
+}
+
+/// What a request's `kv_transfer_params` ask (vLLM's P/D protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvAsk {
+    /// Nothing: prefill and decode here.
+    #[default]
+    Local,
+    /// `do_remote_decode`: prefill here, keep the KV cache for a decode
+    /// replica and say where it is.
+    RemoteDecode,
+    /// `do_remote_prefill`: the prompt's KV cache comes from a prefill
+    /// replica (`remote_num_tokens` of it, when said).
+    RemotePrefill { tokens: Option<usize> },
+}
+
+impl KvAsk {
+    fn of(params: Option<&Value>) -> KvAsk {
+        let Some(p) = params.filter(|p| p.is_object()) else {
+            return KvAsk::Local;
+        };
+        let flag = |k: &str| p.get(k).and_then(Value::as_bool).unwrap_or(false);
+        if flag("do_remote_prefill") {
+            KvAsk::RemotePrefill {
+                tokens: p
+                    .get("remote_num_tokens")
+                    .and_then(Value::as_u64)
+                    .and_then(|n| usize::try_from(n).ok()),
+            }
+        } else if flag("do_remote_decode") {
+            KvAsk::RemoteDecode
+        } else {
+            KvAsk::Local
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -52,6 +89,7 @@ struct Wire {
     stream_options: Option<StreamOptions>,
     priority: Option<i64>,
     n: Option<u64>,
+    kv_transfer_params: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -105,6 +143,7 @@ pub fn parse(
         stream: w.stream,
         include_usage: w.stream && w.stream_options.is_some_and(|o| o.include_usage),
         priority: w.priority.unwrap_or(0),
+        kv: KvAsk::of(w.kv_transfer_params.as_ref()),
     })
 }
 
@@ -197,6 +236,29 @@ mod tests {
         assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
         assert!(p.stream && p.include_usage);
         assert_eq!(p.priority, -3);
+    }
+
+    #[test]
+    fn kv_transfer_params_say_which_side_the_replica_plays() {
+        let ask = |params: &str| {
+            let body = format!(r#"{{"prompt":"a","kv_transfer_params":{params}}}"#);
+            parse(Api::Completions, body.as_bytes(), "m").unwrap().kv
+        };
+        assert_eq!(ask("null"), KvAsk::Local);
+        assert_eq!(
+            ask(r#"{"do_remote_decode":true,"do_remote_prefill":false}"#),
+            KvAsk::RemoteDecode
+        );
+        assert_eq!(
+            ask(r#"{"do_remote_prefill":true,"remote_num_tokens":40}"#),
+            KvAsk::RemotePrefill { tokens: Some(40) }
+        );
+        assert_eq!(
+            parse(Api::Completions, br#"{"prompt":"a"}"#, "m")
+                .unwrap()
+                .kv,
+            KvAsk::Local
+        );
     }
 
     #[test]

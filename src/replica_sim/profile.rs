@@ -13,6 +13,7 @@
 
 use super::config::{FaultConfig, SimConfig};
 use super::engine::{CostModel, EngineParams};
+use super::role::{Role, RoleConfig};
 
 /// Every profile name, for error messages and `--help`.
 pub const NAMES: &[&str] = &["fast", "h100-8b", "vllm-cpu-tiny"];
@@ -54,6 +55,8 @@ fn fast() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        disaggregation: RoleConfig::default(),
+        fitted: None,
     }
 }
 
@@ -91,6 +94,8 @@ fn h100_8b() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        disaggregation: RoleConfig::default(),
+        fitted: None,
     }
 }
 
@@ -133,5 +138,15 @@ fn vllm_cpu_tiny() -> SimConfig {
         },
         faults: FaultConfig::default(),
         tokenizer_dir: None,
+        // The tiny model's KV cache is 2 KiB a token (3 MB for a 1,536-token
+        // prefix through vLLM's shared-storage connector); the transfer goes
+        // through a file on local disk.
+        disaggregation: RoleConfig {
+            role: Role::Both,
+            kv_bytes_per_token: 2048.0,
+            transfer_bandwidth: 1e9,
+            transfer_latency: 0.005,
+        },
+        fitted: None,
     }
 }

@@ -35,6 +35,9 @@ pub enum RouteBranch {
     PrefixMiss,
     /// The prompt was too short to have a prefix: the balancer decides.
     PrefixNone,
+    /// The prompt's cached prefix cannot be predicted exactly (media parts,
+    /// a request template, a template error, ...): the balancer decides.
+    PrefixUnpredictable,
     /// `exact` mode: the chosen replica's cache was estimated from what
     /// llmlb sent it, because its KV events are unknown (not connected yet,
     /// or events were missed and have not refilled).
@@ -47,6 +50,13 @@ pub enum RouteBranch {
     PrefixHome,
     /// Every candidate was saturated: affinity gave way to the balancer.
     Saturated,
+    /// The request's LoRA adapter is loaded on the preferred replicas.
+    LoraLoaded,
+    /// No unsaturated replica had the adapter loaded: preferred those with a
+    /// free adapter slot.
+    LoraSpread,
+    /// Every candidate would have to swap an adapter out.
+    LoraSwap,
 }
 
 impl RouteBranch {
@@ -66,10 +76,14 @@ impl RouteBranch {
             RouteBranch::PrefixOverflow => "prefix_overflow",
             RouteBranch::PrefixMiss => "prefix_miss",
             RouteBranch::PrefixNone => "prefix_none",
+            RouteBranch::PrefixUnpredictable => "prefix_unpredictable",
             RouteBranch::PrefixEstimated => "prefix_estimated",
             RouteBranch::PrefixReplicated => "prefix_replicated",
             RouteBranch::PrefixHome => "prefix_home",
             RouteBranch::Saturated => "saturated",
+            RouteBranch::LoraLoaded => "lora_loaded",
+            RouteBranch::LoraSpread => "lora_spread",
+            RouteBranch::LoraSwap => "lora_swap",
         }
     }
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use super::RouteBranch;
 use super::decision::Decision;
-use super::prefix::blocks::{block_hashes, chained_hashes, exact_seed};
+use super::prefix::blocks::{CacheKey, block_hashes_keyed, exact_seed, keyed_hashes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::hot::Hot;
 use super::prefix::predict;
@@ -39,24 +39,36 @@ use super::router::Router;
 use crate::config::PrefixMode;
 use crate::replica::{Replica, ReplicaId, ReplicaView};
 
-/// Sets the decision's preference among `cands` for a prompt of `tokens`.
+/// A request's prompt as prefix routing hashes it: the model named, the
+/// token ids and what else keys its blocks.
+pub(super) struct KeyedPrompt<'a> {
+    pub model: &'a str,
+    pub tokens: Cow<'a, [u32]>,
+    pub key: &'a CacheKey,
+}
+
+/// Sets the decision's preference among `cands` for `prompt`.
 pub(super) fn prefer(
     router: &Router,
     d: &mut Decision,
     cands: &[Arc<Replica>],
     views: &HashMap<ReplicaId, ReplicaView>,
-    model: &str,
-    tokens: Cow<'_, [u32]>,
+    prompt: KeyedPrompt<'_>,
     now_ms: u64,
 ) {
+    let KeyedPrompt {
+        model,
+        tokens,
+        key: cache_key,
+    } = prompt;
     let prefix = &router.prefix;
     let block = prefix.block_size;
-    let blocks = block_hashes(model, &tokens, block);
+    let blocks = block_hashes_keyed(model, &tokens, block, cache_key);
     if blocks.is_empty() {
         d.branches.push(RouteBranch::PrefixNone);
         return;
     }
-    let holdings = Holdings::new(router, &tokens, &blocks, cands, views);
+    let holdings = Holdings::new(router, &tokens, cache_key, &blocks, cands, views);
     d.predicted = holdings.predicted.clone();
     // The prefix's key: the chained hash of its first `prefix.tokens`
     // tokens, so cold instances agree per prefix and prefixes that share
@@ -122,7 +134,11 @@ pub(super) fn prefer(
     d.preferred = Some(vec![id]);
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if prefix.mode == PrefixMode::Exact {
-        d.expect = Some((Arc::clone(&router.state.held), tokens.into_owned()));
+        d.expect = Some((
+            Arc::clone(&router.state.held),
+            tokens.into_owned(),
+            cache_key.clone(),
+        ));
     }
 }
 
@@ -288,9 +304,10 @@ pub(super) fn record_for_prediction(
     views: &HashMap<ReplicaId, ReplicaView>,
     model: &str,
     tokens: &[u32],
+    key: &CacheKey,
 ) {
     let bs = router.prefix.block_size;
-    let blocks = block_hashes(model, tokens, bs);
+    let blocks = block_hashes_keyed(model, tokens, bs, key);
     for r in cands {
         if let Some(i) = router.state.indexes.get(&r.id) {
             i.observe_restarts(r.restarts());
@@ -333,6 +350,7 @@ impl Holdings {
     fn new(
         router: &Router,
         tokens: &[u32],
+        key: &CacheKey,
         blocks: &[u64],
         cands: &[Arc<Replica>],
         views: &HashMap<ReplicaId, ReplicaView>,
@@ -374,7 +392,7 @@ impl Holdings {
                     let pos = match by_size.iter().position(|(s, _)| *s == bs) {
                         Some(p) => p,
                         None => {
-                            by_size.push((bs, chained_hashes(exact_seed(), tokens, bs)));
+                            by_size.push((bs, keyed_hashes(exact_seed(), tokens, bs, key)));
                             by_size.len() - 1
                         }
                     };
@@ -722,6 +740,7 @@ mod tests {
                     block_size: 16,
                     lora_name: None,
                     medium: None,
+                    extra_keys: Vec::new(),
                 }],
                 dp_rank: None,
             });
@@ -750,6 +769,7 @@ mod tests {
         let replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
         let sent = first
             .dispatched(replica)
+            .sent
             .expect("exact mode expects the prompt");
         // A minute later its prefill has still not been reported (a long
         // queue): the prefix on its way there still counts.

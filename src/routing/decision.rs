@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
+use super::prefix::blocks::CacheKey;
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::{Expected, HeldBlocks};
 use crate::replica::{Replica, ReplicaId};
@@ -36,11 +37,19 @@ pub struct Decision {
     pub version: Option<Arc<str>>,
     /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
     pub(super) record: Option<(Indexes, Vec<u64>)>,
-    /// `exact` mode: the prompt's tokens, expected on the replica it is sent
-    /// to until its events report them.
-    pub(super) expect: Option<(Held, Vec<u32>)>,
+    /// `exact` mode: the prompt's tokens and key, expected on the replica
+    /// it is sent to until its events report them or the request ends.
+    pub(super) expect: Option<(Held, Vec<u32>, CacheKey)>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
+    /// Why no prediction was made, when the prompt's cached prefix cannot
+    /// be predicted exactly (the request is routed by load).
+    pub unpredictable: Option<crate::tokenize::Unpredictable>,
+    /// The LoRA adapter the request names, if it names one.
+    pub adapter: Option<Arc<str>>,
+    /// The request's kind in the closed-loop metrics: `adapter`, `tools`,
+    /// `template_args` or `plain`.
+    pub kind: &'static str,
     /// Under a fleet store: where the dispatch record goes for the other
     /// instances, with the prefix key in `hash` mode.
     pub(super) share: Option<(crate::fleet::PrefixOutbox, Option<u64>)>,
@@ -78,10 +87,20 @@ impl Decision {
     }
 
     /// The request is being sent to `replica` now: remember its prompt
-    /// blocks there. In `exact` mode they count as held there while the
-    /// returned handle lives: the caller keeps it until the request ends.
-    #[must_use = "in exact mode the prompt counts as sent only while the handle lives"]
-    pub fn dispatched(&self, replica: &Replica) -> Option<Expected> {
+    /// blocks and its adapter there. The answer says whether the adapter
+    /// swaps in and, in `exact` mode, holds what makes the prompt count as
+    /// sent there: the caller keeps it until the request ends.
+    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
+    pub fn dispatched(&self, replica: &Replica) -> Dispatched {
+        self.dispatched_at(replica, crate::telemetry::clock::now_millis())
+    }
+
+    /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
+    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
+    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> Dispatched {
+        let swap = self.adapter.as_deref().is_some_and(|a| {
+            replica.adapters.sent(a, now_ms) == crate::replica::adapters::Placement::Swap
+        });
         // The prompt's cached part takes no new KV blocks there: the
         // request's in-flight guard counted the whole prompt.
         if let Some(cached) = self.predicted_for(replica.id) {
@@ -95,8 +114,10 @@ impl Decision {
         if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
             outbox.send(&replica.name, *key, blocks);
         }
-        let (held, tokens) = self.expect.as_ref()?;
-        Some(held.get(&replica.id)?.expect_prompt(tokens))
+        let sent = self.expect.as_ref().and_then(|(held, tokens, key)| {
+            held.get(&replica.id).map(|h| h.expect_prompt(tokens, key))
+        });
+        Dispatched { swap, sent }
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.
@@ -104,10 +125,37 @@ impl Decision {
         self.predicted.iter().find(|(r, _)| *r == id).map(|p| p.1)
     }
 
+    /// A decision that only predicts cached tokens (other modules' unit tests).
+    #[cfg(test)]
+    pub(crate) fn predicting(predicted: Vec<(ReplicaId, u64)>) -> Decision {
+        Decision {
+            predicted,
+            ..Decision::default()
+        }
+    }
+
+    /// The request's kind (see [`Decision::kind`]; `plain` when unset).
+    pub fn kind_label(&self) -> &'static str {
+        if self.kind.is_empty() {
+            "plain"
+        } else {
+            self.kind
+        }
+    }
+
     /// The branches as one tracing field.
     pub fn route_label(&self) -> String {
         super::branch::join(&self.branches)
     }
+}
+
+/// What sending a request to a replica did (see [`Decision::dispatched`]).
+#[derive(Debug)]
+pub struct Dispatched {
+    /// The request's adapter was neither loaded there nor had a free slot.
+    pub swap: bool,
+    /// `exact` mode: the prompt counts as sent there while this lives.
+    pub sent: Option<Expected>,
 }
 
 /// Membership in a sorted id list.

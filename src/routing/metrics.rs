@@ -17,6 +17,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct RoutingMetrics {
     /// Routing steps that acted, by pool and branch.
     pub decisions: IntCounterVec,
+    /// Requests whose cached prefix could not be predicted, by pool and reason.
+    pub unpredictable: IntCounterVec,
     /// Requests by pool, version and final status.
     pub version_requests: IntCounterVec,
     /// Requests that ended in an error (5xx, llmlb's own 502/503/504, or a
@@ -33,6 +35,11 @@ impl RoutingMetrics {
             "llmlb_routing_decisions_total",
             "Routing steps that acted, by pool and branch.",
             &["pool", "branch"],
+        );
+        let unpredictable = family.counter(
+            "llmlb_prefix_unpredictable_total",
+            "Requests in a prefix-routed pool whose cached prefix llmlb cannot predict exactly (routed by load), by pool and reason.",
+            &["pool", "reason"],
         );
         let version_requests = family.counter(
             "llmlb_version_requests_total",
@@ -52,10 +59,18 @@ impl RoutingMetrics {
         );
         RoutingMetrics {
             decisions,
+            unpredictable,
             version_requests,
             version_errors,
             version_duration,
         }
+    }
+
+    /// Counts a request whose prefix could not be predicted.
+    pub fn record_unpredictable(&self, pool: &str, reason: crate::tokenize::Unpredictable) {
+        self.unpredictable
+            .with_label_values(&[pool, reason.as_str()])
+            .inc();
     }
 
     pub fn record_branches(&self, pool: &str, branches: &[RouteBranch]) {

@@ -16,6 +16,7 @@ mod carry_over;
 mod decision;
 mod error;
 pub mod hash_key;
+mod lora;
 pub mod metrics;
 pub mod prefix;
 mod router;
@@ -23,7 +24,7 @@ pub mod saturation;
 pub mod tiers;
 
 pub use branch::RouteBranch;
-pub use decision::Decision;
+pub use decision::{Decision, Dispatched};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, StreamBroken};
 pub use prefix::blocks::Prompt;

@@ -39,17 +39,17 @@ use super::canary::{PoolCanary, StickyKeys};
 use super::carry_over::PrefixState;
 use super::decision::Decision;
 use super::hash_key::hash_key;
-use super::prefix::blocks::{Prompt, prompt_token_ids};
+use super::prefix::blocks::{CacheKey, Prompt, prompt_ids, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::hot::Replication;
 use super::prefix::score::CostModel;
 use super::saturation::{all_saturated, is_saturated};
 use super::tiers::PoolTiers;
-use crate::config::{Config, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
+use crate::config::{Config, LoraConfig, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
 use crate::kv_events::subscriber::Endpoints;
 use crate::replica::{Replica, ReplicaId, ReplicaView};
-use crate::tokenize::PromptTokenizer;
+use crate::tokenize::{PromptTokenizer, Unpredictable};
 
 #[derive(Debug)]
 pub struct Router {
@@ -64,6 +64,7 @@ pub struct Router {
     pub(super) state: PrefixState,
     tiers: PoolTiers,
     tokenizer: PromptTokenizer,
+    lora: LoraConfig,
     /// Where dispatch records go for the other llmlb instances (`[fleet]`
     /// with `share_prefixes`; `cache` and `hash` modes).
     outbox: std::sync::OnceLock<crate::fleet::PrefixOutbox>,
@@ -84,6 +85,14 @@ pub struct RouteInput<'a> {
     /// pool's tokenizer ([`Router::prompt_tokens`]); else the router
     /// tokenizes when a mode needs tokens.
     pub tokens: Option<&'a [u32]>,
+    /// The request's `cache_salt`.
+    pub salt: Option<&'a str>,
+    /// Why the prompt's cached prefix cannot be predicted (found when the
+    /// request was read or tokenized), if it cannot.
+    pub unpredictable: Option<Unpredictable>,
+    /// The request's kind for the closed-loop metrics (`plain`, `tools`,
+    /// `template_args`); routing makes it `adapter` for a LoRA adapter.
+    pub kind: &'static str,
 }
 
 impl Router {
@@ -114,7 +123,25 @@ impl Router {
             state: PrefixState::build(pc, replicas, previous.map(|p| &p.state)),
             tiers: PoolTiers::build(config, replicas),
             tokenizer: pool_tokenizer(pc),
+            lora: pc.lora.clone(),
             outbox: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether `model` names a LoRA adapter of this pool: listed in
+    /// `[pools.lora] adapters`, or reported by a replica's KV events.
+    pub fn is_adapter(&self, model: &str) -> bool {
+        self.lora.adapters.iter().any(|a| a == model)
+            || self.state.held.values().any(|h| h.has_adapter(model))
+    }
+
+    /// What keys the request's cached blocks besides its tokens.
+    pub fn cache_key(&self, input: &RouteInput<'_>) -> CacheKey {
+        CacheKey {
+            adapter: self
+                .is_adapter(input.model)
+                .then(|| input.model.to_string()),
+            salt: input.salt.map(String::from),
         }
     }
 
@@ -170,11 +197,15 @@ impl Router {
         prompt_token_ids(&self.tokenizer, prompt)
     }
 
-    /// The request's tokens: the caller's, else tokenized now.
-    fn tokens<'i>(&self, input: &RouteInput<'i>) -> Cow<'i, [u32]> {
+    /// The request's tokens: the caller's, else tokenized now; and why
+    /// they cannot be predicted from, if they cannot.
+    fn tokens<'i>(&self, input: &RouteInput<'i>) -> (Cow<'i, [u32]>, Option<Unpredictable>) {
         match input.tokens {
-            Some(t) => Cow::Borrowed(t),
-            None => Cow::Owned(self.prompt_tokens(input.prompt)),
+            Some(t) => (Cow::Borrowed(t), input.unpredictable),
+            None => {
+                let (ids, reason) = prompt_ids(&self.tokenizer, input.prompt);
+                (Cow::Owned(ids), input.unpredictable.or(reason))
+            }
         }
     }
 
@@ -253,6 +284,15 @@ impl Router {
         if cands.is_empty() {
             return Ok(d);
         }
+        if self.is_adapter(input.model) {
+            d.adapter = Some(Arc::from(input.model));
+            if self.lora.placement {
+                // Later steps choose among these; without one, they are
+                // the preference.
+                d.preferred =
+                    super::lora::narrow(input.model, &mut cands, saturated, &mut d, now_ms);
+            }
+        }
         if self.session_affinity
             && let Some(key) = affinity::session_key(session)
         {
@@ -260,13 +300,22 @@ impl Router {
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
             return Ok(d);
         }
+        if self.prefix.mode == PrefixMode::Off {
+            return Ok(d);
+        }
+        let key = self.cache_key(input);
+        d.kind = if key.adapter.is_some() {
+            "adapter"
+        } else {
+            input.kind
+        };
         let mut shared_key = None;
         match self.prefix.mode {
             PrefixMode::Off => {}
             PrefixMode::Hash => {
                 // Tokenized once: the key may read the tokens, the
                 // prediction always does.
-                let tokens = self.tokens(input);
+                let (tokens, unpredictable) = self.tokens(input);
                 match hash_key(&self.prefix, input.model, input.prompt, || {
                     Cow::Borrowed(&tokens)
                 }) {
@@ -284,11 +333,34 @@ impl Router {
                     }
                     None => d.branches.push(super::RouteBranch::PrefixNone),
                 }
-                cache::record_for_prediction(self, &mut d, &cands, &views, input.model, &tokens);
+                // A prompt that cannot be predicted is placed by its key
+                // all the same, but nothing is predicted for it.
+                d.unpredictable = unpredictable;
+                if unpredictable.is_none() {
+                    cache::record_for_prediction(
+                        self,
+                        &mut d,
+                        &cands,
+                        &views,
+                        input.model,
+                        &tokens,
+                        &key,
+                    );
+                }
             }
             PrefixMode::Cache | PrefixMode::Exact => {
-                let tokens = self.tokens(input);
-                cache::prefer(self, &mut d, &cands, &views, input.model, tokens, now_ms)
+                let (tokens, unpredictable) = self.tokens(input);
+                if let Some(reason) = unpredictable {
+                    d.unpredictable = Some(reason);
+                    d.branches.push(super::RouteBranch::PrefixUnpredictable);
+                    return Ok(d);
+                }
+                let prompt = cache::KeyedPrompt {
+                    model: input.model,
+                    tokens,
+                    key: &key,
+                };
+                cache::prefer(self, &mut d, &cands, &views, prompt, now_ms)
             }
         }
         if let Some(outbox) = self.outbox.get()

@@ -203,7 +203,7 @@ pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
             u.prompt_tokens,
             reported,
         );
-        m.prefix_loop.observe(pool, &d.replica, o);
+        m.prefix_loop.observe(pool, &d.replica, d.kind, o);
     }
     for (kind, n) in [
         ("prompt", u.prompt_tokens),

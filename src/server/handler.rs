@@ -14,7 +14,7 @@ use super::record::{Refusal, RouteFields, Unanswered};
 use super::scope::{self, AnswerBody, Scope, ScopedBody};
 use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
-use super::{access_log, stages, surface};
+use super::{access_log, disaggregate, stages, surface};
 use crate::admission::Settlement;
 use crate::forwarding::REQUEST_ID;
 use crate::gateway::RateHeaders;
@@ -113,7 +113,7 @@ async fn route(
     let (parts, body) = req.into_parts();
     let (bytes, _held) =
         stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
-    let meta = surface::extract_meta(&parts.headers, &bytes)?;
+    let meta = surface::extract_meta(&parts.headers, &bytes)?.for_endpoint(parts.uri.path());
     notes.fields.model = Some(meta.model.clone());
     notes.fields.stream = Some(meta.stream);
     let first = stages::resolve_pool(topology, &meta.model, tier).await?;
@@ -129,6 +129,7 @@ async fn route(
     let current = state.topology();
     let resolved = stages::after_queue(&current, first, permit.is_some());
     let pool = resolved.pool;
+    let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
     let tokens = estimate.tokens_for(pool, &meta).await;
     let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
     let (decision, body) =
@@ -142,15 +143,48 @@ async fn route(
             span.set("llmlb.route", label.clone());
         }
     }
+    let model = resolved.rewrite.unwrap_or(&meta.model);
+    let strip_key = config.gateway.auth || caller.key.is_some();
+    let step = disaggregate::Step {
+        topology: &current,
+        pool,
+        decision: &decision,
+        meta: &meta,
+        tokens,
+        parts: &parts,
+        tier,
+        model,
+        info: crate::balancing::RequestInfo {
+            model,
+            prompt_tokens,
+            max_tokens,
+            user: meta.user.as_deref(),
+        },
+        strip_key,
+    };
+    let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
+    if let Some(s) = &split {
+        // The access log's `route` names the prefill replica; `replica`
+        // stays the decode replica that answered.
+        let label = match &s.prefilled {
+            Some(p) => format!("split_{}@{}", s.branch.as_str(), p.replica.name),
+            None => format!("split_{}", s.branch.as_str()),
+        };
+        notes.fields.route = Some(match notes.fields.route.take() {
+            Some(route) => format!("{route}+{label}"),
+            None => label,
+        });
+    }
     let out = send::Outgoing {
         parts,
         body,
-        model: resolved.rewrite.unwrap_or(&meta.model),
+        model,
         user: meta.user.as_deref(),
         estimate: &estimate,
-        strip_key: config.gateway.auth || caller.key.is_some(),
+        strip_key,
         expose_replica: config.server.replica_header,
     };
+    let decode_sent = Instant::now();
     let resp = send::send(
         ctx,
         pool,
@@ -160,6 +194,9 @@ async fn route(
         &mut notes.fields.progress,
     )
     .await?;
+    if let Some(s) = &split {
+        s.decoded(ctx, pool, decode_sent);
+    }
     charge.commit();
     let settlement = Settlement {
         caller,

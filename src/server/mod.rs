@@ -4,6 +4,7 @@
 
 pub mod access_log;
 mod budget;
+mod disaggregate;
 mod error;
 pub mod generation;
 mod handler;
@@ -51,6 +52,7 @@ pub struct AppState {
     pub reload_metrics: reload::ReloadMetrics,
     pub shared_limit_metrics: crate::gateway::shared_limits::SharedLimitMetrics,
     pub routing_metrics: crate::routing::RoutingMetrics,
+    pub disaggregation_metrics: crate::forwarding::DisaggregationMetrics,
     /// Replicas found by DNS discovery, per pool.
     pub discovered: Arc<crate::discovery::Discovered>,
     pub discovery_metrics: crate::discovery::DiscoveryMetrics,
@@ -107,6 +109,8 @@ impl AppState {
         );
         let reload_metrics = reload::ReloadMetrics::new(metrics.registry());
         let routing_metrics = crate::routing::RoutingMetrics::new(metrics.registry());
+        let disaggregation_metrics =
+            crate::forwarding::DisaggregationMetrics::new(metrics.registry());
         let pending = pending::Gates::build(&config);
         let fleet = config.fleet.as_ref().and_then(|f| {
             crate::fleet::Fleet::new(f, &crate::fleet::FleetMetrics::new(metrics.registry()))
@@ -132,6 +136,7 @@ impl AppState {
             reload_metrics,
             shared_limit_metrics,
             routing_metrics,
+            disaggregation_metrics,
             pending,
             config_path: std::sync::OnceLock::new(),
             discovered,

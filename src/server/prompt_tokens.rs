@@ -11,7 +11,7 @@
 
 use crate::pool::Pool;
 use crate::routing::Prompt;
-use crate::tokenize::PromptTokenizer;
+use crate::tokenize::{PromptTokenizer, Unpredictable};
 
 use super::request::RequestMeta;
 
@@ -25,6 +25,9 @@ pub const BLOCKING_BYTES: usize = 1024;
 pub struct PromptTokens {
     tokenizer: PromptTokenizer,
     pub ids: Vec<u32>,
+    /// Set when the ids are the stand-in's fallback (the template or the
+    /// tokenizer failed on the prompt).
+    pub unpredictable: Option<Unpredictable>,
 }
 
 impl PromptTokens {
@@ -35,26 +38,31 @@ impl PromptTokens {
         if tokenizer.is_stand_in() {
             return None;
         }
-        let ids = if meta.prompt_bytes < BLOCKING_BYTES {
-            pool.router.prompt_tokens(prompt(meta))
+        use crate::routing::prefix::blocks::prompt_ids;
+        let (ids, unpredictable) = if meta.prompt_bytes < BLOCKING_BYTES {
+            prompt_ids(&tokenizer, prompt(meta))
         } else {
             let (router_tokenizer, owned) = (tokenizer.clone(), meta.clone());
-            let job = tokio::task::spawn_blocking(move || {
-                crate::routing::prefix::blocks::prompt_token_ids(&router_tokenizer, prompt(&owned))
-            });
+            let job =
+                tokio::task::spawn_blocking(move || prompt_ids(&router_tokenizer, prompt(&owned)));
             match job.await {
                 Ok(ids) => ids,
-                Err(_) => pool.router.prompt_tokens(prompt(meta)),
+                Err(_) => prompt_ids(&tokenizer, prompt(meta)),
             }
         };
-        Some(PromptTokens { tokenizer, ids })
+        Some(PromptTokens {
+            tokenizer,
+            ids,
+            unpredictable,
+        })
     }
 
-    /// The ids, when they came from `pool`'s tokenizer.
-    pub fn for_pool(&self, pool: &Pool) -> Option<&[u32]> {
+    /// The ids, when they came from `pool`'s tokenizer, with why they
+    /// cannot be predicted from, if they cannot.
+    pub fn for_pool(&self, pool: &Pool) -> Option<(&[u32], Option<Unpredictable>)> {
         self.tokenizer
             .same_as(pool.router.tokenizer())
-            .then_some(self.ids.as_slice())
+            .then_some((self.ids.as_slice(), self.unpredictable))
     }
 
     /// The token count, saturated to `u32`.
@@ -65,8 +73,9 @@ impl PromptTokens {
 
 /// The request's prompt as routing reads it.
 pub fn prompt(meta: &RequestMeta) -> Prompt<'_> {
-    match &meta.messages {
-        Some(m) => Prompt::Chat(m),
-        None => Prompt::Text(&meta.prompt_text),
+    match (&meta.messages, &meta.prompt_ids) {
+        (Some(m), _) => Prompt::ChatWith(m, &meta.chat),
+        (None, Some(ids)) => Prompt::Tokens(ids),
+        (None, None) => Prompt::Text(&meta.prompt_text),
     }
 }

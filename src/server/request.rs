@@ -10,7 +10,7 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::ApiError;
 use crate::forwarding::StreamOptions;
-use crate::tokenize::{ChatMessage, MessageContent};
+use crate::tokenize::{ChatFields, ChatMessage, ChatOptions, MessageContent, Unpredictable};
 
 /// What routing and balancing need to know about an inference request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,12 +31,51 @@ pub struct RequestMeta {
     /// Chat messages, for tokenizing with the pool's chat template (`None`
     /// for completions and embeddings).
     pub messages: Option<Vec<ChatMessage>>,
+    /// A chat request's template arguments (`tools`,
+    /// `chat_template_kwargs`, `documents`, ...), read as vLLM reads them.
+    pub chat: ChatOptions,
+    /// A completion prompt given as token ids.
+    pub prompt_ids: Option<Vec<u32>>,
+    /// `cache_salt`: vLLM keys the prompt's first cached block with it.
+    pub cache_salt: Option<String>,
+    /// Why the prompt's cached prefix cannot be predicted, if it cannot.
+    pub unpredictable: Option<Unpredictable>,
 }
 
 impl RequestMeta {
     /// A cheap prompt-size estimate: about four bytes of text per token.
     pub fn estimated_prompt_tokens(&self) -> u32 {
+        if let Some(ids) = &self.prompt_ids {
+            return ids.len().min(u32::MAX as usize) as u32;
+        }
         (self.prompt_bytes / 4).min(u32::MAX as usize) as u32
+    }
+
+    /// Marks bodies of endpoints whose prompt llmlb does not render
+    /// (`/v1/responses`, `/v1/messages`) as unpredictable.
+    pub fn for_endpoint(mut self, path: &str) -> RequestMeta {
+        let reason = match path {
+            "/v1/responses" => Some(Unpredictable::ResponsesApi),
+            "/v1/messages" => Some(Unpredictable::MessagesApi),
+            _ => None,
+        };
+        if let Some(r) = reason {
+            self.unpredictable = Some(r);
+        }
+        self
+    }
+
+    /// The request's kind in the closed-loop metrics, apart from adapters
+    /// (which routing knows): `tools` when it carries tools, `template_args`
+    /// when it carries other template arguments, else `plain`.
+    pub fn kind(&self) -> &'static str {
+        if self.messages.is_some() && self.chat.tools.is_some() {
+            "tools"
+        } else if self.messages.is_some() && self.chat.has_template_args() {
+            "template_args"
+        } else {
+            "plain"
+        }
     }
 }
 
@@ -67,9 +106,29 @@ struct Wire<'a> {
     #[serde(default, borrow)]
     messages: Option<Vec<WireMessage<'a>>>,
     #[serde(default)]
-    prompt: Option<Text>,
+    prompt: Option<serde_json::Value>,
     #[serde(default)]
     input: Option<Text>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    documents: Option<serde_json::Value>,
+    #[serde(default)]
+    chat_template_kwargs: Option<serde_json::Value>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+    #[serde(default)]
+    reasoning_effort: Option<String>,
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+    #[serde(default)]
+    cache_salt: Option<String>,
+    #[serde(default)]
+    chat_template: Option<IgnoredAny>,
+    #[serde(default)]
+    prompt_embeds: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -78,14 +137,24 @@ struct WireMessage<'a> {
     role: Cow<'a, str>,
     #[serde(default)]
     content: Option<Content>,
+    /// The other fields vLLM passes to the template (see
+    /// [`ChatMessage::with_fields_of`]).
+    #[serde(default)]
+    tool_calls: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_call_id: Option<serde_json::Value>,
+    #[serde(default)]
+    name: Option<serde_json::Value>,
+    #[serde(default)]
+    reasoning: Option<serde_json::Value>,
 }
 
 /// A message's `content`: a string, a list of parts (strings or
-/// `{"type":"text","text":...}`; other parts add nothing), or null; any
-/// other shape is `Other` and counts as empty.
+/// `{"type":"text","text":...}`; other parts add nothing, and media parts
+/// are noted), or null; any other shape is `Other` and counts as empty.
 enum Content {
     Text(String),
-    Parts(Vec<String>),
+    Parts(Vec<String>, bool),
     Other,
 }
 
@@ -124,10 +193,12 @@ impl<'de> Deserialize<'de> for Content {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
                 let mut parts = Vec::new();
+                let mut media = false;
                 while let Some(part) = seq.next_element::<Part>()? {
-                    parts.extend(part.0);
+                    parts.extend(part.text);
+                    media |= part.media;
                 }
-                Ok(Content::Parts(parts))
+                Ok(Content::Parts(parts, media))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content, A::Error> {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
@@ -183,20 +254,46 @@ impl<'de> Deserialize<'de> for MaybeStr {
 }
 
 /// The `"text"` string of an object, skipping its other keys.
-fn text_of<'de, A: MapAccess<'de>>(mut map: A) -> Result<Option<String>, A::Error> {
-    let mut text = None;
+fn text_of<'de, A: MapAccess<'de>>(map: A) -> Result<Option<String>, A::Error> {
+    Ok(part_of(map)?.text)
+}
+
+/// An object's `"text"` string and whether its `"type"` names media.
+fn part_of<'de, A: MapAccess<'de>>(mut map: A) -> Result<Part, A::Error> {
+    let mut part = Part {
+        text: None,
+        media: false,
+    };
     while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-        if key == "text" && text.is_none() {
-            text = map.next_value::<MaybeStr>()?.0;
+        if key == "text" && part.text.is_none() {
+            part.text = map.next_value::<MaybeStr>()?.0;
+        } else if key == "type" {
+            let kind = map.next_value::<MaybeStr>()?.0;
+            part.media = kind.is_some_and(|k| is_media(&k));
         } else {
             map.next_value::<IgnoredAny>()?;
         }
     }
-    Ok(text)
+    Ok(part)
 }
 
-/// One part of list content: its text, if it has any.
-struct Part(Option<String>);
+/// Content part types whose tokens depend on the model's processor.
+fn is_media(kind: &str) -> bool {
+    kind.starts_with("image")
+        || kind.starts_with("audio")
+        || kind.starts_with("video")
+        || kind.starts_with("input_audio")
+        || kind.starts_with("input_image")
+        || kind == "file"
+        || kind.ends_with("_embeds")
+}
+
+/// One part of list content: its text, if it has any, and whether it is
+/// an image, audio, video or file.
+struct Part {
+    text: Option<String>,
+    media: bool,
+}
 
 impl<'de> Deserialize<'de> for Part {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -207,16 +304,28 @@ impl<'de> Deserialize<'de> for Part {
                 f.write_str("a content part")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Part, E> {
-                Ok(Part(Some(v.to_owned())))
+                Ok(Part {
+                    text: Some(v.to_owned()),
+                    media: false,
+                })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Part, A::Error> {
-                Ok(Part(text_of(map)?))
+                part_of(map)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Part, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Part(None))
+                Ok(Part {
+                    text: None,
+                    media: false,
+                })
             }
-            skip_scalars!(Part, Part(None));
+            skip_scalars!(
+                Part,
+                Part {
+                    text: None,
+                    media: false
+                }
+            );
         }
         d.deserialize_any(V)
     }
@@ -327,29 +436,83 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
     let mut prompt_text = String::new();
     let mut prompt_bytes = 0;
     let mut chat = None;
+    let mut prompt_ids = None;
+    let mut unpredictable = None;
+    if wire.chat_template.is_some() {
+        unpredictable = Some(Unpredictable::RequestTemplate);
+    }
+    if wire.prompt_embeds.is_some() {
+        unpredictable = Some(Unpredictable::PromptEmbeds);
+    }
+    let has_messages = wire.messages.is_some();
     if let Some(messages) = wire.messages {
         let mut list = Vec::with_capacity(messages.len());
         for m in messages {
             let content = match m.content {
                 Some(Content::Text(t)) => MessageContent::Text(t),
-                Some(Content::Parts(p)) => MessageContent::Parts(p),
+                Some(Content::Parts(p, media)) => {
+                    if media {
+                        unpredictable.get_or_insert(Unpredictable::Multimodal);
+                    }
+                    MessageContent::Parts(p)
+                }
                 // Content of another shape counts as empty.
                 None | Some(Content::Other) => MessageContent::Text(String::new()),
             };
-            let message = ChatMessage {
+            let mut message = ChatMessage {
                 role: m.role.into_owned(),
                 content,
+                fields: Vec::new(),
             };
+            if m.tool_calls.is_some()
+                || m.tool_call_id.is_some()
+                || m.name.is_some()
+                || m.reasoning.is_some()
+            {
+                let mut o = serde_json::Map::new();
+                for (k, v) in [
+                    ("tool_calls", m.tool_calls),
+                    ("tool_call_id", m.tool_call_id),
+                    ("name", m.name),
+                    ("reasoning", m.reasoning),
+                ] {
+                    if let Some(v) = v {
+                        o.insert(k.into(), v);
+                    }
+                }
+                message = message.with_fields_of(&o);
+            }
             // As if rendered "role: text\n".
             prompt_bytes += message.role.len() + 3;
             prompt_bytes += message.parts().iter().map(String::len).sum::<usize>();
             list.push(message);
         }
         chat = Some(list);
-    } else if let Some(Text(p)) = wire.prompt.or(wire.input) {
+    } else if let Some(p) = wire.prompt {
+        let prompt = CompletionPrompt::of(p);
+        if prompt.batch {
+            unpredictable.get_or_insert(Unpredictable::PromptBatch);
+        }
+        prompt_text = prompt.text;
+        prompt_bytes = prompt_text.len();
+        prompt_ids = prompt.ids;
+    } else if let Some(Text(p)) = wire.input {
         prompt_text = p;
         prompt_bytes = prompt_text.len();
     }
+    let chat_options = if has_messages {
+        ChatOptions::from_request(ChatFields {
+            tools: wire.tools,
+            documents: wire.documents,
+            chat_template_kwargs: wire.chat_template_kwargs,
+            add_generation_prompt: wire.add_generation_prompt,
+            continue_final_message: wire.continue_final_message,
+            reasoning_effort: wire.reasoning_effort,
+            add_special_tokens: wire.add_special_tokens,
+        })
+    } else {
+        ChatOptions::default()
+    };
     let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
     Ok(RequestMeta {
         model,
@@ -360,7 +523,61 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         prompt_text,
         prompt_bytes,
         messages: chat,
+        chat: chat_options,
+        prompt_ids,
+        cache_salt: wire.cache_salt,
+        unpredictable,
     })
+}
+
+/// A completion's `prompt`: text (a string, or the concatenated strings
+/// and text parts of a list), token ids (a list of integers), and whether
+/// it holds several prompts (vLLM serves each separately).
+struct CompletionPrompt {
+    text: String,
+    ids: Option<Vec<u32>>,
+    batch: bool,
+}
+
+impl CompletionPrompt {
+    fn of(v: serde_json::Value) -> CompletionPrompt {
+        use serde_json::Value;
+        let as_ids = |items: &[Value]| -> Option<Vec<u32>> {
+            items
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect()
+        };
+        let mut out = CompletionPrompt {
+            text: String::new(),
+            ids: None,
+            batch: false,
+        };
+        match v {
+            Value::String(s) => out.text = s,
+            Value::Array(items) => {
+                if !items.is_empty() && items.iter().all(Value::is_number) {
+                    out.ids = as_ids(&items);
+                    return out;
+                }
+                out.batch = items.len() > 1;
+                for item in &items {
+                    match item {
+                        Value::String(s) => out.text.push_str(s),
+                        Value::Object(o) => {
+                            if let Some(t) = o.get("text").and_then(Value::as_str) {
+                                out.text.push_str(t);
+                            }
+                        }
+                        Value::Array(inner) if items.len() == 1 => out.ids = as_ids(inner),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use crate::pool::{Pool, Resolution};
 use crate::routing::{Decision, RouteInput};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
+use crate::tokenize::Unpredictable;
 
 /// What every step of one request shares: the process, the client, the
 /// request's id and trace.
@@ -33,6 +34,30 @@ pub struct RequestCtx<'a> {
     pub trace: Option<&'a RequestTrace>,
 }
 
+/// What the router reads of one request: `model` is the name the pool
+/// serves (after an alias), `tokens` the prompt's ids from the pool's
+/// tokenizer with the reason its cached prefix cannot be predicted, if any.
+pub fn route_input<'a>(
+    meta: &'a RequestMeta,
+    model: &'a str,
+    headers: &'a HeaderMap,
+    tier: Option<&'a str>,
+    tokens: Option<(&'a [u32], Option<Unpredictable>)>,
+) -> RouteInput<'a> {
+    RouteInput {
+        model,
+        user: meta.user.as_deref(),
+        api_key: crate::gateway::keys::presented_key(headers),
+        headers,
+        tier,
+        prompt: prompt(meta),
+        tokens: tokens.map(|t| t.0),
+        salt: meta.cache_salt.as_deref(),
+        unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
+        kind: meta.kind(),
+    }
+}
+
 /// The routing stage within the chosen pool: the request's decision, and
 /// the body to send with the request's edits ([`Outbound`]: the served model
 /// name when an alias was used, `stream_options` for a stream the pool asks
@@ -41,7 +66,7 @@ pub fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
     meta: &RequestMeta,
-    tokens: Option<&[u32]>,
+    tokens: Option<(&[u32], Option<Unpredictable>)>,
     parts: &request::Parts,
     tier: Option<&str>,
     bytes: &Bytes,
@@ -51,20 +76,18 @@ pub fn route_within(
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
     let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage)?;
-    let input = RouteInput {
-        model: resolved.rewrite.unwrap_or(&meta.model),
-        user: meta.user.as_deref(),
-        api_key: crate::gateway::keys::presented_key(headers),
-        headers,
-        tier,
-        prompt: prompt(meta),
-        tokens,
-    };
+    let model = resolved.rewrite.unwrap_or(&meta.model);
+    let input = route_input(meta, model, headers, tier, tokens);
     let decision = pool
         .router
         .route(&pool.replicas, &input, rand::random(), now_millis())?;
     for branches in [&resolved.branches, &decision.branches] {
         state.routing_metrics.record_branches(&pool.name, branches);
+    }
+    if let Some(reason) = decision.unpredictable {
+        state
+            .routing_metrics
+            .record_unpredictable(&pool.name, reason);
     }
     Ok((decision, body))
 }

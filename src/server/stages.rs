@@ -230,7 +230,7 @@ impl Estimate {
         &'e mut self,
         pool: &Pool,
         meta: &RequestMeta,
-    ) -> Option<&'e [u32]> {
+    ) -> Option<(&'e [u32], Option<crate::tokenize::Unpredictable>)> {
         if self
             .counted
             .as_ref()

@@ -98,6 +98,7 @@ pub async fn scrape_once(
         .map_err(ScrapeError::Fetch)?;
     let text = String::from_utf8_lossy(&body);
     let snapshot = LoadSnapshot::from_text(&text, &target.names, now_millis());
+    target.replica.adapters.observe(super::lora::parse(&text));
     if snapshot.is_empty() {
         return Err(ScrapeError::NoMetrics);
     }

@@ -36,6 +36,9 @@ pub struct Metrics {
     pub prefix_replicated: IntGaugeVec,
     /// Their copies beyond the first, summed, by pool.
     pub prefix_extra_copies: IntGaugeVec,
+    /// Requests for a LoRA adapter sent where it was not loaded and no
+    /// adapter slot was free, by pool and replica.
+    pub lora_swaps: IntCounterVec,
     /// 1 per configured (or discovered) replica, with its address: joins
     /// the `replica` label of every other metric to where it points.
     pub replica_info: IntGaugeVec,
@@ -102,6 +105,11 @@ impl Metrics {
             "Copies of replicated prefixes beyond the first, summed, by pool.",
             &["pool"],
         );
+        let lora_swaps = family.counter(
+            "llmlb_lora_swaps_total",
+            "Requests for a LoRA adapter sent to a replica that had not loaded it and had no free adapter slot (a swap), by pool and replica.",
+            &["pool", "replica"],
+        );
         let replica_info = family.gauge(
             "llmlb_replica_info",
             "1 for each replica in the running config, with its URL.",
@@ -124,6 +132,7 @@ impl Metrics {
             replica_down,
             prefix_replicated,
             prefix_extra_copies,
+            lora_swaps,
             replica_info,
         }
     }

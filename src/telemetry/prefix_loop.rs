@@ -9,6 +9,11 @@
 //! (`Dispatched::predicted_cached`), and the access-log wrapper, which reads
 //! `usage` at the end of every answer, calls [`PrefixLoopMetrics::observe`].
 //!
+//! Both counters are split by request `kind` (`plain`, `tools`,
+//! `template_args`, `adapter`: a LoRA adapter's request, whatever else it
+//! carries), so a gap between prediction and report shows which kind of
+//! request it comes from.
+//!
 //! Counted: answers with status 200 whose `usage` carries `cached_tokens`
 //! (vLLM: `--enable-prompt-tokens-details`): every non-streamed answer, and
 //! streams whose client asked for `stream_options.include_usage`. Streams
@@ -23,9 +28,9 @@ const ERROR_BUCKETS: &[f64] = &[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
 
 #[derive(Debug, Clone)]
 pub struct PrefixLoopMetrics {
-    /// `llmlb_prefix_cached_tokens_predicted_total{pool,replica}`.
+    /// `llmlb_prefix_cached_tokens_predicted_total{pool,replica,kind}`.
     pub predicted: IntCounterVec,
-    /// `llmlb_prefix_cached_tokens_reported_total{pool,replica}`.
+    /// `llmlb_prefix_cached_tokens_reported_total{pool,replica,kind}`.
     pub reported: IntCounterVec,
     /// `llmlb_prefix_cached_tokens_error_ratio{pool}`.
     pub error: HistogramVec,
@@ -55,8 +60,8 @@ impl Observation {
 impl PrefixLoopMetrics {
     pub fn register(registry: &Registry) -> PrefixLoopMetrics {
         let family = super::Family::new(registry);
-        let predicted = family.counter("llmlb_prefix_cached_tokens_predicted_total", "Prompt tokens llmlb predicted, when routing, that the replica would find in its prefix cache (answers whose usage reports cached tokens).", &["pool", "replica"]);
-        let reported = family.counter("llmlb_prefix_cached_tokens_reported_total", "Prompt tokens the replica reported cached (usage.prompt_tokens_details.cached_tokens) on the same answers.", &["pool", "replica"]);
+        let predicted = family.counter("llmlb_prefix_cached_tokens_predicted_total", "Prompt tokens llmlb predicted, when routing, that the replica would find in its prefix cache (answers whose usage reports cached tokens).", &["pool", "replica", "kind"]);
+        let reported = family.counter("llmlb_prefix_cached_tokens_reported_total", "Prompt tokens the replica reported cached (usage.prompt_tokens_details.cached_tokens) on the same answers.", &["pool", "replica", "kind"]);
         let error = family.histogram("llmlb_prefix_cached_tokens_error_ratio", "Per request, |predicted - reported| cached tokens as a fraction of the prompt's tokens.", &["pool"], ERROR_BUCKETS);
         PrefixLoopMetrics {
             predicted,
@@ -67,15 +72,15 @@ impl PrefixLoopMetrics {
 
     /// Records one answer; `None` observations (no prediction, or no
     /// reported cached count) are skipped.
-    pub fn observe(&self, pool: &str, replica: &str, o: Option<Observation>) {
+    pub fn observe(&self, pool: &str, replica: &str, kind: &str, o: Option<Observation>) {
         let Some(o) = o else {
             return;
         };
         self.predicted
-            .with_label_values(&[pool, replica])
+            .with_label_values(&[pool, replica, kind])
             .inc_by(o.predicted);
         self.reported
-            .with_label_values(&[pool, replica])
+            .with_label_values(&[pool, replica, kind])
             .inc_by(o.reported);
         self.error
             .with_label_values(&[pool])
@@ -114,10 +119,13 @@ mod tests {
         assert_eq!(observation(500, Some(4), Some(10), Some(4)), None);
         let o = observation(200, Some(96), Some(200), Some(80)).unwrap();
         assert!((o.error_ratio() - 0.08).abs() < 1e-9);
-        m.observe("p", "r", Some(o));
-        m.observe("p", "r", None);
-        assert_eq!(m.predicted.with_label_values(&["p", "r"]).get(), 96);
-        assert_eq!(m.reported.with_label_values(&["p", "r"]).get(), 80);
+        m.observe("p", "r", "tools", Some(o));
+        m.observe("p", "r", "tools", None);
+        assert_eq!(
+            m.predicted.with_label_values(&["p", "r", "tools"]).get(),
+            96
+        );
+        assert_eq!(m.reported.with_label_values(&["p", "r", "tools"]).get(), 80);
         assert_eq!(m.error.with_label_values(&["p"]).get_sample_count(), 1);
     }
 }

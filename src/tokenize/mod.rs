@@ -14,6 +14,7 @@
 //! use it. Cost: see [`ModelTokenizer`] and [`stand_in`]; the
 //! criterion bench `benches/tokenize.rs` measures render plus encode.
 
+mod chat;
 mod clock;
 mod message;
 mod model;
@@ -24,6 +25,7 @@ mod template;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use chat::{ChatFields, ChatOptions, Unpredictable};
 pub use message::{ChatMessage, MessageContent};
 pub use model::{LoadError, ModelTokenizer};
 pub use registry::load_shared;
@@ -79,6 +81,16 @@ impl PromptTokenizer {
 
     /// The chat prompt as text, ending with the generation prompt.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+        self.render_chat_with(messages, &ChatOptions::plain())
+    }
+
+    /// The chat prompt as text, with a request's template arguments (the
+    /// stand-in's generic layout ignores them).
+    pub fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String, TokenizeError> {
         match self {
             PromptTokenizer::StandIn => {
                 let joined: Vec<(&str, String)> = messages
@@ -89,17 +101,27 @@ impl PromptTokenizer {
                     joined.iter().map(|(r, t)| (*r, t.as_str())),
                 ))
             }
-            PromptTokenizer::Model(m) => m.render_chat(messages),
+            PromptTokenizer::Model(m) => m.render_chat(messages, options),
         }
     }
 
     /// Token ids of a chat prompt: rendered, then encoded without adding
     /// special tokens (vLLM's chat default: the template wrote them).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizeError> {
-        let text = self.render_chat(messages)?;
+        self.encode_chat_with(messages, &ChatOptions::plain())
+    }
+
+    /// Token ids of a chat prompt rendered with a request's template
+    /// arguments, encoded with its `add_special_tokens`.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let text = self.render_chat_with(messages, options)?;
         match self {
             PromptTokenizer::StandIn => Ok(stand_in::tokenize(&text)),
-            PromptTokenizer::Model(m) => m.encode(&text, false),
+            PromptTokenizer::Model(m) => m.encode(&text, options.add_special_tokens),
         }
     }
 

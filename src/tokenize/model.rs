@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::TokenizeError;
+use super::chat::ChatOptions;
 use super::message::ChatMessage;
 use super::template::{ChatTemplate, SpecialTokens};
 
@@ -114,9 +115,13 @@ impl ModelTokenizer {
     }
 
     /// The chat prompt as the model's template writes it.
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String, TokenizeError> {
         self.template
-            .render(messages)
+            .render(messages, options)
             .map_err(|e| TokenizeError::Template(e.to_string()))
     }
 

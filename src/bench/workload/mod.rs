@@ -22,12 +22,15 @@ pub use trace::{Trace, TraceOptions, TraceRecord};
 use super::error::BenchError;
 use super::text::SplitMix;
 
-/// The body of one request: a plain prompt for `/v1/completions`, or chat
-/// messages (role, content) for `/v1/chat/completions`.
+/// The body of one request: a plain prompt for `/v1/completions`, chat
+/// messages (role, content) for `/v1/chat/completions`, or token ids for
+/// `/v1/completions` (vLLM and the OpenAI API take a list of ids as the
+/// prompt: the server sees exactly these tokens, whatever its tokenizer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Prompt {
     Text(String),
     Chat(Vec<(String, String)>),
+    Tokens(Vec<u32>),
 }
 
 /// One request to send.

@@ -141,7 +141,7 @@ mod tests {
             .map(
                 |_| match w.next_conversation().unwrap().turns.remove(0).prompt {
                     Prompt::Text(t) => t,
-                    Prompt::Chat(_) => panic!("shared-prefix sends plain prompts"),
+                    _ => panic!("shared-prefix sends plain prompts"),
                 },
             )
             .collect()

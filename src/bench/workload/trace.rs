@@ -212,7 +212,7 @@ mod tests {
     fn text(c: &Conversation) -> &str {
         match &c.turns[0].prompt {
             Prompt::Text(t) => t,
-            Prompt::Chat(_) => panic!("trace sends plain prompts"),
+            _ => panic!("trace sends plain prompts"),
         }
     }
 

@@ -66,7 +66,7 @@ impl Sim<'_> {
                 }
             };
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            let expected = decision.dispatched(&replica);
+            let expected = decision.dispatched_at(&replica, now_ms).sent;
             tried.push(replica.id);
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
@@ -126,6 +126,7 @@ impl Sim<'_> {
             prompt: std::mem::take(&mut l.prompt),
             max_tokens: self.spec.workload.requests[i].output as usize,
             priority: 0,
+            external_tokens: 0,
         };
         if self.slots[at].engine.add_request(req, now).is_err() {
             // The replica answers 400 (context too long).

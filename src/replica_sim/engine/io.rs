@@ -13,6 +13,12 @@ pub struct NewRequest {
     pub max_tokens: usize,
     /// Lower is served first under priority scheduling; ignored otherwise.
     pub priority: i64,
+    /// Leading prompt tokens whose KV cache a prefill replica computed and
+    /// sent (a disaggregated request): they are loaded, not computed, when
+    /// the request is first scheduled (all but the last prompt token, which
+    /// is computed to sample the first output token). 0 for a request that
+    /// prefills here.
+    pub external_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,24 +1,34 @@
 //! The paged KV cache: a pool of fixed-size blocks with prefix caching.
 //!
-//! Modelled on vLLM's v1 block pool (`vllm/v1/core/block_pool.py`), written
-//! from its documented behaviour:
+//! Modelled on vLLM's v1 block pool (`vllm/v1/core/block_pool.py`,
+//! `FreeKVCacheBlockQueue` in `kv_cache_utils.py`), written from its
+//! documented behaviour and checked against the KV events a real vLLM
+//! publishes (`tests/sim_eviction_order.rs`):
 //! - every block has a reference count; a block with no reference sits on the
-//!   **free list**, which is kept in LRU order (least recently freed at the head);
+//!   **free queue**, whose head is taken first;
 //! - a *full* block of a request is **committed** under its chained hash
 //!   (see [`block_hash`]); the hash stays on the block after it is freed, so a
-//!   later request with the same prefix can find it;
-//! - a **hit** on a free block takes it off the free list (it is used again);
-//! - **allocation** takes the head of the free list and evicts whatever hash it
+//!   later request with the same prefix can find it. As in vLLM, identical
+//!   content is not de-duplicated: a block recomputed while another copy is
+//!   cached is committed too, and a lookup returns the oldest copy;
+//! - **freeing** a request's blocks walks them last block first: those that
+//!   carry a hash go to the **tail** of the queue (least recently used at the
+//!   head, and within one request the leaf of its prefix before its
+//!   parents); those that carry none (a partly filled last block) go to the
+//!   **head**, to be reused before any cached block is evicted;
+//! - a **hit** on a free block takes it off the queue (it is used again);
+//! - **allocation** takes the head of the queue and evicts whatever hash it
 //!   still carried.
 //!
-//! The free list is an intrusive doubly linked list over block indices, so
-//! taking a block out of its middle (a hit) is O(1). Lookup by hash is one
-//! `HashMap` probe. The pool is owned by one engine and never shared.
+//! The queue is an intrusive doubly linked list over block indices, so taking
+//! a block out of its middle (a hit) is O(1). Lookup by hash is one `HashMap`
+//! probe. The pool is owned by one engine and never shared.
 //!
 //! With [`BlockPool::record_events`] on, the pool also notes what vLLM would
-//! publish as KV-cache events: a `BlockStored` for each block committed under
-//! a new hash (with its parent's hash and its tokens) and a `BlockRemoved`
-//! for each cached hash evicted; the engine drains them after every step.
+//! publish as KV-cache events: one `BlockStored` for each run of blocks a
+//! request commits in one step (their hashes, the parent of the first, their
+//! tokens) and one `BlockRemoved` for each hash evicted; the engine drains
+//! them after every step.
 
 use std::collections::HashMap;
 
@@ -53,6 +63,22 @@ pub fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The blocks holding one hash: nearly always one.
+#[derive(Debug)]
+enum Copies {
+    One(BlockId),
+    Many(Vec<BlockId>),
+}
+
+impl Copies {
+    fn first(&self) -> BlockId {
+        match self {
+            Copies::One(id) => *id,
+            Copies::Many(ids) => ids[0],
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct BlockPool {
     ref_cnt: Vec<u32>,
@@ -62,7 +88,8 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
-    cached: HashMap<u64, BlockId>,
+    /// Every cached copy of each hash, oldest first.
+    cached: HashMap<u64, Copies>,
     evictions: u64,
     /// KV-cache events not yet drained, when recording.
     events: Option<Vec<KvEvent>>,
@@ -125,7 +152,7 @@ impl BlockPool {
 
     /// The block holding `hash`, if it is still cached.
     pub fn lookup(&self, hash: u64) -> Option<BlockId> {
-        self.cached.get(&hash).copied()
+        self.cached.get(&hash).map(Copies::first)
     }
 
     /// Whether `id` has no reference (so taking it costs a free block).
@@ -142,7 +169,7 @@ impl BlockPool {
         self.ref_cnt[id as usize] += 1;
     }
 
-    /// A fresh block from the head of the free list, evicting its old hash.
+    /// A fresh block from the head of the free queue, evicting its old hash.
     pub fn allocate(&mut self) -> Option<BlockId> {
         let id = self.head;
         if id == NIL {
@@ -150,14 +177,12 @@ impl BlockPool {
         }
         self.unlink(id);
         if let Some(h) = self.hash[id as usize].take() {
-            if self.cached.get(&h) == Some(&id) {
-                self.cached.remove(&h);
-                if let Some(events) = &mut self.events {
-                    events.push(KvEvent::BlockRemoved {
-                        block_hashes: vec![BlockKey(h)],
-                        medium: Some("GPU".into()),
-                    });
-                }
+            self.uncache(h, id);
+            if let Some(events) = &mut self.events {
+                events.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![BlockKey(h)],
+                    medium: Some("GPU".into()),
+                });
             }
             self.evictions += 1;
         }
@@ -165,42 +190,106 @@ impl BlockPool {
         Some(id)
     }
 
-    /// Drops one reference; a block nobody holds goes to the tail of the free
-    /// list and keeps its hash.
-    pub fn free(&mut self, id: BlockId) {
-        let rc = &mut self.ref_cnt[id as usize];
-        assert!(*rc > 0, "block {id} freed twice");
-        *rc -= 1;
-        if *rc == 0 {
-            self.push_tail(id);
+    /// Drops one reference on each of `blocks`, given in eviction order (a
+    /// request frees its blocks last first). Those nobody holds any more go
+    /// back to the free queue: cached ones to its tail in that order,
+    /// anonymous ones to its head (the first of them at the very head).
+    pub fn free_blocks(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        let mut anonymous = Vec::new();
+        for id in blocks {
+            let rc = &mut self.ref_cnt[id as usize];
+            assert!(*rc > 0, "block {id} freed twice");
+            *rc -= 1;
+            if *rc > 0 {
+                continue;
+            }
+            if self.hash[id as usize].is_some() {
+                self.push_tail(id);
+            } else {
+                anonymous.push(id);
+            }
+        }
+        for &id in anonymous.iter().rev() {
+            self.push_head(id);
         }
     }
 
-    /// Records that `id` now holds the full block identified by `hash`
-    /// (chained on `parent`, holding `tokens`). When another block already
-    /// holds the same content, that one stays the cached copy and `id` stays
-    /// anonymous.
-    pub fn commit(&mut self, id: BlockId, hash: u64, parent: Option<u64>, tokens: &[u32]) {
+    /// Drops one reference on one block (see [`free_blocks`](Self::free_blocks)).
+    pub fn free(&mut self, id: BlockId) {
+        self.free_blocks([id]);
+    }
+
+    /// Records that `id` now holds the full block identified by `hash`. A
+    /// block commits once; another block holding the same content stays
+    /// cached beside it. Returns whether `id` took the hash (the caller
+    /// reports the run with [`note_stored`](Self::note_stored)).
+    pub fn commit(&mut self, id: BlockId, hash: u64) -> bool {
         if self.hash[id as usize].is_some() {
+            return false;
+        }
+        self.hash[id as usize] = Some(hash);
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Copies::One(id));
+            }
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let copies = e.get_mut();
+                match copies {
+                    Copies::One(first) => *copies = Copies::Many(vec![*first, id]),
+                    Copies::Many(ids) => ids.push(id),
+                }
+            }
+        }
+        true
+    }
+
+    /// Notes one `BlockStored` event for a run of blocks committed together
+    /// (`hashes` in order, chained on `parent`, holding `tokens`), when
+    /// recording.
+    pub fn note_stored(
+        &mut self,
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        block_size: usize,
+    ) {
+        if hashes.is_empty() {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
-            e.insert(id);
-            self.hash[id as usize] = Some(hash);
-            if let Some(events) = &mut self.events {
-                events.push(KvEvent::BlockStored {
-                    block_hashes: vec![BlockKey(hash)],
-                    parent_block_hash: parent.map(BlockKey),
-                    token_ids: tokens.to_vec(),
-                    block_size: tokens.len(),
-                    lora_name: None,
-                    medium: Some("GPU".into()),
-                });
+        if let Some(events) = &mut self.events {
+            events.push(KvEvent::BlockStored {
+                block_hashes: hashes.into_iter().map(BlockKey).collect(),
+                parent_block_hash: parent.map(BlockKey),
+                token_ids: tokens,
+                block_size,
+                lora_name: None,
+                medium: Some("GPU".into()),
+                extra_keys: Vec::new(),
+            });
+        }
+    }
+
+    /// Removes block `id` from the copies of `hash`.
+    fn uncache(&mut self, hash: u64, id: BlockId) {
+        let std::collections::hash_map::Entry::Occupied(mut e) = self.cached.entry(hash) else {
+            return;
+        };
+        match e.get_mut() {
+            Copies::One(only) => {
+                if *only == id {
+                    e.remove();
+                }
+            }
+            Copies::Many(ids) => {
+                ids.retain(|&b| b != id);
+                if ids.is_empty() {
+                    e.remove();
+                }
             }
         }
     }
 
-    /// The free list from head (next to be evicted) to tail.
+    /// The free queue from head (next to be taken) to tail.
     pub fn free_order(&self) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.num_free);
         let mut cur = self.head;
@@ -228,6 +317,18 @@ impl BlockPool {
         self.num_free -= 1;
     }
 
+    fn push_head(&mut self, id: BlockId) {
+        self.prev[id as usize] = NIL;
+        self.next[id as usize] = self.head;
+        if self.head == NIL {
+            self.tail = id;
+        } else {
+            self.prev[self.head as usize] = id;
+        }
+        self.head = id;
+        self.num_free += 1;
+    }
+
     fn push_tail(&mut self, id: BlockId) {
         self.prev[id as usize] = self.tail;
         self.next[id as usize] = NIL;
@@ -244,6 +345,10 @@ impl BlockPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cached(p: &mut BlockPool, id: BlockId, hash: u64) {
+        assert!(p.commit(id, hash));
+    }
 
     #[test]
     fn chained_hash_depends_on_parent() {
@@ -269,7 +374,7 @@ mod tests {
     fn freed_blocks_keep_hash_and_hit_revives() {
         let mut p = BlockPool::new(4);
         let b = p.allocate().unwrap();
-        p.commit(b, 42, None, &[]);
+        cached(&mut p, b, 42);
         p.free(b);
         assert_eq!(p.num_free(), 4);
         assert_eq!(p.lookup(42), Some(b));
@@ -280,7 +385,7 @@ mod tests {
         assert_eq!(
             *p.free_order().last().unwrap(),
             b,
-            "freed blocks go to the tail"
+            "cached blocks go to the tail"
         );
     }
 
@@ -289,7 +394,7 @@ mod tests {
         let mut p = BlockPool::new(4);
         let ids: Vec<_> = (0..4).map(|_| p.allocate().unwrap()).collect();
         for (i, &id) in ids.iter().enumerate() {
-            p.commit(id, 100 + i as u64, None, &[]);
+            cached(&mut p, id, 100 + i as u64);
         }
         // Free in the order 2, 0, 3, 1: that is the eviction order.
         for i in [2, 0, 3, 1] {
@@ -307,22 +412,42 @@ mod tests {
     }
 
     #[test]
+    fn anonymous_blocks_are_reused_before_cached_ones_are_evicted() {
+        // A request of three blocks, the last one partly filled (no hash),
+        // freed last block first as vLLM frees them.
+        let mut p = BlockPool::new(5);
+        let ids: Vec<_> = (0..3).map(|_| p.allocate().unwrap()).collect();
+        cached(&mut p, ids[0], 10);
+        cached(&mut p, ids[1], 11);
+        p.free_blocks(ids.iter().rev().copied());
+        // The partial block to the head, the leaf (11) before its parent (10).
+        assert_eq!(p.free_order(), vec![2, 3, 4, 1, 0]);
+        assert_eq!(p.allocate(), Some(2));
+        assert_eq!(p.evictions(), 0, "no cached block was touched");
+        // Several anonymous blocks freed together keep their order at the head.
+        let more: Vec<_> = (0..2).map(|_| p.allocate().unwrap()).collect();
+        p.free_blocks([more[1], more[0], 2]);
+        assert_eq!(p.free_order(), vec![4, 3, 2, 1, 0]);
+    }
+
+    #[test]
     fn events_follow_commits_and_evictions() {
         let mut p = BlockPool::new(2);
         p.record_events();
         let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
-        p.commit(a, 7, None, &[1, 2]);
-        p.commit(b, 7, None, &[1, 2]); // same content: no second store
-        p.commit(b, 8, Some(7), &[3, 4]); // b is still anonymous: it takes 8
-        p.free(b);
-        p.free(a);
+        cached(&mut p, a, 7);
+        cached(&mut p, b, 8);
+        p.note_stored(vec![7, 8], None, vec![1, 2, 3, 4], 2);
+        p.note_stored(Vec::new(), Some(8), Vec::new(), 2); // nothing new: no event
+        p.free_blocks([b, a]);
         let stored = p.take_events();
-        assert_eq!(stored.len(), 2, "{stored:?}");
+        assert_eq!(stored.len(), 1, "{stored:?}");
         assert!(matches!(
-            &stored[1],
-            KvEvent::BlockStored { parent_block_hash: Some(BlockKey(7)), token_ids, block_size: 2, .. } if token_ids == &[3, 4]
+            &stored[0],
+            KvEvent::BlockStored { block_hashes, parent_block_hash: None, token_ids, block_size: 2, .. }
+                if block_hashes == &[BlockKey(7), BlockKey(8)] && token_ids == &[1, 2, 3, 4]
         ));
-        p.allocate().unwrap(); // evicts b's hash 8 (freed first)
+        p.allocate().unwrap(); // evicts b's hash 8 (the leaf, freed first)
         assert_eq!(
             p.take_events(),
             vec![KvEvent::BlockRemoved {
@@ -334,19 +459,20 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_content_keeps_first_copy() {
-        let mut p = BlockPool::new(2);
+    fn duplicate_content_is_cached_twice_and_the_oldest_copy_is_found() {
+        let mut p = BlockPool::new(3);
         let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
-        p.commit(a, 7, None, &[]);
-        p.commit(b, 7, None, &[]);
+        cached(&mut p, a, 7);
+        cached(&mut p, b, 7);
+        assert!(!p.commit(b, 9), "a block commits once");
         assert_eq!(p.lookup(7), Some(a));
-        p.free(b);
         p.free(a);
+        p.free(b);
+        assert_eq!(p.allocate(), Some(2), "the never-used block first");
+        assert_eq!(p.allocate(), Some(a));
+        assert_eq!(p.lookup(7), Some(b), "the other copy stays cached");
         assert_eq!(p.allocate(), Some(b));
-        assert_eq!(
-            p.lookup(7),
-            Some(a),
-            "evicting the duplicate keeps the cached copy"
-        );
+        assert_eq!(p.lookup(7), None);
+        assert_eq!(p.evictions(), 2);
     }
 }

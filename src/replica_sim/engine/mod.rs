@@ -18,11 +18,13 @@
 //! 2. if nothing was preempted, waiting requests are admitted in FCFS (or
 //!    priority) order while `max_num_seqs` and the budget allow: the longest
 //!    run of leading blocks found in the prefix cache is reused, the rest is
-//!    prefilled, in chunks if the budget is short (chunked prefill);
+//!    prefilled, in chunks if the budget is short (chunked prefill); the
+//!    blocks each scheduled request will fill are committed to the prefix
+//!    cache as it is scheduled ([`kv_cache`] describes the eviction order);
 //! 3. every request whose computed tokens caught up with its known tokens
-//!    samples one output token; full blocks are committed to the prefix cache;
-//!    a request that reached `max_tokens` finishes and frees its blocks (last
-//!    block first, so a shared prefix outlives the private tail in the LRU);
+//!    samples one output token; a request that reached `max_tokens`
+//!    finishes and frees its blocks (last block first, so a shared prefix
+//!    outlives the private tail in the LRU);
 //! 4. with `api_per_request` set, the API server's queue of newcomers does
 //!    its share of work beside the step ([`front_end`]); those it finishes
 //!    join the waiting queue.
@@ -123,6 +125,7 @@ impl Engine {
             output: Vec::new(),
             max_tokens: req.max_tokens,
             priority: req.priority,
+            external_tokens: req.external_tokens,
             order: self.next_order,
             arrival: now,
             hashes: Vec::new(),
@@ -158,9 +161,7 @@ impl Engine {
         self.running.retain(|&r| r != id);
         self.front_end.remove(id);
         let freed = seq.blocks.len();
-        for &b in seq.blocks.iter().rev() {
-            self.pool.free(b);
-        }
+        self.pool.free_blocks(seq.blocks.iter().rev().copied());
         self.stats.finished[FinishReason::Abort as usize] += 1;
         self.stats.aborted_blocks_freed += freed as u64;
         self.refresh_gauges();
@@ -198,6 +199,27 @@ impl Engine {
     /// KV-cache events since the last call, in the order they happened.
     pub fn take_kv_events(&mut self) -> Vec<crate::kv_events::KvEvent> {
         self.pool.take_events()
+    }
+
+    /// Leading tokens of `prompt` this engine's prefix cache holds now (whole
+    /// blocks), as a request's admission would find them: what a decode
+    /// replica need not receive from a prefill replica.
+    pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
+        if !self.params.enable_prefix_caching {
+            return 0;
+        }
+        let bs = self.params.block_size;
+        let mut parent = None;
+        let mut n = 0;
+        for block in prompt.chunks_exact(bs) {
+            let h = kv_cache::block_hash(parent, block);
+            if self.pool.lookup(h).is_none() {
+                break;
+            }
+            parent = Some(h);
+            n += bs;
+        }
+        n
     }
 
     /// Blocks held by request `id` (for tests and diagnostics).
@@ -253,11 +275,9 @@ impl Engine {
     /// Applies `n` computed tokens to `id`, samples a token when it caught up.
     fn advance(&mut self, id: u64, n: usize, end: f64, out: &mut StepOutcome) {
         let bs = self.params.block_size;
-        let caching = self.params.enable_prefix_caching;
         let seq = self.seqs.get_mut(&id).expect("scheduled request exists");
         seq.num_computed += n;
         if seq.num_computed < seq.num_tokens() {
-            commit_full_blocks(&mut self.pool, seq, bs, caching);
             return;
         }
         let index = seq.output.len();
@@ -265,7 +285,6 @@ impl Engine {
         let token = crate::replica_sim::text::filler_token(text);
         seq.output.push(token);
         seq.update_hashes(bs);
-        commit_full_blocks(&mut self.pool, seq, bs, caching);
         self.stats.generation_tokens += 1;
         match seq.first_token {
             None => {
@@ -291,9 +310,7 @@ impl Engine {
     fn finish(&mut self, id: u64, reason: FinishReason, end: f64, out: &mut StepOutcome) {
         let seq = self.seqs.remove(&id).expect("finishing request exists");
         self.running.retain(|&r| r != id);
-        for &b in seq.blocks.iter().rev() {
-            self.pool.free(b);
-        }
+        self.pool.free_blocks(seq.blocks.iter().rev().copied());
         self.stats.finished[reason as usize] += 1;
         self.observe_finished(&seq, end);
         out.finished.push(Finished {
@@ -340,22 +357,29 @@ impl Engine {
     }
 }
 
-/// Commits every full, computed, not yet committed block of `seq`.
-fn commit_full_blocks(pool: &mut BlockPool, seq: &mut Seq, block_size: usize, caching: bool) {
-    if !caching {
+/// Commits the blocks of `seq` that are full once its first `upto` tokens
+/// are computed, as vLLM does when it schedules them (before the step runs,
+/// so a request admitted later in the same step can already hit them), and
+/// notes them as one `BlockStored` event.
+fn commit_full_blocks(pool: &mut BlockPool, seq: &mut Seq, upto: usize, block_size: usize) {
+    let full = (upto / block_size).min(seq.hashes.len());
+    if seq.num_committed >= full {
         return;
     }
-    let full = (seq.num_computed / block_size).min(seq.hashes.len());
-    while seq.num_committed < full {
-        let i = seq.num_committed;
-        let parent = i.checked_sub(1).map(|p| seq.hashes[p]);
-        let tokens = if pool.is_recording() {
-            seq.block_tokens(i, block_size)
-        } else {
-            Vec::new()
-        };
-        pool.commit(seq.blocks[i], seq.hashes[i], parent, &tokens);
-        seq.num_committed += 1;
+    let first = seq.num_committed;
+    let parent = first.checked_sub(1).map(|p| seq.hashes[p]);
+    let mut stored = Vec::new();
+    for i in first..full {
+        if pool.commit(seq.blocks[i], seq.hashes[i]) {
+            stored.push(seq.hashes[i]);
+        }
+    }
+    seq.num_committed = full;
+    if pool.is_recording() {
+        let tokens = (first..full)
+            .flat_map(|i| seq.block_tokens(i, block_size))
+            .collect();
+        pool.note_stored(stored, parent, tokens, block_size);
     }
 }
 

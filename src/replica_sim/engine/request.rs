@@ -9,6 +9,9 @@ pub(super) struct Seq {
     pub output: Vec<u32>,
     pub max_tokens: usize,
     pub priority: i64,
+    /// Leading prompt tokens loaded from a prefill replica (see
+    /// [`super::NewRequest::external_tokens`]).
+    pub external_tokens: usize,
     /// Arrival order, the FCFS tie-breaker.
     pub order: u64,
     pub arrival: f64,
@@ -66,6 +69,9 @@ impl Seq {
     /// Whether a step that computes `n` more tokens is a decode step for this
     /// sequence (one token past the prompt) rather than prefill or recompute.
     pub fn is_decode(&self, n: usize) -> bool {
-        n == 1 && self.num_computed >= self.prompt.len()
+        // A prompt loaded from a prefill replica computes its last token in
+        // the decode batch, as one more decoding sequence.
+        let loaded = self.external_tokens > 0 && self.num_computed + 1 >= self.prompt.len();
+        n == 1 && (self.num_computed >= self.prompt.len() || loaded)
     }
 }

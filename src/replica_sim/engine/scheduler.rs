@@ -3,6 +3,11 @@
 //! chunked prefill, prefix-cache lookup at admission, and preemption by
 //! recompute when the KV cache runs out of blocks.
 //!
+//! The blocks a step will fill are committed to the prefix cache as the
+//! request is scheduled, right after its blocks are allocated, as vLLM's
+//! `allocate_slots` does: so the KV events of one step interleave each
+//! request's evictions and stores in batch order.
+//!
 //! Cost per step: O(running + admitted) plus one hash probe per cached block
 //! looked up; a preemption is O(blocks of the victim).
 
@@ -114,9 +119,7 @@ impl Engine {
     fn preempt(&mut self, pos: usize) {
         let id = self.running.remove(pos);
         let seq = self.seqs.get_mut(&id).expect("running request exists");
-        for &b in seq.blocks.iter().rev() {
-            self.pool.free(b);
-        }
+        self.pool.free_blocks(seq.blocks.iter().rev().copied());
         seq.blocks.clear();
         seq.num_computed = 0;
         seq.num_committed = 0;
@@ -136,6 +139,10 @@ impl Engine {
         for _ in 0..need {
             let b = self.pool.allocate().expect("checked free blocks");
             seq.blocks.push(b);
+        }
+        if self.params.enable_prefix_caching {
+            let upto = seq.num_computed + n;
+            super::commit_full_blocks(&mut self.pool, seq, upto, bs);
         }
         true
     }
@@ -160,7 +167,15 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let computed = hits.len() * bs;
+        // A disaggregated request's prompt arrives computed from its
+        // prefill replica (first admission only: after a preemption it is
+        // recomputed here, as vLLM does).
+        let external = if seq.cached_tokens.is_none() {
+            seq.external_tokens.min(total - 1)
+        } else {
+            0
+        };
+        let computed = (hits.len() * bs).max(external);
         let n = (total - computed).min(budget);
         let fresh = Seq::blocks_for(computed + n, bs) - hits.len();
         let revived = hits.iter().filter(|&&b| self.pool.is_free(b)).count();
@@ -170,13 +185,20 @@ impl Engine {
         for &b in &hits {
             self.pool.acquire(b);
         }
+        let num_hits = hits.len();
         seq.blocks = hits;
         for _ in 0..fresh {
             let b = self.pool.allocate().expect("checked free blocks");
             seq.blocks.push(b);
         }
         seq.num_computed = computed;
-        seq.num_committed = seq.blocks.len().min(computed / bs);
+        // The cache's own blocks are committed already; the rest (loaded
+        // from a prefill replica, or computed in this step) commit as they
+        // are scheduled.
+        seq.num_committed = num_hits;
+        if caching {
+            super::commit_full_blocks(&mut self.pool, seq, computed + n, bs);
+        }
         // As in vLLM, a request re-admitted after preemption is not counted
         // again: the prefix-cache counters describe first admissions only.
         if caching && seq.cached_tokens.is_none() {

@@ -35,6 +35,7 @@ pub(super) fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         prompt,
         max_tokens,
         priority: 0,
+        external_tokens: 0,
     }
 }
 
@@ -60,6 +61,27 @@ pub(super) fn run(e: &mut Engine, mut now: f64) -> (f64, Vec<StepOutcome>) {
 
 pub(super) fn finished(outs: &[StepOutcome]) -> Vec<Finished> {
     outs.iter().flat_map(|o| o.finished.clone()).collect()
+}
+
+#[test]
+fn a_prompt_loaded_from_a_prefill_replica_decodes_at_once() {
+    let mut e = Engine::new(params(), cost(), 1);
+    let prompt = toks(1000, 100);
+    let mut r = req(1, prompt.clone(), 4);
+    r.external_tokens = prompt.len();
+    e.add_request(r, 0.0).unwrap();
+    let (_, outs) = run(&mut e, 0.0);
+    // Every step is a decode step: no prefill in the batch.
+    assert!(outs.iter().all(|o| o.shape.prefill_tokens == 0), "{outs:?}");
+    assert_eq!(outs[0].shape.decode_seqs, 1);
+    assert_eq!(outs.len(), 4);
+    let f = &finished(&outs)[0];
+    assert_eq!((f.cached_tokens, f.completion_tokens), (99, 4));
+    // Its blocks entered the prefix cache: the same prompt prefilled here
+    // next finds them.
+    e.add_request(req(2, prompt, 1), 1.0).unwrap();
+    let (_, outs) = run(&mut e, 1.0);
+    assert_eq!(finished(&outs)[0].cached_tokens, 96);
 }
 
 #[test]
@@ -144,11 +166,13 @@ fn lru_evicts_least_recently_freed_prefix_first() {
     assert_eq!(e.blocks_of(1), None);
     e.add_request(req(2, b.clone(), 1), t).unwrap();
     let (t, _) = run(&mut e, t);
-    // Free list: the 2 never-used blocks, then a's blocks (freed first, tail
-    // block first), then b's.
-    assert_eq!(e.pool().free_order(), vec![6, 7, 2, 1, 0, 5, 4, 3]);
-    // An 80-token prompt takes 5 blocks: 6, 7 and a's three, evicting a's prefix.
-    e.add_request(req(3, toks(300, 80), 1), t).unwrap();
+    // Free queue: b's partly filled block (anonymous blocks go to the head,
+    // to be reused first), the never-used blocks, then a's cached blocks
+    // (freed first, leaf first), then b's. a's partial block 2 went to the
+    // head and b took it.
+    assert_eq!(e.pool().free_order(), vec![4, 5, 6, 7, 1, 0, 3, 2]);
+    // A 96-token prompt takes 6 blocks: 4 to 7 and a's two, evicting a's prefix.
+    e.add_request(req(3, toks(300, 96), 1), t).unwrap();
     let (t, _) = run(&mut e, t);
     assert_eq!(e.stats().evictions, 2);
     let before = e.stats().prefix_hits;
@@ -424,7 +448,7 @@ mod properties {
                 // Requests of one family share a leading run of tokens.
                 let mut prompt = toks(family * 1000, len.min(60));
                 prompt.extend(toks(100_000 + i as u32 * 200, len.saturating_sub(60)));
-                let r = NewRequest { id: i as u64, prompt, max_tokens: out, priority: prio };
+                let r = NewRequest { id: i as u64, prompt, max_tokens: out, priority: prio, external_tokens: 0 };
                 e.add_request(r, 0.0).unwrap();
                 expected.insert(i as u64, out);
             }

@@ -3,13 +3,18 @@
 //! ([`crate::kv_events`]), not from what llmlb sent it.
 //!
 //! Every stored block is keyed by llmlb's own chained hash of its token ids
-//! ([`super::blocks::chain`], seeded by [`super::blocks::exact_seed`]), so a
-//! prompt routed later is hashed the same way and vLLM's hash algorithm and
-//! seed never have to match. vLLM's hash is kept only in a map to llmlb's,
-//! to apply `BlockRemoved`. Blocks stored under a LoRA adapter are skipped
-//! (a base-model prompt must not match them), as are blocks whose parent is
-//! not known (they cannot be chained, and a prefix match could not reach
-//! them anyway).
+//! ([`super::blocks::chain_keyed`], seeded by [`super::blocks::exact_seed`]),
+//! so a prompt routed later is hashed the same way and vLLM's hash algorithm
+//! and seed never have to match. vLLM's hash is kept only in a map to
+//! llmlb's, to apply `BlockRemoved`. What else vLLM keyed a block with
+//! enters llmlb's hash as [`CacheKey`] does for a prompt: the event's
+//! `lora_name` every block, the `cache_salt` in its `extra_keys` a prompt's
+//! first block; so a block stored under an adapter or a salt matches only
+//! prompts of that adapter or salt. Blocks keyed by what a request cannot
+//! reproduce (multimodal items, prompt embeddings) are skipped, as are blocks
+//! whose parent is not known (they cannot be chained, and a prefix match
+//! could not reach them anyway). The adapter names seen are kept
+//! ([`HeldBlocks::has_adapter`]).
 //!
 //! **Known or not.** The record is *known* when llmlb has seen every event
 //! since the replica's cache was empty (the first message had sequence 0, a
@@ -31,14 +36,14 @@
 //! before its prefill stores anything; meanwhile the next request of the
 //! same conversation or system prompt sees its prefix on its way and
 //! follows it instead of being costed as a miss everywhere and scattered.
-//! Sent blocks are kept apart from the reported ones
-//! ([`HeldBlocks::snapshot`] does not list them), counted once per block
-//! however many requests carry it, and bounded by `capacity` too. Prompts
-//! sent before any event told the block size are kept as tokens
-//! ([`EARLY_TOKENS`]) and hashed into the sent blocks by that first event.
-//! Reported and sent blocks together are what the replica will hold, which
-//! is also what the eviction charge measures the empty room against
-//! ([`HeldBlocks::occupied`]).
+//! Sent blocks are keyed as the prompt is (adapter, salt), kept apart from
+//! the reported ones ([`HeldBlocks::snapshot`] does not list them), counted
+//! once per block however many requests carry it, and bounded by
+//! `capacity` too. Prompts sent before any event told the block size are
+//! kept as tokens ([`EARLY_TOKENS`]) and hashed into the sent blocks by
+//! that first event. Reported and sent blocks together are what the
+//! replica will hold, which is also what the eviction charge measures the
+//! empty room against ([`HeldBlocks::occupied`]).
 //!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
@@ -53,7 +58,9 @@ use std::sync::{Arc, Mutex};
 /// (1 MiB); later prompts in that moment are not expected.
 pub const EARLY_TOKENS: usize = 1 << 18;
 
-use super::blocks::{chain, chained_hashes, exact_seed};
+use std::collections::HashSet;
+
+use super::blocks::{CacheKey, chain_keyed, exact_seed, keyed_hashes};
 use super::cache_index::restart_seen;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
@@ -90,11 +97,13 @@ struct Held {
     pending: HashMap<u64, u32>,
     /// Each request in flight → the blocks it counts for in `pending`.
     expecting: HashMap<u64, Vec<u64>>,
-    /// Prompts sent before the block size was known, by request: hashed
-    /// into `pending` by the first event that tells it.
-    early: Vec<(u64, Vec<u32>)>,
+    /// Prompts sent before the block size was known, by request, with
+    /// their key: hashed into `pending` by the first event that tells it.
+    early: Vec<(u64, Vec<u32>, CacheKey)>,
     /// The id of the next prompt sent.
     next_id: u64,
+    /// LoRA adapter names the replica's events stored blocks under.
+    adapters: HashSet<String>,
     capacity: usize,
     /// `None`: known. `Some(n)`: unknown until `n` more blocks are stored.
     refill: Option<usize>,
@@ -119,6 +128,7 @@ impl HeldBlocks {
                 expecting: HashMap::new(),
                 early: Vec::new(),
                 next_id: 0,
+                adapters: HashSet::new(),
                 capacity,
                 refill: Some(capacity),
                 high_water: 0,
@@ -172,25 +182,25 @@ impl HeldBlocks {
         held.theirs.len() + held.pending.len()
     }
 
-    /// Records that a prompt of these tokens is being sent to the replica:
-    /// its blocks count as held there until the replica reports them or the
-    /// returned handle is dropped (the request ended). Before an event has
-    /// told the block size, the tokens are kept (at most [`EARLY_TOKENS`] in
-    /// all) and their blocks count from that event on.
+    /// Records that a prompt of these tokens, keyed by `key`, is being sent
+    /// to the replica: its blocks count as held there until the replica
+    /// reports them or the returned handle is dropped (the request ended).
+    /// Before an event has told the block size, the tokens are kept (at
+    /// most [`EARLY_TOKENS`] in all) and their blocks count from that event on.
     #[must_use = "the prompt counts as sent only while the handle lives"]
-    pub fn expect_prompt(self: &Arc<Self>, tokens: &[u32]) -> Expected {
+    pub fn expect_prompt(self: &Arc<Self>, tokens: &[u32], key: &CacheKey) -> Expected {
         let mut held = self.lock();
         let id = held.next_id;
         held.next_id += 1;
         match held.block_size {
             Some(bs) => {
-                let hashes = chained_hashes(held.seed, tokens, bs);
+                let hashes = keyed_hashes(held.seed, tokens, bs, key);
                 held.expect(id, &hashes);
             }
             None => {
-                let kept: usize = held.early.iter().map(|(_, t)| t.len()).sum();
+                let kept: usize = held.early.iter().map(|(_, t, _)| t.len()).sum();
                 if kept + tokens.len() <= EARLY_TOKENS {
-                    held.early.push((id, tokens.to_vec()));
+                    held.early.push((id, tokens.to_vec(), key.clone()));
                 }
             }
         }
@@ -198,6 +208,11 @@ impl HeldBlocks {
             held: Arc::clone(self),
             id,
         }
+    }
+
+    /// Whether the replica's events stored blocks under the LoRA adapter `name`.
+    pub fn has_adapter(&self, name: &str) -> bool {
+        self.lock().adapters.contains(name)
     }
 
     pub fn summary(&self) -> HeldSummary {
@@ -307,7 +322,7 @@ impl Held {
     /// Request `id` ended: its blocks no longer count as sent (those still
     /// carried by another request do).
     fn forget(&mut self, id: u64) {
-        self.early.retain(|(e, _)| *e != id);
+        self.early.retain(|(e, _, _)| *e != id);
         for h in self.expecting.remove(&id).unwrap_or_default() {
             if let Some(n) = self.pending.get_mut(&h) {
                 *n -= 1;
@@ -324,8 +339,8 @@ impl Held {
         }
         if self.block_size.is_none() {
             // The prompts sent before now count with this block size.
-            for (id, tokens) in std::mem::take(&mut self.early) {
-                let hashes = chained_hashes(self.seed, &tokens, stored.block_size);
+            for (id, tokens, key) in std::mem::take(&mut self.early) {
+                let hashes = keyed_hashes(self.seed, &tokens, stored.block_size, &key);
                 self.expect(id, &hashes);
             }
         }
@@ -334,9 +349,12 @@ impl Held {
             let left = n.saturating_sub(stored.block_hashes.len());
             self.refill = (left > 0).then_some(left);
         }
-        if stored.lora_name.is_some() {
-            return;
+        if let Some(name) = stored.lora_name
+            && !self.adapters.contains(name)
+        {
+            self.adapters.insert(name.to_string());
         }
+        let starts_prompt = stored.parent_block_hash.is_none();
         let parent = match stored.parent_block_hash {
             None => Some(self.seed),
             Some(p) => self.theirs.get(&p).copied(),
@@ -344,8 +362,19 @@ impl Held {
         let Some(mut parent) = parent else {
             return;
         };
-        for (key, block) in stored.blocks() {
-            let ours = chain(parent, block);
+        for (i, (key, block)) in stored.blocks().enumerate() {
+            let extra = stored.extra_keys.get(i);
+            if extra.is_some_and(|e| e.opaque) {
+                // Keyed by what no request of ours reproduces: neither
+                // this block nor its descendants can match.
+                return;
+            }
+            let first = starts_prompt && i == 0;
+            let cache_key = CacheKey {
+                adapter: stored.lora_name.map(String::from),
+                salt: extra.and_then(|e| e.salt.clone()).filter(|_| first),
+            };
+            let ours = chain_keyed(parent, block, cache_key.extra(first));
             parent = ours;
             if self.theirs.contains_key(&key) {
                 continue;
@@ -400,6 +429,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_events::BlockExtra;
     use crate::routing::prefix::blocks::chained_hashes;
 
     fn stored(keys: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
@@ -410,6 +440,7 @@ mod tests {
             block_size: bs,
             lora_name: None,
             medium: None,
+            extra_keys: Vec::new(),
         }
     }
 
@@ -443,14 +474,64 @@ mod tests {
     }
 
     #[test]
-    fn unknown_parent_and_lora_blocks_are_skipped() {
+    fn unknown_parent_and_opaque_blocks_are_skipped() {
         let h = HeldBlocks::new(100);
-        let mut lora = stored(&[1], None, &[1, 2], 2);
-        if let KvEvent::BlockStored { lora_name, .. } = &mut lora {
-            *lora_name = Some("adapter".into());
+        let mut media = stored(&[1], None, &[1, 2], 2);
+        if let KvEvent::BlockStored { extra_keys, .. } = &mut media {
+            *extra_keys = vec![BlockExtra {
+                salt: None,
+                opaque: true,
+            }];
         }
-        h.apply(&batch(vec![lora, stored(&[2], Some(999), &[3, 4], 2)]));
+        h.apply(&batch(vec![media, stored(&[2], Some(999), &[3, 4], 2)]));
         assert_eq!(h.summary().blocks, 0);
+    }
+
+    /// Blocks stored under an adapter or a salt match only prompts keyed
+    /// the same way, and the adapter's name is learned.
+    #[test]
+    fn adapter_and_salt_blocks_are_kept_under_their_key() {
+        let h = HeldBlocks::new(100);
+        h.caught_up();
+        let tokens: Vec<u32> = (0..6).collect();
+        let mut lora = stored(&[1, 2, 3], None, &tokens, 2);
+        if let KvEvent::BlockStored {
+            lora_name,
+            extra_keys,
+            ..
+        } = &mut lora
+        {
+            *lora_name = Some("sql".into());
+            *extra_keys = vec![
+                BlockExtra {
+                    salt: Some("tenant-a".into()),
+                    opaque: false,
+                },
+                BlockExtra::default(),
+                BlockExtra::default(),
+            ];
+        }
+        h.apply(&batch(vec![lora]));
+        let key = |adapter: Option<&str>, salt: Option<&str>| CacheKey {
+            adapter: adapter.map(String::from),
+            salt: salt.map(String::from),
+        };
+        let hashes = |k: &CacheKey| keyed_hashes(exact_seed(), &tokens, 2, k);
+        assert_eq!(h.matched(&hashes(&key(Some("sql"), Some("tenant-a")))), 3);
+        assert_eq!(h.matched(&hashes(&key(Some("sql"), None))), 0);
+        assert_eq!(h.matched(&hashes(&key(None, Some("tenant-a")))), 0);
+        assert_eq!(h.matched(&hashes(&key(Some("chat"), Some("tenant-a")))), 0);
+        assert_eq!(h.matched(&chained_hashes(exact_seed(), &tokens, 2)), 0);
+        assert!(h.has_adapter("sql") && !h.has_adapter("chat"));
+        // A later event chained on the salted block continues the chain.
+        let mut more = stored(&[4], Some(3), &[6, 7], 2);
+        if let KvEvent::BlockStored { lora_name, .. } = &mut more {
+            *lora_name = Some("sql".into());
+        }
+        h.apply(&batch(vec![more]));
+        let longer: Vec<u32> = (0..8).collect();
+        let k = key(Some("sql"), Some("tenant-a"));
+        assert_eq!(h.matched(&keyed_hashes(exact_seed(), &longer, 2, &k)), 4);
     }
 
     #[test]
@@ -476,12 +557,12 @@ mod tests {
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..6).collect();
         let want = chained_hashes(exact_seed(), &tokens, 2);
-        let first = h.expect_prompt(&tokens[..4]);
+        let first = h.expect_prompt(&tokens[..4], &CacheKey::default());
         assert_eq!(h.matched(&want), 0, "not reported yet");
         assert_eq!(h.matched_or_sent(&want), 2);
         assert_eq!(h.occupied(), 1 + 2);
         // A second request carrying the same prefix, and one more block.
-        let second = h.expect_prompt(&tokens);
+        let second = h.expect_prompt(&tokens, &CacheKey::default());
         assert_eq!(h.matched_or_sent(&want), 3);
         drop(first);
         assert_eq!(
@@ -493,7 +574,7 @@ mod tests {
         assert_eq!(h.matched_or_sent(&want), 0, "both requests ended");
         assert_eq!(h.occupied(), 1);
         // Reported: the record holds them whatever the request does.
-        let third = h.expect_prompt(&tokens);
+        let third = h.expect_prompt(&tokens, &CacheKey::default());
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
         assert!(h.lock().pending.is_empty());
         drop(third);
@@ -501,14 +582,37 @@ mod tests {
         assert!(h.lock().expecting.is_empty());
     }
 
+    /// A prompt sent under an adapter or a salt counts only for prompts
+    /// keyed the same way.
+    #[test]
+    fn sent_blocks_are_kept_under_their_key() {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
+        let tokens: Vec<u32> = (0..6).collect();
+        let sql = CacheKey {
+            adapter: Some("sql".into()),
+            salt: None,
+        };
+        let _sent = h.expect_prompt(&tokens, &sql);
+        let under = |k: &CacheKey| h.matched_or_sent(&keyed_hashes(exact_seed(), &tokens, 2, k));
+        assert_eq!(under(&sql), 3);
+        assert_eq!(under(&CacheKey::default()), 0, "the base model's prompt");
+        let chat = CacheKey {
+            adapter: Some("chat".into()),
+            salt: None,
+        };
+        assert_eq!(under(&chat), 0, "another adapter");
+    }
+
     #[test]
     fn prompts_sent_before_the_block_size_is_known_count_once_it_is() {
         let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let early: Vec<u32> = (100..106).collect();
-        let first = h.expect_prompt(&early);
+        let first = h.expect_prompt(&early, &CacheKey::default());
         let late: Vec<u32> = (200..204).collect();
-        let second = h.expect_prompt(&late);
+        let second = h.expect_prompt(&late, &CacheKey::default());
         drop(second);
         // The first event, of another prompt, tells the block size (2).
         h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
@@ -520,7 +624,7 @@ mod tests {
         assert_eq!(h.matched_or_sent(&want), 0);
         // Once the size is known, a prompt is expected at once.
         let next: Vec<u32> = (300..304).collect();
-        let _third = h.expect_prompt(&next);
+        let _third = h.expect_prompt(&next, &CacheKey::default());
         let want = chained_hashes(exact_seed(), &next, 2);
         assert_eq!(h.matched_or_sent(&want), 2);
     }
@@ -531,7 +635,7 @@ mod tests {
         h.caught_up();
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..10).collect();
-        let sent = h.expect_prompt(&tokens);
+        let sent = h.expect_prompt(&tokens, &CacheKey::default());
         assert_eq!(h.lock().pending.len(), 3, "five blocks, room for three");
         h.restarted();
         assert!(h.lock().pending.is_empty());
@@ -544,8 +648,8 @@ mod tests {
         let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let big = vec![1u32; EARLY_TOKENS];
-        let _big = h.expect_prompt(&big);
-        let _small = h.expect_prompt(&[5, 6]);
+        let _big = h.expect_prompt(&big, &CacheKey::default());
+        let _small = h.expect_prompt(&[5, 6], &CacheKey::default());
         assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
         h.restarted();
         assert!(h.lock().early.is_empty());

@@ -1,0 +1,288 @@
+//! The prefill step of a disaggregated request: a prefill replica computes
+//! the prompt's KV cache (one output token, not streamed), and its answer
+//! becomes the body the decode replica gets ([`crate::kv_transfer`]).
+//!
+//! A prefill is invisible to the client, so any failure may move it to
+//! another prefill replica: a connection refused or reset, a timeout, an
+//! error status or an answer the protocol cannot read. After
+//! `prefill_attempts` replicas, or once `prefill_timeout` has passed since
+//! the first attempt, the caller falls back (the decode replica prefills
+//! itself) or gives up. Dropping the future (the client left) drops the
+//! connection to the prefill replica, which aborts the request there.
+//!
+//! Each attempt holds the prefill replica's in-flight guard until its
+//! answer is read, and counts in `llmlb_prefill_attempts_total`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+
+use super::Outbound;
+use super::headers::REQUEST_ID;
+use crate::balancing::RequestInfo;
+use crate::kv_transfer::{Pairing, Protocol};
+use crate::pool::{Choice, Failure, Pool, choose};
+use crate::replica::{Replica, ReplicaId};
+use crate::routing::Decision;
+use crate::telemetry::Metrics;
+use crate::telemetry::clock::now_millis;
+use crate::telemetry::trace::RequestTrace;
+
+/// Largest prefill answer read (a one-token answer and its transfer
+/// parameters are a few KiB).
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// One request's prefill, as the forwarder sends it.
+pub struct PrefillRequest<'a> {
+    /// The prefill pool.
+    pub pool: &'a Arc<Pool>,
+    /// The routing decision within the prefill pool.
+    pub route: &'a Decision,
+    pub method: &'a Method,
+    pub path_and_query: &'a str,
+    /// Upstream headers (hop-by-hop and llmlb's own removed, the prefill
+    /// pool's key set).
+    pub headers: HeaderMap,
+    /// The client's body (the model name as served), and the same asking
+    /// a stream for its usage.
+    pub body: &'a Outbound,
+    pub protocol: &'static dyn Protocol,
+    /// `sglang`: the prefill servers' bootstrap port.
+    pub bootstrap_port: u16,
+    pub info: RequestInfo<'a>,
+    pub timeout: Duration,
+    pub attempts: u32,
+    pub request_id: &'a HeaderValue,
+    pub metrics: &'a Arc<Metrics>,
+    pub disaggregation: &'a super::DisaggregationMetrics,
+    pub trace: Option<&'a RequestTrace>,
+}
+
+/// A prefill that succeeded.
+#[derive(Debug)]
+pub struct Prefilled {
+    /// The prefill replica that answered.
+    pub replica: Arc<Replica>,
+    /// What the decode replica gets.
+    pub decode_body: Outbound,
+    /// Prefill replicas tried, this one included.
+    pub attempts: u32,
+    /// From the first attempt to the answer read.
+    pub elapsed: Duration,
+}
+
+/// Why no prefill replica did the work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefillError {
+    #[error("no prefill replica of pool `{pool}` is available")]
+    NoReplica { pool: String },
+    #[error("the prefill failed on {attempts} replica(s) of pool `{pool}`: {last}")]
+    Failed {
+        pool: String,
+        attempts: u32,
+        last: &'static str,
+    },
+}
+
+/// Runs the prefill step; see the module docs.
+pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError> {
+    let pool = req.pool;
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::now() + req.timeout;
+    let mut tried: Vec<ReplicaId> = Vec::new();
+    let failed = |tried: &[ReplicaId], last| PrefillError::Failed {
+        pool: pool.name.clone(),
+        attempts: tried.len() as u32,
+        last,
+    };
+    let mut headers = req.headers.clone();
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(REQUEST_ID, req.request_id.clone());
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    loop {
+        if tried.len() as u32 >= req.attempts {
+            return Err(failed(&tried, "attempts used up"));
+        }
+        let (replica, pick) = match choose(pool, req.route, &tried, &req.info, now_millis()) {
+            Choice::Pick(replica, pick) => (replica, pick),
+            Choice::Wait(full) => {
+                if !wait_for_slot(&full, deadline).await {
+                    return Err(failed(&tried, "timeout"));
+                }
+                continue;
+            }
+            Choice::NoReplica(_) if tried.is_empty() => {
+                return Err(PrefillError::NoReplica {
+                    pool: pool.name.clone(),
+                });
+            }
+            Choice::NoReplica(_) => return Err(failed(&tried, "no replica left")),
+        };
+        let Some(guard) = replica.try_acquire_tokens(u64::from(req.info.prompt_tokens), 1) else {
+            continue;
+        };
+        pool.record_branch(pick.branch, req.metrics);
+        tried.push(replica.id);
+        // In `exact` mode the prompt counts as sent to this replica until
+        // its answer is in (the end of this attempt).
+        let _dispatched = req.route.dispatched(&replica);
+        let pairing = Pairing {
+            prefill_host: replica.authority.host(),
+            bootstrap_port: req.bootstrap_port,
+            room: rand::random(),
+        };
+        let Ok(body) = req.protocol.prefill_body(&req.body.body, &pairing) else {
+            // The body is the same for every replica: no use trying others.
+            return Err(failed(&tried, "body"));
+        };
+        let mut headers = headers.clone();
+        let span = req
+            .trace
+            .map(|t| t.attempt(&replica.name, tried.len(), &mut headers));
+        if let Some(s) = &span {
+            s.set("llmlb.phase", "prefill");
+        }
+        let sent = tokio::time::timeout_at(
+            deadline,
+            send(
+                pool,
+                &replica,
+                req.method,
+                req.path_and_query,
+                headers,
+                body,
+            ),
+        )
+        .await;
+        drop(guard);
+        let outcome = match sent {
+            Err(_elapsed) => {
+                pool.record_failure(&replica, Failure::Timeout, req.metrics);
+                count(req.disaggregation, pool, &replica, "timeout");
+                if let Some(s) = &span {
+                    s.fail("timeout");
+                }
+                return Err(failed(&tried, "timeout"));
+            }
+            Ok(Err(Sent::Connect)) => {
+                pool.record_failure(&replica, Failure::Connect, req.metrics);
+                "connect"
+            }
+            Ok(Err(Sent::Reset)) => {
+                pool.record_failure(&replica, Failure::Reset, req.metrics);
+                "reset"
+            }
+            Ok(Ok((status, answer))) if status.is_success() => {
+                pool.record_success(&replica);
+                match decode_bodies(req.protocol, req.body, &answer, &pairing) {
+                    Ok(decode_body) => {
+                        count(req.disaggregation, pool, &replica, "ok");
+                        return Ok(Prefilled {
+                            replica,
+                            decode_body,
+                            attempts: tried.len() as u32,
+                            elapsed: start.elapsed(),
+                        });
+                    }
+                    Err(_) => "bad_answer",
+                }
+            }
+            Ok(Ok((status, _))) => {
+                if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+                    pool.record_failure(&replica, Failure::ServerError, req.metrics);
+                }
+                "status"
+            }
+        };
+        count(req.disaggregation, pool, &replica, outcome);
+        if let Some(s) = &span {
+            s.fail(outcome);
+        }
+        tracing::info!(pool = %pool.name, replica = %replica.name, outcome, "prefill attempt failed");
+    }
+}
+
+/// How a prefill send failed before an answer.
+enum Sent {
+    /// The connection was never made: nothing reached the replica.
+    Connect,
+    /// The connection broke, or the answer could not be read.
+    Reset,
+}
+
+async fn send(
+    pool: &Pool,
+    replica: &Replica,
+    method: &Method,
+    path_and_query: &str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Bytes), Sent> {
+    let uri = replica.uri(path_and_query).map_err(|_| Sent::Connect)?;
+    let mut upstream = Request::new(Full::new(body));
+    *upstream.method_mut() = method.clone();
+    *upstream.uri_mut() = uri;
+    *upstream.headers_mut() = headers;
+    upstream
+        .headers_mut()
+        .insert(header::HOST, replica.host.clone());
+    let resp = pool.client.request(upstream).await.map_err(|e| {
+        if e.is_connect() {
+            Sent::Connect
+        } else {
+            Sent::Reset
+        }
+    })?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .map_err(|_| Sent::Reset)?
+        .to_bytes();
+    Ok((status, body))
+}
+
+/// Waits until one of `full` frees a slot; false at the deadline.
+async fn wait_for_slot(full: &[Arc<Replica>], deadline: tokio::time::Instant) -> bool {
+    let mut freed: Vec<_> = full.iter().map(|r| Box::pin(r.slot_freed())).collect();
+    for f in &mut freed {
+        f.as_mut().enable();
+    }
+    if full.iter().any(|r| r.has_free_slot()) {
+        return true;
+    }
+    tokio::time::timeout_at(deadline, futures_util::future::select_all(freed))
+        .await
+        .is_ok()
+}
+
+fn count(metrics: &super::DisaggregationMetrics, pool: &Pool, replica: &Replica, outcome: &str) {
+    metrics
+        .prefill_attempts
+        .with_label_values(&[&pool.name, &replica.name, outcome])
+        .inc();
+}
+
+/// The decode request's bodies: the prefill's answer put into each of the
+/// client's (the one asking a stream for its usage too).
+fn decode_bodies(
+    protocol: &dyn Protocol,
+    sent: &Outbound,
+    answer: &[u8],
+    pairing: &Pairing<'_>,
+) -> Result<Outbound, crate::kv_transfer::TransferError> {
+    let body = protocol.decode_body(&sent.body, Some(answer), pairing)?;
+    let with_usage = match &sent.with_usage {
+        Some(b) => Some(protocol.decode_body(b, Some(answer), pairing)?),
+        None => None,
+    };
+    Ok(Outbound { body, with_usage })
+}

@@ -1,0 +1,191 @@
+//! The prefill step of a disaggregated pool's request, between the routing
+//! decision within the (decode) pool and forwarding: decide whether the
+//! request is prefilled on the prefill pool ([`crate::pool::disaggregate`]),
+//! route it within that pool, run the prefill ([`crate::forwarding::prefill`])
+//! and hand back the body the decode replica gets. A request that is not
+//! disaggregated, or whose prefill failed with `fallback` on, leaves with
+//! its body unchanged and is prefilled by its decode replica.
+//!
+//! Each request is counted once in `llmlb_disaggregation_decisions_total`,
+//! under the branch it ended in (`fallback` and `no_prefill_replica` for
+//! the ones meant for the prefill pool that came back).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::request;
+
+use super::ApiError;
+use super::request::RequestMeta;
+use super::send::{RequestCtx, route_input};
+use crate::balancing::RequestInfo;
+use crate::forwarding::{
+    ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
+    strip_private,
+};
+use crate::pool::{Pool, SplitBranch, Topology};
+use crate::routing::Decision;
+use crate::telemetry::clock::now_millis;
+use crate::tokenize::Unpredictable;
+
+/// Where one request of a disaggregated pool was prefilled.
+#[derive(Debug)]
+pub struct Split {
+    pub branch: SplitBranch,
+    /// The prefill that succeeded, when the request was disaggregated.
+    pub prefilled: Option<Prefilled>,
+}
+
+impl Split {
+    /// After the decode replica answered (its head, `sent` being when the
+    /// decode request left): the hop's cost, learned and measured.
+    pub fn decoded(&self, ctx: &RequestCtx<'_>, pool: &Pool, sent: Instant) {
+        let (Some(p), Some(d)) = (&self.prefilled, &pool.disaggregation) else {
+            return;
+        };
+        let hop = sent.elapsed().as_secs_f64();
+        d.observe_hop(hop);
+        let m = &ctx.state.disaggregation_metrics;
+        m.phase(&pool.name, "prefill", p.elapsed.as_secs_f64());
+        m.phase(&pool.name, "decode_first_byte", hop);
+    }
+}
+
+/// What the step needs of the request.
+pub struct Step<'a> {
+    pub topology: &'a Topology,
+    /// The decode pool and the routing decision within it.
+    pub pool: &'a Arc<Pool>,
+    pub decision: &'a Decision,
+    pub meta: &'a RequestMeta,
+    pub tokens: Option<(&'a [u32], Option<Unpredictable>)>,
+    pub parts: &'a request::Parts,
+    pub tier: Option<&'a str>,
+    /// The model name as the replicas serve it.
+    pub model: &'a str,
+    pub info: RequestInfo<'a>,
+    pub strip_key: bool,
+}
+
+/// Runs the step for a pool with `[pools.disaggregation]`; `None` (and the
+/// body unchanged) for any other pool.
+pub async fn prefill_step(
+    ctx: &RequestCtx<'_>,
+    step: Step<'_>,
+    body: Outbound,
+) -> Result<(Option<Split>, Outbound), ApiError> {
+    let pool = step.pool;
+    let Some(d) = &pool.disaggregation else {
+        return Ok((None, body));
+    };
+    let metrics = &ctx.state.disaggregation_metrics;
+    let decided = |branch: SplitBranch, prefilled: Option<Prefilled>| {
+        metrics.decided(&pool.name, branch);
+        Split { branch, prefilled }
+    };
+    let branch = d.decide(pool, step.decision, &step.info, now_millis());
+    if !branch.disaggregates() {
+        return Ok((Some(decided(branch, None)), body));
+    }
+    let prefill_pool = step.topology.pool_named(&d.config.prefill_pool);
+    let route = prefill_pool.and_then(|pp| {
+        let input = route_input(
+            step.meta,
+            step.model,
+            &step.parts.headers,
+            step.tier,
+            step.tokens,
+        );
+        pp.router
+            .route(&pp.replicas, &input, rand::random(), now_millis())
+            .ok()
+            .map(|r| (pp, r))
+    });
+    let Some((prefill_pool, route)) = route else {
+        let err = ForwardError::NoHealthyReplica {
+            pool: d.config.prefill_pool.clone(),
+        };
+        return fall_back(
+            d.config.fallback,
+            decided(SplitBranch::NoPrefillReplica, None),
+            body,
+            err,
+        );
+    };
+    let mut headers = step.parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    strip_private(
+        &mut headers,
+        step.strip_key,
+        prefill_pool.upstream_auth.as_ref(),
+    );
+    let span = ctx.trace.map(|t| t.stage("llmlb.prefill"));
+    let done = prefill(PrefillRequest {
+        pool: prefill_pool,
+        route: &route,
+        method: &step.parts.method,
+        path_and_query: step
+            .parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str()),
+        headers,
+        body: &body,
+        protocol: d.protocol,
+        bootstrap_port: d.config.bootstrap_port,
+        info: RequestInfo {
+            max_tokens: Some(1),
+            ..step.info
+        },
+        timeout: d.config.prefill_timeout,
+        attempts: d.config.prefill_attempts,
+        request_id: ctx.request_id,
+        metrics: &ctx.state.metrics,
+        disaggregation: metrics,
+        trace: ctx.trace,
+    })
+    .await;
+    match done {
+        Ok(p) => {
+            if let Some(s) = &span {
+                s.set("llmlb.pool", prefill_pool.name.clone());
+                s.set("llmlb.replica", p.replica.name.clone());
+                s.set("llmlb.attempts", i64::from(p.attempts));
+            }
+            let decode_body = p.decode_body.clone();
+            Ok((Some(decided(branch, Some(p))), decode_body))
+        }
+        Err(e) => {
+            if let Some(s) = &span {
+                s.fail("prefill_failed");
+            }
+            tracing::info!(pool = %pool.name, error = %e, fallback = d.config.fallback, "prefill failed");
+            let (branch, err) = match e {
+                PrefillError::NoReplica { pool } => (
+                    SplitBranch::NoPrefillReplica,
+                    ForwardError::NoHealthyReplica { pool },
+                ),
+                PrefillError::Failed { pool, attempts, .. } => (
+                    SplitBranch::Fallback,
+                    ForwardError::UpstreamUnavailable { pool, attempts },
+                ),
+            };
+            fall_back(d.config.fallback, decided(branch, None), body, err)
+        }
+    }
+}
+
+/// The decode replica prefills itself, or (`fallback = false`) the client
+/// gets `err` (503 or 502).
+fn fall_back(
+    fallback: bool,
+    split: Split,
+    body: Outbound,
+    err: ForwardError,
+) -> Result<(Option<Split>, Outbound), ApiError> {
+    if fallback {
+        Ok((Some(split), body))
+    } else {
+        Err(ApiError::from(err))
+    }
+}
