@@ -66,7 +66,7 @@ impl Sim<'_> {
                 }
             };
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            decision.dispatched_at(&replica, now_ms);
+            let expected = decision.dispatched_at(&replica, now_ms).sent;
             tried.push(replica.id);
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
@@ -88,12 +88,14 @@ impl Sim<'_> {
                 }
                 State::Hung => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
                     self.queue.push(now + wait, Event::Timeout(i as u32));
                     return None;
                 }
                 State::Up => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     self.live[i].prompt = std::mem::take(&mut self.prompt);
                     let half = self.half_delay();
                     if half > 0.0 {
@@ -193,6 +195,7 @@ impl Sim<'_> {
     pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
         self.live[i] = Live {
             guard: Some(guard),
+            expected: None,
             replica: at as u32,
             first: None,
             last: 0.0,
@@ -226,6 +229,7 @@ impl Sim<'_> {
         if l.open {
             l.open = false;
             l.guard = None;
+            l.expected = None;
             self.open -= 1;
             self.slot_freed = true;
             let (level, tenant) = (self.level(i), self.tenant(i));

@@ -45,7 +45,7 @@ use crate::config::Config;
 use crate::pool::{placement_ttft, queue_capacity};
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::config::SimConfig;
-use crate::routing::{Decision, Prompt};
+use crate::routing::{Decision, Expected, Prompt};
 
 use super::SimulateError;
 use super::clock::{Event, EventQueue, millis};
@@ -66,6 +66,9 @@ use super::workload::{SimWorkload, Source};
 #[derive(Debug, Default)]
 struct Live {
     guard: Option<InFlightGuard>,
+    /// `exact` mode: its prompt counts as held on its replica until the
+    /// replica's events report it or the request ends.
+    expected: Option<Expected>,
     replica: u32,
     first: Option<f64>,
     last: f64,
