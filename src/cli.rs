@@ -14,7 +14,6 @@ use clap::{Parser, Subcommand};
 use crate::config;
 use crate::telemetry::{LogFormat, init_logging};
 
-
 #[derive(Parser)]
 #[command(
     name = "llmlb",
