@@ -79,7 +79,8 @@ if [ -n "$BASE" ]; then
 fi
 if [ -x "$FLOOR" ]; then
     # It reads its listen address and replica from an llmlb config.
-    llmlb floor env FLOOR_MODE=pooled "$FLOOR"
+    export FLOOR_MODE=pooled
+    llmlb floor "$FLOOR"
     RUNS+=(floor)
 else
     echo "no floor binary at $FLOOR (cargo build --release --example hyper_floor): not measured" >&2
