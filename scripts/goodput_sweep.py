@@ -110,6 +110,8 @@ def start_fleet(procs, args, name, events_port=None):
            "--max-model-len", str((args.num_blocks - 1) * 16)]
     if events_port:
         cmd += ["--kv-events-port", str(events_port)]
+    if args.tokenizer:
+        cmd += ["--tokenizer", args.tokenizer]
     p = procs.start("fleet-" + name, cmd)
     logf = os.path.join(procs.tmp, "fleet-" + name + ".log")
     deadline = time.time() + 20
@@ -144,6 +146,8 @@ def start_router(procs, args, router, urls, model, name, events_port=None):
         if args.llmlb_scrape != "default":
             t = args.llmlb_scrape
             lines += ["[pools.scrape]", f'interval = "{t}"', f'timeout = "{t}"', 'staleness = "1s"']
+        if args.tokenizer:
+            lines += ["[pools.tokenizer]", f'dir = "{os.path.abspath(args.tokenizer)}"']
         for i, u in enumerate(urls):
             lines += ["[[pools.replicas]]", f'url = "{u}"']
             if policy == "exact" and events_port:
@@ -285,6 +289,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--objective-ms", type=int, default=2000)
     ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--tokenizer", help="a model directory: the replicas and llmlb tokenize with it "
+                    "(replica-sim --tokenizer, [pools.tokenizer] dir)")
     ap.add_argument("--time-scale", type=float, default=0.1, help="trace: base time scale (rate 1)")
     ap.add_argument("--length-scale", type=float, default=0.05)
     ap.add_argument("--llmlb-scrape", default="default",

@@ -267,6 +267,7 @@ def proxy_config(backend, policy, args, stand_in=None):
         "[server]",
         f'listen = "127.0.0.1:{args.proxy_port}"',
         f'admin_listen = "127.0.0.1:{args.proxy_port + 1}"',
+        "replica_header = true",
         "",
         "[[pools]]",
         'name = "tiny"',
@@ -352,6 +353,9 @@ def run_policy(backend, policy, args, tmp, seed):
         "hits": hits, "queries": queries, "seed": seed,
         "ttfts_ms": sorted(r["ttft_ms"] for r in report.get("requests", [])
                            if r.get("ttft_ms") is not None),
+        # Every request's timing and replica, for scripts/tail_breakdown.py.
+        "requests": [{k: r.get(k) for k in ("start_ms", "ttft_ms", "e2e_ms", "input_tokens", "replica")}
+                     for r in report.get("requests", [])],
         "served": served,
         "busiest_over_mean": max(served) / mean if mean else 0.0,
         "preemptions": sum(d["vllm:num_preemptions_total"] for d in delta),
@@ -505,6 +509,9 @@ def main():
     ap.add_argument("--proxy-port", type=int, default=18080)
     ap.add_argument("--run-timeout", type=int, default=600)
     ap.add_argument("--json")
+    ap.add_argument("--runs-json",
+                    help="write every run (each request's timing and replica included) here, "
+                         "for scripts/tail_breakdown.py")
     args = ap.parse_args()
     if not os.path.exists(args.llmlb):
         sys.exit(f"{args.llmlb} not found: run `cargo build --release` first")
@@ -514,6 +521,7 @@ def main():
             sys.exit(f"unknown policy {p}; known: {', '.join(POLICIES)}")
     tmp = tempfile.mkdtemp(prefix="llmlb-real-check-")
     results = {}
+    runs = {}
     vllm_tok = None
     for kind in args.backends.split(","):
         backend = Backend(kind, args, tmp)
@@ -542,6 +550,7 @@ def main():
             backend.stop()
         print(f"\n### {kind}\n\nload average {load_before} before, {loadavg()} after\n\n"
               f"{table(rows)}\n")
+        runs[kind] = rows
         if args.rounds > 1:
             rows = pooled(rows)
             print(f"every run of a policy pooled (seeds {args.seed}..{args.seed + args.rounds - 1}, "
@@ -559,6 +568,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if args.runs_json:
+        with open(args.runs_json, "w") as f:
+            json.dump(runs, f)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -159,6 +159,9 @@ fn check(path: &Path) -> ExitCode {
                         "    tokenizer: stand-in (token counts approximate; set [pools.tokenizer] dir)"
                     ),
                 }
+                for hint in config::prefix_hints(p) {
+                    println!("    hint: {hint}");
+                }
             }
             ExitCode::SUCCESS
         }

@@ -101,3 +101,30 @@ fn every_section_with_a_mistake_is_named_in_one_run() {
     );
     assert!(err.contains("2 error(s)"), "{err}");
 }
+
+#[test]
+fn a_prefix_mode_that_events_would_serve_better_gets_a_hint_and_still_passes() {
+    let dir = tempfile_dir();
+    let path = dir.join("events.toml");
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"cache\"\n\
+         [[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\nkv_events = \"tcp://127.0.0.1:5557\"\n",
+    )
+    .unwrap();
+    let out = check(&path);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hint: prefix mode \"cache\" while replicas publish KV events"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("llmlb-check-hint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -441,18 +441,24 @@ async fn the_doctor_probes_both_sides_of_the_protocol() {
 }
 
 #[test]
-fn fleet_sim_says_it_does_not_model_disaggregated_pools() {
+fn fleet_sim_models_a_disaggregated_pool_as_configured() {
     let text = pair_config(
         &["http://127.0.0.1:1".to_string()],
-        &["http://127.0.0.1:2".to_string()],
+        &[
+            "http://127.0.0.1:2".to_string(),
+            "http://127.0.0.1:3".to_string(),
+        ],
         "",
     );
     let config = llmlb::config::parse(&text).unwrap();
-    let Err(err) = llmlb::fleet_sim::decide::Decider::new(&config, MODEL, 1) else {
-        panic!("fleet-sim accepted a disaggregated pool");
-    };
-    assert!(
-        err.to_string().contains("does not model prefill pools"),
-        "{err}"
-    );
+    let decider = llmlb::fleet_sim::decide::Decider::new(&config, MODEL, 1).unwrap();
+    // The decode pool's replicas first, then its prefill pool's.
+    assert_eq!((decider.fleet_size(), decider.decode_replicas()), (3, 1));
+    let prefill = decider.prefill_pool().expect("the prefill pool");
+    assert!(std::sync::Arc::ptr_eq(decider.pool_at(1), prefill));
+    assert!(std::sync::Arc::ptr_eq(decider.pool_at(0), decider.pool()));
+    // Resized as a plan tries splits.
+    let bigger = llmlb::fleet_sim::decide::resized_prefill(&config, MODEL, 4).unwrap();
+    let decider = llmlb::fleet_sim::decide::Decider::new(&bigger, MODEL, 1).unwrap();
+    assert_eq!(decider.fleet_size(), 5);
 }

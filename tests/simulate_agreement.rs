@@ -263,6 +263,7 @@ fn simulate(
             profile: &profile(),
             faults: &[],
             goodput_ttft: 2.0,
+            goodput_tpot: 0.0,
             seed,
             network_delay,
             scrape_phase: real.scrape_phase,

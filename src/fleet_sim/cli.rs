@@ -18,7 +18,7 @@ use super::tenants::{TenantMix, Tenants};
 use super::tiers::{TierMix, Tiers};
 use super::{SimWorkload, SimulateError};
 use crate::bench::workload::{LenRange, RandomOptions, SharedPrefixOptions, WorkloadSpec};
-use crate::config::Config;
+use crate::config::{Config, DisaggregateWhen};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BuiltIn {
@@ -81,6 +81,29 @@ pub struct SimulateArgs {
     /// [default: the config pool's, or 4]
     #[arg(long)]
     pub replicas: Option<usize>,
+    /// Prefill replicas: the generated pool becomes disaggregated (its
+    /// replicas decode; long prompts are prefilled on a second pool of this
+    /// many), or the --config pool's prefill pool is resized to this many.
+    /// [default: none, or the config's]
+    #[arg(long)]
+    pub prefill_replicas: Option<usize>,
+    /// Which requests a disaggregated pool prefills on its prefill pool:
+    /// auto (decided per request), always, never. [default: auto, or the
+    /// config's]
+    #[arg(long, value_parser = parse_when)]
+    pub disaggregate: Option<DisaggregateWhen>,
+    /// KV-cache bytes per token moved from a prefill to a decode replica.
+    /// [default: the profile's `[disaggregation]`, 131072]
+    #[arg(long)]
+    pub kv_bytes_per_token: Option<f64>,
+    /// Bytes per second between a prefill and a decode replica. [default:
+    /// the profile's, 25e9]
+    #[arg(long)]
+    pub transfer_bandwidth: Option<f64>,
+    /// Time every KV transfer takes besides its bytes, e.g. `2ms`.
+    /// [default: the profile's, 2ms]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub transfer_latency: Option<Duration>,
     /// Engine profile of every replica: a built-in name (fast, h100-8b,
     /// vllm-cpu-tiny) or a profile file (as `llmlb replica-sim --config`
     /// reads it).
@@ -133,6 +156,10 @@ pub struct SimulateArgs {
     /// Goodput counts requests whose TTFT is at most this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     pub goodput_ttft: Duration,
+    /// Goodput also asks each request's mean inter-token gap (TPOT) to be
+    /// at most this, e.g. `20ms` (0: TTFT alone).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub goodput_tpot: Duration,
     /// Fixed client-side time added to every response (network, proxy,
     /// replica HTTP front), e.g. `15ms`, half on the way to the engine and
     /// half on the way back (the request counts in flight for both): TTFT
@@ -197,6 +224,19 @@ pub struct Output {
     /// `--find-replicas`: every probe per policy, (replicas, met).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probes: Vec<(String, Vec<(usize, bool)>)>,
+    /// `--find-replicas` of a disaggregated pool: every split tried per
+    /// policy, ((prefill, decode), met).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub split_probes: Vec<(String, Vec<(search::Split, bool)>)>,
+}
+
+fn parse_when(s: &str) -> Result<DisaggregateWhen, String> {
+    match s {
+        "auto" => Ok(DisaggregateWhen::Auto),
+        "always" => Ok(DisaggregateWhen::Always),
+        "never" => Ok(DisaggregateWhen::Never),
+        _ => Err(format!("{s:?}: expected auto, always or never")),
+    }
 }
 
 /// Runs the command; returns the table text to print.
@@ -210,6 +250,23 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     }
     if let Some(seqs) = args.max_num_seqs {
         profile.engine.max_num_seqs = seqs;
+    }
+    let link = &mut profile.disaggregation;
+    if let Some(b) = args.kv_bytes_per_token {
+        link.kv_bytes_per_token = b;
+    }
+    if let Some(b) = args.transfer_bandwidth {
+        link.transfer_bandwidth = b;
+    }
+    if let Some(l) = args.transfer_latency {
+        link.transfer_latency = l.as_secs_f64();
+    }
+    link.validate()
+        .map_err(|e| SimulateError::Invalid(format!("--kv-bytes-per-token / --transfer-*: {e}")))?;
+    if args.prefill_replicas == Some(0) {
+        return Err(SimulateError::Invalid(
+            "--prefill-replicas: at least 1 (leave it out for an aggregated fleet)".into(),
+        ));
     }
     if args.num_blocks.is_some() || args.max_model_len.is_some() || args.max_num_seqs.is_some() {
         profile.engine.validate().map_err(|e| {
@@ -248,13 +305,26 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         (None, None) => profile.model.clone(),
     };
     let workload = load_workload(args)?;
-    let fleet = |n: Option<usize>| -> Result<Config, SimulateError> {
-        match (&base, n) {
-            (Some(c), Some(n)) => decide::resized(c, &model, n),
-            (Some(c), None) => Ok(c.clone()),
-            (None, n) => decide::generated_config(&model, n.unwrap_or(4)),
+    // A fleet of `n` replicas (the pool's own; `None`: as given), and of
+    // `p` prefill replicas when the pool is disaggregated.
+    let split_fleet = |n: Option<usize>, p: Option<usize>| -> Result<Config, SimulateError> {
+        let p = p.or(args.prefill_replicas);
+        let when = args.disaggregate.unwrap_or_default();
+        let mut c = match (&base, n, p) {
+            (Some(c), Some(n), _) => decide::resized(c, &model, n)?,
+            (Some(c), None, _) => c.clone(),
+            (None, n, Some(p)) => decide::generated_disaggregated(&model, n.unwrap_or(4), p, when)?,
+            (None, n, None) => decide::generated_config(&model, n.unwrap_or(4))?,
+        };
+        if let (Some(_), Some(p)) = (&base, p) {
+            c = decide::resized_prefill(&c, &model, p)?;
         }
+        if let Some(w) = args.disaggregate {
+            c = decide::with_when(&c, &model, w);
+        }
+        Ok(c)
     };
+    let fleet = |n: Option<usize>| split_fleet(n, None);
     let tiers = match &args.tiers {
         Some(mix) => {
             let config = fleet(args.replicas)?;
@@ -278,6 +348,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             profile: &profile,
             faults: &args.faults,
             goodput_ttft: args.goodput_ttft.as_secs_f64(),
+            goodput_tpot: args.goodput_tpot.as_secs_f64(),
             seed: args.seed,
             network_delay: args.network_delay.as_secs_f64(),
             scrape_phase: args.scrape_phase.as_secs_f64(),
@@ -291,12 +362,17 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, policies.len().max(1));
     let mut probes = Vec::new();
+    let mut split_probes = Vec::new();
+    let disaggregated = decide::is_disaggregated(&fleet(None)?, &model);
     let runs: Vec<RunResult> = if args.find_replicas {
         let objective = args.objective.as_ref().expect("clap requires --objective");
         let start = args.replicas.unwrap_or(4);
+        // A disaggregated pool: the aggregated answer (the same pool
+        // without its prefill pool) beside the split's.
         let found = parallel(&policies, jobs, |policy| {
             search::find(objective, start, args.max_replicas, |n| {
-                spec_for(&fleet(Some(n))?, policy)
+                let c = fleet(Some(n))?;
+                spec_for(&decide::aggregated(&c, &model), policy)
             })
         });
         let mut runs = Vec::new();
@@ -304,6 +380,18 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             let (run, p) = r?;
             probes.push((policy.name(), p));
             runs.push(run);
+        }
+        if disaggregated {
+            let found = parallel(&policies, jobs, |policy| {
+                search::find_split(objective, start, args.max_replicas, |p, d| {
+                    spec_for(&split_fleet(Some(d), Some(p))?, policy)
+                })
+            });
+            for (policy, r) in policies.iter().zip(found) {
+                let (run, p) = r?;
+                split_probes.push((policy.name(), p));
+                runs.push(run);
+            }
         }
         runs
     } else {
@@ -319,6 +407,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         args.profile
     );
     text.push_str(&report::table(&runs));
+    text.push_str(&super::split_report::table(&runs));
     text.push_str(&super::tier_report::table(&runs));
     text.push_str(&super::tenant_report::table(&runs));
     for (policy, p) in &probes {
@@ -327,6 +416,13 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             .map(|(n, ok)| format!("{n}{}", if *ok { "✓" } else { "✗" }))
             .collect();
         text.push_str(&format!("{policy}: tried {}\n", list.join(" ")));
+    }
+    for (policy, p) in &split_probes {
+        let list: Vec<String> = p
+            .iter()
+            .map(|((pre, dec), ok)| format!("{pre}P{dec}D{}", if *ok { "✓" } else { "✗" }))
+            .collect();
+        text.push_str(&format!("{policy} split: tried {}\n", list.join(" ")));
     }
     let events: u64 = runs.iter().map(|r| r.events).sum();
     let wall: f64 = runs.iter().map(|r| r.wall_s).sum();
@@ -344,6 +440,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
             profile: args.profile.clone(),
             runs,
             probes,
+            split_probes,
         };
         report::write_json(path, &out)?;
     }

@@ -32,6 +32,16 @@ pub enum Event {
     /// The proxy sees the end of request `index`'s answer (half the network
     /// delay after its last step): its in-flight guard goes.
     Release(u32),
+    /// Request `index`'s prefill (attempt `attempt`) reaches its prefill
+    /// replica's engine.
+    PrefillEnter { index: u32, attempt: u32 },
+    /// Request `index`'s prefill answer (attempt `attempt`) reaches the
+    /// proxy.
+    PrefillAnswer { index: u32, attempt: u32 },
+    /// Request `index`'s prefill step reaches its `prefill_timeout`.
+    PrefillTimeout(u32),
+    /// Request `index`'s KV cache has reached its decode replica.
+    Loaded(u32),
 }
 
 #[derive(Debug)]

@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use crate::admission::AdmissionMetrics;
 use crate::balancing::RequestInfo;
-use crate::config::{BalancerKind, Config, PrefixMode, ReplicaConfig};
-use crate::pool::{Choice, Pool, Topology};
-use crate::replica::ReplicaId;
+use crate::config::{BalancerKind, Config, DisaggregateWhen, PrefixMode, ReplicaConfig};
+use crate::pool::{Choice, Pool, SplitBranch, Topology};
+use crate::replica::{Replica, ReplicaId};
 use crate::routing::{Decision, Prompt, RouteError, RouteInput};
 use crate::telemetry::Metrics;
 
@@ -78,7 +78,11 @@ impl Policy {
     /// `config` with every pool set to this policy.
     pub fn apply(&self, config: &Config) -> Config {
         let mut c = config.clone();
+        // Placeholder event endpoints are numbered across pools.
+        let mut seen = 0;
         for pc in &mut c.pools {
+            let first = seen;
+            seen += pc.replicas.len();
             match self {
                 Policy::Balancer(k) => {
                     pc.balancer = *k;
@@ -89,7 +93,8 @@ impl Policy {
                     pc.prefix.mode = *m;
                     if *m == PrefixMode::Exact {
                         for (i, r) in pc.replicas.iter_mut().enumerate() {
-                            r.kv_events.get_or_insert_with(|| placeholder_events(i));
+                            r.kv_events
+                                .get_or_insert_with(|| placeholder_events(first + i));
                         }
                     }
                 }
@@ -135,12 +140,19 @@ fn placeholder_events(i: usize) -> String {
 }
 
 fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
+    placeholders(n, like, 0, "r")
+}
+
+/// `n` placeholder replicas named `{prefix}{i}`, at addresses from
+/// position `first` on.
+fn placeholders(n: usize, like: Option<&ReplicaConfig>, first: usize, prefix: &str) -> String {
     (0..n)
         .map(|i| {
+            let k = first + i;
             let mut s = format!(
-                "[[pools.replicas]]\nurl = \"http://127.0.0.{}:{}\"\nname = \"r{i}\"\n",
-                1 + i / 50_000,
-                10_000 + i % 50_000
+                "[[pools.replicas]]\nurl = \"http://127.0.0.{}:{}\"\nname = \"{prefix}{i}\"\n",
+                1 + k / 50_000,
+                10_000 + k % 50_000
             );
             if let Some(r) = like {
                 s.push_str(&format!("weight = {}\n", r.weight));
@@ -151,7 +163,7 @@ fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
                     s.push_str(&format!("version = {v:?}\n"));
                 }
                 if r.kv_events.is_some() {
-                    s.push_str(&format!("kv_events = {:?}\n", placeholder_events(i)));
+                    s.push_str(&format!("kv_events = {:?}\n", placeholder_events(k)));
                 }
             }
             s
@@ -159,10 +171,108 @@ fn placeholder_replicas(n: usize, like: Option<&ReplicaConfig>) -> String {
         .collect()
 }
 
+/// Where the placeholder prefill replicas' addresses start.
+const PREFILL_FIRST: usize = 1_000_000;
+
+/// A pool serving `model` on `decode` replicas whose requests may be
+/// prefilled (`when`) on a pool of `prefill` replicas.
+pub fn generated_disaggregated(
+    model: &str,
+    decode: usize,
+    prefill: usize,
+    when: DisaggregateWhen,
+) -> Result<Config, SimulateError> {
+    let mut text = format!(
+        "[[pools]]\nname = \"fleet\"\nmodels = [{model:?}]\n[pools.disaggregation]\n\
+         prefill_pool = \"fleet-prefill\"\nwhen = {:?}\n",
+        when.as_str()
+    );
+    text.push_str(&placeholder_replicas(decode, None));
+    text.push_str("[[pools]]\nname = \"fleet-prefill\"\nrole = \"prefill\"\n");
+    text.push_str(&placeholders(prefill, None, PREFILL_FIRST, "p"));
+    crate::config::parse(&text).map_err(|issues| SimulateError::config("(generated)", &issues))
+}
+
+/// The prefill pool of the pool serving `model`, when it is disaggregated.
+fn prefill_pool_of(config: &Config, model: &str) -> Option<String> {
+    let pc = config
+        .pools
+        .iter()
+        .find(|p| p.models.iter().any(|m| m == model))?;
+    pc.disaggregation.as_ref().map(|d| d.prefill_pool.clone())
+}
+
+/// Whether the pool serving `model` is disaggregated.
+pub fn is_disaggregated(config: &Config, model: &str) -> bool {
+    prefill_pool_of(config, model).is_some()
+}
+
+/// `config` with the prefill pool of the pool serving `model` resized to
+/// `replicas` placeholder replicas, each a copy of its first one.
+pub fn resized_prefill(
+    config: &Config,
+    model: &str,
+    replicas: usize,
+) -> Result<Config, SimulateError> {
+    let name = prefill_pool_of(config, model).ok_or_else(|| {
+        SimulateError::Invalid(format!(
+            "the pool serving {model:?} has no [pools.disaggregation]"
+        ))
+    })?;
+    let mut c = config.clone();
+    let pc = (c.pools.iter_mut())
+        .find(|p| p.name == name)
+        .ok_or_else(|| SimulateError::Invalid(format!("no prefill pool {name:?}")))?;
+    let first = pc.replicas.first().cloned();
+    let text = format!(
+        "[[pools]]\nname = \"x\"\nmodels = [\"x\"]\n{}",
+        placeholders(replicas, first.as_ref(), PREFILL_FIRST, "p")
+    );
+    let parsed =
+        crate::config::parse(&text).map_err(|i| SimulateError::config("(generated)", &i))?;
+    pc.replicas = parsed.pools[0].replicas.clone();
+    Ok(c)
+}
+
+/// `config` with the pool serving `model` deciding `when`.
+pub fn with_when(config: &Config, model: &str, when: DisaggregateWhen) -> Config {
+    let mut c = config.clone();
+    for pc in &mut c.pools {
+        if pc.models.iter().any(|m| m == model)
+            && let Some(d) = &mut pc.disaggregation
+        {
+            d.when = when;
+        }
+    }
+    c
+}
+
+/// `config` with the pool serving `model` aggregated: no
+/// `[pools.disaggregation]`, its prefill pool gone.
+pub fn aggregated(config: &Config, model: &str) -> Config {
+    let mut c = config.clone();
+    if let Some(name) = prefill_pool_of(config, model) {
+        c.pools.retain(|p| p.name != name);
+        for pc in &mut c.pools {
+            if pc.models.iter().any(|m| m == model) {
+                pc.disaggregation = None;
+            }
+        }
+    }
+    c
+}
+
 /// The real topology and the calls `serve` makes on it.
 pub struct Decider {
     topology: Topology,
     pool: usize,
+    /// The prefill pool of a disaggregated pool.
+    prefill: Option<usize>,
+    /// Every simulated replica by fleet position: the pool's, then its
+    /// prefill pool's.
+    members: Vec<Arc<Replica>>,
+    /// How many of `members` are the pool's own (decode) replicas.
+    decode: usize,
     model: String,
     metrics: Metrics,
     index: HashMap<ReplicaId, u32>,
@@ -190,15 +300,27 @@ impl Decider {
             .and_then(|name| topology.pools.iter().position(|p| p.name == name))
             .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
         let p = &topology.pools[pool];
-        if p.disaggregation.is_some() {
-            return Err(SimulateError::Invalid(format!(
-                "pool {:?} has [pools.disaggregation]: fleet-sim does not model prefill pools yet \
-                 (run replica-sim replicas with --role prefill and --role decode behind llmlb serve)",
-                p.name
-            )));
+        // A disaggregated pool's prefill replicas follow its own in the
+        // fleet's positions.
+        let prefill = match &p.disaggregation {
+            Some(d) => Some(
+                (topology.pools.iter())
+                    .position(|q| q.name == d.config.prefill_pool)
+                    .ok_or_else(|| {
+                        SimulateError::Invalid(format!(
+                            "pool {:?} names prefill pool {:?}, which does not exist",
+                            p.name, d.config.prefill_pool
+                        ))
+                    })?,
+            ),
+            None => None,
+        };
+        let mut members: Vec<Arc<Replica>> = p.replicas.clone();
+        let decode = members.len();
+        if let Some(q) = prefill {
+            members.extend(topology.pools[q].replicas.iter().cloned());
         }
-        let index = p
-            .replicas
+        let index = members
             .iter()
             .enumerate()
             .map(|(i, r)| (r.id, i as u32))
@@ -206,6 +328,9 @@ impl Decider {
         Ok(Decider {
             topology,
             pool,
+            prefill,
+            members,
+            decode,
             model: model.to_string(),
             metrics,
             index,
@@ -215,6 +340,91 @@ impl Decider {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.topology.pools[self.pool]
+    }
+
+    /// The prefill pool, when the pool is disaggregated.
+    pub fn prefill_pool(&self) -> Option<&Arc<Pool>> {
+        self.prefill.map(|q| &self.topology.pools[q])
+    }
+
+    /// Replicas simulated: the pool's, then its prefill pool's.
+    pub fn fleet_size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The pool's own replicas (the decode side of a disaggregated pool).
+    pub fn decode_replicas(&self) -> usize {
+        self.decode
+    }
+
+    /// The replica at fleet position `at`.
+    pub fn replica(&self, at: usize) -> &Arc<Replica> {
+        &self.members[at]
+    }
+
+    /// The pool that replica `at` belongs to.
+    pub fn pool_at(&self, at: usize) -> &Arc<Pool> {
+        match self.prefill {
+            Some(q) if at >= self.decode => &self.topology.pools[q],
+            _ => self.pool(),
+        }
+    }
+
+    /// `serve`'s per-request choice in a disaggregated pool: prefill on
+    /// the prefill pool or on the decode replica (`None`: not
+    /// disaggregated).
+    pub fn split(
+        &self,
+        decision: &Decision,
+        info: &RequestInfo<'_>,
+        now_ms: u64,
+    ) -> Option<SplitBranch> {
+        let pool = self.pool();
+        let d = pool.disaggregation.as_ref()?;
+        Some(d.decide(pool, decision, info, now_ms))
+    }
+
+    /// The routing stage within the prefill pool, as `serve`'s prefill
+    /// step runs it.
+    pub fn route_prefill(
+        &mut self,
+        prompt: Prompt<'_>,
+        tier: Option<&str>,
+        now_ms: u64,
+    ) -> Option<Decision> {
+        let q = self.prefill?;
+        self.rng = splitmix(self.rng);
+        let headers = http::HeaderMap::new();
+        let input = RouteInput {
+            model: &self.model,
+            user: None,
+            api_key: None,
+            headers: &headers,
+            tier,
+            prompt,
+            tokens: None,
+            salt: None,
+            unpredictable: None,
+            kind: "plain",
+        };
+        let pool = &self.topology.pools[q];
+        pool.router
+            .route(&pool.replicas, &input, self.rng, now_ms)
+            .ok()
+    }
+
+    /// The prefill step's choice of a prefill replica (the request asks
+    /// for one token).
+    pub fn choose_prefill(
+        &self,
+        route: &Decision,
+        tried: &[ReplicaId],
+        prompt_tokens: u32,
+        now_ms: u64,
+    ) -> Option<Choice> {
+        let pool = self.prefill_pool()?;
+        let info = self.info(prompt_tokens, 1);
+        Some(crate::pool::choose(pool, route, tried, &info, now_ms))
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -38,6 +38,8 @@ pub struct Slot {
     pub dispatched: u64,
     /// Output tokens it produced.
     pub tokens: u64,
+    /// Seconds its engine spent in steps.
+    pub busy_s: f64,
     /// In `exact` mode, the router's record of what this replica reports
     /// holding, and the KV events of the step under way, applied to it when
     /// the step ends (as `llmlb replica-sim` publishes them then).
@@ -106,6 +108,7 @@ pub fn build(profile: &SimConfig, n: usize) -> Vec<Slot> {
             pending: None,
             dispatched: 0,
             tokens: 0,
+            busy_s: 0.0,
             kv: None,
         })
         .collect()

@@ -24,6 +24,7 @@ pub mod pool_queue;
 pub mod report;
 pub mod run;
 pub mod search;
+pub mod split_report;
 pub mod stats;
 pub mod tenant_report;
 pub mod tenants;
@@ -70,6 +71,8 @@ impl SimulateError {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod split_tests;
 #[cfg(test)]
 mod tenant_tests;
 #[cfg(test)]

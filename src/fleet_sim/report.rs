@@ -88,6 +88,12 @@ pub struct RunResult {
     /// Per tenant, with `--tenants`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<super::tenant_report::TenantResult>,
+    /// A disaggregated pool's decisions, TTFT phases and roles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<super::split_report::SplitResult>,
+    /// Goodput also asks each request's mean inter-token gap (TPOT) to be
+    /// at most this (0: TTFT alone).
+    pub goodput_tpot_s: f64,
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
     #[serde(skip)]
@@ -140,6 +146,8 @@ impl RunResult {
             ns_per_event: wall * 1e9 / events.max(1) as f64,
             tiers: Vec::new(),
             tenants: Vec::new(),
+            split: None,
+            goodput_tpot_s: 0.0,
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
             per_request: Vec::new(),
@@ -198,9 +206,14 @@ pub fn table(runs: &[RunResult]) -> String {
         );
     }
     if let Some(r) = runs.first() {
+        let tpot = if r.goodput_tpot_s > 0.0 {
+            format!(" and TPOT <= {}", ms(r.goodput_tpot_s))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "goodput: completed requests with TTFT <= {} per second of simulated time",
+            "goodput: completed requests with TTFT <= {}{tpot} per second of simulated time",
             ms(r.goodput_ttft_s)
         );
     }

@@ -131,6 +131,73 @@ pub fn find(
     Ok((best.1, probes))
 }
 
+/// A prefill/decode split: (prefill replicas, decode replicas).
+pub type Split = (usize, usize);
+
+/// The split with the fewest replicas in all meeting `objective` (ties:
+/// the higher goodput), with that run and every probe made.
+///
+/// Search, assuming more replicas of either role never make latency
+/// worse: double an equal split (k, k) from `start` until it meets the
+/// objective, then walk the frontier from (1, 2k): a split that meets it
+/// gives up one decode replica, one that misses adds a prefill replica, so
+/// every decode count up to 2k meets its fewest prefill replicas, in at
+/// most 4k runs (splits larger than the best found are stepped over, not
+/// run). Splits with more than 2k decode replicas are not tried.
+pub fn find_split(
+    objective: &Objective,
+    start: usize,
+    max: usize,
+    mut run: impl FnMut(usize, usize) -> Result<RunResult, SimulateError>,
+) -> Result<(RunResult, Vec<(Split, bool)>), SimulateError> {
+    let mut probes: Vec<(Split, bool)> = Vec::new();
+    let mut best: Option<(Split, RunResult)> = None;
+    let mut probe = |split: Split,
+                     probes: &mut Vec<(Split, bool)>,
+                     best: &mut Option<(Split, RunResult)>|
+     -> Result<bool, SimulateError> {
+        if let Some((_, ok)) = probes.iter().find(|(s, _)| *s == split) {
+            return Ok(*ok);
+        }
+        let r = run(split.0, split.1)?;
+        let ok = objective.met_by(&r);
+        probes.push((split, ok));
+        if ok {
+            let better = best.as_ref().is_none_or(|((p, d), b)| {
+                let (total, was) = (split.0 + split.1, p + d);
+                total < was || (total == was && r.goodput_rps > b.goodput_rps)
+            });
+            if better {
+                *best = Some((split, r));
+            }
+        }
+        Ok(ok)
+    };
+    let half = max / 2;
+    let mut k = (start / 2).clamp(1, half.max(1));
+    while !probe((k, k), &mut probes, &mut best)? {
+        if k >= half {
+            return Err(SimulateError::Invalid(format!(
+                "no split of up to {max} replicas meets the objective (raise --max-replicas)"
+            )));
+        }
+        k = (k * 2).min(half);
+    }
+    let (mut p, mut d) = (1, (2 * k).min(max - 1));
+    while d >= 1 && p + d <= max && p <= 2 * k {
+        let known = best.as_ref().map_or(usize::MAX, |((bp, bd), _)| bp + bd);
+        // A split larger than the best one found cannot beat it: stepping
+        // down past it skips only such splits.
+        if p + d > known || probe((p, d), &mut probes, &mut best)? {
+            d -= 1;
+        } else {
+            p += 1;
+        }
+    }
+    let (_, run) = best.expect("the equal split met the objective");
+    Ok((run, probes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

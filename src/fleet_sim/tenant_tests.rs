@@ -50,6 +50,7 @@ fn simulate(w: &SimWorkload, config: &Config, mix: &str) -> RunResult {
         profile: &profile,
         faults: &[],
         goodput_ttft: 1.0,
+        goodput_tpot: 0.0,
         seed: 0,
         network_delay: 0.0,
         scrape_phase: 0.0,

@@ -171,6 +171,24 @@ impl SimWorkload {
         })
     }
 
+    /// Both workloads' requests in one, in arrival order (a mixed
+    /// workload: short prompts beside long ones).
+    pub fn merged(mut self, other: SimWorkload) -> SimWorkload {
+        assert_eq!(self.block_tokens, other.block_tokens, "one block size");
+        let offset = self.ids.len() as u32;
+        self.ids.extend_from_slice(&other.ids);
+        for mut r in other.requests {
+            if let Source::Blocks { start, .. } = &mut r.source {
+                *start += offset;
+            }
+            self.requests.push(r);
+        }
+        self.requests.sort_by(|a, b| a.at.total_cmp(&b.at));
+        self.name = format!("{} + {}", self.name, other.name);
+        self.bench_text |= other.bench_text;
+        self
+    }
+
     /// Trace prompts carry the token ids of the text `llmlb bench` sends
     /// for them (see the module docs).
     pub fn with_bench_text(mut self) -> SimWorkload {

@@ -27,7 +27,7 @@ use super::usage_strip::UsageStrip;
 use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
-use crate::routing::StreamBroken;
+use crate::routing::{Expected, StreamBroken};
 use crate::telemetry::Metrics;
 
 /// What a stream that breaks reports to: the pool (the break counts toward
@@ -51,6 +51,9 @@ pub struct ProxyBody {
     idle: IdleTimer,
     /// Released at end of stream.
     guard: Option<InFlightGuard>,
+    /// `exact` mode: the prompt counts as held on the replica until its
+    /// events report it or the stream ends.
+    expected: Option<Expected>,
     report: BreakReport,
     /// Server-sent events: a failure mid-stream becomes a readable error event.
     sse: bool,
@@ -73,12 +76,19 @@ impl ProxyBody {
             inner,
             idle: IdleTimer::new(idle_timeout),
             guard: Some(guard),
+            expected: None,
             report,
             sse,
             ended: false,
             output_seen: 0,
             strip: None,
         }
+    }
+
+    /// Keeps `expected` until the stream ends.
+    pub fn carrying(mut self, expected: Option<Expected>) -> ProxyBody {
+        self.expected = expected;
+        self
     }
 
     /// Removes the usage event of a stream llmlb asked for usage, keeping it
@@ -135,6 +145,7 @@ impl ProxyBody {
     fn finish(&mut self) {
         self.ended = true;
         self.guard = None;
+        self.expected = None;
     }
 
     /// Ends the stream after an upstream failure: SSE clients get an error

@@ -20,8 +20,8 @@ use crate::net::ReportedUsage;
 use crate::pool::{Choice, choose};
 use crate::pool::{Failure, Pool};
 use crate::replica::{Replica, ReplicaId};
-use crate::routing::Decision;
 use crate::routing::StreamBroken;
+use crate::routing::{Decision, Expected};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::StageSpan;
@@ -102,12 +102,14 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         // replica took it.
         req.progress.attempts = tried.len() as u32;
         req.progress.replica = Some(Arc::clone(replica));
-        if req.route.dispatched(replica) {
+        let sent = req.route.dispatched(replica);
+        if sent.swap {
             req.metrics
                 .lora_swaps
                 .with_label_values(&[&pool.name, &replica.name])
                 .inc();
         }
+        let expected = sent.sent;
         let series = replica.series(&pool.name, req.metrics);
         let seq = req.recent.record(
             Arc::clone(&series.pool),
@@ -215,7 +217,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
                     500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
                     _ => pool.record_success(replica),
                 }
-                let mut resp = stream_back(resp, &req, replica, guard, strip_usage);
+                let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
                 resp.extensions_mut().insert(super::Dispatched {
                     replica: Arc::clone(&series.replica),
                     branch: pick.branch.as_str(),
@@ -341,6 +343,7 @@ fn stream_back(
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
     guard: crate::replica::InFlightGuard,
+    expected: Option<Expected>,
     strip_usage: bool,
 ) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
@@ -368,7 +371,8 @@ fn stream_back(
         broken,
         request_id: req.request_id.clone(),
     };
-    let mut body = ProxyBody::new(incoming, req.pool.timeouts.idle, guard, report, sse);
+    let mut body =
+        ProxyBody::new(incoming, req.pool.timeouts.idle, guard, report, sse).carrying(expected);
     if strip_usage && sse {
         // Bytes may be taken out of the stream: its length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);

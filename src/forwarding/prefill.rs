@@ -124,7 +124,9 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
         };
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
-        req.route.dispatched(&replica);
+        // In `exact` mode the prompt counts as sent to this replica until
+        // its answer is in (the end of this attempt).
+        let _dispatched = req.route.dispatched(&replica);
         let pairing = Pairing {
             prefill_host: replica.authority.host(),
             bootstrap_port: req.bootstrap_port,

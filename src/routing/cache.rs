@@ -68,7 +68,7 @@ pub(super) fn prefer(
         d.branches.push(RouteBranch::PrefixNone);
         return;
     }
-    let holdings = Holdings::new(router, &tokens, cache_key, &blocks, cands, views, now_ms);
+    let holdings = Holdings::new(router, &tokens, cache_key, &blocks, cands, views);
     d.predicted = holdings.predicted.clone();
     // The prefix's key: the chained hash of its first `prefix.tokens`
     // tokens, so cold instances agree per prefix and prefixes that share
@@ -354,7 +354,6 @@ impl Holdings {
         blocks: &[u64],
         cands: &[Arc<Replica>],
         views: &HashMap<ReplicaId, ReplicaView>,
-        now_ms: u64,
     ) -> Holdings {
         let exact = router.prefix.mode == PrefixMode::Exact;
         // Exact-mode hashes, once per block size the replicas report.
@@ -373,12 +372,21 @@ impl Holdings {
                 i.observe_restarts(restarts);
                 fit_to_replica(i, &views[&r.id], router.prefix.block_size);
             }
-            let room = index
-                .and_then(|i| i.room())
-                .map(|blocks| (blocks * router.prefix.block_size) as u64);
             let reported = held
                 .filter(|h| h.known())
                 .and_then(|h| Some((h, h.block_size()?)));
+            // Empty room: the reported capacity less what the replica holds
+            // and has been sent, by its events when they are known, else by
+            // what llmlb sent it.
+            let room = match reported {
+                Some((h, bs)) => views[&r.id]
+                    .load
+                    .and_then(|l| l.kv_capacity_tokens)
+                    .map(|cap| cap.saturating_sub((h.occupied() * bs) as u64)),
+                None => index
+                    .and_then(|i| i.room())
+                    .map(|blocks| (blocks * router.prefix.block_size) as u64),
+            };
             let value = match reported {
                 Some((h, bs)) => {
                     let pos = match by_size.iter().position(|(s, _)| *s == bs) {
@@ -388,7 +396,7 @@ impl Holdings {
                             by_size.len() - 1
                         }
                     };
-                    let cached = (h.matched_at(&by_size[pos].1, now_ms) * bs) as u64;
+                    let cached = (h.matched_or_sent(&by_size[pos].1) * bs) as u64;
                     (cached, false, bs)
                 }
                 None => {
@@ -446,7 +454,7 @@ mod tests {
         assert_eq!(first.branches, vec![RouteBranch::PrefixMiss]);
         let home = first.preferred.clone().unwrap()[0];
         let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
-        first.dispatched(home_replica);
+        let _sent = first.dispatched(home_replica);
         let d = go();
         assert_eq!(
             (d.branches.clone(), d.preferred.clone()),
@@ -698,10 +706,79 @@ mod tests {
         let first = go();
         let home = first.preferred.clone().unwrap()[0];
         let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
-        first.dispatched(home_replica);
+        let _sent = first.dispatched(home_replica);
         let _full = home_replica.acquire();
         let d = go();
         assert_ne!(d.preferred, Some(vec![home]));
         assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
+    }
+
+    #[test]
+    fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
+        use crate::kv_events::subscriber::EventSink;
+        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+        use crate::pool::test_fleet::{replicas, topology};
+        let t = topology(&format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
+            replicas(2, |i| format!(
+                "kv_events = \"tcp://127.0.0.1:{}\"",
+                5557 + i
+            ))
+        ));
+        let pool = &t.pools[0];
+        // Both records known and empty of this prompt; an event of another
+        // prompt tells the block size.
+        for r in &pool.replicas {
+            let held = pool.router.held(r.id).unwrap();
+            held.caught_up();
+            held.apply(&EventBatch {
+                ts: 0.0,
+                events: vec![KvEvent::BlockStored {
+                    block_hashes: vec![BlockKey(1)],
+                    parent_block_hash: None,
+                    token_ids: vec![7; 16],
+                    block_size: 16,
+                    lora_name: None,
+                    medium: None,
+                    extra_keys: Vec::new(),
+                }],
+                dp_rank: None,
+            });
+        }
+        let headers = HeaderMap::new();
+        let long = "Reply in the customer's language and quote the order number. ".repeat(40);
+        let chat = |q: &str| {
+            vec![
+                ChatMessage::new("system", long.clone()),
+                ChatMessage::new("user", q.to_string()),
+            ]
+        };
+        let at = |q: &str, now_ms: u64| {
+            pool.router
+                .route(
+                    &pool.replicas,
+                    &input(&headers, None, Prompt::Chat(&chat(q))),
+                    0,
+                    now_ms,
+                )
+                .unwrap()
+        };
+        let first = at("hello", 1);
+        assert_eq!(first.branches, vec![RouteBranch::PrefixMiss]);
+        let home = first.preferred.clone().unwrap()[0];
+        let replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        let sent = first
+            .dispatched(replica)
+            .sent
+            .expect("exact mode expects the prompt");
+        // A minute later its prefill has still not been reported (a long
+        // queue): the prefix on its way there still counts.
+        let second = at("how are you", 60_000);
+        assert_eq!(second.preferred, Some(vec![home]));
+        assert_eq!(second.branches, vec![RouteBranch::PrefixHit]);
+        // The request ended without the replica ever reporting the blocks.
+        drop(sent);
+        let third = at("goodbye", 60_001);
+        assert_eq!(third.branches, vec![RouteBranch::PrefixMiss]);
     }
 }

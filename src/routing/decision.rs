@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::RouteBranch;
 use super::prefix::blocks::CacheKey;
 use super::prefix::cache_index::BlockIndex;
-use super::prefix::held::HeldBlocks;
+use super::prefix::held::{Expected, HeldBlocks};
 use crate::replica::{Replica, ReplicaId};
 
 /// Each replica's prefix index (`cache` mode, and `exact` mode's estimate).
@@ -37,8 +37,8 @@ pub struct Decision {
     pub version: Option<Arc<str>>,
     /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
     pub(super) record: Option<(Indexes, Vec<u64>)>,
-    /// `exact` mode: the prompt's tokens, expected on the replica it is sent
-    /// to until its events report them.
+    /// `exact` mode: the prompt's tokens and key, expected on the replica
+    /// it is sent to until its events report them or the request ends.
     pub(super) expect: Option<(Held, Vec<u32>, CacheKey)>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
@@ -87,14 +87,17 @@ impl Decision {
     }
 
     /// The request is being sent to `replica` now: remember its prompt
-    /// blocks and its adapter there. True when the request's adapter was
-    /// neither loaded there nor had a free slot (a swap).
-    pub fn dispatched(&self, replica: &Replica) -> bool {
+    /// blocks and its adapter there. The answer says whether the adapter
+    /// swaps in and, in `exact` mode, holds what makes the prompt count as
+    /// sent there: the caller keeps it until the request ends.
+    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
+    pub fn dispatched(&self, replica: &Replica) -> Dispatched {
         self.dispatched_at(replica, crate::telemetry::clock::now_millis())
     }
 
     /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
-    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> bool {
+    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
+    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> Dispatched {
         let swap = self.adapter.as_deref().is_some_and(|a| {
             replica.adapters.sent(a, now_ms) == crate::replica::adapters::Placement::Swap
         });
@@ -111,12 +114,10 @@ impl Decision {
         if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
             outbox.send(&replica.name, *key, blocks);
         }
-        if let Some((held, tokens, key)) = &self.expect
-            && let Some(h) = held.get(&replica.id)
-        {
-            h.expect_prompt(tokens, key, now_ms);
-        }
-        swap
+        let sent = self.expect.as_ref().and_then(|(held, tokens, key)| {
+            held.get(&replica.id).map(|h| h.expect_prompt(tokens, key))
+        });
+        Dispatched { swap, sent }
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.
@@ -146,6 +147,15 @@ impl Decision {
     pub fn route_label(&self) -> String {
         super::branch::join(&self.branches)
     }
+}
+
+/// What sending a request to a replica did (see [`Decision::dispatched`]).
+#[derive(Debug)]
+pub struct Dispatched {
+    /// The request's adapter was neither loaded there nor had a free slot.
+    pub swap: bool,
+    /// `exact` mode: the prompt counts as sent there while this lives.
+    pub sent: Option<Expected>,
 }
 
 /// Membership in a sorted id list.

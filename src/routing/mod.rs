@@ -24,8 +24,9 @@ pub mod saturation;
 pub mod tiers;
 
 pub use branch::RouteBranch;
-pub use decision::Decision;
+pub use decision::{Decision, Dispatched};
 pub use error::RouteError;
 pub use metrics::{RoutingMetrics, StreamBroken};
 pub use prefix::blocks::Prompt;
+pub use prefix::held::Expected;
 pub use router::{RouteInput, Router};

@@ -66,7 +66,7 @@ impl Sim<'_> {
                 }
             };
             let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            decision.dispatched_at(&replica, now_ms);
+            let expected = decision.dispatched_at(&replica, now_ms).sent;
             tried.push(replica.id);
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
@@ -88,12 +88,14 @@ impl Sim<'_> {
                 }
                 State::Hung => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     let wait = self.decider.pool().timeouts.first_byte.as_secs_f64();
                     self.queue.push(now + wait, Event::Timeout(i as u32));
                     return None;
                 }
                 State::Up => {
                     self.open_request(i, at, guard, now);
+                    self.live[i].expected = expected;
                     self.live[i].prompt = std::mem::take(&mut self.prompt);
                     let half = self.half_delay();
                     if half > 0.0 {
@@ -119,12 +121,38 @@ impl Sim<'_> {
         if self.slots[at].state != State::Up {
             return;
         }
+        if self.loaded(i) {
+            // The prompt's KV cache comes from its prefill replica first.
+            let wait = self.transfer_time(at, &self.live[i].prompt);
+            self.split[i].kv_at = now + wait;
+            self.split_counts.transfer_s.push(wait);
+            if wait > 0.0 {
+                self.queue.push(now + wait, Event::Loaded(i as u32));
+                return;
+            }
+        }
+        self.load(i, now);
+    }
+
+    /// Request `i` enters its replica's engine (a disaggregated one with
+    /// its KV cache arrived).
+    pub(super) fn load(&mut self, i: usize, now: f64) {
+        let l = &mut self.live[i];
+        if !l.open {
+            return;
+        }
+        let at = l.replica as usize;
+        if self.slots[at].state != State::Up {
+            return;
+        }
+        let prompt = std::mem::take(&mut l.prompt);
+        let external_tokens = if self.loaded(i) { prompt.len() } else { 0 };
         let req = NewRequest {
             id: i as u64,
-            prompt: std::mem::take(&mut l.prompt),
+            prompt,
             max_tokens: self.spec.workload.requests[i].output as usize,
             priority: 0,
-            external_tokens: 0,
+            external_tokens,
         };
         if self.slots[at].engine.add_request(req, now).is_err() {
             // The replica answers 400 (context too long).
@@ -167,6 +195,7 @@ impl Sim<'_> {
     pub(super) fn open_request(&mut self, i: usize, at: usize, guard: InFlightGuard, now: f64) {
         self.live[i] = Live {
             guard: Some(guard),
+            expected: None,
             replica: at as u32,
             first: None,
             last: 0.0,
@@ -200,6 +229,7 @@ impl Sim<'_> {
         if l.open {
             l.open = false;
             l.guard = None;
+            l.expected = None;
             self.open -= 1;
             self.slot_freed = true;
             let (level, tenant) = (self.level(i), self.tenant(i));

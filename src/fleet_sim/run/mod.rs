@@ -32,6 +32,7 @@
 
 mod dispatch;
 mod outages;
+mod split;
 mod steps;
 
 use std::sync::Arc;
@@ -44,7 +45,7 @@ use crate::config::Config;
 use crate::pool::{placement_ttft, queue_capacity};
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::config::SimConfig;
-use crate::routing::{Decision, Prompt};
+use crate::routing::{Decision, Expected, Prompt};
 
 use super::SimulateError;
 use super::clock::{Event, EventQueue, millis};
@@ -53,6 +54,7 @@ use super::faults::Fault;
 use super::fleet::{self, Slot};
 use super::pool_queue::QueueModel;
 use super::report::{Outcomes, RunResult};
+use super::split_report::{RoleResult, SplitCounts, SplitResult};
 use super::stats::LogHistogram;
 use super::tenant_report::TenantResult;
 use super::tenants::Tenants;
@@ -64,6 +66,9 @@ use super::workload::{SimWorkload, Source};
 #[derive(Debug, Default)]
 struct Live {
     guard: Option<InFlightGuard>,
+    /// `exact` mode: its prompt counts as held on its replica until the
+    /// replica's events report it or the request ends.
+    expected: Option<Expected>,
     replica: u32,
     first: Option<f64>,
     last: f64,
@@ -88,6 +93,9 @@ pub struct RunSpec<'a> {
     pub faults: &'a [Fault],
     /// Goodput counts requests whose TTFT is at most this (seconds).
     pub goodput_ttft: f64,
+    /// And whose mean inter-token gap (TPOT) is at most this (seconds; 0:
+    /// TTFT alone).
+    pub goodput_tpot: f64,
     pub seed: u64,
     /// Fixed time (seconds) the client waits on top of the engine for every
     /// response: the network, the proxy and the replica's HTTP front. Half
@@ -143,6 +151,15 @@ struct Sim<'a> {
     ended: Vec<bool>,
     /// Closed loop: the next request a stream sends.
     next_send: usize,
+    /// A disaggregated pool: each request's prefill step (empty otherwise).
+    split: Vec<split::SplitStep>,
+    split_counts: SplitCounts,
+    /// Requests waiting for a free prefill slot.
+    prefill_waiting: Vec<usize>,
+    /// A prefill slot was freed by the last event.
+    prefill_freed: bool,
+    /// Requests in their prefill step.
+    prefilling: usize,
 }
 
 /// A request waiting, as `serve`'s forwarder waits, for one of the replicas
@@ -157,7 +174,8 @@ struct Waiter {
 pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError> {
     let started = Instant::now();
     let decider = Decider::new(spec.config, spec.model, spec.seed)?;
-    let n = decider.pool().replicas.len();
+    let n = decider.fleet_size();
+    let disaggregated = decider.prefill_pool().is_some();
     if let Some(f) = spec.faults.iter().find_map(|f| f.out_of_range(n)) {
         return Err(SimulateError::Invalid(format!(
             "--fault names replica {f}, but the fleet has {n} (0..{})",
@@ -188,6 +206,15 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         arrived_at: spec.workload.requests.iter().map(|r| r.at).collect(),
         ended: vec![false; requests],
         next_send: 0,
+        split: if disaggregated {
+            (0..requests).map(|_| Default::default()).collect()
+        } else {
+            Vec::new()
+        },
+        split_counts: SplitCounts::default(),
+        prefill_waiting: Vec::new(),
+        prefill_freed: false,
+        prefilling: 0,
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
     let levels = sim.pool_queue.as_ref().map_or(1, |q| q.levels()).max(1);
@@ -200,11 +227,13 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         }
     }
     // `exact` mode: each replica's KV events feed the router's record.
-    let pool = std::sync::Arc::clone(sim.decider.pool());
-    for (id, _, held) in pool.router.kv_subscriptions() {
-        if let Some(at) = pool.replicas.iter().position(|r| r.id == id) {
-            sim.slots[at].publish_to(held);
-        }
+    let pools = [Some(sim.decider.pool()), sim.decider.prefill_pool()];
+    let subscriptions: Vec<_> = (pools.into_iter().flatten())
+        .flat_map(|p| p.router.kv_subscriptions())
+        .map(|(id, _, held)| (sim.decider.position(id), held))
+        .collect();
+    for (at, held) in subscriptions {
+        sim.slots[at].publish_to(held);
     }
     if sim.closed_loop() {
         let streams = spec.tenants.map_or(0, Tenants::total_streams).min(requests);
@@ -258,9 +287,25 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
                 sim.release(i as usize, now);
                 true
             }
+            Event::PrefillEnter { index, attempt } => {
+                sim.prefill_enter(index as usize, attempt, now);
+                true
+            }
+            Event::PrefillAnswer { index, attempt } => {
+                sim.prefill_answer(index as usize, attempt, now);
+                true
+            }
+            Event::PrefillTimeout(i) => sim.prefill_timeout(i as usize, now),
+            Event::Loaded(i) => {
+                sim.load(i as usize, now);
+                true
+            }
         };
         if acted {
             last = now;
+        }
+        if std::mem::take(&mut sim.prefill_freed) && !sim.prefill_waiting.is_empty() {
+            sim.retry_prefills(now);
         }
         if std::mem::take(&mut sim.slot_freed) && sim.waiting.iter().any(|l| !l.is_empty()) {
             sim.retry_waiting(now);
@@ -270,7 +315,7 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     // The last token reaches its client half the network delay after its
     // step, when the proxy sees the end (the last event).
     let end = last;
-    sim.out.unfinished = sim.open as u64;
+    sim.out.unfinished = (sim.open + sim.prefilling) as u64;
     for slot in &sim.slots {
         sim.out.prefix_queries += slot.engine.stats().prefix_queries;
         sim.out.prefix_hits += slot.engine.stats().prefix_hits;
@@ -284,21 +329,55 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             .collect(),
         None => Vec::new(),
     };
+    let label = match sim.decider.prefill_pool() {
+        Some(p) => format!(
+            "{policy} {}P{}D",
+            p.replicas.len(),
+            sim.decider.decode_replicas()
+        ),
+        None => policy.to_string(),
+    };
     let mut result = RunResult::new(
-        policy,
+        &label,
         n,
         requests,
         sim.out,
         &mut sim.ttft,
         &mut sim.e2e,
         &sim.itl,
-        sim.slots.iter().map(|s| s.dispatched).collect(),
+        // Load spread among the pool's own replicas.
+        (sim.slots.iter().take(sim.decider.decode_replicas()))
+            .map(|s| s.dispatched)
+            .collect(),
         end,
         spec.goodput_ttft,
         events,
         started.elapsed().as_secs_f64(),
     );
     result.tiers = tiers;
+    result.goodput_tpot_s = spec.goodput_tpot;
+    if disaggregated {
+        let decode = sim.decider.decode_replicas();
+        let role = |role: &'static str, slots: &[Slot]| RoleResult {
+            role,
+            replicas: slots.len(),
+            dispatched: slots.iter().map(|s| s.dispatched).sum(),
+            prefill_tokens: (slots.iter())
+                .map(|s| s.engine.stats().request_prefill_computed.sum as u64)
+                .sum(),
+            sampled_tokens: slots.iter().map(|s| s.tokens).sum(),
+            busy: slots.iter().map(|s| s.busy_s).sum::<f64>()
+                / (slots.len().max(1) as f64 * end.max(1e-9)),
+        };
+        let roles = vec![
+            role("prefill", &sim.slots[decode..]),
+            role("decode", &sim.slots[..decode]),
+        ];
+        result.split = Some(SplitResult::new(
+            std::mem::take(&mut sim.split_counts),
+            roles,
+        ));
+    }
     if let Some(t) = spec.tenants {
         result.tenants = (t.tenants.iter())
             .zip(std::mem::take(&mut sim.tenant_counts))
@@ -319,7 +398,7 @@ impl Sim<'_> {
     }
 
     fn work_left(&self) -> bool {
-        self.arrived < self.live.len() || self.open > 0
+        self.arrived < self.live.len() || self.open > 0 || self.prefilling > 0
     }
 
     fn arrive(&mut self, i: usize, now: f64) {
@@ -355,7 +434,7 @@ impl Sim<'_> {
             Source::Text(p) => crate::routing::Prompt::Tokens(&p.1),
         };
         let route_tier = self.spec.tiers.and_then(|t| t.of(i).route_tier.as_deref());
-        let decision = match self.decider.route(prompt, route_tier, now_ms) {
+        let mut decision = match self.decider.route(prompt, route_tier, now_ms) {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;
@@ -363,6 +442,12 @@ impl Sim<'_> {
                 return;
             }
         };
+        if self.disaggregated() {
+            match self.split_or_local(i, decision, route_tier, now) {
+                Some(d) => decision = d,
+                None => return,
+            }
+        }
         if let Some(waiter) = self.dispatch(i, decision, Vec::new(), now) {
             self.park(waiter);
         }

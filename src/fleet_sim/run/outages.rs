@@ -30,6 +30,15 @@ impl Sim<'_> {
         slot.state = state;
         slot.epoch += 1;
         slot.pending = None;
+        if r >= self.decider.decode_replicas() {
+            // A prefill replica: its prefills move on (a hung one holds
+            // them until the prefill timeout).
+            if state == State::Dead {
+                self.prefill_replica_died(r, now);
+            }
+            self.health_checks(r, now);
+            return;
+        }
         let open: Vec<usize> = (0..self.live.len())
             // An answer that is out already, on its way back, is not lost.
             .filter(|&i| {
@@ -57,7 +66,12 @@ impl Sim<'_> {
                 }
             }
         }
-        let health = &self.decider.pool().health;
+        self.health_checks(r, now);
+    }
+
+    /// Health checks (when enabled) mark stopped replica `r` down.
+    fn health_checks(&mut self, r: usize, now: f64) {
+        let health = &self.decider.pool_at(r).health;
         if health.enabled {
             let after = health.interval.as_secs_f64() * f64::from(health.fall.max(1));
             self.queue.push(now + after, Event::Down(r as u32));
@@ -84,10 +98,9 @@ impl Sim<'_> {
     }
 
     pub(super) fn mark_down(&mut self, r: usize) {
-        let pool = self.decider.pool();
-        let h = &pool.health;
+        let h = &self.decider.pool_at(r).health;
         for _ in 0..h.fall.max(1) {
-            pool.replicas[r].health.record(false, h.fall, h.rise);
+            self.decider.replica(r).health.record(false, h.fall, h.rise);
         }
     }
 }

@@ -21,6 +21,7 @@ impl Sim<'_> {
             // Nothing can run (no cache room): wait for the next arrival.
             return;
         }
+        slot.busy_s += out.end - now;
         self.queue.push(
             out.end,
             Event::StepEnd {
@@ -44,6 +45,10 @@ impl Sim<'_> {
     }
 
     pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
+        if at >= self.decider.decode_replicas() {
+            self.prefill_delivered(at, out);
+            return;
+        }
         // Tokens reach the client, and the proxy sees the end, this long
         // after the step.
         let out_delay = self.half_delay();
@@ -51,12 +56,26 @@ impl Sim<'_> {
         self.out.output_tokens += out.tokens.len() as u64;
         for t in &out.tokens {
             let i = t.id as usize;
+            let loaded = self.loaded(i).then(|| self.split[i].kv_at);
+            let disaggregated = self.disaggregated();
             let l = &mut self.live[i];
             match l.first {
                 None => {
                     l.first = Some(now);
                     let ttft = now + out_delay - self.arrived_at[i];
                     self.ttft.push(ttft);
+                    if let Some(kv_at) = loaded {
+                        let sent = l.dispatched_at;
+                        self.split_counts.first_step_s.push(now + out_delay - kv_at);
+                        self.split_counts.ttft_split_s.push(ttft);
+                        // What `serve` learns of the hop: sending to the
+                        // decode replica to its first byte.
+                        if let Some(d) = &self.decider.pool().disaggregation {
+                            d.observe_hop(now + out_delay - sent);
+                        }
+                    } else if disaggregated {
+                        self.split_counts.ttft_local_s.push(ttft);
+                    }
                     if let Some(tiers) = self.spec.tiers {
                         self.tier_counts[usize::from(tiers.of_request[i])]
                             .ttft
@@ -90,9 +109,12 @@ impl Sim<'_> {
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
-            let within = self.live[i]
-                .first
-                .is_some_and(|t| t + out_delay - self.arrived_at[i] <= self.spec.goodput_ttft);
+            let tpot = self.spec.goodput_tpot;
+            let within = self.live[i].first.is_some_and(|t| {
+                let gaps = f.completion_tokens.saturating_sub(1).max(1) as f64;
+                t + out_delay - self.arrived_at[i] <= self.spec.goodput_ttft
+                    && (tpot <= 0.0 || (now - t) / gaps <= tpot)
+            });
             if within {
                 self.out.within_objective += 1;
             }
@@ -119,9 +141,9 @@ impl Sim<'_> {
     pub(super) fn scrape(&mut self, now: f64) {
         let now_ms = millis(now);
         let pool = std::sync::Arc::clone(self.decider.pool());
-        for (slot, replica) in self.slots.iter().zip(&pool.replicas) {
+        for (at, slot) in self.slots.iter().enumerate() {
             if slot.state == State::Up {
-                replica.store_load(slot.snapshot(now_ms));
+                self.decider.replica(at).store_load(slot.snapshot(now_ms));
             }
         }
         if self.work_left()

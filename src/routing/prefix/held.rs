@@ -28,15 +28,22 @@
 //! counter go down, or its event sequence starts again) empties the record, which
 //! is then known: a fresh replica's cache is empty.
 //!
-//! **Just sent.** The blocks of a prompt llmlb has just sent to a replica
-//! count as held there for [`PENDING_MS`] (or until the replica's
-//! `BlockStored` confirms them), so that a burst of requests sharing a new
-//! prefix follows the first one instead of scattering during the moment
-//! the first one's prefill and event are in flight. They are kept apart from
-//! the reported blocks ([`HeldBlocks::snapshot`] does not list them), expire
-//! on their own, and are bounded by `capacity` too. Prompts sent before any
-//! event told the block size are kept as tokens ([`EARLY_TOKENS`]) and
-//! hashed into the pending blocks by that first event.
+//! **Sent, not yet stored.** The blocks of a prompt llmlb has sent to a
+//! replica count as held there from the moment it is sent until the
+//! replica's `BlockStored` reports them, or the request ends (answered,
+//! failed, cut off: the [`Expected`] handle the sender keeps is dropped).
+//! When queues are long a request waits seconds in the replica's own queue
+//! before its prefill stores anything; meanwhile the next request of the
+//! same conversation or system prompt sees its prefix on its way and
+//! follows it instead of being costed as a miss everywhere and scattered.
+//! Sent blocks are keyed as the prompt is (adapter, salt), kept apart from
+//! the reported ones ([`HeldBlocks::snapshot`] does not list them), counted
+//! once per block however many requests carry it, and bounded by
+//! `capacity` too. Prompts sent before any event told the block size are
+//! kept as tokens ([`EARLY_TOKENS`]) and hashed into the sent blocks by
+//! that first event. Reported and sent blocks together are what the
+//! replica will hold, which is also what the eviction charge measures the
+//! empty room against ([`HeldBlocks::occupied`]).
 //!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
@@ -45,11 +52,7 @@
 //! request), never across an `.await`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-
-/// How long blocks llmlb just sent count as held before the replica reports
-/// them: several prefills' worth of time, far below a cache's lifetime.
-pub const PENDING_MS: u64 = 2_000;
+use std::sync::{Arc, Mutex};
 
 /// How many prompt tokens sent before the block size is known are kept
 /// (1 MiB); later prompts in that moment are not expected.
@@ -89,12 +92,16 @@ struct Held {
     /// The replica's hash → llmlb's.
     theirs: HashMap<BlockKey, u64>,
     block_size: Option<usize>,
-    /// Blocks just sent and not yet reported → when they stop counting (ms).
-    pending: HashMap<u64, u64>,
-    /// Prompts sent before the block size was known, with their key and
-    /// when they stop counting: hashed into `pending` by the first event
-    /// that tells it.
-    early: Vec<(Vec<u32>, CacheKey, u64)>,
+    /// Blocks sent and not yet reported → how many requests in flight
+    /// carry them.
+    pending: HashMap<u64, u32>,
+    /// Each request in flight → the blocks it counts for in `pending`.
+    expecting: HashMap<u64, Vec<u64>>,
+    /// Prompts sent before the block size was known, by request, with
+    /// their key: hashed into `pending` by the first event that tells it.
+    early: Vec<(u64, Vec<u32>, CacheKey)>,
+    /// The id of the next prompt sent.
+    next_id: u64,
     /// LoRA adapter names the replica's events stored blocks under.
     adapters: HashSet<String>,
     capacity: usize,
@@ -118,7 +125,9 @@ impl HeldBlocks {
                 theirs: HashMap::new(),
                 block_size: None,
                 pending: HashMap::new(),
+                expecting: HashMap::new(),
                 early: Vec::new(),
+                next_id: 0,
                 adapters: HashSet::new(),
                 capacity,
                 refill: Some(capacity),
@@ -156,38 +165,48 @@ impl HeldBlocks {
             .count()
     }
 
-    /// Like [`matched`](Self::matched), also counting blocks just sent that
-    /// are still pending at `now_ms`.
-    pub fn matched_at(&self, hashes: &[u64], now_ms: u64) -> usize {
+    /// Like [`matched`](Self::matched), also counting blocks sent there
+    /// and not yet reported (see the module docs).
+    pub fn matched_or_sent(&self, hashes: &[u64]) -> usize {
         let held = self.lock();
         hashes
             .iter()
-            .take_while(|h| {
-                held.ours.contains_key(h)
-                    || held.pending.get(h).is_some_and(|&until| until > now_ms)
-            })
+            .take_while(|h| held.ours.contains_key(h) || held.pending.contains_key(h))
             .count()
     }
 
-    /// Records that a prompt of these tokens, keyed by `key`, was just sent
-    /// to the replica. Before an event has told the block size, the tokens
-    /// are kept (at most [`EARLY_TOKENS`] in all) and their blocks count from
-    /// that event on, until the same deadline.
-    pub fn expect_prompt(&self, tokens: &[u32], key: &CacheKey, now_ms: u64) {
+    /// Blocks the replica reports holding plus those sent and not yet
+    /// reported: what it will hold once its queue is prefilled.
+    pub fn occupied(&self) -> usize {
+        let held = self.lock();
+        held.theirs.len() + held.pending.len()
+    }
+
+    /// Records that a prompt of these tokens, keyed by `key`, is being sent
+    /// to the replica: its blocks count as held there until the replica
+    /// reports them or the returned handle is dropped (the request ended).
+    /// Before an event has told the block size, the tokens are kept (at
+    /// most [`EARLY_TOKENS`] in all) and their blocks count from that event on.
+    #[must_use = "the prompt counts as sent only while the handle lives"]
+    pub fn expect_prompt(self: &Arc<Self>, tokens: &[u32], key: &CacheKey) -> Expected {
         let mut held = self.lock();
+        let id = held.next_id;
+        held.next_id += 1;
         match held.block_size {
             Some(bs) => {
                 let hashes = keyed_hashes(held.seed, tokens, bs, key);
-                held.expect(&hashes, now_ms + PENDING_MS);
+                held.expect(id, &hashes);
             }
             None => {
-                held.early.retain(|(_, _, until)| *until > now_ms);
-                let kept: usize = held.early.iter().map(|(t, _, _)| t.len()).sum();
+                let kept: usize = held.early.iter().map(|(_, t, _)| t.len()).sum();
                 if kept + tokens.len() <= EARLY_TOKENS {
-                    held.early
-                        .push((tokens.to_vec(), key.clone(), now_ms + PENDING_MS));
+                    held.early.push((id, tokens.to_vec(), key.clone()));
                 }
             }
+        }
+        Expected {
+            held: Arc::clone(self),
+            id,
         }
     }
 
@@ -229,6 +248,21 @@ impl HeldBlocks {
     }
 }
 
+/// A prompt sent to a replica whose blocks count as held there while this
+/// lives (see [`HeldBlocks::expect_prompt`]); kept by the request and
+/// dropped when it ends.
+#[derive(Debug)]
+pub struct Expected {
+    held: Arc<HeldBlocks>,
+    id: u64,
+}
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        self.held.lock().forget(self.id);
+    }
+}
+
 impl EventSink for HeldBlocks {
     fn subscribed(&self) {
         self.lock().subscriptions += 1;
@@ -262,19 +296,39 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
-    /// Counts `hashes` as held until `until` (ms), a prompt's send time
-    /// plus [`PENDING_MS`]; when full, first drops what had expired by then.
-    fn expect(&mut self, hashes: &[u64], until: u64) {
-        if self.pending.len() + hashes.len() > self.capacity {
-            let sent = until.saturating_sub(PENDING_MS);
-            self.pending.retain(|_, u| *u > sent);
-        }
+    /// Counts `hashes` as sent for request `id`, those not reported
+    /// already; when full, the rest are not counted.
+    fn expect(&mut self, id: u64, hashes: &[u64]) {
+        let mut mine = Vec::new();
         for &h in hashes {
-            if self.pending.len() >= self.capacity {
-                break;
+            if self.ours.contains_key(&h) {
+                continue;
             }
-            if !self.ours.contains_key(&h) {
-                self.pending.insert(h, until);
+            let full = self.pending.len() >= self.capacity;
+            match self.pending.get_mut(&h) {
+                Some(n) => *n += 1,
+                None if full => break,
+                None => {
+                    self.pending.insert(h, 1);
+                }
+            }
+            mine.push(h);
+        }
+        if !mine.is_empty() {
+            self.expecting.insert(id, mine);
+        }
+    }
+
+    /// Request `id` ended: its blocks no longer count as sent (those still
+    /// carried by another request do).
+    fn forget(&mut self, id: u64) {
+        self.early.retain(|(e, _, _)| *e != id);
+        for h in self.expecting.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.pending.get_mut(&h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending.remove(&h);
+                }
             }
         }
     }
@@ -285,9 +339,9 @@ impl Held {
         }
         if self.block_size.is_none() {
             // The prompts sent before now count with this block size.
-            for (tokens, key, until) in std::mem::take(&mut self.early) {
+            for (id, tokens, key) in std::mem::take(&mut self.early) {
                 let hashes = keyed_hashes(self.seed, &tokens, stored.block_size, &key);
-                self.expect(&hashes, until);
+                self.expect(id, &hashes);
             }
         }
         self.block_size = Some(stored.block_size);
@@ -339,7 +393,10 @@ impl Held {
     fn clear(&mut self) {
         self.ours.clear();
         self.theirs.clear();
+        // What was sent before a restart or a clear is not on its way any
+        // more; the requests' handles find nothing to take back.
         self.pending.clear();
+        self.expecting.clear();
         self.early.clear();
         self.refill = None;
     }
@@ -493,55 +550,106 @@ mod tests {
     }
 
     #[test]
-    fn just_sent_blocks_count_until_reported_or_expired() {
-        let h = HeldBlocks::new(100);
+    fn sent_blocks_count_until_reported_or_their_request_ends() {
+        let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         // An event of another prompt tells the block size (2).
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..6).collect();
         let want = chained_hashes(exact_seed(), &tokens, 2);
-        h.expect_prompt(&tokens[..4], &CacheKey::default(), 1_000);
+        let first = h.expect_prompt(&tokens[..4], &CacheKey::default());
         assert_eq!(h.matched(&want), 0, "not reported yet");
-        assert_eq!(h.matched_at(&want, 1_500), 2);
-        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "expired");
+        assert_eq!(h.matched_or_sent(&want), 2);
+        assert_eq!(h.occupied(), 1 + 2);
+        // A second request carrying the same prefix, and one more block.
+        let second = h.expect_prompt(&tokens, &CacheKey::default());
+        assert_eq!(h.matched_or_sent(&want), 3);
+        drop(first);
+        assert_eq!(
+            h.matched_or_sent(&want),
+            3,
+            "the second request still carries all three"
+        );
+        drop(second);
+        assert_eq!(h.matched_or_sent(&want), 0, "both requests ended");
+        assert_eq!(h.occupied(), 1);
+        // Reported: the record holds them whatever the request does.
+        let third = h.expect_prompt(&tokens, &CacheKey::default());
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
-        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 3, "confirmed");
         assert!(h.lock().pending.is_empty());
+        drop(third);
+        assert_eq!(h.matched_or_sent(&want), 3, "confirmed");
+        assert!(h.lock().expecting.is_empty());
+    }
+
+    /// A prompt sent under an adapter or a salt counts only for prompts
+    /// keyed the same way.
+    #[test]
+    fn sent_blocks_are_kept_under_their_key() {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
+        let tokens: Vec<u32> = (0..6).collect();
+        let sql = CacheKey {
+            adapter: Some("sql".into()),
+            salt: None,
+        };
+        let _sent = h.expect_prompt(&tokens, &sql);
+        let under = |k: &CacheKey| h.matched_or_sent(&keyed_hashes(exact_seed(), &tokens, 2, k));
+        assert_eq!(under(&sql), 3);
+        assert_eq!(under(&CacheKey::default()), 0, "the base model's prompt");
+        let chat = CacheKey {
+            adapter: Some("chat".into()),
+            salt: None,
+        };
+        assert_eq!(under(&chat), 0, "another adapter");
     }
 
     #[test]
     fn prompts_sent_before_the_block_size_is_known_count_once_it_is() {
-        let h = HeldBlocks::new(100);
+        let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let early: Vec<u32> = (100..106).collect();
-        h.expect_prompt(&early, &CacheKey::default(), 1_000);
+        let first = h.expect_prompt(&early, &CacheKey::default());
         let late: Vec<u32> = (200..204).collect();
-        h.expect_prompt(&late, &CacheKey::default(), 2_000);
+        let second = h.expect_prompt(&late, &CacheKey::default());
+        drop(second);
         // The first event, of another prompt, tells the block size (2).
         h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
         let want = chained_hashes(exact_seed(), &early, 2);
-        assert_eq!(h.matched_at(&want, 1_500), 3, "counted from the event on");
-        assert_eq!(h.matched_at(&want, 1_000 + PENDING_MS), 0, "same deadline");
+        assert_eq!(h.matched_or_sent(&want), 3, "counted from the event on");
         let other = chained_hashes(exact_seed(), &late, 2);
-        assert_eq!(
-            h.matched_at(&other, 1_000 + PENDING_MS),
-            2,
-            "its own deadline"
-        );
+        assert_eq!(h.matched_or_sent(&other), 0, "its request had ended");
+        drop(first);
+        assert_eq!(h.matched_or_sent(&want), 0);
         // Once the size is known, a prompt is expected at once.
         let next: Vec<u32> = (300..304).collect();
-        h.expect_prompt(&next, &CacheKey::default(), 5_000);
+        let _third = h.expect_prompt(&next, &CacheKey::default());
         let want = chained_hashes(exact_seed(), &next, 2);
-        assert_eq!(h.matched_at(&want, 5_001), 2);
+        assert_eq!(h.matched_or_sent(&want), 2);
+    }
+
+    #[test]
+    fn sent_blocks_are_bounded_and_a_restart_forgets_them() {
+        let h = Arc::new(HeldBlocks::new(3));
+        h.caught_up();
+        h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
+        let tokens: Vec<u32> = (0..10).collect();
+        let sent = h.expect_prompt(&tokens, &CacheKey::default());
+        assert_eq!(h.lock().pending.len(), 3, "five blocks, room for three");
+        h.restarted();
+        assert!(h.lock().pending.is_empty());
+        drop(sent);
+        assert!(h.lock().pending.is_empty());
     }
 
     #[test]
     fn early_prompts_are_bounded_and_a_restart_forgets_them() {
-        let h = HeldBlocks::new(100);
+        let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let big = vec![1u32; EARLY_TOKENS];
-        h.expect_prompt(&big, &CacheKey::default(), 0);
-        h.expect_prompt(&[5, 6], &CacheKey::default(), 0);
+        let _big = h.expect_prompt(&big, &CacheKey::default());
+        let _small = h.expect_prompt(&[5, 6], &CacheKey::default());
         assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
         h.restarted();
         assert!(h.lock().early.is_empty());

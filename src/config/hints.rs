@@ -1,0 +1,53 @@
+//! Advice `llmlb check` prints for a valid pool: settings that work, but
+//! that the measurements in docs/ROUTING.md ("Which mode") say could serve
+//! better. Never an error; one line each.
+
+use super::{PoolConfig, PrefixMode};
+
+/// Hints for one pool's prefix settings, in the order they matter.
+pub fn prefix_hints(pool: &PoolConfig) -> Vec<String> {
+    let events = pool.replicas.iter().any(|r| r.kv_events.is_some())
+        || pool
+            .discovery
+            .as_ref()
+            .is_some_and(|d| d.kv_events_port.is_some());
+    let mut out = Vec::new();
+    match pool.prefix.mode {
+        PrefixMode::Off | PrefixMode::Hash | PrefixMode::Cache if events => out.push(format!(
+            "prefix mode {:?} while replicas publish KV events: \"exact\" routes on what they report holding plus what llmlb has sent them (docs/ROUTING.md, \"Which mode\")",
+            pool.prefix.mode.as_str()
+        )),
+        PrefixMode::Exact if pool.tokenizer.is_none() => out.push(
+            "prefix mode \"exact\" with the stand-in tokenizer: its blocks match only `llmlb replica-sim` without --tokenizer; set [pools.tokenizer] dir to the replicas' model".to_string(),
+        ),
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(toml: &str) -> PoolConfig {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{toml}\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n"
+        );
+        let cfg: crate::config::Config = toml::from_str(&text).unwrap();
+        cfg.pools.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn cache_with_events_is_pointed_at_exact_and_exact_at_the_tokenizer() {
+        let mut p = pool("[pools.prefix]\nmode = \"cache\"");
+        assert!(prefix_hints(&p).is_empty(), "no events: cache is right");
+        p.replicas[0].kv_events = Some("tcp://127.0.0.1:5557".into());
+        let hints = prefix_hints(&p);
+        assert_eq!(hints.len(), 1);
+        assert!(hints[0].contains("\"exact\""), "{hints:?}");
+        p.prefix.mode = PrefixMode::Exact;
+        let hints = prefix_hints(&p);
+        assert_eq!(hints.len(), 1);
+        assert!(hints[0].contains("[pools.tokenizer] dir"), "{hints:?}");
+    }
+}
