@@ -97,6 +97,13 @@ rule "doctor" "$TOP|health|discovery|replica_sim|bench|fleet_sim|demo|calibrate|
 # replica-sim profile: nothing of the proxy.
 rule "calibrate" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admission|balancing|replica"
 
+# No function on the request path longer than 80 lines (tests aside): a
+# step that long is several steps, each wanting a name.
+if ! python3 scripts/check-fn-length.py --max 80; then
+  echo "split the functions above into named steps (scripts/check-fn-length.py)"
+  failed=1
+fi
+
 if [[ $failed -ne 0 ]]; then
   exit 1
 fi
