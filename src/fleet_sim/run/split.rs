@@ -31,7 +31,7 @@ use crate::fleet_sim::fleet::State;
 use crate::pool::{Choice, Failure, SplitBranch};
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::engine::NewRequest;
-use crate::routing::{Decision, Prompt};
+use crate::routing::{Decision, Expected, Prompt};
 
 use super::Sim;
 
@@ -59,6 +59,9 @@ pub(super) struct SplitStep {
     tried: Vec<ReplicaId>,
     /// The prefill replica's in-flight guard, while an attempt is under way.
     guard: Option<InFlightGuard>,
+    /// In `exact` mode, the prompt counted as sent to the prefill replica
+    /// while the attempt lives.
+    expected: Option<Expected>,
     /// The prefill replica of the attempt under way.
     at: u32,
     /// Numbers the attempts: an event of an earlier one is stale.
@@ -160,7 +163,7 @@ impl Sim<'_> {
                 }
             };
             let guard = replica.acquire_tokens(u64::from(input), 1);
-            route.dispatched_at(&replica, now_ms);
+            let expected = route.dispatched_at(&replica, now_ms).sent;
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
             let s = &mut self.split[i];
@@ -173,11 +176,13 @@ impl Sim<'_> {
                 State::Hung => {
                     // Swallowed until the prefill timeout.
                     s.guard = Some(guard);
+                    s.expected = expected;
                     s.at = at as u32;
                     return;
                 }
                 State::Up => {
                     s.guard = Some(guard);
+                    s.expected = expected;
                     s.at = at as u32;
                     s.attempt += 1;
                     let event = Event::PrefillEnter {
@@ -222,6 +227,7 @@ impl Sim<'_> {
         if self.slots[at].engine.add_request(req, now).is_err() {
             // Answered 400 (too long for the replica): the next attempt.
             self.split[i].guard = None;
+            self.split[i].expected = None;
             self.prefill_freed = true;
             self.prefill_failed(at, Failure::ServerError, now);
             self.try_prefill(i, now);
@@ -265,6 +271,7 @@ impl Sim<'_> {
         }
         let at = s.at as usize;
         s.guard = None;
+        s.expected = None;
         s.phase = Phase::Loaded;
         let branch = s.branch.expect("a disaggregated request has its branch");
         let decision = s.decision.take().expect("the decode decision is kept");
@@ -294,6 +301,7 @@ impl Sim<'_> {
         let s = &mut self.split[i];
         s.phase = Phase::Local;
         s.guard = None;
+        s.expected = None;
         s.route = None;
         let decision = s.decision.take().expect("the decode decision is kept");
         self.prefilling -= 1;
@@ -318,6 +326,7 @@ impl Sim<'_> {
             return false;
         }
         self.prefill_waiting.retain(|&w| w != i);
+        self.split[i].expected = None;
         if self.split[i].guard.take().is_some() {
             let at = self.split[i].at as usize;
             self.prefill_failed(at, Failure::Timeout, now);
@@ -349,6 +358,7 @@ impl Sim<'_> {
             .collect();
         for i in broken {
             self.split[i].guard = None;
+            self.split[i].expected = None;
             self.prefill_failed(at, Failure::Reset, now);
             self.try_prefill(i, now);
         }
