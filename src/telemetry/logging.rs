@@ -300,7 +300,11 @@ mod tests {
                 .filter_map(|l| l.strip_prefix(&format!("t{t} ")))
                 .map(|n| n.parse().unwrap())
                 .collect();
-            assert_eq!(mine, (0..500).collect::<Vec<_>>(), "thread {t}'s lines in order");
+            assert_eq!(
+                mine,
+                (0..500).collect::<Vec<_>>(),
+                "thread {t}'s lines in order"
+            );
         }
     }
 
