@@ -96,6 +96,15 @@ rule "doctor" "$TOP|health|discovery|replica_sim|bench|fleet_sim|demo|calibrate|
 # Calibration probes a replica with the load generator's client and writes a
 # replica-sim profile: nothing of the proxy.
 rule "calibrate" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admission|balancing|replica"
+# The command line sits above everything: it starts the daemon and each tool.
+rule "admin admission balancing bench calibrate config daemon demo discovery doctor fleet fleet_sim forwarding gateway health kv_events kv_transfer net pool replica replica_sim routing server signals telemetry tokenize" "cli"
+
+# No function on the request path longer than 80 lines (tests aside): a
+# step that long is several steps, each wanting a name.
+if ! python3 scripts/check-fn-length.py --max 80; then
+  echo "split the functions above into named steps (scripts/check-fn-length.py)"
+  failed=1
+fi
 
 if [[ $failed -ne 0 ]]; then
   exit 1

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod balancing;
 pub mod bench;
 pub mod calibrate;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod demo;

@@ -204,7 +204,9 @@ impl Fleet {
 }
 
 /// Balancers that read scraped load start with data: wait (a few scrape
-/// intervals at most) until every replica has been scraped once.
+/// intervals at most) until every replica of a scraped pool has been
+/// scraped once. A pool that is not scraped (`round_robin`,
+/// `least_connections` without prefix affinity) has nothing to wait for.
 async fn wait_for_first_scrape(proxy: &Running) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
     while tokio::time::Instant::now() < deadline {
@@ -212,6 +214,7 @@ async fn wait_for_first_scrape(proxy: &Running) {
         let scraped = topology
             .pools
             .iter()
+            .filter(|p| p.scrape.is_some())
             .flat_map(|p| p.replicas.iter())
             .all(|r| r.load_snapshot().is_some());
         // `exact` mode: every subscriber has caught up with its replica.
