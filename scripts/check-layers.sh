@@ -99,6 +99,13 @@ rule "calibrate" "$TOP|$LOOPS|fleet_sim|demo|doctor|gateway|pool|routing|admissi
 # The command line sits above everything: it starts the daemon and each tool.
 rule "admin admission balancing bench calibrate config daemon demo discovery doctor fleet fleet_sim forwarding gateway health kv_events kv_transfer net pool replica replica_sim routing server signals telemetry tokenize" "cli"
 
+# No function on the request path longer than 80 lines (tests aside): a
+# step that long is several steps, each wanting a name.
+if ! python3 scripts/check-fn-length.py --max 80; then
+  echo "split the functions above into named steps (scripts/check-fn-length.py)"
+  failed=1
+fi
+
 if [[ $failed -ne 0 ]]; then
   exit 1
 fi

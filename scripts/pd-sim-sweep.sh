@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Simulated H100 replicas (replica-sim, h100-8b profile, real time) through
-# llmlb: 2 prefill + 2 decode replicas against 4 aggregated ones, long
-# prompts (4,096 tokens, 256 output) at rising arrival rates; then a mixed
-# short/long workload through the 2+2 fleet, decided per request (`auto`)
-# against always disaggregated. Prints one JSON line per run.
+# llmlb: prefill + decode splits (2P2D, 3P1D, 1P3D) against 4 aggregated
+# replicas, long prompts (4,096 tokens, 256 output) at rising arrival
+# rates; then a mixed short/long workload through the 2+2 fleet, decided
+# per request (`auto`) against always disaggregated. Prints one JSON line
+# per run. The same grid on the virtual clock: scripts/pd-fleet-sim-sweep.sh.
 #   quiet bash scripts/pd-sim-sweep.sh
 # Knobs: LLMLB (binary), RATES ("1 2 3 4 5"), REQUESTS (60), OUT (dir),
-# SLO ("ttft:1000 tpot:20"), PARTS ("aggregated 2p2d mixed": which runs).
+# SLO ("ttft:1000 tpot:20"), PARTS ("aggregated 2p2d 3p1d 1p3d mixed":
+# which runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLMLB=${LLMLB:-target/release/llmlb}
 RATES=${RATES:-"1 2 3 4 5"}
 REQUESTS=${REQUESTS:-60}
 SLO=${SLO:-"ttft:1000 tpot:20"}
-PARTS=${PARTS:-"aggregated 2p2d mixed"}
+PARTS=${PARTS:-"aggregated 2p2d 3p1d 1p3d mixed"}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=${OUT:-$(mktemp -d /tmp/llmlb-pd-sim.XXXX)}
 MODEL=meta-llama/Llama-3.1-8B-Instruct
@@ -70,7 +72,8 @@ models = ["$MODEL"]
 balancer = "least_tokens"
 $(replicas 19100 4)
 TOML
-disagg() { # WHEN
+disagg() { # WHEN [DECODE PREFILL]
+local d=${2:-2} p=${3:-2}
 cat <<TOML
 [server]
 listen = "127.0.0.1:$LB"
@@ -82,12 +85,12 @@ balancer = "least_tokens"
 [pools.disaggregation]
 prefill_pool = "chat-prefill"
 when = "$1"
-$(replicas 19110 2)
+$(replicas 19110 "$d")
 [[pools]]
 name = "chat-prefill"
 role = "prefill"
 balancer = "least_tokens"
-$(replicas 19120 2)
+$(replicas 19120 "$p")
 TOML
 }
 disagg always > "$OUT/disaggregated.toml"
@@ -99,11 +102,14 @@ for rate in $RATES; do
     bench "aggregated-r$rate" "$rate" 4096 "$REQUESTS"
     stop_all
   fi
-  if part 2p2d; then
-    sims 19110 2 decode; sims 19120 2 prefill; serve "$OUT/disaggregated.toml"
-    bench "2p2d-r$rate" "$rate" 4096 "$REQUESTS"
+  for split in 2p2d 3p1d 1p3d; do
+    part $split || continue
+    p=${split:0:1}; d=${split:2:1}
+    disagg always "$d" "$p" > "$OUT/$split.toml"
+    sims 19110 "$d" decode; sims 19120 "$p" prefill; serve "$OUT/$split.toml"
+    bench "$split-r$rate" "$rate" 4096 "$REQUESTS"
     stop_all
-  fi
+  done
 done
 part mixed || { echo "results in $OUT"; exit 0; }
 

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Proxy overhead with JSON and SSE answers, under wrk: the same POST
 # /v1/completions straight to an instant nginx backend and through llmlb
-# (this tree's release build, with and without its access log), optionally
-# an earlier llmlb build, and nginx as a proxy, all on 127.0.0.1 in one run.
+# (this tree's release build, with and without its access log), the floor
+# under it (`examples/hyper_floor.rs`, pooled client), optionally an earlier
+# llmlb build, and nginx as a proxy, all on 127.0.0.1 in one run.
 # Reports requests/s, p50 latency and each proxy's CPU time per request
-# (user+sys of its process group from /proc, before and after each run).
+# (user+sys of its process group from /proc, before and after each run),
+# and at the end each proxy's median CPU per request over the rounds and
+# its ratio to the floor's (per streamed event: per SSE answer divided by
+# its 18 events, 16 chunks, the usage chunk and [DONE]).
 #
 # Usage: scripts/wrk_overhead.sh
 # Env:   WRK_SECONDS  seconds per run (default 8)
 #        WRK_ROUNDS   rounds, the order reversed every other round (default 2)
 #        WRK_CONNS    concurrencies (default "32 1")
 #        WRK_BASE     another llmlb binary, run as `llmlb-base`
+#        WRK_FLOOR    the floor binary (default target/release/examples/hyper_floor,
+#                     skipped when absent: `cargo build --release --example hyper_floor`)
 #        WRK_OUT      where logs and the summary go (default target/wrk-overhead)
 #
 # The backend is nginx with one worker: a request with `x-answer: json` gets
@@ -28,6 +34,7 @@ CONNS="${WRK_CONNS:-32 1}"
 BASE="${WRK_BASE:-}"
 OUT="${WRK_OUT:-$ROOT/target/wrk-overhead}"
 LLMLB="${CARGO_TARGET_DIR:-$ROOT/target}/release/llmlb"
+FLOOR="${WRK_FLOOR:-${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/hyper_floor}"
 HZ="$(getconf CLK_TCK)"
 
 # shellcheck source=scripts/proxy_helpers.sh
@@ -69,6 +76,14 @@ llmlb llmlb-nolog "$LLMLB" $'[telemetry.access_log]\nenabled = false'
 if [ -n "$BASE" ]; then
     llmlb llmlb-base "$BASE"
     RUNS+=(llmlb-base)
+fi
+if [ -x "$FLOOR" ]; then
+    # It reads its listen address and replica from an llmlb config.
+    export FLOOR_MODE=pooled
+    llmlb floor "$FLOOR"
+    RUNS+=(floor)
+else
+    echo "no floor binary at $FLOOR (cargo build --release --example hyper_floor): not measured" >&2
 fi
 NG_PORT=$(free_port)
 nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
@@ -156,4 +171,29 @@ for r in range(1, rounds + 1):
                     ticks = int(open(f"{out}/{run}-{answer}-c{c}-r{r}.cpu").read())
                     cpu = f"{ticks / hz / total * 1e6:.1f}" if total else "-"
                 print(f"| {run} | {rps:,.0f} | {p50:.3f} | {add} | {cpu} | {bad} | {errs} |")
+
+# Median over the rounds of CPU µs per request, and the ratio to the floor.
+EVENTS = 18
+def cpu_us(run, answer, c, r):
+    total = read(f"{run}-{answer}-c{c}-r{r}")[1]
+    ticks = int(open(f"{out}/{run}-{answer}-c{c}-r{r}.cpu").read())
+    return ticks / hz / total * 1e6 if total else float("nan")
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+for c in conns:
+    print(f"\nmedian of {rounds} rounds, concurrency {c}: proxy CPU in µs (ratio to the floor)")
+    print("| path | per JSON request | per SSE answer | per streamed event |")
+    print("|---|---|---|---|")
+    med = {(run, a): median([cpu_us(run, a, c, r) for r in range(1, rounds + 1)])
+           for run in runs if run != "direct" for a in ("json", "sse")}
+    for run in runs:
+        if run == "direct":
+            continue
+        cells = []
+        for a, div in (("json", 1), ("sse", 1), ("sse", EVENTS)):
+            v = med[(run, a)] / div
+            ratio = f" ({med[(run, a)] / med[('floor', a)]:.2f}x)" if ("floor", a) in med else ""
+            cells.append(f"{v:.1f}{ratio}" if div == 1 else f"{v:.2f}{ratio}")
+        print(f"| {run} | " + " | ".join(cells) + " |")
 EOF

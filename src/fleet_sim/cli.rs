@@ -209,6 +209,11 @@ pub struct SimulateArgs {
     /// Write every figure as JSON. [default: none]
     #[arg(long, alias = "json")]
     pub out: Option<PathBuf>,
+    /// Write one CSV line per request and run (policy, request, prompt and
+    /// output tokens, TTFT in seconds or empty when no token came).
+    /// [default: none]
+    #[arg(long)]
+    pub requests_out: Option<PathBuf>,
     /// Write TTFT and end-to-end CDFs as SVG. [default: none]
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -430,6 +435,9 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         "simulated {events} events in {wall:.1} s of thread time ({:.0} ns per event)\n",
         wall * 1e9 / events.max(1) as f64
     ));
+    if let Some(path) = &args.requests_out {
+        write_requests(path, &workload, &runs)?;
+    }
     if let Some(path) = &args.svg {
         report::write_svg(path, &runs)?;
     }
@@ -445,6 +453,26 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         report::write_json(path, &out)?;
     }
     Ok(text)
+}
+
+/// `--requests-out`: each run's requests as CSV lines.
+fn write_requests(
+    path: &std::path::Path,
+    workload: &SimWorkload,
+    runs: &[RunResult],
+) -> Result<(), SimulateError> {
+    use std::fmt::Write as _;
+    let mut text = String::from("policy,request,prompt_tokens,output_tokens,ttft_s\n");
+    for r in runs {
+        for (k, (q, (ttft, _))) in workload.requests.iter().zip(&r.per_request).enumerate() {
+            let ttft = ttft.map_or(String::new(), |t| format!("{t:.6}"));
+            let _ = writeln!(text, "{},{k},{},{},{ttft}", r.policy, q.input, q.output);
+        }
+    }
+    std::fs::write(path, text).map_err(|e| SimulateError::Io {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
 }
 
 fn load_workload(args: &SimulateArgs) -> Result<SimWorkload, SimulateError> {

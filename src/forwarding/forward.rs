@@ -15,7 +15,7 @@ use super::body::{BreakReport, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
-use crate::balancing::RequestInfo;
+use crate::balancing::{Branch, Pick, RequestInfo};
 use crate::net::ReportedUsage;
 use crate::pool::{Choice, choose};
 use crate::pool::{Failure, Pool};
@@ -53,6 +53,9 @@ pub struct ForwardRequest<'a> {
     pub progress: &'a mut super::Progress,
 }
 
+/// Sends the request to a replica the decision allows, moving to another
+/// only when the connection was never made, and hands back the answer as
+/// it streams.
 pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>, ForwardError> {
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
@@ -64,28 +67,8 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
     let max_attempts = pool.retries + 1;
     let mut slot_deadline: Option<tokio::time::Instant> = None;
     loop {
-        // `max_inflight` is a hard limit: when every replica the request may
-        // use is full it waits here for one of them (never for a replica it
-        // may not use, and never by overfilling one).
-        let (replica, pick) = match choose(pool, req.route, &tried, &req.info, now_millis()) {
-            Choice::Pick(replica, pick) => (replica, pick),
-            Choice::Wait(allowed) => {
-                wait_for_slot(pool, &allowed, &mut slot_deadline).await?;
-                continue;
-            }
-            Choice::NoReplica(branch) => {
-                pool.record_branch(branch, req.metrics);
-                return Err(if tried.is_empty() {
-                    ForwardError::NoHealthyReplica {
-                        pool: pool.name.clone(),
-                    }
-                } else {
-                    ForwardError::UpstreamUnavailable {
-                        pool: pool.name.clone(),
-                        attempts: tried.len() as u32,
-                    }
-                });
-            }
+        let Some((replica, pick)) = next_pick(&req, &tried, &mut slot_deadline).await? else {
+            continue;
         };
         let replica = &replica;
         // The slot is taken as part of the pick: the check and the count are
@@ -98,136 +81,216 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         };
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
-        // A re-send counts (in the request's record) only once another
-        // replica took it.
-        req.progress.attempts = tried.len() as u32;
-        req.progress.replica = Some(Arc::clone(replica));
-        let sent = req.route.dispatched(replica);
-        if sent.swap {
-            req.metrics
-                .lora_swaps
-                .with_label_values(&[&pool.name, &replica.name])
-                .inc();
-        }
-        let expected = sent.sent;
-        let series = replica.series(&pool.name, req.metrics);
-        let seq = req.recent.record(
-            Arc::clone(&series.pool),
-            Arc::clone(&series.replica),
-            pick.branch.as_str(),
-            req.route.route_label(),
-            tried.len() as u32,
-        );
-        tracing::debug!(
-            request_id = req.request_id.to_str().unwrap_or(""),
-            pool = %pool.name,
-            replica = %replica.name,
-            route = %req.route.route_label(),
-            branch = pick.branch.as_str(),
-            attempt = tried.len(),
-            "dispatch"
-        );
-        // The body with `stream_options` added, unless this replica
-        // refused it before.
-        let mut with_usage = asked_usage
-            .as_ref()
-            .filter(|_| !replica.refuses_stream_options());
-        let (mut attempt, sent) = send_once(
-            &req,
-            replica,
-            &headers,
-            with_usage.unwrap_or(&req.body.body),
-            tried.len(),
-        )
-        .await?;
-        let sent = match sent {
-            // A 400 generated nothing: the same replica gets the body as the
-            // client sent it, and keeps getting it if that one is taken.
-            Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
-                drop(resp);
-                with_usage = None;
-                if let Some(a) = attempt.take() {
-                    a.set("http.response.status_code", 400);
-                }
-                let again;
-                (attempt, again) =
-                    send_once(&req, replica, &headers, &req.body.body, tried.len()).await?;
-                if let Ok(Ok(r)) = &again
-                    && r.status() != StatusCode::BAD_REQUEST
-                    && replica.note_refuses_stream_options()
-                {
-                    tracing::warn!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
-                }
-                again
-            }
-            other => other,
-        };
-        let strip_usage = with_usage.is_some();
-        match sent {
-            Err(_elapsed) => {
-                if let Some(a) = &attempt {
-                    a.fail("timeout");
-                }
-                req.recent.settle(seq, Outcome::Timeout);
-                count_upstream_error(req.metrics, pool, replica, "timeout");
-                pool.record_failure(replica, Failure::Timeout, req.metrics);
-                return Err(ForwardError::UpstreamTimeout {
-                    pool: pool.name.clone(),
-                    timeout: crate::config::format_duration(pool.timeouts.first_byte),
-                });
-            }
+        let n = tried.len() as u32;
+        let (expected, seq) = dispatch(&mut req, replica, pick.branch, n);
+        let (attempt, sent, strip_usage) =
+            send_with_usage(&req, replica, &headers, asked_usage.as_ref(), n as usize).await?;
+        let resp = match sent {
+            Err(_elapsed) => return Err(timed_out(&req, replica, attempt.as_ref(), seq)),
             Ok(Err(err)) => {
-                // Only a connection that was never made (refused, TLS
-                // failure, connect timeout) proves the request was not sent;
-                // anything else may have reached the replica, and sending it
-                // again elsewhere could generate twice.
-                let not_sent = err.is_connect();
-                let (kind, failure, outcome) = if not_sent {
-                    ("connect", Failure::Connect, Outcome::Connect)
-                } else {
-                    ("reset", Failure::Reset, Outcome::Reset)
-                };
-                if let Some(a) = &attempt {
-                    a.fail(kind);
-                }
-                req.recent.settle(seq, outcome);
-                count_upstream_error(req.metrics, pool, replica, kind);
-                pool.record_failure(replica, failure, req.metrics);
-                tracing::info!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(&err), "upstream attempt failed");
+                let not_sent = attempt_failed(&req, replica, attempt.as_ref(), seq, &err);
                 drop(guard);
-                if !not_sent || tried.len() as u32 >= max_attempts {
+                if !not_sent || n >= max_attempts {
                     return Err(ForwardError::UpstreamUnavailable {
                         pool: pool.name.clone(),
-                        attempts: tried.len() as u32,
+                        attempts: n,
                     });
                 }
+                continue;
             }
-            Ok(Ok(resp)) => {
-                if let Some(a) = attempt {
-                    a.set(
-                        "http.response.status_code",
-                        i64::from(resp.status().as_u16()),
-                    );
-                }
-                req.recent
-                    .settle(seq, Outcome::Status(resp.status().as_u16()));
-                // 503 is a replica saying "full" (vLLM's queue limits), not "dead".
-                match resp.status().as_u16() {
-                    503 => {}
-                    500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
-                    _ => pool.record_success(replica),
-                }
-                let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
-                resp.extensions_mut().insert(super::Dispatched {
-                    replica: Arc::clone(&series.replica),
-                    branch: pick.branch.as_str(),
-                    attempts: tried.len() as u32,
-                    predicted_cached: req.route.predicted_for(replica.id),
-                    kind: req.route.kind_label(),
-                });
-                return Ok(resp);
-            }
+            Ok(Ok(resp)) => resp,
+        };
+        answered(&req, replica, attempt, seq, resp.status());
+        let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
+        resp.extensions_mut().insert(super::Dispatched {
+            replica: Arc::clone(&replica.series(&pool.name, req.metrics).replica),
+            branch: pick.branch.as_str(),
+            attempts: n,
+            predicted_cached: req.route.predicted_for(replica.id),
+            kind: req.route.kind_label(),
+        });
+        return Ok(resp);
+    }
+}
+
+/// The next replica to try and the balancer's pick; `None` after waiting
+/// for a slot (pick again). `max_inflight` is a hard limit: when every
+/// replica the request may use is full it waits for one of them (never for
+/// a replica it may not use, and never by overfilling one).
+async fn next_pick(
+    req: &ForwardRequest<'_>,
+    tried: &[ReplicaId],
+    slot_deadline: &mut Option<tokio::time::Instant>,
+) -> Result<Option<(Arc<Replica>, Pick)>, ForwardError> {
+    let pool = req.pool;
+    match choose(pool, req.route, tried, &req.info, now_millis()) {
+        Choice::Pick(replica, pick) => Ok(Some((replica, pick))),
+        Choice::Wait(allowed) => {
+            wait_for_slot(pool, &allowed, slot_deadline).await?;
+            Ok(None)
         }
+        Choice::NoReplica(branch) => {
+            pool.record_branch(branch, req.metrics);
+            Err(if tried.is_empty() {
+                ForwardError::NoHealthyReplica {
+                    pool: pool.name.clone(),
+                }
+            } else {
+                ForwardError::UpstreamUnavailable {
+                    pool: pool.name.clone(),
+                    attempts: tried.len() as u32,
+                }
+            })
+        }
+    }
+}
+
+/// Writes attempt `n` down before it is sent: in the request's record (a
+/// re-send counts only once another replica took it), the adapter swap it
+/// causes, the status page's recent dispatches and the debug log. Returns
+/// what `exact` mode expects on the replica while the answer lives, and
+/// the status-page entry to settle.
+fn dispatch(
+    req: &mut ForwardRequest<'_>,
+    replica: &Arc<Replica>,
+    branch: Branch,
+    n: u32,
+) -> (Option<Expected>, u64) {
+    let pool = req.pool;
+    req.progress.attempts = n;
+    req.progress.replica = Some(Arc::clone(replica));
+    let sent = req.route.dispatched(replica);
+    if sent.swap {
+        req.metrics
+            .lora_swaps
+            .with_label_values(&[&pool.name, &replica.name])
+            .inc();
+    }
+    let series = replica.series(&pool.name, req.metrics);
+    let seq = req.recent.record(
+        Arc::clone(&series.pool),
+        Arc::clone(&series.replica),
+        branch.as_str(),
+        req.route.route_label(),
+        n,
+    );
+    tracing::debug!(
+        request_id = req.request_id.to_str().unwrap_or(""),
+        pool = %pool.name,
+        replica = %replica.name,
+        route = %req.route.route_label(),
+        branch = branch.as_str(),
+        attempt = n,
+        "dispatch"
+    );
+    (sent.sent, seq)
+}
+
+/// Sends attempt `n`: the body with `stream_options` added when llmlb asks
+/// the stream for its usage, unless this replica refused it before. A 400
+/// to that generated nothing: the same replica gets the body as the client
+/// sent it (and keeps getting it if that one is taken). Returns the
+/// attempt's span, what the send gave, and whether the answer carries a
+/// usage event llmlb asked for (to strip).
+async fn send_with_usage(
+    req: &ForwardRequest<'_>,
+    replica: &Replica,
+    headers: &HeaderMap,
+    asked_usage: Option<&Bytes>,
+    n: usize,
+) -> Result<(Option<StageSpan>, Sent, bool), ForwardError> {
+    let with_usage = asked_usage.filter(|_| !replica.refuses_stream_options());
+    let body = with_usage.unwrap_or(&req.body.body);
+    let (attempt, sent) = send_once(req, replica, headers, body, n).await?;
+    match sent {
+        Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
+            drop(resp);
+            if let Some(a) = attempt {
+                a.set("http.response.status_code", 400);
+            }
+            let (attempt, again) = send_once(req, replica, headers, &req.body.body, n).await?;
+            if let Ok(Ok(r)) = &again
+                && r.status() != StatusCode::BAD_REQUEST
+                && replica.note_refuses_stream_options()
+            {
+                tracing::warn!(request_id = req.request_id.to_str().unwrap_or(""), pool = %req.pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
+            }
+            Ok((attempt, again, false))
+        }
+        other => Ok((attempt, other, with_usage.is_some())),
+    }
+}
+
+/// No response head within the first-byte timeout: the attempt fails and
+/// counts against the replica; the request ends there (the replica may be
+/// working on it).
+fn timed_out(
+    req: &ForwardRequest<'_>,
+    replica: &Replica,
+    attempt: Option<&StageSpan>,
+    seq: u64,
+) -> ForwardError {
+    let pool = req.pool;
+    if let Some(a) = attempt {
+        a.fail("timeout");
+    }
+    req.recent.settle(seq, Outcome::Timeout);
+    count_upstream_error(req.metrics, pool, replica, "timeout");
+    pool.record_failure(replica, Failure::Timeout, req.metrics);
+    ForwardError::UpstreamTimeout {
+        pool: pool.name.clone(),
+        timeout: crate::config::format_duration(pool.timeouts.first_byte),
+    }
+}
+
+/// A transport error: the attempt fails and counts against the replica.
+/// True when the request provably never left: only a connection that was
+/// never made (refused, TLS failure, connect timeout) proves it; anything
+/// else may have reached the replica, and sending it again elsewhere could
+/// generate twice.
+fn attempt_failed(
+    req: &ForwardRequest<'_>,
+    replica: &Replica,
+    attempt: Option<&StageSpan>,
+    seq: u64,
+    err: &hyper_util::client::legacy::Error,
+) -> bool {
+    let pool = req.pool;
+    let not_sent = err.is_connect();
+    let (kind, failure, outcome) = if not_sent {
+        ("connect", Failure::Connect, Outcome::Connect)
+    } else {
+        ("reset", Failure::Reset, Outcome::Reset)
+    };
+    if let Some(a) = attempt {
+        a.fail(kind);
+    }
+    req.recent.settle(seq, outcome);
+    count_upstream_error(req.metrics, pool, replica, kind);
+    pool.record_failure(replica, failure, req.metrics);
+    tracing::info!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(err), "upstream attempt failed");
+    not_sent
+}
+
+/// A response head: its status on the attempt's span (which ends here)
+/// and the status page; a 5xx counts against the replica, except 503 (a
+/// replica saying "full", vLLM's queue limits, not "dead").
+fn answered(
+    req: &ForwardRequest<'_>,
+    replica: &Replica,
+    attempt: Option<StageSpan>,
+    seq: u64,
+    status: StatusCode,
+) {
+    if let Some(a) = attempt {
+        a.set("http.response.status_code", i64::from(status.as_u16()));
+    }
+    req.recent.settle(seq, Outcome::Status(status.as_u16()));
+    let pool = req.pool;
+    match status.as_u16() {
+        503 => {}
+        500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
+        _ => pool.record_success(replica),
     }
 }
 

@@ -30,7 +30,7 @@ use crate::replica::{Replica, ReplicaId};
 use crate::routing::Decision;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
-use crate::telemetry::trace::RequestTrace;
+use crate::telemetry::trace::{RequestTrace, StageSpan};
 
 /// Largest prefill answer read (a one-token answer and its transfer
 /// parameters are a few KiB).
@@ -99,14 +99,7 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
         attempts: tried.len() as u32,
         last,
     };
-    let mut headers = req.headers.clone();
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    headers.insert(REQUEST_ID, req.request_id.clone());
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let headers = prefill_headers(&req);
     loop {
         if tried.len() as u32 >= req.attempts {
             return Err(failed(&tried, "attempts used up"));
@@ -143,72 +136,112 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
             // The body is the same for every replica: no use trying others.
             return Err(failed(&tried, "body"));
         };
-        let mut headers = headers.clone();
-        let span = req
-            .trace
-            .map(|t| t.attempt(&replica.name, tried.len(), &mut headers));
-        if let Some(s) = &span {
-            s.set("llmlb.phase", "prefill");
-        }
-        let sent = tokio::time::timeout_at(
-            deadline,
-            send(
-                pool,
-                &replica,
-                req.method,
-                req.path_and_query,
-                headers,
-                body,
-            ),
-        )
-        .await;
+        let (sent, span) = attempt(&req, &replica, tried.len(), &headers, body, deadline).await;
         drop(guard);
-        let outcome = match sent {
-            Err(_elapsed) => {
-                pool.record_failure(&replica, Failure::Timeout, req.metrics);
-                count(req.disaggregation, pool, &replica, "timeout");
-                if let Some(s) = &span {
-                    s.fail("timeout");
-                }
-                return Err(failed(&tried, "timeout"));
+        let outcome = match judge(&req, &replica, sent, &pairing) {
+            Ok(decode_body) => {
+                count(req.disaggregation, pool, &replica, "ok");
+                return Ok(Prefilled {
+                    replica,
+                    decode_body,
+                    attempts: tried.len() as u32,
+                    elapsed: start.elapsed(),
+                });
             }
-            Ok(Err(Sent::Connect)) => {
-                pool.record_failure(&replica, Failure::Connect, req.metrics);
-                "connect"
-            }
-            Ok(Err(Sent::Reset)) => {
-                pool.record_failure(&replica, Failure::Reset, req.metrics);
-                "reset"
-            }
-            Ok(Ok((status, answer))) if status.is_success() => {
-                pool.record_success(&replica);
-                match decode_bodies(req.protocol, req.body, &answer, &pairing) {
-                    Ok(decode_body) => {
-                        count(req.disaggregation, pool, &replica, "ok");
-                        return Ok(Prefilled {
-                            replica,
-                            decode_body,
-                            attempts: tried.len() as u32,
-                            elapsed: start.elapsed(),
-                        });
-                    }
-                    Err(_) => "bad_answer",
-                }
-            }
-            Ok(Ok((status, _))) => {
-                if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-                    pool.record_failure(&replica, Failure::ServerError, req.metrics);
-                }
-                "status"
-            }
+            Err(outcome) => outcome,
         };
         count(req.disaggregation, pool, &replica, outcome);
         if let Some(s) = &span {
             s.fail(outcome);
         }
+        if outcome == "timeout" {
+            return Err(failed(&tried, "timeout"));
+        }
         tracing::info!(pool = %pool.name, replica = %replica.name, outcome, "prefill attempt failed");
     }
 }
+
+/// Sends attempt number `n` to `replica` before `deadline`, traced as an
+/// upstream attempt of the `prefill` phase (the span is the caller's to
+/// close).
+async fn attempt(
+    req: &PrefillRequest<'_>,
+    replica: &Replica,
+    n: usize,
+    headers: &HeaderMap,
+    body: Bytes,
+    deadline: tokio::time::Instant,
+) -> (Attempted, Option<StageSpan>) {
+    let mut headers = headers.clone();
+    let span = req.trace.map(|t| t.attempt(&replica.name, n, &mut headers));
+    if let Some(s) = &span {
+        s.set("llmlb.phase", "prefill");
+    }
+    let to = send(
+        req.pool,
+        replica,
+        req.method,
+        req.path_and_query,
+        headers,
+        body,
+    );
+    (tokio::time::timeout_at(deadline, to).await, span)
+}
+
+/// The client's headers as every prefill attempt sends them: llmlb's
+/// request id, a JSON body of its own length, the replica's `Host` set
+/// per attempt.
+fn prefill_headers(req: &PrefillRequest<'_>) -> HeaderMap {
+    let mut headers = req.headers.clone();
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(REQUEST_ID, req.request_id.clone());
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers
+}
+
+/// What one attempt came to: the body the decode replica gets, or the
+/// outcome label of a failure (`timeout` ends the step). A replica that
+/// failed in a way outlier ejection counts is recorded so.
+fn judge(
+    req: &PrefillRequest<'_>,
+    replica: &Arc<Replica>,
+    sent: Attempted,
+    pairing: &Pairing<'_>,
+) -> Result<Outbound, &'static str> {
+    let pool = req.pool;
+    match sent {
+        Err(_elapsed) => {
+            pool.record_failure(replica, Failure::Timeout, req.metrics);
+            Err("timeout")
+        }
+        Ok(Err(Sent::Connect)) => {
+            pool.record_failure(replica, Failure::Connect, req.metrics);
+            Err("connect")
+        }
+        Ok(Err(Sent::Reset)) => {
+            pool.record_failure(replica, Failure::Reset, req.metrics);
+            Err("reset")
+        }
+        Ok(Ok((status, answer))) if status.is_success() => {
+            pool.record_success(replica);
+            decode_bodies(req.protocol, req.body, &answer, pairing).map_err(|_| "bad_answer")
+        }
+        Ok(Ok((status, _))) => {
+            if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+                pool.record_failure(replica, Failure::ServerError, req.metrics);
+            }
+            Err("status")
+        }
+    }
+}
+
+/// One attempt's answer (status and body), or how it failed: before an
+/// answer, or at the deadline.
+type Attempted = Result<Result<(StatusCode, Bytes), Sent>, tokio::time::error::Elapsed>;
 
 /// How a prefill send failed before an answer.
 enum Sent {

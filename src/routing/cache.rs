@@ -77,10 +77,9 @@ pub(super) fn prefer(
     let key = blocks[lead - 1];
     // Rendezvous nodes of every candidate, for a prefix's home and copies
     // (none without the demand tracker).
-    let all_nodes = if router.state.hot.is_some() {
-        router.affinity.nodes(cands)
-    } else {
-        Vec::new()
+    let all_nodes = match router.state.hot {
+        Some(_) => router.affinity.nodes(cands),
+        None => Vec::new(),
     };
     let hot = hot_of(router, key, &blocks, cands, &all_nodes, views, now_ms);
     let (with_slot, held_by_full) = with_free_slots(cands, &holdings);
@@ -115,30 +114,76 @@ pub(super) fn prefer(
         return;
     };
     let id = cands[i].id;
-    d.branches.push(if most == 0 {
-        RouteBranch::PrefixMiss
-    } else if held[i].cached == most {
-        RouteBranch::PrefixHit
-    } else {
-        RouteBranch::PrefixOverflow
-    });
-    if held[i].estimated {
-        d.branches.push(RouteBranch::PrefixEstimated);
-    }
-    if facts.copies.contains(&id) {
-        d.branches.push(RouteBranch::PrefixReplicated);
-    }
-    if facts.home == Some(id) && !wins_as_held(router, prompt_len, &scored, i) {
-        d.branches.push(RouteBranch::PrefixHome);
-    }
+    let pick = Pick {
+        i,
+        most,
+        held: &held,
+        scored: &scored,
+        prompt_len,
+    };
+    pick.note_branches(router, id, &facts, &mut d.branches);
     d.preferred = Some(vec![id]);
+    to_record(router, d, blocks, tokens, cache_key);
+}
+
+/// What the request's dispatch records: its blocks into the pool's index
+/// (what was sent where) and, in `exact` mode, its prompt as expected on
+/// the replica until the replica reports it or the request ends.
+fn to_record(
+    router: &Router,
+    d: &mut Decision,
+    blocks: Vec<u64>,
+    tokens: Cow<'_, [u32]>,
+    cache_key: &CacheKey,
+) {
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
-    if prefix.mode == PrefixMode::Exact {
+    if router.prefix.mode == PrefixMode::Exact {
         d.expect = Some((
             Arc::clone(&router.state.held),
             tokens.into_owned(),
             cache_key.clone(),
         ));
+    }
+}
+
+/// The best-scored candidate (`i`) and what it was chosen among: each
+/// candidate's holding and score, the most any replica holds.
+struct Pick<'a> {
+    i: usize,
+    most: u64,
+    held: &'a [Holding],
+    scored: &'a [Candidate],
+    prompt_len: u64,
+}
+
+impl Pick<'_> {
+    /// Why replica `id` won: the most-cached one (`prefix_hit`), another
+    /// (`prefix_overflow`) or nothing cached (`prefix_miss`); and whether
+    /// on an estimate, as a hot prefix's copy, or as its home.
+    fn note_branches(
+        &self,
+        router: &Router,
+        id: ReplicaId,
+        facts: &PrefixFacts,
+        out: &mut Vec<RouteBranch>,
+    ) {
+        let held = self.held[self.i];
+        out.push(if self.most == 0 {
+            RouteBranch::PrefixMiss
+        } else if held.cached == self.most {
+            RouteBranch::PrefixHit
+        } else {
+            RouteBranch::PrefixOverflow
+        });
+        if held.estimated {
+            out.push(RouteBranch::PrefixEstimated);
+        }
+        if facts.copies.contains(&id) {
+            out.push(RouteBranch::PrefixReplicated);
+        }
+        if facts.home == Some(id) && !wins_as_held(router, self.prompt_len, self.scored, self.i) {
+            out.push(RouteBranch::PrefixHome);
+        }
     }
 }
 

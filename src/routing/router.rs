@@ -300,8 +300,22 @@ impl Router {
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
             return Ok(d);
         }
+        let step = Candidates {
+            cands: &cands,
+            views: &views,
+            saturated: &saturated,
+            now_ms,
+        };
+        self.prefer_by_prefix(&mut d, &step, input);
+        Ok(d)
+    }
+
+    /// Step 3 without a session: the preferred replica by the prompt's
+    /// prefix, in the pool's prefix mode; and, when the pool shares what
+    /// it sent with other instances, the record to share.
+    fn prefer_by_prefix(&self, d: &mut Decision, step: &Candidates<'_>, input: &RouteInput<'_>) {
         if self.prefix.mode == PrefixMode::Off {
-            return Ok(d);
+            return;
         }
         let key = self.cache_key(input);
         d.kind = if key.adapter.is_some() {
@@ -312,55 +326,20 @@ impl Router {
         let mut shared_key = None;
         match self.prefix.mode {
             PrefixMode::Off => {}
-            PrefixMode::Hash => {
-                // Tokenized once: the key may read the tokens, the
-                // prediction always does.
-                let (tokens, unpredictable) = self.tokens(input);
-                match hash_key(&self.prefix, input.model, input.prompt, || {
-                    Cow::Borrowed(&tokens)
-                }) {
-                    Some(key) => {
-                        shared_key = Some(key);
-                        let home = cache::home_of(self, key, &cands, &views, now_ms);
-                        self.affinity.prefer_home(
-                            &mut d,
-                            &cands,
-                            key,
-                            home,
-                            &saturated,
-                            Key::Prefix,
-                        )
-                    }
-                    None => d.branches.push(super::RouteBranch::PrefixNone),
-                }
-                // A prompt that cannot be predicted is placed by its key
-                // all the same, but nothing is predicted for it.
-                d.unpredictable = unpredictable;
-                if unpredictable.is_none() {
-                    cache::record_for_prediction(
-                        self,
-                        &mut d,
-                        &cands,
-                        &views,
-                        input.model,
-                        &tokens,
-                        &key,
-                    );
-                }
-            }
+            PrefixMode::Hash => shared_key = self.prefer_hashed(d, step, input, &key),
             PrefixMode::Cache | PrefixMode::Exact => {
                 let (tokens, unpredictable) = self.tokens(input);
                 if let Some(reason) = unpredictable {
                     d.unpredictable = Some(reason);
                     d.branches.push(super::RouteBranch::PrefixUnpredictable);
-                    return Ok(d);
+                    return;
                 }
                 let prompt = cache::KeyedPrompt {
                     model: input.model,
                     tokens,
                     key: &key,
                 };
-                cache::prefer(self, &mut d, &cands, &views, prompt, now_ms)
+                cache::prefer(self, d, step.cands, step.views, prompt, step.now_ms)
             }
         }
         if let Some(outbox) = self.outbox.get()
@@ -368,8 +347,57 @@ impl Router {
         {
             d.share = Some((outbox.clone(), shared_key));
         }
-        Ok(d)
     }
+
+    /// `hash` mode: the replica the prompt's key lands on by rendezvous
+    /// (or its hot-prefix home), and what is sent recorded for the
+    /// prediction. Returns the key, when the prompt has one.
+    fn prefer_hashed(
+        &self,
+        d: &mut Decision,
+        step: &Candidates<'_>,
+        input: &RouteInput<'_>,
+        key: &CacheKey,
+    ) -> Option<u64> {
+        // Tokenized once: the key may read the tokens, the prediction
+        // always does.
+        let (tokens, unpredictable) = self.tokens(input);
+        let shared_key = hash_key(&self.prefix, input.model, input.prompt, || {
+            Cow::Borrowed(&tokens)
+        });
+        match shared_key {
+            Some(k) => {
+                let home = cache::home_of(self, k, step.cands, step.views, step.now_ms);
+                self.affinity
+                    .prefer_home(d, step.cands, k, home, step.saturated, Key::Prefix)
+            }
+            None => d.branches.push(super::RouteBranch::PrefixNone),
+        }
+        // A prompt that cannot be predicted is placed by its key all the
+        // same, but nothing is predicted for it.
+        d.unpredictable = unpredictable;
+        if unpredictable.is_none() {
+            cache::record_for_prediction(
+                self,
+                d,
+                step.cands,
+                step.views,
+                input.model,
+                &tokens,
+                key,
+            );
+        }
+        shared_key
+    }
+}
+
+/// What the narrowing steps left for the preference: the candidates, their
+/// views at `now_ms`, and which of them are saturated.
+struct Candidates<'a> {
+    cands: &'a [Arc<Replica>],
+    views: &'a HashMap<ReplicaId, ReplicaView>,
+    saturated: &'a dyn Fn(&Replica) -> bool,
+    now_ms: u64,
 }
 
 /// The tokenizer named by `[pools.tokenizer]` (validated when the config

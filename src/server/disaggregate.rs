@@ -23,7 +23,7 @@ use crate::forwarding::{
     ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
     strip_private,
 };
-use crate::pool::{Pool, SplitBranch, Topology};
+use crate::pool::{Disaggregation, Pool, SplitBranch, Topology};
 use crate::routing::Decision;
 use crate::telemetry::clock::now_millis;
 use crate::tokenize::Unpredictable;
@@ -87,21 +87,7 @@ pub async fn prefill_step(
     if !branch.disaggregates() {
         return Ok((Some(decided(branch, None)), body));
     }
-    let prefill_pool = step.topology.pool_named(&d.config.prefill_pool);
-    let route = prefill_pool.and_then(|pp| {
-        let input = route_input(
-            step.meta,
-            step.model,
-            &step.parts.headers,
-            step.tier,
-            step.tokens,
-        );
-        pp.router
-            .route(&pp.replicas, &input, rand::random(), now_millis())
-            .ok()
-            .map(|r| (pp, r))
-    });
-    let Some((prefill_pool, route)) = route else {
+    let Some((prefill_pool, route)) = route_prefill(&step, d) else {
         let err = ForwardError::NoHealthyReplica {
             pool: d.config.prefill_pool.clone(),
         };
@@ -112,53 +98,12 @@ pub async fn prefill_step(
             err,
         );
     };
-    let mut headers = step.parts.headers.clone();
-    strip_hop_by_hop(&mut headers);
-    strip_private(
-        &mut headers,
-        step.strip_key,
-        prefill_pool.upstream_auth.as_ref(),
-    );
-    let span = ctx.trace.map(|t| t.stage("llmlb.prefill"));
-    let done = prefill(PrefillRequest {
-        pool: prefill_pool,
-        route: &route,
-        method: &step.parts.method,
-        path_and_query: step
-            .parts
-            .uri
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str()),
-        headers,
-        body: &body,
-        protocol: d.protocol,
-        bootstrap_port: d.config.bootstrap_port,
-        info: RequestInfo {
-            max_tokens: Some(1),
-            ..step.info
-        },
-        timeout: d.config.prefill_timeout,
-        attempts: d.config.prefill_attempts,
-        request_id: ctx.request_id,
-        metrics: &ctx.state.metrics,
-        disaggregation: metrics,
-        trace: ctx.trace,
-    })
-    .await;
-    match done {
+    match run_prefill(ctx, &step, d, prefill_pool, &route, &body).await {
         Ok(p) => {
-            if let Some(s) = &span {
-                s.set("llmlb.pool", prefill_pool.name.clone());
-                s.set("llmlb.replica", p.replica.name.clone());
-                s.set("llmlb.attempts", i64::from(p.attempts));
-            }
             let decode_body = p.decode_body.clone();
             Ok((Some(decided(branch, Some(p))), decode_body))
         }
         Err(e) => {
-            if let Some(s) = &span {
-                s.fail("prefill_failed");
-            }
             tracing::info!(pool = %pool.name, error = %e, fallback = d.config.fallback, "prefill failed");
             let (branch, err) = match e {
                 PrefillError::NoReplica { pool } => (
@@ -173,6 +118,82 @@ pub async fn prefill_step(
             fall_back(d.config.fallback, decided(branch, None), body, err)
         }
     }
+}
+
+/// The prefill pool and the routing decision within it, as the request
+/// would be routed there on its own; `None` when the pool is gone or
+/// routing refuses the request.
+fn route_prefill<'t>(step: &Step<'t>, d: &Disaggregation) -> Option<(&'t Arc<Pool>, Decision)> {
+    let pp = step.topology.pool_named(&d.config.prefill_pool)?;
+    let input = route_input(
+        step.meta,
+        step.model,
+        &step.parts.headers,
+        step.tier,
+        step.tokens,
+    );
+    let route = pp
+        .router
+        .route(&pp.replicas, &input, rand::random(), now_millis())
+        .ok()?;
+    Some((pp, route))
+}
+
+/// Sends the prefill request (one token, the client's headers without
+/// hop-by-hop and private ones) within the prefill pool, traced as the
+/// `llmlb.prefill` stage.
+async fn run_prefill(
+    ctx: &RequestCtx<'_>,
+    step: &Step<'_>,
+    d: &Disaggregation,
+    prefill_pool: &Arc<Pool>,
+    route: &Decision,
+    body: &Outbound,
+) -> Result<Prefilled, PrefillError> {
+    let mut headers = step.parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    strip_private(
+        &mut headers,
+        step.strip_key,
+        prefill_pool.upstream_auth.as_ref(),
+    );
+    let span = ctx.trace.map(|t| t.stage("llmlb.prefill"));
+    let done = prefill(PrefillRequest {
+        pool: prefill_pool,
+        route,
+        method: &step.parts.method,
+        path_and_query: step
+            .parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str()),
+        headers,
+        body,
+        protocol: d.protocol,
+        bootstrap_port: d.config.bootstrap_port,
+        info: RequestInfo {
+            max_tokens: Some(1),
+            ..step.info
+        },
+        timeout: d.config.prefill_timeout,
+        attempts: d.config.prefill_attempts,
+        request_id: ctx.request_id,
+        metrics: &ctx.state.metrics,
+        disaggregation: &ctx.state.disaggregation_metrics,
+        trace: ctx.trace,
+    })
+    .await;
+    if let Some(s) = &span {
+        match &done {
+            Ok(p) => {
+                s.set("llmlb.pool", prefill_pool.name.clone());
+                s.set("llmlb.replica", p.replica.name.clone());
+                s.set("llmlb.attempts", i64::from(p.attempts));
+            }
+            Err(_) => s.fail("prefill_failed"),
+        }
+    }
+    done
 }
 
 /// The decode replica prefills itself, or (`fallback = false`) the client

@@ -5,19 +5,24 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Request, Response};
+use http::{Request, Response, request};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::record::{Refusal, RouteFields, Unanswered};
+use super::request::RequestMeta;
 use super::scope::{self, AnswerBody, Scope, ScopedBody};
 use super::send::{self, RequestCtx};
 use super::{ApiError, AppState};
 use super::{access_log, disaggregate, stages, surface};
-use crate::admission::Settlement;
-use crate::forwarding::REQUEST_ID;
+use crate::admission::{Permit, Settlement};
+use crate::forwarding::{ProxyBody, REQUEST_ID};
 use crate::gateway::RateHeaders;
+use crate::pool::{Pool, Resolution, Topology};
+use crate::routing::Decision;
+use crate::telemetry::trace::StageSpan;
 
 /// Handles one request. Its record is made when hyper hands the request
 /// over, before the future first runs: hyper may drop a future it never
@@ -127,76 +132,17 @@ async fn route(
     };
     let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
     let current = state.topology();
-    let resolved = stages::after_queue(&current, first, permit.is_some());
-    let pool = resolved.pool;
-    let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
-    let tokens = estimate.tokens_for(pool, &meta).await;
-    let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
-    let (decision, body) =
-        send::route_within(state, &resolved, &meta, tokens, &parts, tier, &bytes)?;
-    notes.fields.pool = Some(pool.name.clone());
-    notes.fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
-    notes.fields.version = decision.version.clone();
-    if let Some(span) = routing {
-        span.set("llmlb.pool", pool.name.clone());
-        if let Some(label) = &notes.fields.route {
-            span.set("llmlb.route", label.clone());
-        }
-    }
-    let model = resolved.rewrite.unwrap_or(&meta.model);
-    let strip_key = config.gateway.auth || caller.key.is_some();
-    let step = disaggregate::Step {
+    let admitted = Admitted {
         topology: &current,
-        pool,
-        decision: &decision,
+        resolved: stages::after_queue(&current, first, permit.is_some()),
         meta: &meta,
-        tokens,
-        parts: &parts,
-        tier,
-        model,
-        info: crate::balancing::RequestInfo {
-            model,
-            prompt_tokens,
-            max_tokens,
-            user: meta.user.as_deref(),
-        },
-        strip_key,
-    };
-    let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
-    if let Some(s) = &split {
-        // The access log's `route` names the prefill replica; `replica`
-        // stays the decode replica that answered.
-        let label = match &s.prefilled {
-            Some(p) => format!("split_{}@{}", s.branch.as_str(), p.replica.name),
-            None => format!("split_{}", s.branch.as_str()),
-        };
-        notes.fields.route = Some(match notes.fields.route.take() {
-            Some(route) => format!("{route}+{label}"),
-            None => label,
-        });
-    }
-    let out = send::Outgoing {
         parts,
-        body,
-        model,
-        user: meta.user.as_deref(),
-        estimate: &estimate,
-        strip_key,
+        bytes: &bytes,
+        tier,
+        strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,
     };
-    let decode_sent = Instant::now();
-    let resp = send::send(
-        ctx,
-        pool,
-        &decision,
-        out,
-        permit.as_mut(),
-        &mut notes.fields.progress,
-    )
-    .await?;
-    if let Some(s) = &split {
-        s.decoded(ctx, pool, decode_sent);
-    }
+    let resp = dispatch(ctx, admitted, &mut estimate, permit.as_mut(), notes.fields).await?;
     charge.commit();
     let settlement = Settlement {
         caller,
@@ -207,6 +153,116 @@ async fn route(
         resp.map(Either::Left),
         Scope::routed(pending, permit, settlement),
     ))
+}
+
+/// A request through the gateway and its pool's queue, on its way to a
+/// replica of the pool in force after the wait.
+struct Admitted<'a> {
+    topology: &'a Topology,
+    resolved: Resolution<'a>,
+    meta: &'a RequestMeta,
+    parts: request::Parts,
+    bytes: &'a Bytes,
+    tier: Option<&'a str>,
+    /// Remove the client's key before it leaves.
+    strip_key: bool,
+    /// `[server] replica_header`.
+    expose_replica: bool,
+}
+
+/// Routes an admitted request within its pool, runs a disaggregated
+/// pool's prefill step and forwards it, noting the route in `fields`.
+async fn dispatch(
+    ctx: &RequestCtx<'_>,
+    a: Admitted<'_>,
+    estimate: &mut stages::Estimate,
+    permit: Option<&mut Permit>,
+    fields: &mut RouteFields,
+) -> Result<Response<ProxyBody>, ApiError> {
+    let (meta, pool) = (a.meta, a.resolved.pool);
+    let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
+    let tokens = estimate.tokens_for(pool, meta).await;
+    let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
+    let (decision, body) = send::route_within(
+        ctx.state,
+        &a.resolved,
+        meta,
+        tokens,
+        &a.parts,
+        a.tier,
+        a.bytes,
+    )?;
+    note_decision(fields, pool, &decision, routing);
+    let model = a.resolved.rewrite.unwrap_or(&meta.model);
+    let step = disaggregate::Step {
+        topology: a.topology,
+        pool,
+        decision: &decision,
+        meta,
+        tokens,
+        parts: &a.parts,
+        tier: a.tier,
+        model,
+        info: crate::balancing::RequestInfo {
+            model,
+            prompt_tokens,
+            max_tokens,
+            user: meta.user.as_deref(),
+        },
+        strip_key: a.strip_key,
+    };
+    let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
+    if let Some(s) = &split {
+        note_split(fields, s);
+    }
+    let out = send::Outgoing {
+        parts: a.parts,
+        body,
+        model,
+        user: meta.user.as_deref(),
+        estimate,
+        strip_key: a.strip_key,
+        expose_replica: a.expose_replica,
+    };
+    let decode_sent = Instant::now();
+    let resp = send::send(ctx, pool, &decision, out, permit, &mut fields.progress).await?;
+    if let Some(s) = &split {
+        s.decoded(ctx, pool, decode_sent);
+    }
+    Ok(resp)
+}
+
+/// The routing decision within `pool`, in the request's record and on its
+/// `llmlb.route` span.
+fn note_decision(
+    fields: &mut RouteFields,
+    pool: &Pool,
+    decision: &Decision,
+    span: Option<StageSpan>,
+) {
+    fields.pool = Some(pool.name.clone());
+    fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
+    fields.version = decision.version.clone();
+    if let Some(span) = span {
+        span.set("llmlb.pool", pool.name.clone());
+        if let Some(label) = &fields.route {
+            span.set("llmlb.route", label.clone());
+        }
+    }
+}
+
+/// A disaggregated request's split, appended to the record's `route`: it
+/// names the prefill replica; `replica` stays the decode replica that
+/// answered.
+fn note_split(fields: &mut RouteFields, split: &disaggregate::Split) {
+    let label = match &split.prefilled {
+        Some(p) => format!("split_{}@{}", split.branch.as_str(), p.replica.name),
+        None => format!("split_{}", split.branch.as_str()),
+    };
+    fields.route = Some(match fields.route.take() {
+        Some(route) => format!("{route}+{label}"),
+        None => label,
+    });
 }
 
 /// The client's `x-request-id` when it is sane, else a fresh version-4

@@ -404,35 +404,8 @@ fn name_bad_field(body: &[u8], first: serde_json::Error) -> ApiError {
 /// over the bytes: only the fields llmlb reads are built, and a chat
 /// request's text is copied once, into its messages.
 pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        // Report broken JSON as such; valid JSON that is not an object here.
-        serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
-        return Err(ApiError::BadRequest(
-            "request body must be a JSON object".into(),
-        ));
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    // The path to a bad field is tracked only when there is one: tracking it
-    // on every request costs an allocation per key.
-    let wire = match Wire::deserialize(&mut de) {
-        Ok(wire) => wire,
-        Err(e) if e.is_data() => return Err(name_bad_field(body, e)),
-        Err(e) => return Err(not_json(e)),
-    };
-    de.end().map_err(not_json)?;
-    let model = match wire.model {
-        Some(serde_json::Value::String(s)) if !s.is_empty() => s,
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "`model` must be a non-empty string".into(),
-            ));
-        }
-        None => {
-            return Err(ApiError::BadRequest(
-                "missing required field `model`".into(),
-            ));
-        }
-    };
+    let wire = parse(body)?;
+    let model = model_of(wire.model)?;
     let mut prompt_text = String::new();
     let mut prompt_bytes = 0;
     let mut chat = None;
@@ -446,47 +419,15 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
     }
     let has_messages = wire.messages.is_some();
     if let Some(messages) = wire.messages {
-        let mut list = Vec::with_capacity(messages.len());
-        for m in messages {
-            let content = match m.content {
-                Some(Content::Text(t)) => MessageContent::Text(t),
-                Some(Content::Parts(p, media)) => {
-                    if media {
-                        unpredictable.get_or_insert(Unpredictable::Multimodal);
-                    }
-                    MessageContent::Parts(p)
-                }
-                // Content of another shape counts as empty.
-                None | Some(Content::Other) => MessageContent::Text(String::new()),
-            };
-            let mut message = ChatMessage {
-                role: m.role.into_owned(),
-                content,
-                fields: Vec::new(),
-            };
-            if m.tool_calls.is_some()
-                || m.tool_call_id.is_some()
-                || m.name.is_some()
-                || m.reasoning.is_some()
-            {
-                let mut o = serde_json::Map::new();
-                for (k, v) in [
-                    ("tool_calls", m.tool_calls),
-                    ("tool_call_id", m.tool_call_id),
-                    ("name", m.name),
-                    ("reasoning", m.reasoning),
-                ] {
-                    if let Some(v) = v {
-                        o.insert(k.into(), v);
-                    }
-                }
-                message = message.with_fields_of(&o);
-            }
-            // As if rendered "role: text\n".
-            prompt_bytes += message.role.len() + 3;
-            prompt_bytes += message.parts().iter().map(String::len).sum::<usize>();
-            list.push(message);
-        }
+        let list: Vec<ChatMessage> = messages
+            .into_iter()
+            .map(|m| chat_message(m, &mut unpredictable))
+            .collect();
+        // As if rendered "role: text\n".
+        prompt_bytes = list
+            .iter()
+            .map(|m| m.role.len() + 3 + m.parts().iter().map(String::len).sum::<usize>())
+            .sum();
         chat = Some(list);
     } else if let Some(p) = wire.prompt {
         let prompt = CompletionPrompt::of(p);
@@ -528,6 +469,82 @@ pub fn extract(body: &[u8]) -> Result<RequestMeta, ApiError> {
         cache_salt: wire.cache_salt,
         unpredictable,
     })
+}
+
+/// The body's fields llmlb reads, borrowed where they can be; an error
+/// names the field of the wrong type, or says the body is not a JSON object.
+fn parse(body: &[u8]) -> Result<Wire<'_>, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        // Report broken JSON as such; valid JSON that is not an object here.
+        serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
+        return Err(ApiError::BadRequest(
+            "request body must be a JSON object".into(),
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    // The path to a bad field is tracked only when there is one: tracking it
+    // on every request costs an allocation per key.
+    let wire = match Wire::deserialize(&mut de) {
+        Ok(wire) => wire,
+        Err(e) if e.is_data() => return Err(name_bad_field(body, e)),
+        Err(e) => return Err(not_json(e)),
+    };
+    de.end().map_err(not_json)?;
+    Ok(wire)
+}
+
+/// The request's `model`: a non-empty string, required.
+fn model_of(model: Option<serde_json::Value>) -> Result<String, ApiError> {
+    match model {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(_) => Err(ApiError::BadRequest(
+            "`model` must be a non-empty string".into(),
+        )),
+        None => Err(ApiError::BadRequest(
+            "missing required field `model`".into(),
+        )),
+    }
+}
+
+/// One chat message as the template renders it: its text or parts (media
+/// parts make the prompt `multimodal`, unpredictable) and the fields a
+/// template may read besides (tool calls, name, reasoning).
+fn chat_message(m: WireMessage<'_>, unpredictable: &mut Option<Unpredictable>) -> ChatMessage {
+    let content = match m.content {
+        Some(Content::Text(t)) => MessageContent::Text(t),
+        Some(Content::Parts(p, media)) => {
+            if media {
+                unpredictable.get_or_insert(Unpredictable::Multimodal);
+            }
+            MessageContent::Parts(p)
+        }
+        // Content of another shape counts as empty.
+        None | Some(Content::Other) => MessageContent::Text(String::new()),
+    };
+    let message = ChatMessage {
+        role: m.role.into_owned(),
+        content,
+        fields: Vec::new(),
+    };
+    if m.tool_calls.is_none()
+        && m.tool_call_id.is_none()
+        && m.name.is_none()
+        && m.reasoning.is_none()
+    {
+        return message;
+    }
+    let mut o = serde_json::Map::new();
+    for (k, v) in [
+        ("tool_calls", m.tool_calls),
+        ("tool_call_id", m.tool_call_id),
+        ("name", m.name),
+        ("reasoning", m.reasoning),
+    ] {
+        if let Some(v) = v {
+            o.insert(k.into(), v);
+        }
+    }
+    message.with_fields_of(&o)
 }
 
 /// A completion's `prompt`: text (a string, or the concatenated strings

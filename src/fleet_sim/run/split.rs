@@ -225,11 +225,12 @@ impl Sim<'_> {
             external_tokens: 0,
         };
         if self.slots[at].engine.add_request(req, now).is_err() {
-            // Answered 400 (too long for the replica): the next attempt.
+            // Answered 400 (too long for the replica): the next attempt,
+            // the replica not blamed (`serve` counts only 5xx against it).
             self.split[i].guard = None;
             self.split[i].expected = None;
             self.prefill_freed = true;
-            self.prefill_failed(at, Failure::ServerError, now);
+            self.split_counts.prefill_failures += 1;
             self.try_prefill(i, now);
             return;
         }
