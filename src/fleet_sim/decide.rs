@@ -393,24 +393,7 @@ impl Decider {
         now_ms: u64,
     ) -> Option<Decision> {
         let q = self.prefill?;
-        self.rng = splitmix(self.rng);
-        let headers = http::HeaderMap::new();
-        let input = RouteInput {
-            model: &self.model,
-            user: None,
-            api_key: None,
-            headers: &headers,
-            tier,
-            prompt,
-            tokens: None,
-            salt: None,
-            unpredictable: None,
-            kind: "plain",
-        };
-        let pool = &self.topology.pools[q];
-        pool.router
-            .route(&pool.replicas, &input, self.rng, now_ms)
-            .ok()
+        self.route_in(q, prompt, tier, now_ms).ok()
     }
 
     /// The prefill step's choice of a prefill replica (the request asks
@@ -453,6 +436,17 @@ impl Decider {
         tier: Option<&str>,
         now_ms: u64,
     ) -> Result<Decision, RouteError> {
+        self.route_in(self.pool, prompt, tier, now_ms)
+    }
+
+    /// The routing stage within the topology's pool `pool`.
+    fn route_in(
+        &mut self,
+        pool: usize,
+        prompt: Prompt<'_>,
+        tier: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Decision, RouteError> {
         self.rng = splitmix(self.rng);
         let headers = http::HeaderMap::new();
         let input = RouteInput {
@@ -467,7 +461,7 @@ impl Decider {
             unpredictable: None,
             kind: "plain",
         };
-        let pool = &self.topology.pools[self.pool];
+        let pool = &self.topology.pools[pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)
     }
 
