@@ -46,6 +46,16 @@ fn pair_config(decode: &[String], prefill: &[String], extra: &str) -> String {
     s
 }
 
+/// llmlb in front of the pair (see [`pair_config`]).
+async fn front(
+    decode: &[&SimHandle],
+    prefill: &[&SimHandle],
+    extra: &str,
+) -> llmlb::daemon::Running {
+    let urls = |hs: &[&SimHandle]| hs.iter().map(|h| url(h)).collect::<Vec<_>>();
+    start_llmlb(&pair_config(&urls(decode), &urls(prefill), extra)).await
+}
+
 fn url(h: &SimHandle) -> String {
     format!("http://{}", h.addr)
 }
@@ -103,12 +113,7 @@ async fn the_two_steps_answer_what_one_aggregated_replica_answers() {
     let prefill = replica(replica_config(Role::Prefill)).await;
     let decode = replica(replica_config(Role::Decode)).await;
     let alone = replica(replica_config(Role::Both)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&prefill)],
-        "when = \"always\"",
-    ))
-    .await;
+    let lb = front(&[&decode], &[&prefill], "when = \"always\"").await;
     let text = prompt(300, "w");
     for (i, stream) in [false, true].into_iter().enumerate() {
         let body = completion(&format!("{text} {i}"), 24, stream);
@@ -177,12 +182,7 @@ async fn a_failed_prefill_moves_to_another_prefill_replica_then_falls_back() {
     let bad = replica(broken).await;
     let good = replica(replica_config(Role::Prefill)).await;
     let decode = replica(replica_config(Role::Decode)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&bad), url(&good)],
-        "when = \"always\"",
-    ))
-    .await;
+    let lb = front(&[&decode], &[&bad, &good], "when = \"always\"").await;
     let text = prompt(200, "f");
     // Round-robin sends one of these two to the failing replica first.
     for i in 0..2 {
@@ -233,12 +233,7 @@ async fn without_fallback_a_failed_prefill_is_the_clients_error() {
     broken.faults.error_rate = 1.0;
     let bad = replica(broken).await;
     let decode = replica(replica_config(Role::Decode)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&bad)],
-        "when = \"always\"\nfallback = false",
-    ))
-    .await;
+    let lb = front(&[&decode], &[&bad], "when = \"always\"\nfallback = false").await;
     let body = completion(&prompt(50, "n"), 8, false);
     let (status, _, answer) = call(lb.addr, chat_request("/v1/completions", &body)).await;
     assert_eq!(status, 502, "{}", String::from_utf8_lossy(&answer));
@@ -253,12 +248,7 @@ async fn a_decode_that_fails_after_its_prefill_is_not_generated_again() {
     broken.faults.error_rate = 1.0;
     let bad = replica(broken).await;
     let other = replica(replica_config(Role::Decode)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&bad), url(&other)],
-        &[url(&prefill)],
-        "when = \"always\"",
-    ))
-    .await;
+    let lb = front(&[&bad, &other], &[&prefill], "when = \"always\"").await;
     let text = prompt(100, "d");
     let mut failed = 0;
     for i in 0..2 {
@@ -288,12 +278,7 @@ async fn a_client_that_leaves_during_the_prefill_aborts_it_and_skips_the_decode(
     slow.engine.max_num_batched_tokens = 32;
     let prefill = replica(slow).await;
     let decode = replica(replica_config(Role::Decode)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&prefill)],
-        "when = \"always\"",
-    ))
-    .await;
+    let lb = front(&[&decode], &[&prefill], "when = \"always\"").await;
     let mut conn = Conn::open(lb.addr).await;
     let body = completion(&prompt(100, "c"), 8, true);
     let pending = tokio::spawn(async move {
@@ -320,12 +305,7 @@ async fn a_client_that_leaves_during_the_decode_aborts_it() {
     let mut slow = replica_config(Role::Decode);
     slow.faults.slowdown = 200.0;
     let decode = replica(slow).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&prefill)],
-        "when = \"always\"",
-    ))
-    .await;
+    let lb = front(&[&decode], &[&prefill], "when = \"always\"").await;
     let mut conn = Conn::open(lb.addr).await;
     let body = completion(&prompt(100, "e"), 200, true);
     let resp = conn.send(chat_request("/v1/completions", &body)).await;
@@ -346,11 +326,11 @@ async fn a_client_that_leaves_during_the_decode_aborts_it() {
 async fn auto_keeps_short_prompts_on_the_decode_replica() {
     let prefill = replica(replica_config(Role::Prefill)).await;
     let decode = replica(replica_config(Role::Decode)).await;
-    let lb = start_llmlb(&pair_config(
-        &[url(&decode)],
-        &[url(&prefill)],
+    let lb = front(
+        &[&decode],
+        &[&prefill],
         "min_uncached_tokens = 400\nbusy_prefills = 0",
-    ))
+    )
     .await;
     for (words, tag) in [(10, "s"), (800, "l")] {
         let body = completion(&prompt(words, tag), 4, false);
