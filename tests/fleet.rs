@@ -204,24 +204,6 @@ async fn a_killed_instance_gives_its_slots_back_within_its_ttl() {
     drop(other);
 }
 
-/// A chat whose system prompt spans several cache blocks.
-fn chat(system_id: usize, question: &str) -> String {
-    let system = format!(
-        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
-         order number, and never promise a delivery date you cannot check. "
-    )
-    .repeat(3);
-    serde_json::json!({
-        "model": "llama-3-8b",
-        "max_tokens": 8,
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": question}
-        ]
-    })
-    .to_string()
-}
-
 async fn replica_for(addr: std::net::SocketAddr, body: &str) -> String {
     let (status, _, bytes) = call(addr, chat_request("/v1/chat/completions", body)).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
@@ -257,7 +239,7 @@ async fn cache_mode_instances_share_one_prefix_view() {
     let (a, b) = (start_llmlb(&cfg).await, start_llmlb(&cfg).await);
     let mut first = Vec::new();
     for p in 0..8 {
-        first.push(replica_for(a.addr, &chat(p, "Where is my parcel?")).await);
+        first.push(replica_for(a.addr, &support_chat(p, "Where is my parcel?")).await);
     }
     until_async(
         "the second instance to fold the first's records",
@@ -272,7 +254,7 @@ async fn cache_mode_instances_share_one_prefix_view() {
     // each prompt where the first did, though it never saw them itself.
     for (p, there) in first.iter().enumerate() {
         assert_eq!(
-            &replica_for(b.addr, &chat(p, "And the invoice?")).await,
+            &replica_for(b.addr, &support_chat(p, "And the invoice?")).await,
             there
         );
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{
     Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb,
+    support_chat,
 };
 use http_body_util::BodyExt;
 
@@ -38,24 +39,6 @@ async fn instances(ups: &[Upstream], prefix: &str) -> [llmlb::daemon::Running; 2
     [start_llmlb(&text).await, start_llmlb(&text).await]
 }
 
-/// A chat body whose system prompt is long enough for several cache blocks.
-fn chat(system_id: usize, question: &str) -> String {
-    let system = format!(
-        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
-         order number, and never promise a delivery date you cannot check. "
-    )
-    .repeat(3);
-    serde_json::json!({
-        "model": "llama-3-8b",
-        "max_tokens": 8,
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": question}
-        ]
-    })
-    .to_string()
-}
-
 async fn replica_for(addr: SocketAddr, body: &str, headers: &[(&'static str, &str)]) -> String {
     let mut req = chat_request("/v1/chat/completions", body);
     for (k, v) in headers {
@@ -76,13 +59,13 @@ async fn hash_mode_keeps_each_system_prompt_on_one_replica_and_instances_agree()
     let [one, two] = instances(&ups, HASH).await;
     let mut used = std::collections::HashSet::new();
     for p in 0..24 {
-        let first = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
+        let first = replica_for(one.addr, &support_chat(p, "Where is my parcel?"), &[]).await;
         assert_eq!(
-            replica_for(one.addr, &chat(p, "Cancel it."), &[]).await,
+            replica_for(one.addr, &support_chat(p, "Cancel it."), &[]).await,
             first
         );
         assert_eq!(
-            replica_for(two.addr, &chat(p, "Refund me."), &[]).await,
+            replica_for(two.addr, &support_chat(p, "Refund me."), &[]).await,
             first
         );
         used.insert(first);
@@ -103,12 +86,12 @@ async fn cache_mode_instances_agree_when_load_is_even() {
     let [one, two] = instances(&ups, CACHE).await;
     let mut used = std::collections::HashSet::new();
     for p in 0..16 {
-        let a = replica_for(one.addr, &chat(p, "Where is my parcel?"), &[]).await;
-        let b = replica_for(two.addr, &chat(p, "Where is my parcel?"), &[]).await;
+        let a = replica_for(one.addr, &support_chat(p, "Where is my parcel?"), &[]).await;
+        let b = replica_for(two.addr, &support_chat(p, "Where is my parcel?"), &[]).await;
         assert_eq!(a, b, "instances disagree on prompt {p}");
         // A follow-up sharing the system prompt finds it cached there.
         assert_eq!(
-            replica_for(one.addr, &chat(p, "And the invoice?"), &[]).await,
+            replica_for(one.addr, &support_chat(p, "And the invoice?"), &[]).await,
             a
         );
         used.insert(a);
@@ -136,13 +119,13 @@ async fn removing_a_replica_moves_only_its_prefixes() {
     let lb = start_llmlb(&config(&ups, HASH)).await;
     let mut before = Vec::new();
     for p in 0..40 {
-        before.push(replica_for(lb.addr, &chat(p, "q"), &[]).await);
+        before.push(replica_for(lb.addr, &support_chat(p, "q"), &[]).await);
     }
     let new = llmlb::config::parse(&config(&ups[..3], HASH)).unwrap();
     llmlb::server::reload::apply(&lb.state, new);
     let mut moved = 0;
     for (p, old) in before.iter().enumerate() {
-        let now = replica_for(lb.addr, &chat(p, "q"), &[]).await;
+        let now = replica_for(lb.addr, &support_chat(p, "q"), &[]).await;
         if old == "r3" {
             assert_ne!(now, "r3");
             moved += 1;
@@ -163,7 +146,7 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
     // reload keeps (12 prompts: all on the third one is a 1-in-500,000 draw).
     let mut homes = Vec::new();
     for p in 0..12 {
-        homes.push(replica_for(lb.addr, &chat(p, "q"), &[]).await);
+        homes.push(replica_for(lb.addr, &support_chat(p, "q"), &[]).await);
     }
     let on_kept = homes
         .iter()
@@ -200,7 +183,7 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
     };
     let before = hits().await;
     for (p, home) in homes.iter().enumerate() {
-        let again = replica_for(lb.addr, &chat(p, "again"), &[]).await;
+        let again = replica_for(lb.addr, &support_chat(p, "again"), &[]).await;
         if ups[..2].iter().any(|u| &u.name == home) {
             assert_eq!(&again, home, "prompt {p} left its kept replica");
         }
@@ -214,7 +197,7 @@ async fn saturated_replica_hands_its_prefix_to_the_next_in_order() {
     let ups = upstreams(3).await;
     let prefix = format!("{HASH}\n[pools.saturation]\nmax_in_flight = 1");
     let lb = start_llmlb(&config(&ups, &prefix)).await;
-    let body = chat(7, "q");
+    let body = support_chat(7, "q");
     let home = replica_for(lb.addr, &body, &[]).await;
     let up = ups.iter().find(|u| u.name == home).unwrap();
     up.set_mode(Mode::StreamHeld);

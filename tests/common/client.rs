@@ -206,3 +206,22 @@ pub async fn finish_stream(up: &Upstream, body: Incoming, what: &str) {
         String::from_utf8_lossy(&rest)
     );
 }
+
+/// A chat body for model `llama-3-8b` whose system prompt (one of many,
+/// by `system_id`) spans several cache blocks.
+pub fn support_chat(system_id: usize, question: &str) -> String {
+    let system = format!(
+        "You are assistant number {system_id} of the support desk. Answer politely, cite the \
+         order number, and never promise a delivery date you cannot check. "
+    )
+    .repeat(3);
+    serde_json::json!({
+        "model": "llama-3-8b",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]
+    })
+    .to_string()
+}
