@@ -34,7 +34,10 @@ use super::estimate::{Drain, Placement};
 use super::fair::{FairLevel, FairParams, TenantView};
 use super::refusal::{Standing, lifted_ahead, next_level, refusal};
 
+mod others;
 mod reload;
+
+pub use others::{Others, QueueState};
 
 /// Per-level settings.
 #[derive(Debug, Clone)]
@@ -140,6 +143,8 @@ struct Inner {
     /// The queue that replaced this one on a reload that changed its shape:
     /// admissions, cancellations and releases go there.
     successor: Option<Arc<PoolQueue>>,
+    /// The other llmlb instances' side of the pool's queue (`[fleet]`).
+    others: Option<Others>,
 }
 
 #[derive(Debug)]
@@ -281,8 +286,7 @@ impl PoolQueue {
         let level = claim.level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let mut inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
-        let free = queued == 0 && inner.active < capacity;
+        let free = self.first_in_line(&inner, level, capacity, now);
         let standing = (level, &*claim.tenant, capacity, free);
         if let Some(refusal) = self.refusal(&inner, standing, placement, now) {
             return Admit::Refused(refusal);
@@ -329,13 +333,13 @@ impl PoolQueue {
         let level = level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
-        let free = queued == 0 && inner.active < capacity;
+        let now = Instant::now();
+        let free = self.first_in_line(&inner, level, capacity, now);
         self.refusal(
             &inner,
             (level, tenant, capacity, free),
             Placement::default(),
-            Instant::now(),
+            now,
         )
     }
 
@@ -352,7 +356,16 @@ impl PoolQueue {
         now: Instant,
     ) -> Option<Refusal> {
         let (level, tenant, capacity, free) = at;
-        let depths: Vec<usize> = inner.waiting.iter().map(FairLevel::len).collect();
+        let fleet = self.fleet_view(inner, capacity, now);
+        let depths = fleet.depths;
+        let own_level = inner.waiting[level].len();
+        // `max_depth` bounds this instance's waiters (its memory), whatever
+        // the other instances hold.
+        if !free && own_level >= self.params.max_depth {
+            let queued: usize = depths.iter().sum();
+            let retry_after = inner.drain.backlog(queued, fleet.capacity);
+            return Some(Refusal::QueueFull { retry_after });
+        }
         let now_s = self.seconds(now);
         // Each tenant's waiters are oldest first, so its lifted ones are a
         // prefix.
@@ -370,24 +383,25 @@ impl PoolQueue {
         let standing = Standing {
             level,
             depths: &depths,
-            level_ahead: at_level.ahead(fair.enabled, tenant, fair.weight(tenant)),
+            // The other instances' waiters of the level are older.
+            level_ahead: at_level.ahead(fair.enabled, tenant, fair.weight(tenant)) + depths[level]
+                - own_level,
             tenant_depth: at_level.depth(tenant),
             tenant_max_depth: fair.max_depth(tenant),
             promoted,
-            capacity,
+            capacity: fleet.capacity,
             free,
             placement,
         };
         let ages = || {
-            inner
-                .started
-                .values()
+            let here = (inner.started.values())
                 .map(|s| now.saturating_duration_since(*s).as_secs_f64())
-                .collect()
+                .collect();
+            others::fleet_ages(here, fleet.remote_active)
         };
         refusal(
             &self.params.levels,
-            self.params.max_depth,
+            usize::MAX,
             &inner.drain,
             standing,
             ages,
@@ -444,8 +458,11 @@ impl PoolQueue {
     pub fn backlog_drain_time(&self) -> Duration {
         let capacity = (self.capacity.load())();
         let inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
-        inner.drain.backlog(queued.saturating_sub(1), capacity)
+        let fleet = self.fleet_view(&inner, capacity, Instant::now());
+        let queued: usize = fleet.depths.iter().sum();
+        inner
+            .drain
+            .backlog(queued.saturating_sub(1), fleet.capacity)
     }
 
     /// Takes a slot for a request at `level` of `tenant`, starting `now`,
@@ -532,6 +549,13 @@ impl PoolQueue {
             let Some(level) = next_level(&self.params.levels, fronts, now_s) else {
                 break;
             };
+            let since = inner.waiting[level].oldest().map_or(now_s, |(s, _)| s);
+            if self.held_back(inner, level, since, now) {
+                // Another instance's waiter goes first: ask the store to
+                // move the slot there now rather than at the next tick.
+                crate::fleet::nudge();
+                break;
+            }
             let (tenant, weight, entry) = inner.waiting[level].pop(fair).expect("non-empty level");
             let w = entry.item;
             if w.tx.is_closed() {

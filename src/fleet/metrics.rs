@@ -14,6 +14,8 @@ pub struct FleetMetrics {
     pub errors: IntCounter,
     /// Times this instance fell back to its share of each replica's limit.
     pub fallbacks: IntCounter,
+    /// Times the pool queues fell back to this instance's own order.
+    pub queue_local: IntCounter,
     /// 1 while the fallback is in force.
     pub in_fallback: IntGauge,
     /// Round trip of one refresh (registration and every lease).
@@ -45,6 +47,10 @@ impl FleetMetrics {
             fallbacks: f.counter_one(
                 "llmlb_fleet_fallbacks_total",
                 "Times this instance fell back to its share of each replica's max_inflight because the store stopped answering.",
+            ),
+            queue_local: f.counter_one(
+                "llmlb_fleet_queue_order_fallbacks_total",
+                "Times this instance's pool queues fell back to ordering only its own waiters because the fleet store stopped answering.",
             ),
             in_fallback: f.gauge_one(
                 "llmlb_fleet_fallback",

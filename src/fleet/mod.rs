@@ -10,6 +10,11 @@
 //!   request path only reads the cap its instance holds (an atomic per
 //!   replica); it never waits on the store. A killed instance's slots come
 //!   back when its registration lapses (`instance_ttl`).
+//! - **One queue order** ([`queues`]): each refresh publishes every pool
+//!   queue's waiters per level and each level's oldest wait, and reads the
+//!   other instances'; a waiter here that another instance's goes before
+//!   takes no slot and is not counted as demand, so the lease moves there
+//!   (`admission::queue` holds the rule).
 //! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
 //!   stream, folded by every instance into its `cache`/`hash` index.
 //! - **Failure**: when the store is down, slow or out of reach, each
@@ -23,13 +28,15 @@
 pub mod lease;
 mod metrics;
 pub mod prefixes;
+mod queues;
 pub mod script;
 mod store;
 
 pub use lease::Phase;
 pub use metrics::FleetMetrics;
 pub use prefixes::{PrefixOutbox, PrefixRecord};
-pub use store::{Demand, Fleet, FleetError, FleetStatus, Instance};
+pub use queues::QueueReport;
+pub use store::{Demand, Exchange, Fleet, FleetError, FleetStatus, Instance};
 
 /// Woken when a request starts waiting for a slot, so the refresh loop
 /// asks for a bigger share at once instead of at its next tick.

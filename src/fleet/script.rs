@@ -9,7 +9,9 @@
 //! - `epoch`: a random word set by the first instance to find the store
 //!   empty: a new word means the store lost its data (restart without
 //!   persistence), and every instance treats it as a rejoin;
-//! - `lease:{pool}/{replica}`: hash, instance id → `lease:want`.
+//! - `lease:{pool}/{replica}`: hash, instance id → `lease:want`;
+//! - `queue:{pool}`: hash, instance id → its queue report stamped with the
+//!   store's time ([`super::queues`]).
 //!
 //! The lease rule, per replica with limit `L`: the instance reports `held`
 //! (its in-flight count, or the cap it may still be using, whichever is
@@ -25,9 +27,13 @@
 //! whose share shrank gives its slots back one refresh later, when its
 //! running requests allow. Cost: O(instances) per replica.
 //!
-//! Returns `{epoch, live instances, cap₁, excess₁, cap₂, excess₂, ...}`,
-//! where `excess` is how far the other instances' leases exceed the even
-//! share `⌊L ÷ live⌋` (what a fallback must leave to them).
+//! Then each pool's queue report is written, and the other live
+//! instances' reports of that pool are read back.
+//!
+//! Returns `{epoch, live instances, cap₁, excess₁, cap₂, excess₂, ...,
+//! store time (ms), {reports of pool₁}, {reports of pool₂}, ...}`, where
+//! `excess` is how far the other instances' leases exceed the even share
+//! `⌊L ÷ live⌋` (what a fallback must leave to them).
 
 pub const LEASE: &str = r#"
 local t = redis.call('TIME')
@@ -99,8 +105,10 @@ local function fair(limit, wants)
 end
 
 local out = {epoch, live}
-local i = 6
-while i + 3 <= #ARGV do
+local qprefix, n = ARGV[6], tonumber(ARGV[7])
+local i = 8
+local last = 7 + 4 * n
+while i + 3 <= last do
   local key = prefix .. ARGV[i]
   local limit, held, want = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local share = math.max(1, math.floor(limit / live))
@@ -127,6 +135,29 @@ while i + 3 <= #ARGV do
   table.insert(out, cap)
   table.insert(out, excess)
   i = i + 4
+end
+
+-- Each pool's queue: this instance's report in, the other live ones' out.
+table.insert(out, now)
+local j = last + 1
+while j + 1 <= #ARGV do
+  local key = qprefix .. ARGV[j]
+  redis.call('HSET', key, me, now .. ';' .. ARGV[j + 1])
+  redis.call('PEXPIRE', key, ttl * 4)
+  local fields = redis.call('HGETALL', key)
+  local seen = {}
+  for f = 1, #fields, 2 do
+    local id = fields[f]
+    if id ~= me then
+      if redis.call('ZSCORE', KEYS[1], id) then
+        table.insert(seen, fields[f + 1])
+      else
+        redis.call('HDEL', key, id)
+      end
+    end
+  end
+  table.insert(out, seen)
+  j = j + 2
 end
 return out
 "#;

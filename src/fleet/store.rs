@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::lease::{Grant, Leases, Phase};
 use super::metrics::FleetMetrics;
+use super::queues::QueueReport;
 use super::script::LEASE;
 use crate::config::{FleetConfig, redact_url};
 
@@ -32,6 +33,9 @@ pub struct Demand {
     pub in_flight: u32,
     /// Those plus the requests here waiting for a slot there.
     pub want: u32,
+    /// Some waiters here wait for another instance's, so they are not in
+    /// `want`: report the lower demand at once.
+    pub held_back: bool,
 }
 
 impl Demand {
@@ -100,6 +104,19 @@ pub struct Fleet {
     /// is kept for a while after the demand drops, so steady traffic
     /// does not wait for a grant at each request.
     recent: Mutex<std::collections::HashMap<String, (u32, Instant)>>,
+    /// The pool queues are ordered with the other instances' (the last
+    /// refresh that carried queue reports succeeded).
+    shared_order: AtomicBool,
+}
+
+/// What one refresh brought back.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    /// The cap in force on each replica of the demands.
+    pub caps: Vec<u32>,
+    /// The other live instances' queue reports for the pools reported
+    /// (`None`: the store did not answer; each instance orders its own).
+    pub queues: Option<Vec<QueueReport>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -145,6 +162,7 @@ impl Fleet {
             in_fallback: AtomicBool::new(false),
             fallbacks: AtomicU64::new(0),
             recent: Mutex::default(),
+            shared_order: AtomicBool::new(false),
         }))
     }
 
@@ -225,6 +243,12 @@ impl Fleet {
     /// returns the caps in force afterwards (from the answer, or the
     /// fallback when there was none).
     pub async fn refresh(&self, demands: &[Demand]) -> Vec<u32> {
+        self.exchange(demands, &[]).await.caps
+    }
+
+    /// [`Fleet::refresh`], which also publishes this instance's pool
+    /// queues and reads the other instances' back.
+    pub async fn exchange(&self, demands: &[Demand], queues: &[QueueReport]) -> Exchange {
         let sent = Instant::now();
         let keys: Vec<String> = demands.iter().map(Demand::key).collect();
         let held: Vec<u32> = {
@@ -235,8 +259,10 @@ impl Fleet {
                 .map(|(d, cap)| d.in_flight.max(cap))
                 .collect()
         };
-        match self.call(demands, &keys, &held).await {
-            Ok((epoch, live, grants)) => {
+        let mut others = None;
+        match self.call(demands, &keys, &held, queues).await {
+            Ok((epoch, live, grants, reports)) => {
+                others = Some(reports);
                 let now = Instant::now();
                 let rtt = now - sent;
                 self.metrics.refresh_seconds.observe(rtt.as_secs_f64());
@@ -276,7 +302,26 @@ impl Fleet {
             self.in_fallback.store(false, Ordering::Relaxed);
         }
         self.metrics.in_fallback.set(i64::from(fallback));
-        self.caps(demands)
+        self.order(!queues.is_empty(), others.is_some());
+        Exchange {
+            caps: self.caps(demands),
+            queues: others,
+        }
+    }
+
+    /// Counts and logs the pool queues leaving the fleet's order (the
+    /// store did not answer) and coming back to it.
+    fn order(&self, reported: bool, answered: bool) {
+        if !reported {
+            return;
+        }
+        let was = self.shared_order.swap(answered, Ordering::Relaxed);
+        if was && !answered {
+            self.metrics.queue_local.inc();
+            tracing::warn!(store = %self.shown, "fleet store unavailable: each pool queue orders only this instance's waiters");
+        } else if !was && answered {
+            tracing::info!(store = %self.shown, "pool queues follow the fleet's order");
+        }
     }
 
     async fn call(
@@ -284,7 +329,8 @@ impl Fleet {
         demands: &[Demand],
         keys: &[String],
         held: &[u32],
-    ) -> Result<(String, u32, Vec<Grant>), FleetError> {
+        queues: &[QueueReport],
+    ) -> Result<Answer, FleetError> {
         let mut conn = self.connection().await?;
         let info = serde_json::json!({
             "name": self.name,
@@ -299,16 +345,22 @@ impl Fleet {
             .arg(self.config.instance_ttl.as_millis() as u64)
             .arg(info)
             .arg(self.key("lease:"))
-            .arg(uuid::Uuid::new_v4().simple().to_string());
+            .arg(uuid::Uuid::new_v4().simple().to_string())
+            .arg(self.key("queue:"))
+            .arg(demands.len());
         let wants = self.wants(demands, keys);
         for (((d, key), held), want) in demands.iter().zip(keys).zip(held).zip(wants) {
             inv.arg(key).arg(d.limit).arg(*held).arg(want);
+        }
+        for q in queues {
+            inv.arg(&q.pool).arg(q.encode());
         }
         let answer: Vec<redis::Value> =
             tokio::time::timeout(self.config.timeout, inv.invoke_async(&mut conn))
                 .await
                 .map_err(|_| FleetError::Timeout(self.config.timeout))??;
-        parse_answer(&answer, demands.len())
+        let pools: Vec<&str> = queues.iter().map(|q| q.pool.as_str()).collect();
+        parse_answer(&answer, demands.len(), &pools)
     }
 
     /// Each replica's demand as reported: the highest seen within half an
@@ -324,7 +376,9 @@ impl Fleet {
             .map(|(d, key)| {
                 let want = d.want.max(d.in_flight);
                 let entry = recent.entry(key.clone()).or_insert((want, now));
-                if want >= entry.0 {
+                // Waiters held back for another instance's: the slots go
+                // there now, not after the window.
+                if want >= entry.0 || d.held_back {
                     *entry = (want, now);
                 }
                 entry.0
@@ -332,8 +386,9 @@ impl Fleet {
             .collect()
     }
 
-    /// The refresh loop: every `fleet.refresh` (sooner when a request
-    /// starts waiting for a slot, [`super::nudge`]), read
+    /// The refresh loop: every `fleet.refresh` (a quarter of it while
+    /// slots must move between instances; sooner when a request starts
+    /// waiting for a slot, [`super::nudge`]), read
     /// the demands, refresh, and hand the caps to `apply`. On shutdown the
     /// instance leaves the store, so its slots are free at once.
     pub async fn run<D, A>(
@@ -342,17 +397,29 @@ impl Fleet {
         apply: A,
         mut shutdown: watch::Receiver<bool>,
     ) where
-        D: Fn() -> Vec<Demand>,
-        A: Fn(&[Demand], &[u32]),
+        D: Fn() -> (Vec<Demand>, Vec<QueueReport>),
+        A: Fn(&[Demand], &Exchange),
     {
         let mut last_keys: Vec<String>;
+        let mut last_pools: Vec<String>;
         loop {
             let started = tokio::time::Instant::now();
-            let now = demands();
-            let caps = self.refresh(&now).await;
-            apply(&now, &caps);
+            let (now, queues) = demands();
+            let answer = self.exchange(&now, &queues).await;
+            apply(&now, &answer);
             last_keys = now.iter().map(Demand::key).collect();
-            let next = started + self.config.refresh;
+            last_pools = queues.into_iter().map(|q| q.pool).collect();
+            // Slots that must move between instances (waiters held back
+            // here for another's, or more demand than the lease): renew
+            // four times as often until they have.
+            let moving = (now.iter().zip(&answer.caps))
+                .any(|(d, cap)| d.held_back || d.want > (*cap).max(d.in_flight));
+            let every = if moving {
+                self.config.refresh / 4
+            } else {
+                self.config.refresh
+            };
+            let next = started + every;
             let early = started + self.config.refresh / 10;
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}
@@ -365,11 +432,11 @@ impl Fleet {
                 break;
             }
         }
-        self.leave(&last_keys).await;
+        self.leave(&last_keys, &last_pools).await;
     }
 
-    /// Removes this instance's registration and leases.
-    async fn leave(&self, keys: &[String]) {
+    /// Removes this instance's registration, leases and queue reports.
+    async fn leave(&self, keys: &[String], pools: &[String]) {
         let result: Result<(), FleetError> = async {
             let mut conn = self.connection().await?;
             let mut pipe = redis::pipe();
@@ -379,6 +446,10 @@ impl Fleet {
                 .ignore();
             for key in keys {
                 pipe.hdel(self.key(&format!("lease:{key}")), &self.id)
+                    .ignore();
+            }
+            for pool in pools {
+                pipe.hdel(self.key(&format!("queue:{pool}")), &self.id)
                     .ignore();
             }
             tokio::time::timeout(self.config.timeout, pipe.query_async::<()>(&mut conn))
@@ -450,17 +521,27 @@ impl Fleet {
     }
 }
 
-fn parse_answer(
-    answer: &[redis::Value],
-    n: usize,
-) -> Result<(String, u32, Vec<Grant>), FleetError> {
+/// The epoch, the live instances, the grants and the other instances'
+/// queue reports, as one refresh answered.
+type Answer = (String, u32, Vec<Grant>, Vec<QueueReport>);
+
+fn parse_answer(answer: &[redis::Value], n: usize, pools: &[&str]) -> Result<Answer, FleetError> {
     let bad = || FleetError::Answer(format!("{answer:?}"));
-    if answer.len() != 2 + 2 * n {
+    if answer.len() != 3 + 2 * n + pools.len() {
         return Err(bad());
     }
     let epoch: String = redis::from_redis_value_ref(&answer[0]).map_err(|_| bad())?;
     let live: u32 = redis::from_redis_value_ref(&answer[1]).map_err(|_| bad())?;
-    let grants = answer[2..]
+    let now_ms: u64 = redis::from_redis_value_ref(&answer[2 + 2 * n]).map_err(|_| bad())?;
+    let mut reports = Vec::new();
+    for (pool, seen) in pools.iter().zip(&answer[3 + 2 * n..]) {
+        let seen: Vec<String> = redis::from_redis_value_ref(seen).map_err(|_| bad())?;
+        reports.extend(
+            seen.iter()
+                .filter_map(|s| QueueReport::decode(pool, s, now_ms)),
+        );
+    }
+    let grants = answer[2..2 + 2 * n]
         .chunks(2)
         .map(|pair| {
             Ok(Grant {
@@ -469,5 +550,5 @@ fn parse_answer(
             })
         })
         .collect::<Result<Vec<_>, FleetError>>()?;
-    Ok((epoch, live, grants))
+    Ok((epoch, live, grants, reports))
 }

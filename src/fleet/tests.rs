@@ -80,6 +80,7 @@ fn handles(url: &str, prefix: &str, n: usize) -> Vec<Arc<Fleet>> {
 
 fn demand(limit: u32, in_flight: u32, want: u32) -> Demand {
     Demand {
+        held_back: false,
         pool: "p".into(),
         replica: "a".into(),
         limit,

@@ -24,7 +24,7 @@ pub use disaggregate::{Disaggregation, SplitBranch};
 pub use dispatch::{Choice, choose};
 pub use outcome::Failure;
 pub use placement::placement_ttft;
-pub use topology::{Topology, queue_capacity};
+pub use topology::{Topology, queue_capacity, queue_capacity_of_fleet};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};

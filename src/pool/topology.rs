@@ -315,6 +315,17 @@ pub fn queue_capacity(replicas: &[Arc<Replica>], now_ms: u64) -> usize {
         .sum()
 }
 
+/// The requests `replicas` may run at once at `now_ms` for the whole
+/// fleet of llmlb instances: the eligible ones' `max_inflight`, not this
+/// instance's share of it.
+pub fn queue_capacity_of_fleet(replicas: &[Arc<Replica>], now_ms: u64) -> usize {
+    replicas
+        .iter()
+        .filter(|r| r.is_eligible_at(now_ms))
+        .map(|r| r.max_inflight.map_or(usize::MAX / 1024, |l| l as usize))
+        .sum()
+}
+
 fn queue_for(
     config: &Config,
     pc: &PoolConfig,

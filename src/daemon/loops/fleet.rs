@@ -5,20 +5,32 @@
 
 use std::sync::Arc;
 
-use crate::fleet::{Demand, Fleet, PrefixRecord};
-use crate::pool::Topology;
+use crate::admission::{Others, QueueState};
+use crate::config::FleetConfig;
+use crate::fleet::{Demand, Exchange, Fleet, PrefixRecord, QueueReport};
+use crate::pool::{Pool, Topology};
 
 /// One [`Demand`] per replica with a `max_inflight`: its requests running
 /// here, plus the ones waiting for it (in the forwarder) and an even part
-/// of the pool queue's waiters (over the pool's eligible limited replicas).
-pub fn demands(topology: &Topology) -> Vec<Demand> {
+/// of the pool queue's waiters that no other instance's waiter goes before
+/// (over the pool's eligible limited replicas); and each queued pool's
+/// report for the other instances.
+pub fn demands(topology: &Topology) -> (Vec<Demand>, Vec<QueueReport>) {
     let now = crate::telemetry::clock::now_millis();
+    let at = std::time::Instant::now();
     let mut out = Vec::new();
+    let mut queues = Vec::new();
     for pool in &topology.pools {
-        let queued: usize = pool
-            .admission
-            .as_ref()
-            .map_or(0, |a| a.queue.depths().iter().sum());
+        let (queued, held_back) = match &pool.admission {
+            Some(a) => {
+                let state = a.queue.state(at);
+                let unheld = a.queue.unheld_waiting(at);
+                let all: usize = state.depths.iter().sum();
+                queues.push(report(&pool.name, state));
+                (unheld, unheld < all)
+            }
+            None => (0, false),
+        };
         let eligible = pool
             .replicas
             .iter()
@@ -37,16 +49,67 @@ pub fn demands(topology: &Topology) -> Vec<Demand> {
                 limit,
                 in_flight,
                 want: in_flight + r.waiting() + queue_part,
+                held_back,
             });
         }
     }
-    out
+    (out, queues)
 }
 
-/// Gives each replica in `demands` its cap, and wakes the pool queues whose
-/// capacity grew.
-pub fn apply(topology: &Topology, fleet: &Fleet, demands: &[Demand], caps: &[u32]) {
+fn report(pool: &str, state: QueueState) -> QueueReport {
+    let count = |n: usize| n.min(u32::MAX as usize) as u32;
+    QueueReport {
+        pool: pool.to_string(),
+        active: count(state.active),
+        depths: state.depths.into_iter().map(count).collect(),
+        fronts: state.fronts,
+    }
+}
+
+/// The other instances' reports of `pool`, summed for its queue: waiters
+/// per level, each level's oldest, what they run; and the pool's slots for
+/// the whole fleet.
+fn others(pool: &Pool, reports: &[QueueReport], config: &FleetConfig) -> Others {
+    let at = std::time::Instant::now();
+    let now = crate::telemetry::clock::now_millis();
+    let levels = pool
+        .admission
+        .as_ref()
+        .map_or(0, |a| a.queue.levels().len());
+    let mut o = Others {
+        depths: vec![0; levels],
+        fronts: vec![None; levels],
+        active: 0,
+        capacity: crate::pool::queue_capacity_of_fleet(&pool.replicas, now),
+        grace: config.refresh * 2,
+        until: at + config.instance_ttl,
+    };
+    for r in reports.iter().filter(|r| *r.pool == *pool.name) {
+        o.active += r.active as usize;
+        for (d, n) in o.depths.iter_mut().zip(&r.depths) {
+            *d += *n as usize;
+        }
+        for (f, waited) in o.fronts.iter_mut().zip(&r.fronts) {
+            let since = waited.and_then(|w| at.checked_sub(w));
+            *f = match (*f, since) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    o
+}
+
+/// Gives each replica in `demands` its cap, hands each pool queue the
+/// other instances' side of it, and wakes the pool queues whose capacity
+/// grew.
+pub fn apply(topology: &Topology, fleet: &Fleet, demands: &[Demand], answer: &Exchange) {
+    let caps = &answer.caps;
     for pool in &topology.pools {
+        if let Some(a) = &pool.admission {
+            let view = (answer.queues.as_deref()).map(|r| others(pool, r, fleet.config()));
+            a.queue.set_others(view);
+        }
         let mut grew = false;
         for (d, cap) in demands
             .iter()
@@ -87,9 +150,9 @@ pub async fn run(
                 *now.lock().expect("poisoned") = Some(t);
                 d
             },
-            |d, caps| {
+            |d, answer| {
                 if let Some(t) = now.lock().expect("poisoned").as_ref() {
-                    apply(t, &f, d, caps);
+                    apply(t, &f, d, answer);
                 }
             },
             shutdown,
