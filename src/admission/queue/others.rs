@@ -136,7 +136,7 @@ impl PoolQueue {
         if inner.active >= capacity {
             return false;
         }
-        let queued = || inner.waiting.iter().any(|q| q.len() > 0);
+        let queued = || inner.waiting.iter().any(|q| !q.is_empty());
         if self.others(inner, now).is_none() {
             return !queued();
         }
