@@ -6,7 +6,10 @@
 //!   replicas that may take work, read through a callback at each decision.
 //!   Each dispatched request holds one [`Permit`]; dropping it (end of
 //!   stream, error, client gone) frees the slot and grants the next waiter at
-//!   once: event-driven, no polling.
+//!   once: event-driven, no polling. The one exception: under fair share a
+//!   slot freed by a tenant at its fair share with nothing waiting may be
+//!   held a few milliseconds for that tenant's next request
+//!   ([`super::fair::anticipate`]); a timer gives it on when nothing came.
 //! - **Order**: each level's oldest waiter is considered with its *effective*
 //!   level, `level − ⌊waited / promote_after⌋` (not below 0). The lowest
 //!   effective level wins; ties go to the longest waiting. Within the

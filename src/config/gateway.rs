@@ -175,7 +175,7 @@ pub fn default_priorities() -> Vec<PriorityConfig> {
 }
 
 /// `[pools.queue] anticipate` when the config leaves it out.
-pub const DEFAULT_ANTICIPATE: Duration = Duration::from_millis(5);
+pub const DEFAULT_ANTICIPATE: Duration = Duration::from_millis(10);
 
 /// `[pools.queue]`: the pool's central queue, active when `max_inflight` is set.
 #[derive(Debug, Clone, Deserialize)]
