@@ -129,18 +129,20 @@ impl PoolQueue {
     pub(super) fn first_in_line(
         &self,
         inner: &Inner,
-        level: usize,
+        (level, tenant): (usize, &str),
         capacity: usize,
         now: Instant,
     ) -> bool {
+        let now_s = self.seconds(now);
+        if self.others(inner, now).is_none() {
+            return inner.free(level, tenant, capacity, now_s);
+        }
         if inner.active >= capacity {
             return false;
         }
-        let queued = || inner.waiting.iter().any(|q| !q.is_empty());
-        if self.others(inner, now).is_none() {
-            return !queued();
+        if inner.waiting[level].holds_for(tenant, now_s) {
+            return true;
         }
-        let now_s = self.seconds(now);
         let levels = &self.params.levels;
         let ahead_here = inner.waiting.iter().enumerate().any(|(l, q)| {
             q.oldest().is_some_and(|(since, _)| {
@@ -148,7 +150,9 @@ impl PoolQueue {
                 effective_level(l, now_s - since, promote) <= level
             })
         });
-        !ahead_here && !self.held_back(inner, level, now_s, now)
+        !ahead_here
+            && inner.active + inner.held(now_s) < capacity
+            && !self.held_back(inner, level, now_s, now)
     }
 
     /// The waiters per level and the slots a newcomer's estimate counts:
