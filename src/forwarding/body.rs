@@ -11,7 +11,10 @@
 //! (`completion_tokens`) whenever it reports one; only a stream without
 //! `usage` falls back to one token per SSE `data:` event. When llmlb asked
 //! the stream for usage itself, the usage event is removed on the way out
-//! ([`UsageStrip`]) and kept in a [`ReportedUsage`] for the layers above.
+//! ([`UsageStrip`]). What the client was sent, and the kept event, feed
+//! the body's [`Observer`] (first byte, first content, `[DONE]`, `usage`),
+//! which the request's scope above reads for its end-of-request record: the
+//! answer is observed here once, with one search for `"usage"` per frame.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,8 +26,9 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::idle::IdleTimer;
+use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
-use crate::net::{BoxError, ReportedUsage, USAGE_KEY, usage_tokens_after};
+use crate::net::{BoxError, USAGE_KEY, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
 use crate::routing::{Expected, StreamBroken};
@@ -61,7 +65,12 @@ pub struct ProxyBody {
     /// Output tokens accounted so far (from `usage` when reported).
     output_seen: u64,
     /// Removes the usage event llmlb asked for, when it did.
-    strip: Option<(UsageStrip, ReportedUsage)>,
+    strip: Option<UsageStrip>,
+    /// What the client was sent, for the request's record.
+    observer: Observer,
+    /// The search for `"usage"` in the frame about to go out, when it was
+    /// made on the same bytes (`None`: not made).
+    searched: Option<Option<usize>>,
 }
 
 impl ProxyBody {
@@ -82,6 +91,8 @@ impl ProxyBody {
             ended: false,
             output_seen: 0,
             strip: None,
+            observer: Observer::new(sse),
+            searched: None,
         }
     }
 
@@ -91,13 +102,18 @@ impl ProxyBody {
         self
     }
 
-    /// Removes the usage event of a stream llmlb asked for usage, keeping it
-    /// in `reported`.
-    pub fn strip_usage(mut self, reported: ReportedUsage) -> ProxyBody {
+    /// Removes the usage event of a stream llmlb asked for usage, keeping
+    /// its counts for the record ([`Observed::kept`]).
+    pub fn strip_usage(mut self) -> ProxyBody {
         if self.sse {
-            self.strip = Some((UsageStrip::default(), reported));
+            self.strip = Some(UsageStrip::default());
         }
         self
+    }
+
+    /// What the client has been sent so far.
+    pub fn observed(&self) -> &Observed {
+        self.observer.observed()
     }
 
     /// Output tokens: the replica's own count when it reports `usage`, else
@@ -122,7 +138,9 @@ impl ProxyBody {
     /// The frame for the client: the usage event llmlb asked for is taken
     /// out. `None` when nothing is left of it.
     fn outgoing(&mut self, frame: Frame<Bytes>, usage_at: Option<usize>) -> Option<Frame<Bytes>> {
-        let Some((strip, reported)) = self.strip.as_mut() else {
+        let Some(strip) = self.strip.as_mut() else {
+            // The frame goes as it came: the search made holds for it.
+            self.searched = Some(usage_at);
             return Some(frame);
         };
         let data = match frame.into_data() {
@@ -131,14 +149,14 @@ impl ProxyBody {
         };
         let filtered = strip.filter(data, usage_at);
         if let Some(event) = filtered.usage {
-            reported.set(event);
+            self.observer.kept(&event);
         }
         (!filtered.pass.is_empty()).then(|| Frame::data(filtered.pass))
     }
 
     /// What the usage filter still holds when the replica's stream ends.
     fn leftover(&mut self) -> Option<Frame<Bytes>> {
-        let rest = self.strip.as_mut()?.0.flush();
+        let rest = self.strip.as_mut()?.flush();
         (!rest.is_empty()).then(|| Frame::data(rest))
     }
 
@@ -212,15 +230,10 @@ fn count_sse_events(chunk: &[u8]) -> u64 {
         .count() as u64
 }
 
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
+impl ProxyBody {
+    /// The next frame for the client.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self;
         if this.ended {
             return Poll::Ready(None);
         }
@@ -271,6 +284,30 @@ impl Body for ProxyBody {
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = this.poll_next(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            let usage_at = match this.searched.take() {
+                Some(at) => at,
+                None => USAGE_KEY.find(data),
+            };
+            this.observer.frame(data, usage_at);
+        }
+        this.searched = None;
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -16,7 +16,6 @@ use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{Branch, Pick, RequestInfo};
-use crate::net::ReportedUsage;
 use crate::pool::{Choice, choose};
 use crate::pool::{Failure, Pool};
 use crate::replica::{Replica, ReplicaId};
@@ -439,9 +438,7 @@ fn stream_back(
     if strip_usage && sse {
         // Bytes may be taken out of the stream: its length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);
-        let reported = ReportedUsage::default();
-        parts.extensions.insert(reported.clone());
-        body = body.strip_usage(reported);
+        body = body.strip_usage();
     }
     Response::from_parts(parts, body)
 }

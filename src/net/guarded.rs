@@ -33,11 +33,12 @@ pub enum End {
     Dropped { at_end: bool },
 }
 
-/// What a [`Watched`] body reports to.
-pub trait Watch: Send + Unpin + 'static {
+/// What a [`Watched`] body reports to, `B` the body it watches.
+pub trait Watch<B>: Send + Unpin + 'static {
     /// A data frame on its way to the client; `at_end`: the inner body says
-    /// nothing follows it.
-    fn data(&mut self, _data: &Bytes, _at_end: bool) {}
+    /// nothing follows it. `body` is the inner body after the frame, for a
+    /// watcher that reads what the body itself found in it.
+    fn data(&mut self, _body: &B, _data: &Bytes, _at_end: bool) {}
 
     /// The body's end, called once.
     fn end(&mut self, how: End);
@@ -46,20 +47,21 @@ pub trait Watch: Send + Unpin + 'static {
 /// `inner` watched by `watch`. The fields drop in order: the inner body
 /// first, then the [`Watcher`], which calls the end of a body that did not
 /// reach it.
-pub struct Watched<W: Watch, B: Body + Unpin = ResponseBody> {
+pub struct Watched<W: Watch<B>, B: Body + Unpin = ResponseBody> {
     inner: B,
-    watch: Watcher<W>,
+    watch: Watcher<W, B>,
 }
 
 /// The watcher and whether its end has been called.
-struct Watcher<W: Watch> {
+struct Watcher<W: Watch<B>, B> {
     watch: W,
+    body: std::marker::PhantomData<fn(&B)>,
     done: bool,
     /// Whether the inner body said it was at its end when dropped.
     at_end: bool,
 }
 
-impl<W: Watch> Watcher<W> {
+impl<W: Watch<B>, B> Watcher<W, B> {
     fn end(&mut self, how: End) {
         if !std::mem::replace(&mut self.done, true) {
             self.watch.end(how);
@@ -67,19 +69,20 @@ impl<W: Watch> Watcher<W> {
     }
 }
 
-impl<W: Watch> Drop for Watcher<W> {
+impl<W: Watch<B>, B> Drop for Watcher<W, B> {
     fn drop(&mut self) {
         let at_end = self.at_end;
         self.end(End::Dropped { at_end });
     }
 }
 
-impl<W: Watch, B: Body + Unpin> Watched<W, B> {
+impl<W: Watch<B>, B: Body + Unpin> Watched<W, B> {
     pub fn new(inner: B, watch: W) -> Watched<W, B> {
         Watched {
             inner,
             watch: Watcher {
                 watch,
+                body: std::marker::PhantomData,
                 done: false,
                 at_end: false,
             },
@@ -92,7 +95,7 @@ impl<W: Watch, B: Body + Unpin> Watched<W, B> {
     }
 }
 
-impl<W: Watch, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
+impl<W: Watch<B>, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
     type Data = Bytes;
     type Error = B::Error;
 
@@ -107,7 +110,9 @@ impl<W: Watch, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.watch.watch.data(data, this.inner.is_end_stream());
+                    this.watch
+                        .watch
+                        .data(&this.inner, data, this.inner.is_end_stream());
                 }
             }
             Poll::Ready(Some(Err(_))) => this.watch.end(End::Failed),
@@ -126,7 +131,7 @@ impl<W: Watch, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
     }
 }
 
-impl<W: Watch, B: Body + Unpin> Drop for Watched<W, B> {
+impl<W: Watch<B>, B: Body + Unpin> Drop for Watched<W, B> {
     /// Notes whether the inner body was at its end; the fields then drop in
     /// order (the inner body, then the watcher's end).
     fn drop(&mut self) {
@@ -144,7 +149,7 @@ impl<G: Send + 'static> Guarded<G> {
     }
 }
 
-impl<G: Send + 'static> Watch for Guarded<G> {
+impl<G: Send + 'static, B> Watch<B> for Guarded<G> {
     fn end(&mut self, _how: End) {
         self.0 = None;
     }
@@ -186,7 +191,7 @@ mod tests {
         seen: Arc<Mutex<Vec<(End, usize)>>>,
     }
 
-    impl Watch for Ends {
+    impl<B> Watch<B> for Ends {
         fn end(&mut self, how: End) {
             let alive = self.alive.load(Ordering::SeqCst);
             self.seen.lock().unwrap().push((how, alive));

@@ -5,8 +5,8 @@
 //! reports its frames and its end once ([`guarded`]: `Watched`, and
 //! `Guarded` that holds a guard until then), and the pooled client that
 //! reaches replicas ([`upstream`], [`upstream_tls`]) and the small one the
-//! health and scrape loops probe them with ([`probe`]); reading `usage` token
-//! counts from a response's bytes ([`usage_tokens`]) and waiting for a stop
+//! health and scrape loops probe them with ([`probe`]); reading `usage` from
+//! a response's bytes ([`usage_tokens`], [`UsageScan`]) and waiting for a stop
 //! signal ([`stopped`]).
 //!
 //! It imports only `config` (the settings it is built from); nothing here
@@ -32,4 +32,6 @@ pub use probe::{ProbeError, Prober};
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{UpstreamClient, client, error_chain, tls_client};
 pub use upstream_tls::UpstreamTls;
-pub use usage::{ReportedUsage, USAGE_KEY, usage_tokens, usage_tokens_after};
+pub use usage::{
+    Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_tokens, usage_tokens_after,
+};

@@ -1,39 +1,16 @@
-//! Reads token counts from the `usage` object a replica reports, in a JSON
-//! body or an SSE event (vLLM sends it in the last event when asked with
+//! Reads the `usage` object a replica reports, in a JSON body or an SSE
+//! event (vLLM sends it in the last event when asked with
 //! `stream_options.include_usage`, and in every event with
-//! `continuous_usage_stats`). A byte scan, no JSON parse: it runs on every
-//! chunk of every response.
-//!
-//! [`ReportedUsage`] carries the usage event llmlb asked a stream for and
-//! kept from the client (see `forwarding::usage_strip`) to the layers above
-//! the forwarding body: settlement and the access log read it there.
+//! `continuous_usage_stats`). Token counts for balancing are a byte scan, no
+//! JSON parse ([`usage_tokens`]): it runs on every chunk of every response.
+//! The whole object, for the request's record and its settlement, is parsed
+//! once per object found ([`UsageScan`], fed each frame as it passes, so
+//! no copy of the body is kept).
 
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::LazyLock;
 
-use bytes::Bytes;
 use memchr::memmem;
-
-/// The usage event a replica sent in a stream that llmlb removed before the
-/// client saw it. Shared through the response's extensions; set at most once.
-#[derive(Debug, Clone, Default)]
-pub struct ReportedUsage(Arc<OnceLock<Bytes>>);
-
-impl ReportedUsage {
-    /// Keeps the removed event (the first one only).
-    pub fn set(&self, event: Bytes) {
-        let _ = self.0.set(event);
-    }
-
-    /// The removed event's bytes, when there was one.
-    pub fn event(&self) -> Option<&Bytes> {
-        self.0.get()
-    }
-
-    /// `usage.FIELD` of the removed event.
-    pub fn tokens(&self, field: &str) -> Option<u64> {
-        self.event().and_then(|e| usage_tokens(e, field))
-    }
-}
+use serde::Deserialize;
 
 /// The `"usage"` key, its searcher built once (building one costs more
 /// than searching a short chunk with it).
@@ -82,23 +59,154 @@ pub fn usage_tokens_after(chunk: &[u8], usage: usize, field: &str) -> Option<u64
     value
 }
 
+/// Token counts from the replica's `usage`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub total_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Details {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+/// What follows a `"usage"` key.
+#[derive(Debug, PartialEq)]
+enum Object {
+    /// The object, or `None` when the value is not an object that parses
+    /// (`null`, say).
+    Read(Option<Usage>),
+    /// An object not closed yet: its rest is in a later frame.
+    Open,
+}
+
+/// The value after the `"usage"` key that `after` starts behind.
+fn object_after(after: &[u8]) -> Object {
+    let Some(open) = after.iter().position(|&b| b == b'{') else {
+        // Only a separator so far: the value may start in the next frame.
+        let open = after.iter().all(|b| b.is_ascii_whitespace() || *b == b':');
+        return if open {
+            Object::Open
+        } else {
+            Object::Read(None)
+        };
+    };
+    if !after[..open]
+        .iter()
+        .all(|b| b.is_ascii_whitespace() || *b == b':')
+    {
+        return Object::Read(None);
+    }
+    let mut depth = 0usize;
+    for (i, &b) in after[open..].iter().enumerate() {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    let json = &after[open..open + i + 1];
+                    return Object::Read(serde_json::from_slice(json).ok());
+                }
+            }
+            _ => {}
+        }
+    }
+    Object::Open
+}
+
+/// The last `"usage": {...}` object in `bytes`, when it parses.
+pub fn find_usage(bytes: &[u8]) -> Option<Usage> {
+    // The last match, found forwards: the forward searcher is the vectorised one.
+    let at = USAGE_KEY.find_iter(bytes).last()?;
+    match object_after(&bytes[at + USAGE_KEY.needle().len()..]) {
+        Object::Read(usage) => usage,
+        Object::Open => None,
+    }
+}
+
+/// How much of an unfinished `usage` object is kept for the next frame; a
+/// longer one is given up (vLLM's is a few hundred bytes).
+const OPEN_LIMIT: usize = 8 * 1024;
+
+/// The `usage` of a body read frame by frame: the object after the last
+/// `"usage"` key seen, as [`find_usage`] would read it from the whole body.
+/// A frame is searched once and an object parsed once; bytes are copied only
+/// when a frame ends inside a key or an object (kept until the next frame
+/// completes it), never otherwise.
+#[derive(Debug, Default)]
+pub struct UsageScan {
+    /// The object after the last key, once read.
+    usage: Option<Usage>,
+    /// The start of a key or object cut by the end of the last frame.
+    open: Vec<u8>,
+}
+
+impl UsageScan {
+    /// The next frame; `first`: where the first `"usage"` is in `frame`
+    /// (`None`: not in it), when the caller has searched already.
+    pub fn push(&mut self, frame: &[u8], first: Option<usize>) {
+        if !self.open.is_empty() {
+            let mut joined = std::mem::take(&mut self.open);
+            joined.extend_from_slice(frame);
+            let first = USAGE_KEY.find(&joined);
+            self.read(&joined, first);
+        } else {
+            self.read(frame, first);
+        }
+    }
+
+    fn read(&mut self, bytes: &[u8], first: Option<usize>) {
+        let key = USAGE_KEY.needle().len();
+        let Some(first) = first else {
+            self.keep_cut_key(bytes);
+            return;
+        };
+        let last = first
+            + USAGE_KEY
+                .find_iter(&bytes[first + 1..])
+                .last()
+                .map_or(0, |i| i + 1);
+        match object_after(&bytes[last + key..]) {
+            Object::Read(usage) => {
+                self.usage = usage;
+                self.keep_cut_key(bytes);
+            }
+            Object::Open if bytes.len() - last <= OPEN_LIMIT => {
+                self.usage = None;
+                self.open = bytes[last..].to_vec();
+            }
+            Object::Open => self.usage = None,
+        }
+    }
+
+    /// Keeps the end of `bytes` when it is the start of a key (`"us`).
+    fn keep_cut_key(&mut self, bytes: &[u8]) {
+        let needle = USAGE_KEY.needle();
+        if let Some(n) = (1..needle.len())
+            .rev()
+            .find(|&n| bytes.ends_with(&needle[..n]))
+        {
+            self.open = bytes[bytes.len() - n..].to_vec();
+        }
+    }
+
+    /// The `usage` read so far (an object still open counts as none).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{ReportedUsage, usage_tokens};
-
-    #[test]
-    fn reported_usage_keeps_the_first_event() {
-        let r = ReportedUsage::default();
-        assert_eq!(r.tokens("total_tokens"), None);
-        let shared = r.clone();
-        shared.set(bytes::Bytes::from_static(
-            br#"data: {"choices":[],"usage":{"total_tokens":9}}"#,
-        ));
-        shared.set(bytes::Bytes::from_static(
-            b"data: {\"usage\":{\"total_tokens\":1}}",
-        ));
-        assert_eq!(r.tokens("total_tokens"), Some(9));
-    }
+    use super::*;
 
     #[test]
     fn reads_usage_from_sse_and_json() {
@@ -118,5 +226,43 @@ mod tests {
             usage_tokens(b"data: {\"usage\":null}", "total_tokens"),
             None
         );
+    }
+    #[test]
+    fn finds_the_last_usage_object() {
+        let tail = br#"data: {"usage":{"prompt_tokens":1}}
+
+data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":1}}}
+
+data: [DONE]"#;
+        let u = find_usage(tail).unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (Some(2), Some(3)));
+        assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, Some(1));
+        assert_eq!(find_usage(br#"{"usage":null}"#), None);
+        assert_eq!(find_usage(br#"{"usage":{"prompt_tokens":1"#), None);
+    }
+
+    /// The scan fed any cut of a body reads what `find_usage` reads from
+    /// the whole of it.
+    #[test]
+    fn the_scan_reads_across_any_cut_what_the_whole_body_says() {
+        let bodies: [&[u8]; 5] = [
+            br#"{"id":"x","choices":[{"text":"a \"usage\" b"}],"usage":{"prompt_tokens":5,"total_tokens":9,"completion_tokens":4},"kv":null}"#,
+            b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":2}}\n\ndata: [DONE]\n\n",
+            b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":null}\n\n",
+            br#"{"no":"usage here"}"#,
+            br#"{"usage": {"prompt_tokens":7, "x":{"y":1}}}"#,
+        ];
+        for body in bodies {
+            let whole = find_usage(body);
+            for a in 0..=body.len() {
+                for b in a..=body.len() {
+                    let mut scan = UsageScan::default();
+                    for frame in [&body[..a], &body[a..b], &body[b..]] {
+                        scan.push(frame, USAGE_KEY.find(frame));
+                    }
+                    assert_eq!(scan.usage(), whole, "cut at {a} and {b}");
+                }
+            }
+        }
     }
 }

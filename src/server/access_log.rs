@@ -6,9 +6,9 @@
 //! `RUST_LOG`. The request's response body ([`super::scope::ScopedBody`])
 //! sees the end of the answer, the first content (time to first token: the
 //! first SSE frame carrying generated text, or the first byte of a
-//! non-streamed answer) and the replica's `usage` (read from the last 8 KiB
+//! non-streamed answer) and the replica's `usage` (the last `usage` object
 //! of the body, where vLLM puts it in both JSON answers and the final
-//! stream chunk, with [`find_usage`]). Fields and sampling come from
+//! stream chunk; `forwarding::Observed`). Fields and sampling come from
 //! `[telemetry.access_log]`; failed requests are always logged. This file
 //! also writes the record's per-model metrics ([`ModelMetrics`]) and ends
 //! its trace span.
@@ -16,13 +16,12 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use http::Request;
-use http::header::HeaderValue;
-use serde::Deserialize;
-
 use super::AppState;
 use super::record::{Ended, Record};
+pub use crate::net::Usage;
 use crate::telemetry::trace::{RequestTrace, Tracing};
+use http::Request;
+use http::header::HeaderValue;
 
 /// What is known when the request arrives.
 pub struct AccessStart {
@@ -72,74 +71,6 @@ impl AccessStart {
     pub fn request_id(&self) -> &str {
         &self.request_id
     }
-}
-
-/// Token counts from the replica's `usage`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: Option<u64>,
-    #[serde(default)]
-    pub completion_tokens: Option<u64>,
-    #[serde(default)]
-    pub total_tokens: Option<u64>,
-    #[serde(default)]
-    pub prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub struct Details {
-    #[serde(default)]
-    pub cached_tokens: Option<u64>,
-}
-
-/// The last `"usage": {...}` object in `tail`, when it parses.
-pub fn find_usage(tail: &[u8]) -> Option<Usage> {
-    let key = &crate::net::USAGE_KEY;
-    // The last match, found forwards: the forward searcher is the vectorised one.
-    let at = key.find_iter(tail).last()?;
-    let rest = &tail[at + key.needle().len()..];
-    let open = rest.iter().position(|&b| b == b'{')?;
-    if !rest[..open]
-        .iter()
-        .all(|b| b.is_ascii_whitespace() || *b == b':')
-    {
-        return None;
-    }
-    let mut depth = 0usize;
-    for (i, &b) in rest[open..].iter().enumerate() {
-        match b {
-            b'{' => depth += 1,
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return serde_json::from_slice(&rest[open..open + i + 1]).ok();
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Whether an SSE frame carries generated text (a non-empty `content`,
-/// `reasoning_content` or `text` string).
-pub fn has_content(frame: &[u8]) -> bool {
-    use memchr::memmem::Finder;
-    static KEYS: std::sync::LazyLock<[Finder<'static>; 4]> = std::sync::LazyLock::new(|| {
-        [
-            &b"\"content\":\""[..],
-            b"\"text\":\"",
-            b"\"content\": \"",
-            b"\"text\": \"",
-        ]
-        .map(Finder::new)
-    });
-    KEYS.iter().any(|key| {
-        let len = key.needle().len();
-        key.find_iter(frame)
-            .any(|i| frame.get(i + len).is_some_and(|&c| c != b'"'))
-    })
 }
 
 /// Ends the request's span with what the record knows; `error`: the
@@ -268,40 +199,4 @@ pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Insta
         ttfb_ms = keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
         "request"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_is_read_from_json_and_sse_tails() {
-        let sse = br#"data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"prompt_tokens_details":{"cached_tokens":8}}}
-
-data: [DONE]
-
-"#;
-        let u = find_usage(sse).unwrap();
-        assert_eq!(u.prompt_tokens, Some(12));
-        assert_eq!(u.completion_tokens, Some(30));
-        assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, Some(8));
-        let json = br#"{"id":"x","usage": {"prompt_tokens": 3, "completion_tokens": 4}}"#;
-        assert_eq!(find_usage(json).unwrap().completion_tokens, Some(4));
-        assert_eq!(find_usage(br#"{"usage":null}"#), None);
-        assert_eq!(find_usage(br#"{"usage":{"prompt_tokens":1"#), None);
-    }
-
-    #[test]
-    fn content_frames_are_told_from_role_and_usage_frames() {
-        assert!(has_content(
-            br#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#
-        ));
-        assert!(has_content(br#"data: {"choices":[{"text":" w"}]}"#));
-        assert!(!has_content(
-            br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
-        ));
-        assert!(!has_content(
-            br#"data: {"choices":[],"usage":{"prompt_tokens":1}}"#
-        ));
-    }
 }

@@ -7,12 +7,14 @@
 //!
 //! The scope holds, as plain optional fields, the pool's `max_pending`
 //! guard, the queue permit, the token settlement and the request's
-//! end-of-request record ([`super::record`]). Each frame is observed once:
-//! its length, the first byte, the first generated content, a stream's
-//! closing `data: [DONE]` and the last 8 KiB of the body, where the
-//! replica's `usage` is found once at the end for both the settlement and
-//! the record (or in the usage event llmlb kept from the client,
-//! `net::ReportedUsage`). The end-of-answer work runs exactly once, when the
+//! end-of-request record ([`super::record`]). The answer is observed once,
+//! by the body that makes it: the replica's `ProxyBody` notes the first
+//! byte, the first generated content, a stream's closing `data: [DONE]` and
+//! the replica's `usage` (in the body, or in the usage event llmlb kept from
+//! the client) as frames pass, and the scope takes that
+//! `forwarding::Observed` with each frame; a body llmlb made is observed by
+//! the scope's own `forwarding::Observer`. The settlement and the record
+//! read the same usage. The end-of-answer work runs exactly once, when the
 //! body ends, fails or is dropped (the client went away).
 //!
 //! The chain a frame crosses is one static type, [`ScopedBody`], with no
@@ -29,12 +31,9 @@
 //! record. A body of declared length finishes its record with its last
 //! byte, as a server may drop it without polling its end; so does a stream
 //! whose `data: [DONE]` went by (a client may close on it before the
-//! stream's last, empty chunk). Cost per frame: a length add, a content
-//! scan until the first content, and a copy into the tail buffer while a
-//! settlement or the record is pending (cut back once per 8 KiB of body,
-//! not per frame).
-
-use std::time::Instant;
+//! stream's last, empty chunk). Cost per frame: a length add and a copy of
+//! the forwarding body's [`Observed`] (a few words); no body bytes are
+//! kept.
 
 use bytes::Bytes;
 use http::Response;
@@ -45,16 +44,13 @@ use http_body_util::Either;
 use std::sync::Arc;
 
 use super::AppState;
-use super::access_log::{AccessStart, Usage, find_usage, has_content};
+use super::access_log::AccessStart;
 use super::pending::PendingGuard;
 use super::record::{Ended, Outcome, Record, Refusal, RouteFields};
 use crate::admission::{Permit, Settlement};
-use crate::forwarding::{Dispatched, ProxyBody};
-use crate::net::{End, ReportedUsage, ResponseBody, Watch, Watched};
+use crate::forwarding::{Dispatched, Observed, Observer, ProxyBody};
+use crate::net::{End, ResponseBody, USAGE_KEY, Watch, Watched};
 use crate::routing::StreamBroken;
-
-/// How much of the end of a body is kept to find `usage` in.
-const TAIL_BYTES: usize = 8 * 1024;
 
 /// What a routed request holds until its answer ends (all optional: a
 /// request refused early holds nothing).
@@ -117,7 +113,6 @@ pub fn respond(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .or_else(|| body.size_hint().exact());
-    let kept = parts.extensions.get::<ReportedUsage>().cloned();
     let broken = parts.extensions.get::<StreamBroken>().cloned();
     let dispatched = parts.extensions.get::<Dispatched>().cloned();
     let record = Record::new(
@@ -128,104 +123,44 @@ pub fn respond(
         dispatched,
         refusal,
     );
-    let mut scoped = Scoped::new(scope, Some(record), sse, length, kept);
+    let mut scoped = Scoped::new(scope, Some(record), sse, length);
     scoped.broken = broken;
     Response::from_parts(parts, Watched::new(body, scoped))
-}
-
-/// The last [`TAIL_BYTES`] of a body, where its `usage` is read. Up to
-/// twice that is kept and cut back at once: one copy per 8 KiB of body
-/// rather than one per frame.
-#[derive(Default)]
-struct Tail(Vec<u8>);
-
-impl Tail {
-    fn push(&mut self, data: &[u8]) {
-        self.0.extend_from_slice(data);
-        if self.0.len() > 2 * TAIL_BYTES {
-            let cut = self.0.len() - TAIL_BYTES;
-            self.0.drain(..cut);
-        }
-    }
-
-    /// The last [`TAIL_BYTES`] (all of a shorter body).
-    fn last(&self) -> &[u8] {
-        &self.0[self.0.len().saturating_sub(TAIL_BYTES)..]
-    }
 }
 
 /// What a request's answer holds and observes until it ends.
 pub struct Scoped {
     scope: Scope,
     record: Option<Record>,
-    sse: bool,
     /// The declared length, when there is one: a server may drop the body
     /// once it has written that many bytes, without polling its end.
     length: Option<u64>,
     seen: u64,
-    first_byte: Option<Instant>,
-    first_content: Option<Instant>,
-    /// A stream's closing `data: [DONE]` went by.
-    done: bool,
     /// Set by forwarding when the replica's stream broke.
     broken: Option<StreamBroken>,
-    tail: Tail,
-    /// The usage event llmlb asked a stream for and kept from the client.
-    kept: Option<ReportedUsage>,
-    /// The usage once read (the body's usage, the token total).
-    usage: Option<(Option<Usage>, Option<u64>)>,
+    /// The answer so far, as its body observed it.
+    answer: Observed,
+    /// The observer of a body llmlb made (the replica's observes itself).
+    own: Observer,
 }
 
 impl Scoped {
-    pub fn new(
-        scope: Scope,
-        record: Option<Record>,
-        sse: bool,
-        length: Option<u64>,
-        kept: Option<ReportedUsage>,
-    ) -> Scoped {
+    pub fn new(scope: Scope, record: Option<Record>, sse: bool, length: Option<u64>) -> Scoped {
         Scoped {
             scope,
             record,
-            sse,
             length,
             seen: 0,
-            first_byte: None,
-            first_content: None,
-            done: false,
             broken: None,
-            tail: Tail::default(),
-            kept,
-            usage: None,
+            answer: Observed::default(),
+            own: Observer::new(sse),
         }
-    }
-
-    /// The replica's usage: the body's last `usage` object, else the event
-    /// kept from the client. The kept event is preferred for the token
-    /// total, which is what the charge is settled with. Read once, when the
-    /// answer has ended.
-    fn usage(&mut self) -> (Option<Usage>, Option<u64>) {
-        if let Some(read) = self.usage {
-            return read;
-        }
-        let kept = self
-            .kept
-            .as_ref()
-            .and_then(ReportedUsage::event)
-            .and_then(|e| find_usage(e));
-        let body = find_usage(self.tail.last());
-        let total = kept
-            .and_then(|u| u.total_tokens)
-            .or(body.and_then(|u| u.total_tokens));
-        let read = (body.or(kept), total);
-        self.usage = Some(read);
-        read
     }
 
     /// Whether the whole answer was handed on: its declared length, or a
     /// stream's `data: [DONE]`.
     fn delivered(&self) -> bool {
-        self.length.is_some_and(|n| self.seen >= n) || self.done
+        self.length.is_some_and(|n| self.seen >= n) || self.answer.done
     }
 
     /// How the answer ended, `how` its body ended.
@@ -248,12 +183,12 @@ impl Scoped {
     fn finish(&mut self, how: End) {
         if self.record.is_some() {
             let outcome = self.outcome(how);
-            let (usage, _) = self.usage();
+            let (usage, _) = self.answer.usage();
             if let Some(record) = self.record.take() {
                 record.finish(Ended {
                     outcome,
-                    first_byte: self.first_byte,
-                    first_content: self.first_content,
+                    first_byte: self.answer.first_byte,
+                    first_content: self.answer.first_content,
                     usage,
                 });
             }
@@ -261,28 +196,19 @@ impl Scoped {
     }
 }
 
-/// Whether an SSE frame ends with the stream's closing `data: [DONE]`.
-fn ends_stream(data: &[u8]) -> bool {
-    data.trim_ascii_end().ends_with(b"data: [DONE]")
-}
-
-impl Watch for Scoped {
-    fn data(&mut self, data: &Bytes, at_end: bool) {
+impl Watch<AnswerBody> for Scoped {
+    fn data(&mut self, body: &AnswerBody, data: &Bytes, at_end: bool) {
         self.seen += data.len() as u64;
         if self.record.is_none() && self.scope.settlement.is_none() {
             return;
         }
-        if !data.is_empty() {
-            let now = Instant::now();
-            self.first_byte.get_or_insert(now);
-            if self.first_content.is_none() && (!self.sse || has_content(data)) {
-                self.first_content = Some(now);
-            }
-            if self.sse && ends_stream(data) {
-                self.done = true;
+        match body {
+            Either::Left(replica) => self.answer = *replica.observed(),
+            Either::Right(_) => {
+                self.own.frame(data, USAGE_KEY.find(data));
+                self.answer = *self.own.observed();
             }
         }
-        self.tail.push(data);
         if at_end || self.delivered() {
             self.finish(End::Complete);
         }
@@ -295,7 +221,7 @@ impl Watch for Scoped {
         if self.scope.permit.is_some() {
             // The tenant's fair share is corrected with what the replica
             // reports before the slot frees.
-            let reported = self.usage().0.and_then(|u| {
+            let reported = self.answer.usage().0.and_then(|u| {
                 let prompt = u.prompt_tokens?;
                 let output = u.completion_tokens.unwrap_or(0);
                 Some((prompt, output))
@@ -306,7 +232,7 @@ impl Watch for Scoped {
         }
         self.scope.permit = None;
         if let Some(settlement) = self.scope.settlement.take() {
-            let (_, total) = self.usage();
+            let (_, total) = self.answer.usage();
             settlement.settle(total);
         }
         self.finish(how);
@@ -321,7 +247,7 @@ mod tests {
     use crate::server::pending::{Gate, Gates};
     use http_body_util::BodyExt;
     use std::sync::Mutex;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     /// The items of a scope, and the counters that show them settled.
     struct Fixture {
@@ -384,7 +310,7 @@ mod tests {
                 ..RouteFields::default()
             };
             let record = Record::new(&self.state, access, fields, 200, None, None);
-            Watched::new(inner, Scoped::new(scope, Some(record), true, None, None))
+            Watched::new(inner, Scoped::new(scope, Some(record), true, None))
         }
 
         /// Requests the record counted, whatever their status label.
@@ -439,35 +365,5 @@ mod tests {
         f.assert_settled_once();
         // The replica's slot went while the queue slot was still held.
         assert_eq!(*f.held_at_inner_drop.lock().unwrap(), [1]);
-    }
-
-    #[test]
-    fn usage_is_read_once_from_the_tail_or_the_kept_event() {
-        let f = Fixture::new();
-        let kept = ReportedUsage::default();
-        kept.set(Bytes::from_static(
-            br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#,
-        ));
-        let mut body = f.body();
-        let scoped = body.watch_mut();
-        scoped.kept = Some(kept);
-        scoped.tail = Tail(br#"data: {"usage":null}"#.to_vec());
-        let (usage, total) = scoped.usage();
-        assert_eq!(total, Some(7));
-        assert_eq!(usage.and_then(|u| u.completion_tokens), Some(4));
-        scoped.tail.0.clear();
-        assert_eq!(scoped.usage().0, usage, "read once");
-    }
-
-    #[test]
-    fn the_tail_is_the_last_8_kib_however_much_is_kept() {
-        let mut tail = Tail::default();
-        let body: Vec<u8> = (0..5 * TAIL_BYTES + 123).map(|i| (i % 251) as u8).collect();
-        for (n, frame) in body.chunks(1000).enumerate() {
-            tail.push(frame);
-            let seen = ((n + 1) * 1000).min(body.len());
-            assert_eq!(tail.last(), &body[seen.saturating_sub(TAIL_BYTES)..seen]);
-            assert!(tail.0.len() <= 2 * TAIL_BYTES);
-        }
     }
 }

@@ -1,0 +1,197 @@
+//! What an answer showed on its way to the client, observed once per frame
+//! for the request's end-of-request record and its settlement: when its
+//! first byte and its first generated content went by, whether a stream's
+//! closing `data: [DONE]` did, and the replica's `usage`.
+//!
+//! The forwarding body ([`super::ProxyBody`]) feeds its [`Observer`] with
+//! each frame it hands on, reusing its own search for `"usage"`, and with
+//! the usage event it kept from the client; the request's scope above
+//! reads the [`Observed`] snapshot. Nothing of the body is copied (a frame
+//! that ends inside a `usage` object keeps that object's start until the
+//! next frame, see `net::UsageScan`).
+//!
+//! Cost per frame: a clock read until the first byte, a content scan of
+//! SSE frames until the first content, the `[DONE]` check at a stream
+//! frame's end, and a `usage` parse only in a frame that holds one.
+
+use std::time::Instant;
+
+use crate::net::{Usage, UsageScan, find_usage};
+
+/// An answer as it went by, so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Observed {
+    /// The first non-empty frame.
+    pub first_byte: Option<Instant>,
+    /// The first generated content: the first SSE frame carrying text, or
+    /// the first byte of an answer that is not a stream.
+    pub first_content: Option<Instant>,
+    /// A stream's closing `data: [DONE]` went by.
+    pub done: bool,
+    /// The last `usage` object in what the client was sent.
+    pub sent: Option<Usage>,
+    /// The usage event llmlb asked a stream for and kept from the client.
+    pub kept: Option<Usage>,
+}
+
+impl Observed {
+    /// The replica's usage for the record (the client's copy first, else
+    /// the kept event) and the token total the charge is settled with
+    /// (the kept event's first).
+    pub fn usage(&self) -> (Option<Usage>, Option<u64>) {
+        let total = self
+            .kept
+            .and_then(|u| u.total_tokens)
+            .or(self.sent.and_then(|u| u.total_tokens));
+        (self.sent.or(self.kept), total)
+    }
+}
+
+/// Builds an [`Observed`] from an answer's frames.
+#[derive(Debug, Default)]
+pub struct Observer {
+    seen: Observed,
+    sse: bool,
+    usage: UsageScan,
+    /// Whether a usage event was kept already (only the first one counts).
+    kept: bool,
+}
+
+impl Observer {
+    /// `sse`: the answer is a server-sent event stream.
+    pub fn new(sse: bool) -> Observer {
+        Observer {
+            sse,
+            ..Observer::default()
+        }
+    }
+
+    /// A frame handed on to the client; `usage_at`: where the first
+    /// `"usage"` is in it (`None`: not in it).
+    pub fn frame(&mut self, data: &[u8], usage_at: Option<usize>) {
+        if !data.is_empty() {
+            let seen = &mut self.seen;
+            if seen.first_content.is_none() {
+                let now = Instant::now();
+                seen.first_byte.get_or_insert(now);
+                if !self.sse || has_content(data) {
+                    seen.first_content = Some(now);
+                }
+            }
+            if self.sse && ends_stream(data) {
+                seen.done = true;
+            }
+        }
+        self.usage.push(data, usage_at);
+        self.seen.sent = self.usage.usage();
+    }
+
+    /// The usage event kept from the client (the first one only).
+    pub fn kept(&mut self, event: &[u8]) {
+        if !std::mem::replace(&mut self.kept, true) {
+            self.seen.kept = find_usage(event);
+        }
+    }
+
+    /// The answer so far.
+    pub fn observed(&self) -> &Observed {
+        &self.seen
+    }
+}
+
+/// Whether an SSE frame ends with the stream's closing `data: [DONE]`.
+fn ends_stream(data: &[u8]) -> bool {
+    data.trim_ascii_end().ends_with(b"data: [DONE]")
+}
+
+/// Whether an SSE frame carries generated text (a non-empty `content`,
+/// `reasoning_content` or `text` string).
+pub fn has_content(frame: &[u8]) -> bool {
+    use memchr::memmem::Finder;
+    static KEYS: std::sync::LazyLock<[Finder<'static>; 4]> = std::sync::LazyLock::new(|| {
+        [
+            &b"\"content\":\""[..],
+            b"\"text\":\"",
+            b"\"content\": \"",
+            b"\"text\": \"",
+        ]
+        .map(Finder::new)
+    });
+    KEYS.iter().any(|key| {
+        let len = key.needle().len();
+        key.find_iter(frame)
+            .any(|i| frame.get(i + len).is_some_and(|&c| c != b'"'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::USAGE_KEY;
+
+    fn feed(sse: bool, frames: &[&str]) -> Observed {
+        let mut o = Observer::new(sse);
+        for f in frames {
+            o.frame(f.as_bytes(), USAGE_KEY.find(f.as_bytes()));
+        }
+        *o.observed()
+    }
+
+    #[test]
+    fn a_stream_shows_its_first_content_its_end_and_its_usage() {
+        let role =
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let token = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n";
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n";
+        let seen = feed(true, &[role]);
+        assert!(seen.first_byte.is_some() && seen.first_content.is_none());
+        let seen = feed(true, &[role, token, usage, "data: [DONE]\n\n"]);
+        assert!(seen.first_content > seen.first_byte);
+        assert!(seen.done);
+        assert_eq!(seen.usage().1, Some(4));
+        assert!(!feed(true, &[role, token]).done);
+    }
+
+    #[test]
+    fn the_kept_event_settles_and_the_clients_copy_is_recorded() {
+        let mut o = Observer::new(true);
+        let sent = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n";
+        o.frame(sent.as_bytes(), USAGE_KEY.find(sent.as_bytes()));
+        o.kept(br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#);
+        o.kept(br#"data: {"choices":[],"usage":{"total_tokens":99}}"#);
+        let (usage, total) = o.observed().usage();
+        assert_eq!(total, Some(5));
+        assert_eq!(usage.and_then(|u| u.completion_tokens), Some(1));
+        let mut only_kept = Observer::new(true);
+        only_kept.kept(br#"data: {"choices":[],"usage":{"completion_tokens":2}}"#);
+        assert_eq!(
+            only_kept
+                .observed()
+                .usage()
+                .0
+                .and_then(|u| u.completion_tokens),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn an_answer_that_is_not_a_stream_has_content_with_its_first_byte() {
+        let seen = feed(false, &["{\"choices\":[]", "}"]);
+        assert_eq!(seen.first_content, seen.first_byte);
+        assert!(seen.first_byte.is_some() && !seen.done);
+    }
+
+    #[test]
+    fn content_frames_are_told_from_role_and_usage_frames() {
+        assert!(has_content(
+            br#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#
+        ));
+        assert!(has_content(br#"data: {"choices":[{"text":" w"}]}"#));
+        assert!(!has_content(
+            br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(!has_content(
+            br#"data: {"choices":[],"usage":{"prompt_tokens":1}}"#
+        ));
+    }
+}
