@@ -28,9 +28,10 @@ async fn a_light_tenant_keeps_its_latency_beside_a_flood_and_capacity_stays_used
     );
     // The time between two slot releases under the flood: the fleet's
     // completed requests per second, inverted. The light tenant's typical
-    // request waits for the next release (about one gap: its own release
-    // went to a heavy waiter an instant before it asked again); the check
-    // leaves a second gap for a loaded machine.
+    // request takes the slot its previous one freed, held for it
+    // (`anticipate`), and waits for no release at all; the check leaves two
+    // gaps for a loaded machine, where its next request may come after the
+    // hold ended.
     let completed = (fair.light.completed + fair_heavy.completed) as f64;
     let gap_ms = 1000.0 * fair_heavy.duration_s / completed;
     assert!(

@@ -10,8 +10,10 @@
 //! a tenant, oldest first. A tenant that starts waiting has its counter
 //! lifted to the lowest counter among the tenants waiting (to the last
 //! counter that left the backlog when nobody waits), so time spent idle is
-//! not banked as credit. Nothing ever holds a slot back: a lone tenant gets
-//! every slot.
+//! not banked as credit. A lone tenant gets every slot; the one exception to
+//! work conservation is the short hold of [`anticipate`]: a slot freed by a
+//! tenant that would go first, but has nothing waiting, is kept for that
+//! tenant's next request for a few milliseconds while others wait.
 //!
 //! llmlb charges the prompt when a request is dispatched (the estimate it
 //! admitted the request with) and, when the answer ends, its output and the
@@ -40,6 +42,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
+
+mod anticipate;
+
+pub use anticipate::anticipate;
 
 /// Idle tenants (no waiter, no slot) remembered per level before they are
 /// forgotten.
@@ -56,6 +63,9 @@ pub struct FairParams {
     pub tenants: HashMap<String, Share>,
     /// Waiters per tenant and level for a tenant without its own bound.
     pub tenant_max_depth: usize,
+    /// How long a slot freed by a tenant that would go first, with nothing
+    /// waiting, is held for its next request while others wait (zero: never).
+    pub anticipate: Duration,
 }
 
 impl Default for FairParams {
@@ -65,6 +75,7 @@ impl Default for FairParams {
             prompt_weight: 0.5,
             tenants: HashMap::new(),
             tenant_max_depth: usize::MAX,
+            anticipate: crate::config::DEFAULT_ANTICIPATE,
         }
     }
 }
@@ -184,6 +195,8 @@ pub struct FairLevel<W> {
     floor: f64,
     /// Each tenant's weighted tokens charged (the virtual token counters).
     counters: Box<dyn ServiceCounters>,
+    /// Slots held for a tenant's next request, and until when ([`anticipate`]).
+    holds: Vec<(Arc<str>, f64)>,
 }
 
 impl<W> Default for FairLevel<W> {
@@ -202,6 +215,7 @@ impl<W> FairLevel<W> {
             next_seq: 0,
             floor: 0.0,
             counters,
+            holds: Vec::new(),
         }
     }
 

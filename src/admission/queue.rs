@@ -6,7 +6,10 @@
 //!   replicas that may take work, read through a callback at each decision.
 //!   Each dispatched request holds one [`Permit`]; dropping it (end of
 //!   stream, error, client gone) frees the slot and grants the next waiter at
-//!   once: event-driven, no polling.
+//!   once: event-driven, no polling. The one exception: under fair share a
+//!   slot freed by a tenant at its fair share with nothing waiting may be
+//!   held a few milliseconds for that tenant's next request
+//!   ([`super::fair::anticipate`]); a timer gives it on when nothing came.
 //! - **Order**: each level's oldest waiter is considered with its *effective*
 //!   level, `level − ⌊waited / promote_after⌋` (not below 0). The lowest
 //!   effective level wins; ties go to the longest waiting. Within the
@@ -31,7 +34,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::estimate::{Drain, Placement};
-use super::fair::{FairLevel, FairParams, TenantView};
+use super::fair::{FairLevel, FairParams, TenantView, anticipate};
 use super::refusal::{Standing, lifted_ahead, next_level, refusal};
 
 mod reload;
@@ -142,6 +145,25 @@ struct Inner {
     successor: Option<Arc<PoolQueue>>,
 }
 
+impl Inner {
+    /// Slots held for a tenant's next request at `now`.
+    fn held(&self, now: f64) -> usize {
+        self.waiting.iter().map(|l| l.held(now)).sum()
+    }
+
+    /// Whether a newcomer of `tenant` at `level` would be dispatched at
+    /// once: a slot is held for it, or one is free (not held) and nobody
+    /// waits.
+    fn free(&self, level: usize, tenant: &str, capacity: usize, now: f64) -> bool {
+        if self.active >= capacity {
+            return false;
+        }
+        let queued: usize = self.waiting.iter().map(FairLevel::len).sum();
+        self.waiting[level].holds_for(tenant, now)
+            || (queued == 0 && self.active + self.held(now) < capacity)
+    }
+}
+
 #[derive(Debug)]
 struct Waiter {
     id: u64,
@@ -216,12 +238,13 @@ impl Drop for Permit {
         let held = self.served.then(|| self.since.elapsed());
         let prompt_weight = self.queue.params.fair.prompt_weight;
         let charge = self.end_charge(prompt_weight);
+        let total = (prompt_weight * self.estimate.0 as f64 + charge).max(0.0);
         if let Some(counter) = &self.service {
-            let at_dispatch = prompt_weight * self.estimate.0 as f64;
-            counter.inc_by((at_dispatch + charge).max(0.0));
+            counter.inc_by(total);
         }
+        let charges = (charge, total);
         self.queue
-            .release(held, self.id, self.level, &self.tenant, charge);
+            .release(held, self.id, self.level, &self.tenant, charges);
     }
 }
 
@@ -281,21 +304,22 @@ impl PoolQueue {
         let level = claim.level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let mut inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
-        let free = queued == 0 && inner.active < capacity;
+        let now_s = self.seconds(now);
+        let free = inner.free(level, &claim.tenant, capacity, now_s);
         let standing = (level, &*claim.tenant, capacity, free);
         if let Some(refusal) = self.refusal(&inner, standing, placement, now) {
             return Admit::Refused(refusal);
         }
         let weight = self.params.fair.weight(&claim.tenant);
         if free {
+            inner.waiting[level].take_hold(&claim.tenant, now_s);
             let estimate = (claim.prompt_tokens, claim.output_tokens);
             return Admit::Now(self.permit(&mut inner, level, claim.tenant, weight, estimate, now));
         }
         let (tx, rx) = oneshot::channel();
         let id = inner.next_id;
         inner.next_id += 1;
-        let since = self.seconds(now);
+        let since = now_s;
         let waiter = Waiter {
             id,
             tx,
@@ -329,13 +353,13 @@ impl PoolQueue {
         let level = level.min(self.params.levels.len().saturating_sub(1));
         let capacity = (self.capacity.load())();
         let inner = self.lock();
-        let queued: usize = inner.waiting.iter().map(FairLevel::len).sum();
-        let free = queued == 0 && inner.active < capacity;
+        let now = Instant::now();
+        let free = inner.free(level, tenant, capacity, self.seconds(now));
         self.refusal(
             &inner,
             (level, tenant, capacity, free),
             Placement::default(),
-            Instant::now(),
+            now,
         )
     }
 
@@ -480,36 +504,64 @@ impl PoolQueue {
     }
 
     /// Frees permit `id`'s slot; `held` is the service time of a served
-    /// request; `charge` the tokens its tenant is charged at the end.
+    /// request; `charges` the tokens its tenant is charged at the end, and
+    /// for the whole request.
     fn release(
         &self,
         held: Option<Duration>,
         id: u64,
         level: usize,
         tenant: &Arc<str>,
-        charge: f64,
+        charges: (f64, f64),
     ) {
-        let granted = {
+        let (charge, total) = charges;
+        let (granted, holds) = {
             let mut inner = self.lock();
             if let Some(next) = inner.successor.clone() {
                 drop(inner);
-                return next.release(held, id, level, tenant, charge);
+                return next.release(held, id, level, tenant, charges);
             }
             inner.active = inner.active.saturating_sub(1);
             inner.started.remove(&id);
             let weight = self.params.fair.weight(tenant);
-            let last = inner.waiting.len().saturating_sub(1);
-            inner.waiting[level.min(last)].ended(tenant, weight, charge);
+            let level = level.min(inner.waiting.len().saturating_sub(1));
+            inner.waiting[level].ended(tenant, weight, charge);
             if let Some(held) = held {
                 inner.drain.served(held.as_secs_f64());
             }
-            self.grant(&mut inner)
+            let holds = self.params.fair.enabled && {
+                let window = self.params.fair.anticipate.as_secs_f64();
+                let now_s = self.seconds(Instant::now());
+                let levels = &self.params.levels;
+                let ended = (level, tenant, total);
+                anticipate(levels, &mut inner.waiting, ended, now_s, window)
+            };
+            (self.grant(&mut inner), holds)
         };
         // Sent outside the lock: a permit refused by a vanished waiter is
         // dropped here and releases its slot again.
         for (tx, permit) in granted {
             let _ = tx.send(permit);
         }
+        if holds {
+            self.end_hold_later();
+        }
+    }
+
+    /// Gives a held slot to the waiters when its hold ends (without a
+    /// runtime, at the next admission or release instead).
+    fn end_hold_later(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.me.clone();
+        let window = self.params.fair.anticipate;
+        runtime.spawn(async move {
+            tokio::time::sleep(window).await;
+            if let Some(queue) = me.upgrade() {
+                queue.poke();
+            }
+        });
     }
 
     /// Wakes waiters while capacity allows (after capacity grew, e.g. a
@@ -527,7 +579,7 @@ impl PoolQueue {
         let now = Instant::now();
         let now_s = self.seconds(now);
         let fair = self.params.fair.enabled;
-        while inner.active < capacity {
+        while inner.active + inner.held(now_s) < capacity {
             let fronts = inner.waiting.iter().map(FairLevel::oldest);
             let Some(level) = next_level(&self.params.levels, fronts, now_s) else {
                 break;
@@ -1044,6 +1096,57 @@ mod tests {
             }
             assert_eq!(releases, light_after, "fair share {enabled}");
         }
+    }
+
+    /// One slot held by the light tenant, one by the heavy, two heavy
+    /// waiters; the heavy tenant served more so far. The light request
+    /// ends (its stream sends the next one soon after): returns the queue,
+    /// when it ended, the heavy waiters and the heavy request's slot.
+    fn light_releases(anticipate: Duration) -> (Arc<PoolQueue>, Instant, Vec<Ticket>, Permit) {
+        let fair = FairParams {
+            anticipate,
+            ..FairParams::default()
+        };
+        let q = fair_queue(2, fair);
+        let now = Instant::now();
+        for _ in 0..3 {
+            let mut p = now_permit(q.admit_claim(claim("heavy", 0), now, Duration::ZERO));
+            p.served();
+            p.report_usage(100, 200);
+        }
+        let mut light = now_permit(q.admit_claim(claim("light", 0), now, Duration::ZERO));
+        let heavy = now_permit(q.admit_claim(claim("heavy", 0), now, Duration::ZERO));
+        let waiting: Vec<Ticket> = (0..2)
+            .map(|_| ticket(q.admit_claim(claim("heavy", 0), now, Duration::ZERO)))
+            .collect();
+        light.served();
+        light.report_usage(100, 50);
+        let ended = Instant::now();
+        drop(light);
+        (q, ended, waiting, heavy)
+    }
+
+    #[test]
+    fn a_light_tenant_s_next_request_2ms_after_its_release_takes_that_slot() {
+        let soon = Duration::from_millis(2);
+        let (q, ended, mut waiting, _heavy) = light_releases(Duration::from_millis(5));
+        assert!(waiting.iter_mut().all(|t| t.rx.try_recv().is_err()), "held");
+        let next = q.admit_claim(claim("light", 0), ended + soon, Duration::ZERO);
+        assert!(matches!(next, Admit::Now(_)), "{next:?}");
+        assert!(waiting.iter_mut().all(|t| t.rx.try_recv().is_err()));
+        // Work-conserving fair share: a heavy waiter took it.
+        let (q, ended, mut waiting, _heavy) = light_releases(Duration::ZERO);
+        assert!(waiting[0].rx.try_recv().is_ok());
+        let next = q.admit_claim(claim("light", 0), ended + soon, Duration::ZERO);
+        assert!(matches!(next, Admit::Wait(_)), "{next:?}");
+    }
+
+    #[tokio::test]
+    async fn a_held_slot_goes_to_the_next_waiter_when_the_window_ends() {
+        let (_q, _, mut waiting, _heavy) = light_releases(Duration::from_millis(5));
+        let granted = tokio::time::timeout(Duration::from_secs(10), &mut waiting[0].rx).await;
+        assert!(matches!(granted, Ok(Ok(_))), "{granted:?}");
+        assert!(waiting[1].rx.try_recv().is_err());
     }
 
     #[test]

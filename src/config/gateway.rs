@@ -174,6 +174,9 @@ pub fn default_priorities() -> Vec<PriorityConfig> {
         .collect()
 }
 
+/// `[pools.queue] anticipate` when the config leaves it out.
+pub const DEFAULT_ANTICIPATE: Duration = Duration::from_millis(10);
+
 /// `[pools.queue]`: the pool's central queue, active when `max_inflight` is set.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -197,6 +200,11 @@ pub struct QueueConfig {
     /// Waiters per tenant and level (a `[[tenants]] max_depth` overrides
     /// it); default: `max_depth`.
     pub tenant_max_depth: Option<usize>,
+    /// Under fair share: how long a slot freed by a tenant that would go
+    /// first, with nothing waiting, is held for its next request while
+    /// other tenants wait ("0s": never).
+    #[serde(with = "duration_serde")]
+    pub anticipate: Duration,
 }
 
 impl Default for QueueConfig {
@@ -209,6 +217,7 @@ impl Default for QueueConfig {
             fairness: Fairness::Tenants,
             prompt_weight: 0.5,
             tenant_max_depth: None,
+            anticipate: DEFAULT_ANTICIPATE,
         }
     }
 }

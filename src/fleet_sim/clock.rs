@@ -42,6 +42,9 @@ pub enum Event {
     PrefillTimeout(u32),
     /// Request `index`'s KV cache has reached its decode replica.
     Loaded(u32),
+    /// A slot held for a tenant's next request is given up
+    /// ([`crate::admission::fair::anticipate`]).
+    HoldEnd,
 }
 
 #[derive(Debug)]

@@ -19,7 +19,10 @@
 //! ([`crate::admission::refusal::effective_level`]: one level up per
 //! `promote_after` waited), and within a level by the queue's fair share
 //! among tenants ([`crate::admission::fair`], with the pool's
-//! `[pools.queue]` fairness settings and the config's `[[tenants]]`).
+//! `[pools.queue]` fairness settings and the config's `[[tenants]]`),
+//! including its short hold of a freed slot for the tenant that freed it
+//! (`anticipate`; a closed-loop client here sends its next request the
+//! instant its answer ends, so a hold is always taken in time).
 //!
 //! Not modelled: the queue's capacity counting replicas a canary split
 //! excludes (the forwarder's wait, which this is, does not).

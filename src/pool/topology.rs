@@ -381,6 +381,7 @@ pub fn fair_params(config: &Config, pc: &PoolConfig) -> FairParams {
             })
             .collect(),
         tenant_max_depth: pc.queue.tenant_max_depth.unwrap_or(pc.queue.max_depth),
+        anticipate: pc.queue.anticipate,
     }
 }
 

@@ -7,11 +7,11 @@
 //! when the proxy sees its end.
 
 use crate::admission::Level;
-use crate::admission::fair::{Entry, FairLevel};
+use crate::admission::fair::{Entry, FairLevel, anticipate};
 use crate::admission::refusal::next_level;
 use crate::fleet_sim::clock::{Event, millis};
 use crate::fleet_sim::fleet::State;
-use crate::pool::{Choice, Failure};
+use crate::pool::{Choice, Failure, queue_capacity};
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::engine::NewRequest;
 use crate::routing::Decision;
@@ -37,23 +37,7 @@ impl Sim<'_> {
             let info = self.decider.info(r.input, r.output);
             let replica = match self.decider.choose(&decision, &tried, &info, now_ms) {
                 Choice::Pick(replica, _) => replica,
-                Choice::Wait(_) => {
-                    if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
-                        // A newcomer (admitted on arrival): it may wait
-                        // until the queue's timeout.
-                        let timeout = match &self.pool_queue {
-                            Some(q) => q.timeout,
-                            None => self.decider.pool().timeouts.first_byte.as_secs_f64(),
-                        };
-                        self.queue
-                            .push(now + timeout, Event::SlotDeadline(i as u32));
-                    }
-                    return Some(Waiter {
-                        index: i,
-                        decision,
-                        tried,
-                    });
-                }
+                Choice::Wait(_) => return Some(self.wait_for_slot(i, decision, tried, now)),
                 Choice::NoReplica(_) if tried.is_empty() => {
                     self.out.no_replica += 1;
                     self.finished(i, now);
@@ -107,6 +91,51 @@ impl Sim<'_> {
                 }
             }
         }
+    }
+
+    /// Request `i` waits for a free slot; a newcomer (admitted on arrival)
+    /// may wait until the queue's timeout.
+    pub(super) fn wait_for_slot(
+        &mut self,
+        i: usize,
+        decision: Decision,
+        tried: Vec<ReplicaId>,
+        now: f64,
+    ) -> Waiter {
+        if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
+            let timeout = match &self.pool_queue {
+                Some(q) => q.timeout,
+                None => self.decider.pool().timeouts.first_byte.as_secs_f64(),
+            };
+            self.queue
+                .push(now + timeout, Event::SlotDeadline(i as u32));
+        }
+        Waiter {
+            index: i,
+            decision,
+            tried,
+        }
+    }
+
+    /// Slots held for a tenant's next request at `now`.
+    pub(super) fn held(&self, now: f64) -> usize {
+        self.waiting.iter().map(|l| l.held(now)).sum()
+    }
+
+    /// Whether newcomer `i` must wait although a replica may have room:
+    /// the free slots are held for other tenants' next requests. A slot
+    /// held for its own tenant is taken.
+    pub(super) fn held_back(&mut self, i: usize, now: f64) -> bool {
+        if self.pool_queue.is_none() {
+            return false;
+        }
+        let (level, tenant) = (self.level(i), self.tenant(i));
+        if self.waiting[level].take_hold(&tenant, now) {
+            return false;
+        }
+        let held = self.held(now);
+        let capacity = queue_capacity(&self.decider.pool().replicas, millis(now));
+        held > 0 && self.open + held >= capacity
     }
 
     /// Request `i`, sent to its replica, reaches the replica's engine. A
@@ -235,6 +264,7 @@ impl Sim<'_> {
             let (level, tenant) = (self.level(i), self.tenant(i));
             let weight = self.weight(&tenant);
             let r = &self.spec.workload.requests[i];
+            let now = self.queue.now();
             if let Some(q) = &mut self.pool_queue {
                 q.released(i);
                 let charge = if served {
@@ -243,8 +273,16 @@ impl Sim<'_> {
                     -q.fairness().prompt_weight * f64::from(r.input)
                 };
                 self.waiting[level].ended(&tenant, weight, charge);
+                let fair = q.fairness();
+                let window = fair.anticipate.as_secs_f64();
+                let total = (fair.prompt_weight * f64::from(r.input) + charge).max(0.0);
+                let ended = (level, &tenant, total);
+                if fair.enabled
+                    && anticipate(q.level_settings(), &mut self.waiting, ended, now, window)
+                {
+                    self.queue.push(now + window, Event::HoldEnd);
+                }
             }
-            let now = self.queue.now();
             self.finished(i, now);
         }
     }
@@ -263,7 +301,12 @@ impl Sim<'_> {
             .as_ref()
             .map_or_else(Vec::new, |q| q.level_settings().to_vec());
         let mut kept = Vec::new();
+        let capacity = queue_capacity(&self.decider.pool().replicas, millis(now));
         loop {
+            let held = self.held(now);
+            if held > 0 && self.open + held >= capacity {
+                break;
+            }
             let fronts = self.waiting.iter().map(FairLevel::oldest);
             let Some(level) = next_level(&levels, fronts, now) else {
                 break;

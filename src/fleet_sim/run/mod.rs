@@ -300,6 +300,10 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
                 sim.load(i as usize, now);
                 true
             }
+            Event::HoldEnd => {
+                sim.slot_freed = true;
+                false
+            }
         };
         if acted {
             last = now;
@@ -448,7 +452,10 @@ impl Sim<'_> {
                 None => return,
             }
         }
-        if let Some(waiter) = self.dispatch(i, decision, Vec::new(), now) {
+        if self.held_back(i, now) {
+            let waiter = self.wait_for_slot(i, decision, Vec::new(), now);
+            self.park(waiter);
+        } else if let Some(waiter) = self.dispatch(i, decision, Vec::new(), now) {
             self.park(waiter);
         }
     }
@@ -509,6 +516,10 @@ impl Sim<'_> {
         let tenant = self.tenant(i);
         let fair = q.fairness();
         let at_level = &self.waiting[level];
+        let held = self.held(now);
+        let free = self.open < capacity
+            && (at_level.holds_for(&tenant, now)
+                || depths.iter().all(|&d| d == 0) && self.open + held < capacity);
         let placement = if q.has_deadline(level) {
             let prompt = u64::from(self.spec.workload.requests[i].input);
             placement_ttft(pool, prompt, now_ms)
@@ -523,7 +534,7 @@ impl Sim<'_> {
             tenant_max_depth: fair.max_depth(&tenant),
             promoted,
             capacity,
-            free: depths.iter().all(|&d| d == 0) && self.open < capacity,
+            free,
             placement,
         };
         q.refusal(standing, now).is_some()
