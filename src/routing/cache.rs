@@ -420,14 +420,12 @@ impl Holdings {
             let reported = held
                 .filter(|h| h.known())
                 .and_then(|h| Some((h, h.block_size()?)));
+            let capacity = views[&r.id].load.and_then(|l| l.kv_capacity_tokens);
             // Empty room: the reported capacity less what the replica holds
             // and has been sent, by its events when they are known, else by
             // what llmlb sent it.
             let room = match reported {
-                Some((h, bs)) => views[&r.id]
-                    .load
-                    .and_then(|l| l.kv_capacity_tokens)
-                    .map(|cap| cap.saturating_sub((h.occupied() * bs) as u64)),
+                Some((h, bs)) => capacity.map(|cap| cap.saturating_sub((h.occupied() * bs) as u64)),
                 None => index
                     .and_then(|i| i.room())
                     .map(|blocks| (blocks * router.prefix.block_size) as u64),
@@ -441,7 +439,8 @@ impl Holdings {
                             by_size.len() - 1
                         }
                     };
-                    let cached = (h.matched_or_sent(&by_size[pos].1) * bs) as u64;
+                    let blocks = capacity.map(|cap| (cap / bs as u64) as usize);
+                    let cached = (h.matched_or_sent(&by_size[pos].1, blocks) * bs) as u64;
                     (cached, false, bs)
                 }
                 None => {
@@ -825,5 +824,86 @@ mod tests {
         drop(sent);
         let third = at("goodbye", 60_001);
         assert_eq!(third.branches, vec![RouteBranch::PrefixMiss]);
+    }
+
+    /// A replica near capacity whose old prefix the prompts queued there
+    /// will evict before the next request of that prefix runs is not
+    /// preferred for it: the blocks it reports are doomed.
+    #[test]
+    fn exact_mode_does_not_prefer_a_replica_about_to_evict_the_prefix() {
+        use crate::kv_events::subscriber::EventSink;
+        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+        use crate::pool::test_fleet::{replicas, topology};
+        use crate::replica::LoadSnapshot;
+        let t = topology(&format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
+            replicas(2, |i| format!(
+                "kv_events = \"tcp://127.0.0.1:{}\"",
+                5557 + i
+            ))
+        ));
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let chat = |system: &str, q: &str| {
+            vec![
+                ChatMessage::new("system", system.repeat(40)),
+                ChatMessage::new("user", q.to_string()),
+            ]
+        };
+        let old = chat(
+            "Quote the order number and answer in the customer's language. ",
+            "where is it?",
+        );
+        let new = chat(
+            &"Summarise the ticket history before proposing a refund. ".repeat(3),
+            "refund?",
+        );
+        let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
+        let tokens = |c: &[ChatMessage]| at(c).expect.as_ref().unwrap().1.clone();
+        let (old_tokens, new_tokens) = (tokens(&old), tokens(&new));
+        let blocks = old_tokens.len() / 16;
+        assert!(blocks >= 30 && new_tokens.len() / 16 >= 30, "long prompts");
+        let (warm, cold) = (&pool.replicas[0], &pool.replicas[1]);
+        let stored = |keys: std::ops::Range<u64>, tokens: &[u32]| KvEvent::BlockStored {
+            block_hashes: keys.map(BlockKey).collect(),
+            parent_block_hash: None,
+            token_ids: tokens.to_vec(),
+            block_size: 16,
+            lora_name: None,
+            medium: None,
+            extra_keys: Vec::new(),
+        };
+        let batch = |e| EventBatch {
+            ts: 0.0,
+            events: vec![e],
+            dp_rank: None,
+        };
+        for r in &pool.replicas {
+            let held = pool.router.held(r.id).unwrap();
+            held.caught_up();
+            held.apply(&batch(stored(1..2, &[7; 16])));
+            // Room for the old prefix and a few blocks more.
+            r.store_load(LoadSnapshot {
+                kv_capacity_tokens: Some(((blocks + 4) * 16) as u64),
+                taken_at_ms: 1,
+                ..LoadSnapshot::default()
+            });
+        }
+        // The warm replica stored the old prefix (its request has ended).
+        let held = pool.router.held(warm.id).unwrap();
+        held.apply(&batch(stored(
+            100..100 + blocks as u64,
+            &old_tokens[..blocks * 16],
+        )));
+        let d = at(&old);
+        assert_eq!(d.preferred, Some(vec![warm.id]));
+        assert_eq!(d.branches, vec![RouteBranch::PrefixHit]);
+        // A request of another long prompt is sent there and holds its
+        // turn: its blocks will push the old prefix out.
+        let _busy = warm.acquire();
+        let _sent = at(&new).dispatched(warm);
+        let d = at(&old);
+        assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
+        assert_eq!(d.predicted_for(warm.id), Some(0));
     }
 }

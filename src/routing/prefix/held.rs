@@ -45,6 +45,12 @@
 //! replica will hold, which is also what the eviction charge measures the
 //! empty room against ([`HeldBlocks::occupied`]).
 //!
+//! **Minus what it will evict.** Reported blocks the replica will evict to
+//! make room for what it has been sent, before a request placed now gets
+//! its turn, do not count ([`super::evict_order`]: the oldest blocks no
+//! request in flight carries, once reported plus sent exceed the
+//! replica's capacity).
+//!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
 //! a correct lower bound. Concurrency: one mutex per replica, held for one
@@ -62,6 +68,7 @@ use std::collections::HashSet;
 
 use super::blocks::{CacheKey, chain_keyed, exact_seed, keyed_hashes};
 use super::cache_index::restart_seen;
+use super::evict_order::EvictOrder;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
 
@@ -95,8 +102,10 @@ struct Held {
     /// Blocks sent and not yet reported → how many requests in flight
     /// carry them.
     pending: HashMap<u64, u32>,
-    /// Each request in flight → the blocks it counts for in `pending`.
-    expecting: HashMap<u64, Vec<u64>>,
+    /// Each request in flight → what it was sent with.
+    expecting: HashMap<u64, Sent>,
+    /// The reported blocks' last-use order, and what requests in flight carry.
+    order: EvictOrder,
     /// Prompts sent before the block size was known, by request, with
     /// their key: hashed into `pending` by the first event that tells it.
     early: Vec<(u64, Vec<u32>, CacheKey)>,
@@ -126,6 +135,7 @@ impl HeldBlocks {
                 block_size: None,
                 pending: HashMap::new(),
                 expecting: HashMap::new(),
+                order: EvictOrder::default(),
                 early: Vec::new(),
                 next_id: 0,
                 adapters: HashSet::new(),
@@ -166,12 +176,21 @@ impl HeldBlocks {
     }
 
     /// Like [`matched`](Self::matched), also counting blocks sent there
-    /// and not yet reported (see the module docs).
-    pub fn matched_or_sent(&self, hashes: &[u64]) -> usize {
+    /// and not yet reported, and not counting reported blocks the replica
+    /// will evict before a request placed now runs, with room for
+    /// `capacity` blocks (the replica's reported KV cache; `None`: what its
+    /// events taught, if anything). See the module docs.
+    pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         let held = self.lock();
+        let doom = held
+            .order
+            .doom(held.theirs.len(), held.pending.len(), capacity);
         hashes
             .iter()
-            .take_while(|h| held.ours.contains_key(h) || held.pending.contains_key(h))
+            .take_while(|h| {
+                held.pending.contains_key(h)
+                    || (held.ours.contains_key(h) && !held.order.doomed(**h, doom))
+            })
             .count()
     }
 
@@ -248,6 +267,15 @@ impl HeldBlocks {
     }
 }
 
+/// What one request in flight was sent with.
+#[derive(Debug)]
+struct Sent {
+    /// Its blocks counted in `pending`.
+    pending: Vec<u64>,
+    /// All its prompt's blocks, in order.
+    prompt: Vec<u64>,
+}
+
 /// A prompt sent to a replica whose blocks count as held there while this
 /// lives (see [`HeldBlocks::expect_prompt`]); kept by the request and
 /// dropped when it ends.
@@ -314,16 +342,25 @@ impl Held {
             }
             mine.push(h);
         }
-        if !mine.is_empty() {
-            self.expecting.insert(id, mine);
-        }
+        self.order.carry(hashes);
+        self.expecting.insert(
+            id,
+            Sent {
+                pending: mine,
+                prompt: hashes.to_vec(),
+            },
+        );
     }
 
     /// Request `id` ended: its blocks no longer count as sent (those still
     /// carried by another request do).
     fn forget(&mut self, id: u64) {
         self.early.retain(|(e, _, _)| *e != id);
-        for h in self.expecting.remove(&id).unwrap_or_default() {
+        let Some(sent) = self.expecting.remove(&id) else {
+            return;
+        };
+        self.order.release(&sent.prompt);
+        for h in sent.pending {
             if let Some(n) = self.pending.get_mut(&h) {
                 *n -= 1;
                 if *n == 0 {
@@ -359,15 +396,28 @@ impl Held {
             None => Some(self.seed),
             Some(p) => self.theirs.get(&p).copied(),
         };
-        let Some(mut parent) = parent else {
+        let Some(parent) = parent else {
             return;
         };
+        let fresh = self.chain(stored, parent, starts_prompt);
+        self.order.stored(&fresh);
+        self.high_water = self.high_water.max(self.theirs.len());
+    }
+
+    /// Adds the stored blocks chained on `parent`; returns the new ones.
+    fn chain(
+        &mut self,
+        stored: StoredBlocks<'_>,
+        mut parent: u64,
+        starts_prompt: bool,
+    ) -> Vec<u64> {
+        let mut fresh = Vec::new();
         for (i, (key, block)) in stored.blocks().enumerate() {
             let extra = stored.extra_keys.get(i);
             if extra.is_some_and(|e| e.opaque) {
                 // Keyed by what no request of ours reproduces: neither
                 // this block nor its descendants can match.
-                return;
+                break;
             }
             let first = starts_prompt && i == 0;
             let cache_key = CacheKey {
@@ -386,8 +436,9 @@ impl Held {
             self.theirs.insert(key, ours);
             self.pending.remove(&ours);
             *self.ours.entry(ours).or_insert(0) += 1;
+            fresh.push(ours);
         }
-        self.high_water = self.high_water.max(self.theirs.len());
+        fresh
     }
 
     fn clear(&mut self) {
@@ -397,6 +448,7 @@ impl Held {
         // more; the requests' handles find nothing to take back.
         self.pending.clear();
         self.expecting.clear();
+        self.order.clear();
         self.early.clear();
         self.refill = None;
     }
@@ -409,6 +461,10 @@ impl Held {
                 }
             }
             KvEvent::BlockRemoved { block_hashes, .. } => {
+                if self.refill.is_none() {
+                    // An eviction: the replica had no empty block left.
+                    self.order.learn_capacity(self.theirs.len());
+                }
                 for key in block_hashes {
                     let Some(ours) = self.theirs.remove(key) else {
                         continue;
@@ -417,6 +473,7 @@ impl Held {
                         *n -= 1;
                         if *n == 0 {
                             self.ours.remove(&ours);
+                            self.order.removed(ours);
                         }
                     }
                 }
@@ -559,26 +616,26 @@ mod tests {
         let want = chained_hashes(exact_seed(), &tokens, 2);
         let first = h.expect_prompt(&tokens[..4], &CacheKey::default());
         assert_eq!(h.matched(&want), 0, "not reported yet");
-        assert_eq!(h.matched_or_sent(&want), 2);
+        assert_eq!(h.matched_or_sent(&want, None), 2);
         assert_eq!(h.occupied(), 1 + 2);
         // A second request carrying the same prefix, and one more block.
         let second = h.expect_prompt(&tokens, &CacheKey::default());
-        assert_eq!(h.matched_or_sent(&want), 3);
+        assert_eq!(h.matched_or_sent(&want, None), 3);
         drop(first);
         assert_eq!(
-            h.matched_or_sent(&want),
+            h.matched_or_sent(&want, None),
             3,
             "the second request still carries all three"
         );
         drop(second);
-        assert_eq!(h.matched_or_sent(&want), 0, "both requests ended");
+        assert_eq!(h.matched_or_sent(&want, None), 0, "both requests ended");
         assert_eq!(h.occupied(), 1);
         // Reported: the record holds them whatever the request does.
         let third = h.expect_prompt(&tokens, &CacheKey::default());
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
         assert!(h.lock().pending.is_empty());
         drop(third);
-        assert_eq!(h.matched_or_sent(&want), 3, "confirmed");
+        assert_eq!(h.matched_or_sent(&want, None), 3, "confirmed");
         assert!(h.lock().expecting.is_empty());
     }
 
@@ -595,7 +652,8 @@ mod tests {
             salt: None,
         };
         let _sent = h.expect_prompt(&tokens, &sql);
-        let under = |k: &CacheKey| h.matched_or_sent(&keyed_hashes(exact_seed(), &tokens, 2, k));
+        let under =
+            |k: &CacheKey| h.matched_or_sent(&keyed_hashes(exact_seed(), &tokens, 2, k), None);
         assert_eq!(under(&sql), 3);
         assert_eq!(under(&CacheKey::default()), 0, "the base model's prompt");
         let chat = CacheKey {
@@ -617,16 +675,20 @@ mod tests {
         // The first event, of another prompt, tells the block size (2).
         h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
         let want = chained_hashes(exact_seed(), &early, 2);
-        assert_eq!(h.matched_or_sent(&want), 3, "counted from the event on");
+        assert_eq!(
+            h.matched_or_sent(&want, None),
+            3,
+            "counted from the event on"
+        );
         let other = chained_hashes(exact_seed(), &late, 2);
-        assert_eq!(h.matched_or_sent(&other), 0, "its request had ended");
+        assert_eq!(h.matched_or_sent(&other, None), 0, "its request had ended");
         drop(first);
-        assert_eq!(h.matched_or_sent(&want), 0);
+        assert_eq!(h.matched_or_sent(&want, None), 0);
         // Once the size is known, a prompt is expected at once.
         let next: Vec<u32> = (300..304).collect();
         let _third = h.expect_prompt(&next, &CacheKey::default());
         let want = chained_hashes(exact_seed(), &next, 2);
-        assert_eq!(h.matched_or_sent(&want), 2);
+        assert_eq!(h.matched_or_sent(&want, None), 2);
     }
 
     #[test]

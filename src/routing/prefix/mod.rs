@@ -13,6 +13,7 @@
 
 pub mod blocks;
 pub mod cache_index;
+pub mod evict_order;
 pub mod held;
 pub mod home;
 pub mod hot;
