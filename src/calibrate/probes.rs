@@ -251,6 +251,10 @@ pub async fn run_group(
             (Some(b), Some(a)) => a.ttft_mean_since(b),
             _ => None,
         },
+        server_itl_mean: match (&before, &after) {
+            (Some(b), Some(a)) => a.itl_mean_since(b),
+            _ => None,
+        },
         throughput: if wall > 0.0 {
             output as f64 / wall
         } else {

@@ -108,6 +108,8 @@ pub struct Metrics {
     pub waiting: f64,
     pub ttft_sum: f64,
     pub ttft_count: f64,
+    pub itl_sum: f64,
+    pub itl_count: f64,
     pub finished: f64,
     /// From `vllm:cache_config_info`'s labels.
     pub block_size: Option<usize>,
@@ -134,6 +136,8 @@ impl Metrics {
                 "vllm:num_requests_waiting" => m.waiting += v,
                 "vllm:time_to_first_token_seconds_sum" => m.ttft_sum += v,
                 "vllm:time_to_first_token_seconds_count" => m.ttft_count += v,
+                "vllm:inter_token_latency_seconds_sum" => m.itl_sum += v,
+                "vllm:inter_token_latency_seconds_count" => m.itl_count += v,
                 "vllm:request_success_total" => m.finished += v,
                 "vllm:cache_config_info" => {
                     m.block_size = label(series, "block_size").and_then(|s| s.parse().ok());
@@ -149,6 +153,12 @@ impl Metrics {
     pub fn ttft_mean_since(&self, before: &Metrics) -> Option<f64> {
         let n = self.ttft_count - before.ttft_count;
         (n > 0.0).then(|| (self.ttft_sum - before.ttft_sum) / n)
+    }
+
+    /// The replica's mean inter-token latency between `before` and `self`.
+    pub fn itl_mean_since(&self, before: &Metrics) -> Option<f64> {
+        let n = self.itl_count - before.itl_count;
+        (n > 0.0).then(|| (self.itl_sum - before.itl_sum) / n)
     }
 }
 

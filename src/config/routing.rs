@@ -246,6 +246,10 @@ pub struct LoraConfig {
     /// Prefer replicas that have the request's adapter loaded (or a free
     /// adapter slot), by their `vllm:lora_requests_info`.
     pub placement: bool,
+    /// How many more requests in flight than the least loaded candidate a
+    /// replica may have and still be preferred for holding the adapter; past
+    /// it, the request goes by load and may cause a swap.
+    pub max_imbalance: u32,
 }
 
 impl Default for LoraConfig {
@@ -253,6 +257,7 @@ impl Default for LoraConfig {
         LoraConfig {
             adapters: Vec::new(),
             placement: true,
+            max_imbalance: 2,
         }
     }
 }

@@ -123,9 +123,11 @@ fn vllm_cpu_tiny() -> SimConfig {
         // last two, 14.36 us per token plus 6.8 ns per query-key pair
         // (convex, as attention is); client-side inter-token latency medians
         // 1.18 ms at batch 1, 1.68 ms at 16, 2.38 ms at 32. The API server's
-        // per-request work under load (2.5 ms) is what closes the throughput
-        // gap of the fidelity run at concurrency 16 and 64 (docs/SIMULATOR.md);
-        // its per-token work is in decode_per_seq, measured client-side.
+        // per-request work (2.5 ms) was chosen to close the throughput gap of
+        // an older fidelity run, when the simulator charged it to the steps
+        // of a busy engine; `llmlb calibrate` fits it from a burst of
+        // requests. Its per-token work is in decode_per_seq, measured
+        // client-side.
         cost: CostModel {
             step_overhead: 0.001_12,
             prefill_overhead: 0.001_3,

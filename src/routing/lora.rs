@@ -11,10 +11,15 @@
 //!    new copy instead of waiting there,
 //! 3. else all of them (`lora_swap`): some replica must swap.
 //!
-//! A replica counts only while it is not saturated (`[pools.saturation]`)
-//! and has a free slot, so one replica holding a hot adapter is not piled
-//! on while others could load it. The preference is soft: the prefix step
-//! chooses among the preferred replicas, and retries fall back to all.
+//! A replica counts only while it is not saturated (`[pools.saturation]`),
+//! has a free slot, and has at most `max_imbalance` more requests in flight
+//! than the least loaded candidate: avoiding a swap is worth that much
+//! imbalance and no more, so one replica holding a hot adapter is not piled
+//! on while others could serve it (with `--max-loras 1` and one hot adapter,
+//! keeping every request of it on its replica leaves that replica with most
+//! of the traffic). Past the bound the request goes by load and may swap.
+//! The preference is soft: the prefix step chooses among the preferred
+//! replicas, and retries fall back to all.
 //! Cost: O(candidates) mutex-guarded lookups.
 
 use std::sync::Arc;
@@ -30,10 +35,13 @@ pub(super) fn narrow(
     adapter: &str,
     cands: &mut Vec<Arc<Replica>>,
     saturated: impl Fn(&Replica) -> bool,
+    max_imbalance: u32,
     d: &mut Decision,
     now_ms: u64,
 ) -> Option<Vec<ReplicaId>> {
-    let fits = |r: &Replica| !saturated(r) && r.has_free_slot();
+    let least = cands.iter().map(|r| r.in_flight()).min().unwrap_or(0);
+    let within = |r: &Replica| r.in_flight() <= least + u64::from(max_imbalance);
+    let fits = |r: &Replica| !saturated(r) && r.has_free_slot() && within(r);
     let with = |want: Placement| -> Vec<Arc<Replica>> {
         cands
             .iter()
@@ -85,7 +93,7 @@ mod tests {
         let run = |adapter: &str, saturated: &dyn Fn(&Replica) -> bool| {
             let mut cands = all.clone();
             let mut d = Decision::default();
-            let ids = narrow(adapter, &mut cands, saturated, &mut d, 0);
+            let ids = narrow(adapter, &mut cands, saturated, 2, &mut d, 0);
             (ids, d.branches)
         };
         let none = |_: &Replica| false;
@@ -107,5 +115,36 @@ mod tests {
         // What llmlb just sent counts as loaded until a scrape says more.
         assert_eq!(all[1].adapters.sent("sql", 10), Placement::Swap);
         assert_eq!(all[1].adapters.placement("sql", 20), Placement::Loaded);
+    }
+
+    #[test]
+    fn the_holder_is_preferred_only_within_the_imbalance_bound() {
+        let t = topology(&format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
+            replicas(2, |_| String::new())
+        ));
+        let all = t.pools[0].replicas.clone();
+        all[0].adapters.observe(info(&["sql"]));
+        all[1].adapters.observe(info(&["chat"]));
+        let run = |bound: u32| {
+            let mut cands = all.clone();
+            let mut d = Decision::default();
+            let ids = narrow("sql", &mut cands, |_: &Replica| false, bound, &mut d, 0);
+            (ids, d.branches, cands.len())
+        };
+        // The holder has 3 in flight, the other replica 1.
+        let _held: Vec<_> = (0..3).map(|_| all[0].acquire()).collect();
+        let _other = all[1].acquire();
+        // Two more than the least loaded: still within a bound of 2.
+        assert_eq!(
+            run(2),
+            (Some(vec![all[0].id]), vec![RouteBranch::LoraLoaded], 1)
+        );
+        // Past a bound of 1: no preference, every candidate stays and the
+        // balancer chooses by load (here the other replica, with a swap).
+        assert_eq!(run(1), (None, vec![RouteBranch::LoraSwap], 2));
+        // A bound of 0 keeps the holder only while it is the least loaded.
+        drop(_held);
+        assert_eq!(run(0).0, Some(vec![all[0].id]));
     }
 }

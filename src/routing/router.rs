@@ -289,8 +289,14 @@ impl Router {
             if self.lora.placement {
                 // Later steps choose among these; without one, they are
                 // the preference.
-                d.preferred =
-                    super::lora::narrow(input.model, &mut cands, saturated, &mut d, now_ms);
+                d.preferred = super::lora::narrow(
+                    input.model,
+                    &mut cands,
+                    saturated,
+                    self.lora.max_imbalance,
+                    &mut d,
+                    now_ms,
+                );
             }
         }
         if self.session_affinity

@@ -25,14 +25,12 @@
 //! `n·s + n·(n+1)/2` query-key pairs, so a long prompt costs more per token
 //! than a short one.
 //!
-//! The API server's CPU work counts when it shares the engine's CPU (vLLM's
-//! CPU backend on a small, busy machine: the Python front end and the engine
-//! process take turns on the same cores). Detokenizing and framing every
-//! streamed token (`api_per_output_token`) is added to the step that samples
-//! it. Parsing and tokenizing a request (`api_per_request`) is not a step
-//! term: it is queued work that shares the steps' time while it lasts
-//! ([`super::front_end`]). On a GPU replica the front end runs beside the
-//! engine and both are 0 (their default).
+//! The API server's work: detokenizing and framing every streamed token
+//! (`api_per_output_token`) is added to the step that samples it, for a
+//! front end that takes turns with the engine on the same cores. Parsing and
+//! tokenizing a request (`api_per_request`) is not a step term: the API
+//! server does it beside the engine, one request at a time, before the
+//! scheduler sees the request ([`super::front_end`]). Both default to 0.
 //!
 //! Profiles name the constants and where they come from (see
 //! `docs/SIMULATOR.md`). Cost: a handful of multiplications per step. Missing
@@ -58,9 +56,9 @@ pub struct CostModel {
     /// attention during prefill); 0 keeps prefill linear.
     #[serde(default)]
     pub prefill_attention: f64,
-    /// API-server work per request that arrives while the engine is busy,
-    /// done before the scheduler sees the request, in turns with the
-    /// engine's steps ([`super::front_end`]).
+    /// API-server work per request, done before the scheduler sees the
+    /// request, one request at a time, beside the engine's steps
+    /// ([`super::front_end`]).
     #[serde(default)]
     pub api_per_request: f64,
     /// API-server cost per output token, charged to the step that samples it.

@@ -1,78 +1,77 @@
-//! The API server's per-request work (`api_per_request`) as a queue that
-//! shares the engine's CPU, for replicas whose front end and engine take
-//! turns on the same cores (vLLM's CPU backend on a small machine).
+//! The API server's per-request work (`api_per_request`): a first-in,
+//! first-out server of its own, running beside the engine.
 //!
-//! A request that arrives while the engine is busy (something running, or
-//! other requests still in the front end) first needs `api_per_request`
-//! seconds of front-end work (parsing, tokenizing) before the engine's
-//! scheduler sees it; one that meets an idle engine goes straight to the
-//! scheduler (the simulator's own HTTP path already took that time). The
-//! front end works first in, first out:
+//! vLLM's API server (HTTP, request validation, tokenizing) is a process of
+//! its own, separate from the engine core and its model worker; on a GPU
+//! replica it runs on host cores while the GPU steps, and on the CPU backend
+//! only the model worker is bound to the cores it computes on, so the API
+//! server runs on another core beside the steps. Every request, whether or
+//! not the engine is busy, is worked on by it for `api_per_request` seconds,
+//! one request after another in arrival order, before the scheduler sees it:
 //!
 //! ```text
-//! during a step of engine time t > 0:  front-end time f = min(backlog, t)
-//!                                      step lasts t + f   (equal turns)
-//! with nothing to schedule:            f = the oldest request's remainder
-//!                                      step lasts f       (the core is free)
+//! arrives at t:   done = max(t, when the API server is free) + api_per_request
+//! joins the scheduler's queue at the first step that starts at or after done
 //! ```
 //!
-//! A request whose work is done joins the scheduler's queue at the end of
-//! the step that finished it. So the cost is spread over the steps that run
-//! while the backlog lasts (every running request's inter-token time grows a
-//! little) rather than charged whole to the step that admits the newcomer.
+//! So a burst of `k` requests reaches the engine over `k × api_per_request`
+//! seconds (the last one's time to first token holds the whole burst), and
+//! the API server bounds a replica's request rate at `1 / api_per_request`,
+//! but its work does not lengthen the steps of requests already running.
+//! When the engine has nothing to run and a request is still in the API
+//! server, the engine waits for it (a step of no work that ends when the
+//! request is done).
 //!
-//! Cost: O(requests finished) per step.
+//! Cost: O(1) per request.
 
 use std::collections::VecDeque;
 
-/// Requests still in the front end, oldest first, with the seconds of work
-/// each has left.
+/// Requests still in the API server, oldest first, with the time each is
+/// done.
 #[derive(Debug, Default)]
 pub(super) struct FrontEnd {
     queue: VecDeque<(u64, f64)>,
+    /// When the API server finishes the last request it holds.
+    free_at: f64,
 }
 
 impl FrontEnd {
-    pub fn push(&mut self, id: u64, work: f64) {
-        self.queue.push_back((id, work));
+    /// Queues `work` seconds for request `id`, arrived at `now`.
+    pub fn push(&mut self, id: u64, now: f64, work: f64) {
+        let done = self.free_at.max(now) + work;
+        self.free_at = done;
+        self.queue.push_back((id, done));
     }
 
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
+    /// Drops `id` (an aborted request). The time already planned for the
+    /// requests behind it stays: the API server had taken it up.
     pub fn remove(&mut self, id: u64) -> bool {
         let before = self.queue.len();
         self.queue.retain(|&(r, _)| r != id);
         self.queue.len() != before
     }
 
-    /// Works through the queue beside `engine_time` seconds of engine work
-    /// (see the module docs); returns the front-end seconds spent and the
-    /// requests finished, oldest first.
-    pub fn work(&mut self, engine_time: f64) -> (f64, Vec<u64>) {
-        let mut budget = if engine_time > 0.0 {
-            engine_time
-        } else {
-            self.queue.front().map_or(0.0, |&(_, w)| w)
-        };
-        let mut spent = 0.0;
+    /// The requests done by `now`, oldest first.
+    pub fn ready(&mut self, now: f64) -> Vec<u64> {
         let mut done = Vec::new();
-        while let Some((id, left)) = self.queue.front_mut() {
-            if budget <= 0.0 {
+        // Float residue below a nanosecond counts as done.
+        while let Some(&(id, at)) = self.queue.front() {
+            if at > now + 1e-9 {
                 break;
             }
-            let t = left.min(budget);
-            *left -= t;
-            budget -= t;
-            spent += t;
-            // Float residue below a nanosecond counts as done.
-            if *left <= 1e-12 {
-                done.push(*id);
-                self.queue.pop_front();
-            }
+            done.push(id);
+            self.queue.pop_front();
         }
-        (spent, done)
+        done
+    }
+
+    /// When the oldest request still in the API server is done.
+    pub fn next_done(&self) -> Option<f64> {
+        self.queue.front().map(|&(_, at)| at)
     }
 }
 
@@ -81,34 +80,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shares_each_step_equally_and_finishes_in_order() {
+    fn requests_are_served_one_after_another_in_arrival_order() {
         let mut f = FrontEnd::default();
-        f.push(1, 0.003);
-        f.push(2, 0.003);
-        // A 2 ms engine step: 2 ms of front-end work beside it.
-        let (spent, done) = f.work(0.002);
-        assert!((spent - 0.002).abs() < 1e-12);
-        assert!(done.is_empty());
-        let (spent, done) = f.work(0.002);
-        assert!((spent - 0.002).abs() < 1e-12);
-        assert_eq!(done, vec![1]);
-        // Less backlog than engine time: only the backlog is spent.
-        let (spent, done) = f.work(0.010);
-        assert!((spent - 0.002).abs() < 1e-12);
-        assert_eq!(done, vec![2]);
+        f.push(1, 0.0, 0.003);
+        f.push(2, 0.001, 0.003);
+        // The second waits for the first: done at 6 ms, not 4.
+        assert_eq!(f.next_done(), Some(0.003));
+        assert!(f.ready(0.002).is_empty());
+        assert_eq!(f.ready(0.003), vec![1]);
+        assert!(f.ready(0.005).is_empty());
+        assert_eq!(f.ready(0.006), vec![2]);
         assert!(f.is_empty());
+        // An idle API server starts on a newcomer at once.
+        f.push(3, 1.0, 0.003);
+        assert_eq!(f.next_done(), Some(1.003));
     }
 
     #[test]
-    fn an_idle_engine_leaves_the_core_to_the_oldest_request() {
+    fn an_aborted_request_leaves_the_queue() {
         let mut f = FrontEnd::default();
-        f.push(7, 0.0025);
-        f.push(8, 0.0025);
-        let (spent, done) = f.work(0.0);
-        assert!((spent - 0.0025).abs() < 1e-12);
-        assert_eq!(done, vec![7]);
-        assert!(f.remove(8));
-        assert!(!f.remove(8));
-        assert_eq!(f.work(0.0), (0.0, vec![]));
+        f.push(7, 0.0, 0.0025);
+        f.push(8, 0.0, 0.0025);
+        assert!(f.remove(7));
+        assert!(!f.remove(7));
+        assert_eq!(f.ready(1.0), vec![8]);
+        assert_eq!(f.next_done(), None);
     }
 }

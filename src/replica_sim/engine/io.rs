@@ -74,16 +74,17 @@ pub struct StepOutcome {
     pub tokens: Vec<TokenEvent>,
     pub finished: Vec<Finished>,
     pub preempted: Vec<u64>,
-    /// Seconds of API-server work done beside the step (in its duration).
+    /// Seconds the engine waited, with nothing to run, for a request still
+    /// in the API server (the whole duration of such a step; 0 otherwise).
     pub front_end_time: f64,
-    /// Requests whose API-server work ended with the step: they join the
-    /// scheduler's queue.
+    /// Requests the API server was done with when the step started: they
+    /// joined the scheduler's queue before it scheduled.
     pub front_end_done: usize,
 }
 
 impl StepOutcome {
-    /// Nothing happened: no request ran, none was preempted and the API
-    /// server did no work. (A step can run nothing yet preempt, under
+    /// Nothing happened: no request ran, none was preempted and no request
+    /// in the API server was waited for. (A step can run nothing yet preempt, under
     /// priority scheduling; the next step then makes progress.)
     pub fn is_idle(&self) -> bool {
         self.num_seqs == 0 && self.preempted.is_empty() && self.front_end_time == 0.0

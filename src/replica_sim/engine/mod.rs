@@ -25,9 +25,10 @@
 //!    samples one output token; a request that reached `max_tokens`
 //!    finishes and frees its blocks (last block first, so a shared prefix
 //!    outlives the private tail in the LRU);
-//! 4. with `api_per_request` set, the API server's queue of newcomers does
-//!    its share of work beside the step ([`front_end`]); those it finishes
-//!    join the waiting queue.
+//! 4. with `api_per_request` set, every request first spends that long in
+//!    the API server, which works beside the engine, one request at a time
+//!    ([`front_end`]); a request it is done with joins the waiting queue at
+//!    the next step.
 
 pub mod cost;
 mod front_end;
@@ -142,11 +143,10 @@ impl Engine {
         self.next_order += 1;
         let id = seq.id;
         self.seqs.insert(id, seq);
-        // A busy engine's API server has work to do first; an idle one's
-        // request goes straight to the scheduler.
-        let busy = !self.running.is_empty() || !self.front_end.is_empty();
-        if self.cost.api_per_request > 0.0 && busy {
-            self.front_end.push(id, self.cost.api_per_request);
+        // The API server parses and tokenizes every request before the
+        // scheduler sees it, whether or not the engine is busy.
+        if self.cost.api_per_request > 0.0 {
+            self.front_end.push(id, now, self.cost.api_per_request);
         } else {
             self.enqueue(id, false);
         }
@@ -229,6 +229,11 @@ impl Engine {
 
     /// Runs one step starting at `now`. See the module docs for what it does.
     pub fn step(&mut self, now: f64) -> StepOutcome {
+        let ready = self.front_end.ready(now);
+        let front_end_done = ready.len();
+        for id in ready {
+            self.enqueue(id, false);
+        }
         let plan = self.schedule(now);
         let mut out = StepOutcome {
             start: now,
@@ -251,17 +256,18 @@ impl Engine {
             out.num_tokens += n;
         }
         out.num_seqs = plan.scheduled.len();
-        let engine_time = self.cost.step_time(&out.shape);
-        let (front_end_time, ready) = self.front_end.work(engine_time);
-        let duration = (engine_time + front_end_time) * self.slowdown;
+        let engine_time = self.cost.step_time(&out.shape) * self.slowdown;
+        // Nothing to run but a request still in the API server: wait for it.
+        let waited = match self.front_end.next_done() {
+            Some(done) if out.num_seqs == 0 && out.preempted.is_empty() => (done - now).max(0.0),
+            _ => 0.0,
+        };
+        let duration = engine_time + waited;
         out.end = now + duration;
-        out.front_end_time = front_end_time;
-        out.front_end_done = ready.len();
+        out.front_end_time = waited;
+        out.front_end_done = front_end_done;
         for &(id, n) in &plan.scheduled {
             self.advance(id, n, out.end, &mut out);
-        }
-        for id in ready {
-            self.enqueue(id, false);
         }
         if out.num_seqs > 0 {
             self.stats.iteration_tokens.observe(out.num_tokens as f64);
