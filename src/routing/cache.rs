@@ -757,18 +757,23 @@ mod tests {
         assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
     }
 
-    #[test]
-    fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
-        use crate::kv_events::subscriber::EventSink;
-        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+    /// One `exact` pool of two replicas, each naming its KV-event endpoint.
+    fn exact_topology() -> crate::pool::Topology {
         use crate::pool::test_fleet::{replicas, topology};
-        let t = topology(&format!(
+        topology(&format!(
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
             replicas(2, |i| format!(
                 "kv_events = \"tcp://127.0.0.1:{}\"",
                 5557 + i
             ))
-        ));
+        ))
+    }
+
+    #[test]
+    fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
+        use crate::kv_events::subscriber::EventSink;
+        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+        let t = exact_topology();
         let pool = &t.pools[0];
         // Both records known and empty of this prompt; an event of another
         // prompt tells the block size.
@@ -833,15 +838,8 @@ mod tests {
     fn exact_mode_does_not_prefer_a_replica_about_to_evict_the_prefix() {
         use crate::kv_events::subscriber::EventSink;
         use crate::kv_events::{BlockKey, EventBatch, KvEvent};
-        use crate::pool::test_fleet::{replicas, topology};
         use crate::replica::LoadSnapshot;
-        let t = topology(&format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
-            replicas(2, |i| format!(
-                "kv_events = \"tcp://127.0.0.1:{}\"",
-                5557 + i
-            ))
-        ));
+        let t = exact_topology();
         let pool = &t.pools[0];
         let headers = HeaderMap::new();
         let chat = |system: &str, q: &str| {
