@@ -31,13 +31,17 @@ fn config(redis: &str, upstream: &str) -> String {
     )
 }
 
+/// A streaming chat whose content names `tier`.
+fn chat_of(tier: &str) -> String {
+    format!(
+        r#"{{"model":"llama-3-8b","stream":true,"messages":[{{"role":"user","content":"{tier}"}}]}}"#
+    )
+}
+
 /// A streaming chat of `tier` whose content names it, held open once its
 /// first chunk arrived.
 async fn held(addr: SocketAddr, tier: &str) -> (Conn, hyper::body::Incoming) {
-    let body = format!(
-        r#"{{"model":"llama-3-8b","stream":true,"messages":[{{"role":"user","content":"{tier}"}}]}}"#
-    );
-    let mut req = chat_request("/v1/chat/completions", &body);
+    let mut req = chat_request("/v1/chat/completions", &chat_of(tier));
     req.headers_mut()
         .insert("x-llmlb-tier", tier.parse().unwrap());
     let mut conn = Conn::open(addr).await;
@@ -65,6 +69,15 @@ fn tier_of(up: &Upstream, n: usize) -> String {
 async fn depths_reach(lb: &llmlb::daemon::Running, want: Vec<usize>) {
     until(&format!("queue depths {want:?}"), || {
         queue_depths(lb) == want
+    })
+    .await;
+}
+
+/// `a` holds `b`'s report of its free waiter and `b` holds `a`'s of its
+/// paid one.
+async fn each_sees_the_other(a: &llmlb::daemon::Running, b: &llmlb::daemon::Running) {
+    until("each instance to hold the other's report", || {
+        others_depths(a) == vec![0, 1] && others_depths(b) == vec![1, 0]
     })
     .await;
 }
@@ -101,8 +114,7 @@ async fn a_higher_waiter_on_another_instance_takes_the_freed_slot_first() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let high = tokio::spawn(held(a.addr, "paid"));
     depths_reach(&a, vec![1, 0]).await;
-    // A few refreshes: each instance has the other's report.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    each_sees_the_other(&a, &b).await;
     // The slot frees on b (its client leaves), whose own waiter has
     // waited longer.
     drop(on_b);
@@ -135,12 +147,25 @@ async fn a_killed_instances_waiters_stop_counting_within_its_ttl() {
     );
     let mut doomed = ServeProcess::start(&file.path, &[]);
     let b = start_llmlb(&config(&redis.url(), &up.url())).await;
-    let _on_doomed = held(doomed.addr, "free").await;
+    let doomed_addr = doomed.addr;
+    let _on_doomed = held(doomed_addr, "free").await;
     let on_b = held(b.addr, "free").await;
     let low = tokio::spawn(held(b.addr, "free"));
     depths_reach(&b, vec![0, 1]).await;
-    let _high = tokio::spawn(held(doomed.addr, "paid"));
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The paid request's connection dies with its instance: its error is
+    // expected and not read.
+    let _high = tokio::spawn(async move {
+        let mut req = chat_request("/v1/chat/completions", &chat_of("paid"));
+        req.headers_mut()
+            .insert("x-llmlb-tier", "paid".parse().unwrap());
+        let mut conn = Conn::open(doomed_addr).await;
+        let _ = conn.sender.send_request(req).await;
+    });
+    // b holds the doomed instance's report of its paid waiter.
+    until("b to see the paid waiter", || {
+        others_depths(&b) == vec![1, 0]
+    })
+    .await;
     doomed.child.0.kill().unwrap();
     let killed = Instant::now();
     doomed.child.0.wait().unwrap();
@@ -181,7 +206,7 @@ async fn with_the_store_down_each_instance_orders_its_own_waiters() {
     depths_reach(&b, vec![0, 1]).await;
     let _high = tokio::spawn(held(a.addr, "paid"));
     depths_reach(&a, vec![1, 0]).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    each_sees_the_other(&a, &b).await;
     redis.stop();
     until_async(
         "b to notice the store is gone",

@@ -37,14 +37,30 @@ pub async fn refused_addr() -> SocketAddr {
     addr
 }
 
+/// Reads the first pool's queue.
+fn first_queue<T>(
+    lb: &llmlb::daemon::Running,
+    read: impl FnOnce(&llmlb::admission::PoolQueue) -> T,
+) -> T {
+    let topology = lb.state.topology();
+    read(
+        &topology.pools[0]
+            .admission
+            .as_ref()
+            .expect("the pool queues")
+            .queue,
+    )
+}
+
 /// Waiters per priority level in the first pool's queue.
 pub fn queue_depths(lb: &llmlb::daemon::Running) -> Vec<usize> {
-    lb.state.topology().pools[0]
-        .admission
-        .as_ref()
-        .expect("the pool queues")
-        .queue
-        .depths()
+    first_queue(lb, |q| q.depths())
+}
+
+/// The other instances' waiters per level, as the first pool's queue
+/// counts them now (empty: no live report from the fleet).
+pub fn others_depths(lb: &llmlb::daemon::Running) -> Vec<usize> {
+    first_queue(lb, |q| q.others_depths(std::time::Instant::now()))
 }
 
 /// One replica named `a` answering in `mode`, behind a round-robin pool

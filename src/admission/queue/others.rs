@@ -83,6 +83,17 @@ impl PoolQueue {
         }
     }
 
+    /// The other instances' waiters per level, as this queue counts them
+    /// now (empty: no live report).
+    pub fn others_depths(&self, now: Instant) -> Vec<usize> {
+        if let Some(next) = self.successor() {
+            return next.others_depths(now);
+        }
+        let inner = self.lock();
+        self.others(&inner, now)
+            .map_or_else(Vec::new, |o| o.depths.clone())
+    }
+
     /// Waiters here that no other instance's waiter goes before: this
     /// instance's demand for slots.
     pub fn unheld_waiting(&self, now: Instant) -> usize {
