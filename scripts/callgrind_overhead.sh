@@ -23,10 +23,12 @@
 #        CG_N1, CG_N2  request counts (default 200 and 1200; 100 and 400
 #                  for `stream`)
 #        CG_OUT    where logs and callgrind files go (default target/callgrind)
+#        CG_ACCESS_LOG  `on`: llmlb writes its default access log (to the
+#                  run's log file); default off
 #
 # llmlb runs with one pool of one replica, `least_connections`, and its
-# access log off (nginx runs with `access_log off`). Needs valgrind, nginx
-# (Debian packages) and python3. Every process started runs in its own
+# access log off unless CG_ACCESS_LOG=on (nginx runs with `access_log off`).
+# Needs valgrind, nginx (Debian packages) and python3. Every process started runs in its own
 # process group and is stopped on exit.
 
 set -uo pipefail
@@ -92,7 +94,9 @@ count() {
             sed 's/worker_processes auto;/worker_processes 1;\nmaster_process off;/' >"$OUT/$name.conf"
         start "$name" valgrind --tool=callgrind --callgrind-out-file="$cg" "$NGINX" -p "$OUT" -c "$OUT/$name.conf"
     else
-        llmlb_conf "$port" "$backend" $'drain_delay = "0s"\n[telemetry.access_log]\nenabled = false' >"$OUT/$name.toml"
+        local extra=$'drain_delay = "0s"'
+        [ "${CG_ACCESS_LOG:-off}" = on ] || extra+=$'\n[telemetry.access_log]\nenabled = false'
+        llmlb_conf "$port" "$backend" "$extra" >"$OUT/$name.toml"
         start "$name" valgrind --tool=callgrind --callgrind-out-file="$cg" "$proxy" serve --config "$OUT/$name.toml"
     fi
     local pg=$PGID

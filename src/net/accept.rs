@@ -183,7 +183,10 @@ pub async fn run<H, F, B>(
         let counted = Arc::clone(&activity);
         let service = service_fn(move |req| {
             let guard = counted.begin();
-            let fut = handler(peer, req);
+            // On the heap once: the handler's future is kilobytes, and
+            // hyper and the wrapper below would otherwise move it by value
+            // a few times per request (memcpy).
+            let fut = Box::pin(handler(peer, req));
             async move { Ok::<_, Infallible>(fut.await.map(|b| Guarded::wrap(b, guard))) }
         });
         let phase_rx = phase_rx.clone();

@@ -20,15 +20,17 @@ use super::AppState;
 use super::record::{Ended, Record};
 pub use crate::net::Usage;
 use crate::telemetry::trace::{RequestTrace, Tracing};
-use http::Request;
+use http::{Method, Request, Uri};
 use http::header::HeaderValue;
 
-/// What is known when the request arrives.
+/// What is known when the request arrives. The request's own values are
+/// kept (a method, and the id and target as shared bytes), not copied into
+/// strings: most requests never need them as text before their line.
 pub struct AccessStart {
-    request_id: String,
+    request_id: HeaderValue,
     client: SocketAddr,
-    method: String,
-    path: String,
+    method: Method,
+    uri: Uri,
     pub(super) start: Instant,
     /// The request's trace span, ended with the line.
     pub(super) trace: Option<RequestTrace>,
@@ -42,10 +44,8 @@ impl AccessStart {
         start: Instant,
         traces: Option<&Tracing>,
     ) -> Self {
-        let method = req.method().to_string();
-        let path = req.uri().path().to_owned();
         let trace = traces.map(|t| {
-            let trace = t.request(req.headers(), &method, &path);
+            let trace = t.request(req.headers(), req.method().as_str(), req.uri().path());
             trace.set(
                 "llmlb.request_id",
                 request_id.to_str().unwrap_or("").to_owned(),
@@ -53,10 +53,10 @@ impl AccessStart {
             trace
         });
         AccessStart {
-            request_id: request_id.to_str().unwrap_or("").to_owned(),
+            request_id: request_id.clone(),
             client,
-            method,
-            path,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
             start,
             trace,
         }
@@ -69,7 +69,7 @@ impl AccessStart {
 
     /// The request's id (`x-request-id`).
     pub fn request_id(&self) -> &str {
-        &self.request_id
+        self.request_id.to_str().unwrap_or("")
     }
 }
 
@@ -162,41 +162,131 @@ pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Insta
     if !log.enabled || !(failed || log.sample >= 1.0 || rand::random::<f64>() < log.sample) {
         return;
     }
-    let mask = log.field_mask();
-    let on = |i: usize| mask & (1 << i) != 0;
-    fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
-        v.filter(|_| on)
+    let f = Fields::of(r, ended, end, log.field_mask());
+    if !crate::telemetry::log_line::write(TARGET, "request", |line| f.write(line)) {
+        f.trace();
     }
-    let ms = |t: Instant| {
-        (t.duration_since(r.start.start).as_secs_f64() * 1000.0 * 100.0).round() / 100.0
-    };
-    let d = r.dispatched.as_ref();
-    let u = ended.usage.unwrap_or_default();
-    let attempts = Some(r.fields.progress.attempts).filter(|&n| n > 0);
-    let e = r.refusal.as_ref();
-    tracing::info!(
-        target: "llmlb::access",
-        request_id = keep(on(0), Some(r.start.request_id.as_str())),
-        client = keep(on(1), Some(r.start.client.to_string())).as_deref(),
-        method = keep(on(2), Some(r.start.method.as_str())),
-        path = keep(on(3), Some(r.start.path.as_str())),
-        model = keep(on(4), r.fields.model.as_deref()),
-        stream = keep(on(5), r.fields.stream),
-        pool = keep(on(6), r.fields.pool.as_deref()),
-        replica = keep(on(7), r.replica()),
-        route = keep(on(8), r.fields.route.as_deref()),
-        branch = keep(on(9), d.map(|d| d.branch)),
-        status = keep(on(10), Some(r.status)),
-        attempts = keep(on(11), attempts),
-        ttft_ms = keep(on(12), ended.first_content.map(ms)),
-        duration_ms = keep(on(13), Some(ms(end))),
-        prompt_tokens = keep(on(14), u.prompt_tokens),
-        completion_tokens = keep(on(15), u.completion_tokens),
-        cached_tokens = keep(on(16), u.prompt_tokens_details.and_then(|d| d.cached_tokens)),
-        outcome = keep(on(17), Some(ended.outcome.as_str())),
-        error = keep(on(18), e.map(|e| e.code)),
-        error_message = keep(on(18), e.map(|e| e.message.as_str())),
-        ttfb_ms = keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
-        "request"
-    );
+}
+
+const TARGET: &str = "llmlb::access";
+
+/// The access line's fields, each `None` when off in
+/// `[telemetry.access_log] fields` or unknown for this request.
+struct Fields<'a> {
+    request_id: Option<&'a str>,
+    client: Option<SocketAddr>,
+    method: Option<&'a str>,
+    path: Option<&'a str>,
+    model: Option<&'a str>,
+    stream: Option<bool>,
+    pool: Option<&'a str>,
+    replica: Option<&'a str>,
+    route: Option<&'a str>,
+    branch: Option<&'static str>,
+    status: Option<u16>,
+    attempts: Option<u32>,
+    ttft_ms: Option<f64>,
+    duration_ms: Option<f64>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    outcome: Option<&'static str>,
+    error: Option<&'static str>,
+    error_message: Option<&'a str>,
+    ttfb_ms: Option<f64>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(r: &'a Record, ended: &Ended, end: Instant, mask: u32) -> Self {
+        let on = |i: usize| mask & (1 << i) != 0;
+        fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
+            v.filter(|_| on)
+        }
+        let ms = |t: Instant| {
+            (t.duration_since(r.start.start).as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+        };
+        let d = r.dispatched.as_ref();
+        let u = ended.usage.unwrap_or_default();
+        let e = r.refusal.as_ref();
+        Fields {
+            request_id: keep(on(0), Some(r.start.request_id())),
+            client: keep(on(1), Some(r.start.client)),
+            method: keep(on(2), Some(r.start.method.as_str())),
+            path: keep(on(3), Some(r.start.uri.path())),
+            model: keep(on(4), r.fields.model.as_deref()),
+            stream: keep(on(5), r.fields.stream),
+            pool: keep(on(6), r.fields.pool.as_deref()),
+            replica: keep(on(7), r.replica()),
+            route: keep(on(8), r.fields.route.as_deref()),
+            branch: keep(on(9), d.map(|d| d.branch)),
+            status: keep(on(10), Some(r.status)),
+            attempts: keep(on(11), Some(r.fields.progress.attempts).filter(|&n| n > 0)),
+            ttft_ms: keep(on(12), ended.first_content.map(ms)),
+            duration_ms: keep(on(13), Some(ms(end))),
+            prompt_tokens: keep(on(14), u.prompt_tokens),
+            completion_tokens: keep(on(15), u.completion_tokens),
+            cached_tokens: keep(
+                on(16),
+                u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            ),
+            outcome: keep(on(17), Some(ended.outcome.as_str())),
+            error: keep(on(18), e.map(|e| e.code)),
+            error_message: keep(on(18), e.map(|e| e.message.as_str())),
+            ttfb_ms: keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
+        }
+    }
+
+    /// Straight into the log's buffer, in `trace`'s order and form.
+    fn write(&self, l: &mut crate::telemetry::log_line::Line<'_>) {
+        l.str("request_id", self.request_id);
+        l.display("client", self.client);
+        l.str("method", self.method);
+        l.str("path", self.path);
+        l.str("model", self.model);
+        l.bool("stream", self.stream);
+        l.str("pool", self.pool);
+        l.str("replica", self.replica);
+        l.str("route", self.route);
+        l.str("branch", self.branch);
+        l.u64("status", self.status.map(u64::from));
+        l.u64("attempts", self.attempts.map(u64::from));
+        l.f64("ttft_ms", self.ttft_ms);
+        l.f64("duration_ms", self.duration_ms);
+        l.u64("prompt_tokens", self.prompt_tokens);
+        l.u64("completion_tokens", self.completion_tokens);
+        l.u64("cached_tokens", self.cached_tokens);
+        l.str("outcome", self.outcome);
+        l.str("error", self.error);
+        l.str("error_message", self.error_message);
+        l.f64("ttfb_ms", self.ttfb_ms);
+    }
+
+    /// Through `tracing` (a terminal's colours, or another subscriber).
+    fn trace(&self) {
+        tracing::info!(
+            target: TARGET,
+            request_id = self.request_id,
+            client = self.client.map(|c| c.to_string()).as_deref(),
+            method = self.method,
+            path = self.path,
+            model = self.model,
+            stream = self.stream,
+            pool = self.pool,
+            replica = self.replica,
+            route = self.route,
+            branch = self.branch,
+            status = self.status,
+            attempts = self.attempts,
+            ttft_ms = self.ttft_ms,
+            duration_ms = self.duration_ms,
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            cached_tokens = self.cached_tokens,
+            outcome = self.outcome,
+            error = self.error,
+            error_message = self.error_message,
+            ttfb_ms = self.ttfb_ms,
+            "request"
+        );
+    }
 }

@@ -53,6 +53,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) -> LogGuard {
     // Colour codes only for a person at a terminal, never into files.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let writer = BatchWriter::start(std::io::stderr(), BATCH_DELAY, BUFFERED_BYTES);
+    let lines = writer.lines();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
@@ -63,6 +64,9 @@ pub fn init_logging(format: LogFormat, default_filter: &str) -> LogGuard {
     };
     // A second init (tests, embedded use) keeps the first subscriber, and
     // its writer.
+    if result.is_ok() && !ansi {
+        super::log_line::install(format, lines);
+    }
     LogGuard {
         _writer: result.is_ok().then_some(writer),
     }
@@ -192,6 +196,13 @@ fn write_loop<W: Write>(shared: &Shared<W>, delay: Duration) {
 /// as one line ([`OneLine`]).
 #[derive(Clone)]
 pub struct Lines(Arc<Shared<Box<dyn Write + Send>>>);
+
+impl Lines {
+    /// Appends one whole line, already free of inner line breaks.
+    pub(super) fn append_line(&self, line: &[u8]) {
+        self.0.append(line);
+    }
+}
 
 impl Write for &Lines {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

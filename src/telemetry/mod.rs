@@ -2,6 +2,7 @@
 
 pub mod clock;
 mod family;
+pub mod log_line;
 mod logging;
 mod metrics;
 mod model_metrics;

@@ -1,0 +1,333 @@
+//! A log line written straight into the log's buffer, for the one line
+//! written on every request (the access log).
+//!
+//! `tracing`'s formatter visits an event's fields through trait objects,
+//! quotes each string through `Debug`, and formats the line into a buffer
+//! of its own before handing it to the writer. [`write`] writes the same
+//! bytes, the same timestamp, level, target, message and fields in the same
+//! order (text or JSON, as `--log-format` chose), into one reused buffer per
+//! thread, and appends it to the batched log ([`super::logging`]). It is
+//! used only when llmlb's own subscriber is installed and writes without
+//! colours (`ansi` is for a terminal); otherwise it returns `false` and the
+//! caller logs through `tracing`. The caller checks `tracing::enabled!`
+//! first, so `RUST_LOG` filters the line as before. A unit test holds the
+//! two paths to the same bytes.
+//!
+//! Cost: one clock read and timestamp format, the fields written in place,
+//! one copy into the shared buffer under its lock; no allocation once the
+//! thread's buffer has grown to a line's size.
+
+use std::cell::RefCell;
+use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
+
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+
+use super::logging::{LogFormat, Lines};
+
+/// Where direct lines go: set once by `init_logging` when its subscriber
+/// is installed and writes without colours.
+static DIRECT: OnceLock<(LogFormat, Lines)> = OnceLock::new();
+
+pub(super) fn install(format: LogFormat, lines: Lines) {
+    let _ = DIRECT.set((format, lines));
+}
+
+thread_local! {
+    static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Writes one `INFO` line with `target` and `message`, its fields written
+/// by `fields`, as `tracing`'s formatter would; `false` (nothing written)
+/// when llmlb's plain subscriber is not the one installed.
+pub fn write(target: &str, message: &str, fields: impl FnOnce(&mut Line<'_>)) -> bool {
+    let Some((format, lines)) = DIRECT.get() else {
+        return false;
+    };
+    BUFFER.with(|b| {
+        // A line logged while this thread formats another (not done by the
+        // access log) gets a buffer of its own.
+        let mut own = Vec::new();
+        let mut borrowed = b.try_borrow_mut();
+        let buf = borrowed.as_deref_mut().unwrap_or(&mut own);
+        buf.clear();
+        format_line(buf, *format, target, message, fields);
+        lines.append_line(buf);
+    });
+    true
+}
+
+/// The line into `buf`, in `format`.
+fn format_line(
+    buf: &mut Vec<u8>,
+    format: LogFormat,
+    target: &str,
+    message: &str,
+    fields: impl FnOnce(&mut Line<'_>),
+) {
+    let mut line = Line::start(buf, format, target, message);
+    fields(&mut line);
+    line.end(target);
+}
+
+/// One line being written: add fields in the order the event declares
+/// them; a `None` value is left out, as `tracing` leaves it out.
+pub struct Line<'a> {
+    buf: &'a mut Vec<u8>,
+    format: LogFormat,
+}
+
+impl<'a> Line<'a> {
+    fn start(buf: &'a mut Vec<u8>, format: LogFormat, target: &str, message: &str) -> Self {
+        let mut time = String::with_capacity(32);
+        let _ = SystemTime.format_time(&mut Writer::new(&mut time));
+        match format {
+            LogFormat::Text => {
+                buf.extend_from_slice(time.as_bytes());
+                buf.extend_from_slice(b"  INFO ");
+                buf.extend_from_slice(target.as_bytes());
+                buf.extend_from_slice(b": ");
+                buf.extend_from_slice(message.as_bytes());
+            }
+            LogFormat::Json => {
+                buf.extend_from_slice(b"{\"timestamp\":");
+                json_str(buf, &time);
+                buf.extend_from_slice(b",\"level\":\"INFO\",\"message\":");
+                json_str(buf, message);
+            }
+        }
+        Line { buf, format }
+    }
+
+    fn end(self, target: &str) {
+        if self.format == LogFormat::Json {
+            self.buf.extend_from_slice(b",\"target\":");
+            json_str(self.buf, target);
+            self.buf.push(b'}');
+        }
+        self.buf.push(b'\n');
+    }
+
+    fn key(&mut self, name: &str) {
+        match self.format {
+            LogFormat::Text => {
+                self.buf.push(b' ');
+                self.buf.extend_from_slice(name.as_bytes());
+                self.buf.push(b'=');
+            }
+            LogFormat::Json => {
+                self.buf.push(b',');
+                json_str(self.buf, name);
+                self.buf.push(b':');
+            }
+        }
+    }
+
+    /// A string field: quoted as `Debug` quotes it (text) or as a JSON string.
+    pub fn str(&mut self, name: &str, value: Option<&str>) {
+        let Some(v) = value else { return };
+        self.key(name);
+        match self.format {
+            LogFormat::Text => debug_str(self.buf, v),
+            LogFormat::Json => json_str(self.buf, v),
+        }
+    }
+
+    /// A string field from a value whose `Display` needs no quoting inside
+    /// quotes (an address), written without an allocation of its own.
+    pub fn display(&mut self, name: &str, value: Option<impl fmt::Display>) {
+        let Some(v) = value else { return };
+        self.key(name);
+        self.buf.push(b'"');
+        let _ = write!(Bytes(self.buf), "{v}");
+        self.buf.push(b'"');
+    }
+
+    pub fn u64(&mut self, name: &str, value: Option<u64>) {
+        let Some(v) = value else { return };
+        self.key(name);
+        let _ = serde_json::to_writer(&mut *self.buf, &v);
+    }
+
+    pub fn bool(&mut self, name: &str, value: Option<bool>) {
+        let Some(v) = value else { return };
+        self.key(name);
+        self.buf
+            .extend_from_slice(if v { b"true" as &[u8] } else { b"false" });
+    }
+
+    /// A float: `Debug` in text (`12.0`), serde_json's form in JSON (the
+    /// same for finite values; JSON writes a non-finite one as `null`).
+    pub fn f64(&mut self, name: &str, value: Option<f64>) {
+        let Some(v) = value else { return };
+        self.key(name);
+        match self.format {
+            LogFormat::Text => {
+                let _ = write!(Bytes(self.buf), "{v:?}");
+            }
+            LogFormat::Json => {
+                let _ = serde_json::to_writer(&mut *self.buf, &v);
+            }
+        }
+    }
+}
+
+/// `fmt::Write` into a byte buffer.
+struct Bytes<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// `{:?}` of a string: printable ASCII without `"` or `\` is copied between
+/// quotes, anything else goes through `Debug`.
+fn debug_str(buf: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+        buf.push(b'"');
+        buf.extend_from_slice(s.as_bytes());
+        buf.push(b'"');
+    } else {
+        let _ = write!(Bytes(buf), "{s:?}");
+    }
+}
+
+fn json_str(buf: &mut Vec<u8>, s: &str) {
+    let _ = serde_json::to_writer(&mut *buf, s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `tracing`'s formatter writes, set up as `init_logging` sets it.
+    fn traced(format: LogFormat, event: impl FnOnce()) -> String {
+        let sink = Sink::default();
+        let out = sink.clone();
+        let builder = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || out.clone());
+        match format {
+            LogFormat::Text => tracing::subscriber::with_default(builder.finish(), event),
+            LogFormat::Json => tracing::subscriber::with_default(
+                builder.json().flatten_event(true).finish(),
+                event,
+            ),
+        }
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    fn direct(format: LogFormat, fields: impl FnOnce(&mut Line<'_>)) -> String {
+        let mut buf = Vec::new();
+        format_line(&mut buf, format, "llmlb::access", "request", fields);
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// The timestamps differ by when each line was made.
+    fn without_time(line: &str) -> String {
+        let at = line.find("Z").expect("a timestamp");
+        assert!(at >= 26, "{line}");
+        format!("{}{}", &line[..at - 26], &line[at + 1..])
+    }
+
+    #[derive(Clone, Copy)]
+    struct Case<'a> {
+        id: Option<&'a str>,
+        client: Option<SocketAddr>,
+        stream: Option<bool>,
+        status: Option<u16>,
+        ms: Option<f64>,
+        message: Option<&'a str>,
+    }
+
+    fn same_bytes(c: Case<'_>) {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let traced = traced(format, || {
+                tracing::info!(
+                    target: "llmlb::access",
+                    request_id = c.id,
+                    client = c.client.map(|c| c.to_string()).as_deref(),
+                    stream = c.stream,
+                    status = c.status,
+                    ttft_ms = c.ms,
+                    prompt_tokens = c.status.map(|s| u64::from(s) * 1000),
+                    error_message = c.message,
+                    "request"
+                )
+            });
+            let direct = direct(format, |l| {
+                l.str("request_id", c.id);
+                l.display("client", c.client);
+                l.bool("stream", c.stream);
+                l.u64("status", c.status.map(u64::from));
+                l.f64("ttft_ms", c.ms);
+                l.u64("prompt_tokens", c.status.map(|s| u64::from(s) * 1000));
+                l.str("error_message", c.message);
+            });
+            assert_eq!(without_time(&direct), without_time(&traced), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn a_direct_line_has_the_bytes_tracing_writes() {
+        let v4: SocketAddr = "127.0.0.1:41234".parse().unwrap();
+        let v6: SocketAddr = "[::1]:8080".parse().unwrap();
+        let full = Case {
+            id: Some("0f3c-req"),
+            client: Some(v4),
+            stream: Some(true),
+            status: Some(200),
+            ms: Some(12.0),
+            message: Some("plain"),
+        };
+        same_bytes(full);
+        same_bytes(Case {
+            id: None,
+            client: None,
+            stream: None,
+            status: None,
+            ms: None,
+            message: None,
+        });
+        for ms in [0.1 + 0.2, 1e-7, 1234567.89, 0.0, 1e21] {
+            same_bytes(Case {
+                ms: Some(ms),
+                ..full
+            });
+        }
+        for message in [
+            "quote \" and back\\slash",
+            "line\nbreak\ttab\r",
+            "unicode \u{e9}\u{200b} \u{1f600}",
+            "\u{7f} control \u{1b}[0m",
+            "",
+        ] {
+            same_bytes(Case {
+                id: Some(message),
+                client: Some(v6),
+                stream: Some(false),
+                message: Some(message),
+                ..full
+            });
+        }
+    }
+}
