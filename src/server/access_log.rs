@@ -20,8 +20,8 @@ use super::AppState;
 use super::record::{Ended, Record};
 pub use crate::net::Usage;
 use crate::telemetry::trace::{RequestTrace, Tracing};
-use http::{Method, Request, Uri};
 use http::header::HeaderValue;
+use http::{Method, Request, Uri};
 
 /// What is known when the request arrives. The request's own values are
 /// kept (a method, and the id and target as shared bytes), not copied into

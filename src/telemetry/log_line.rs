@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 
-use super::logging::{LogFormat, Lines};
+use super::logging::{Lines, LogFormat};
 
 /// Where direct lines go: set once by `init_logging` when its subscriber
 /// is installed and writes without colours.
@@ -186,7 +186,9 @@ impl fmt::Write for Bytes<'_> {
 /// `{:?}` of a string: printable ASCII without `"` or `\` is copied between
 /// quotes, anything else goes through `Debug`.
 fn debug_str(buf: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+    if s.bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
         buf.push(b'"');
         buf.extend_from_slice(s.as_bytes());
         buf.push(b'"');
