@@ -20,6 +20,7 @@ pub mod clock;
 pub mod decide;
 pub mod faults;
 pub mod fleet;
+pub mod instances;
 pub mod pool_queue;
 pub mod report;
 pub mod run;
