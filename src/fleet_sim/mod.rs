@@ -73,6 +73,8 @@ impl SimulateError {
 mod tests;
 
 #[cfg(test)]
+mod instance_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tenant_tests;
