@@ -371,26 +371,27 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     let items: Vec<(Policy, Instances)> = (policies.iter())
         .flat_map(|p| variants.iter().map(move |v| (*p, *v)))
         .collect();
-    let spec_for = |config: &Config, item: &(Policy, Instances)| -> Result<RunResult, SimulateError> {
-        let (policy, instances) = item;
-        let applied = policy.apply(config);
-        let spec = RunSpec {
-            workload: &workload,
-            config: &applied,
-            model: &model,
-            profile: &profile,
-            faults: &args.faults,
-            goodput_ttft: args.goodput_ttft.as_secs_f64(),
-            goodput_tpot: args.goodput_tpot.as_secs_f64(),
-            seed: args.seed,
-            network_delay: args.network_delay.as_secs_f64(),
-            scrape_phase: args.scrape_phase.as_secs_f64(),
-            tiers: tiers.as_ref(),
-            tenants: tenants.as_ref(),
-            instances: *instances,
+    let spec_for =
+        |config: &Config, item: &(Policy, Instances)| -> Result<RunResult, SimulateError> {
+            let (policy, instances) = item;
+            let applied = policy.apply(config);
+            let spec = RunSpec {
+                workload: &workload,
+                config: &applied,
+                model: &model,
+                profile: &profile,
+                faults: &args.faults,
+                goodput_ttft: args.goodput_ttft.as_secs_f64(),
+                goodput_tpot: args.goodput_tpot.as_secs_f64(),
+                seed: args.seed,
+                network_delay: args.network_delay.as_secs_f64(),
+                scrape_phase: args.scrape_phase.as_secs_f64(),
+                tiers: tiers.as_ref(),
+                tenants: tenants.as_ref(),
+                instances: *instances,
+            };
+            run(&spec, &policy.name())
         };
-        run(&spec, &policy.name())
-    };
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -418,7 +419,10 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         if disaggregated {
             let found = parallel(&policies, jobs, |policy| {
                 search::find_split(objective, start, args.max_replicas, |p, d| {
-                    spec_for(&split_fleet(Some(d), Some(p))?, &(*policy, Instances::one()))
+                    spec_for(
+                        &split_fleet(Some(d), Some(p))?,
+                        &(*policy, Instances::one()),
+                    )
                 })
             });
             for (policy, r) in policies.iter().zip(found) {

@@ -43,7 +43,11 @@ impl Sim<'_> {
 
     /// The instance request `i` went to.
     pub(super) fn instance(&self, i: usize) -> &Decider {
-        nth(&self.decider, &self.others, usize::from(self.instance_of[i]))
+        nth(
+            &self.decider,
+            &self.others,
+            usize::from(self.instance_of[i]),
+        )
     }
 
     /// Every instance.

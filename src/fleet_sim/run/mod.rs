@@ -404,7 +404,13 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     result.peak_per_replica = (sim.slots.iter().take(sim.decider.decode_replicas()))
         .map(|s| s.peak)
         .collect();
-    result.max_inflight = sim.decider.pool().replicas.iter().filter_map(|r| r.max_inflight).max();
+    result.max_inflight = sim
+        .decider
+        .pool()
+        .replicas
+        .iter()
+        .filter_map(|r| r.max_inflight)
+        .max();
     if disaggregated {
         let decode = sim.decider.decode_replicas();
         let role = |role: &'static str, slots: &[Slot]| RoleResult {

@@ -145,7 +145,7 @@ impl Sim<'_> {
             if slot.state == State::Up {
                 let snapshot = slot.snapshot(now_ms);
                 for d in std::iter::once(&self.decider).chain(&self.others) {
-                    d.replica(at).store_load(snapshot.clone());
+                    d.replica(at).store_load(snapshot);
                 }
             }
         }
