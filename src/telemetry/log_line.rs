@@ -234,8 +234,8 @@ mod tests {
                 event,
             ),
         }
-        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
-        text
+        let bytes = sink.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
     }
 
     fn direct(format: LogFormat, fields: impl FnOnce(&mut Line<'_>)) -> String {
