@@ -80,7 +80,7 @@ pub struct Doom {
 impl Doom {
     pub const NONE: Doom = Doom {
         below: None,
-        cut: 0,
+        cut: u64::MAX,
     };
 }
 
@@ -165,20 +165,20 @@ impl EvictOrder {
     /// (`u64::MAX`: they all fit).
     fn cut(&self, capacity: usize) -> u64 {
         let mut kept: HashSet<u64> = HashSet::new();
-        for (&id, blocks) in self.flight.iter().rev() {
+        for (&id, blocks) in &self.flight {
             let new = blocks.iter().filter(|b| !kept.contains(b)).count();
             if kept.len() + new > capacity {
-                return id + 1;
+                return id;
             }
             kept.extend(blocks.iter().copied());
         }
-        0
+        u64::MAX
     }
 
     fn spared(&self, block: u64, cut: u64) -> bool {
         self.refs
             .get(&block)
-            .is_some_and(|ids| ids.iter().any(|&i| i >= cut))
+            .is_some_and(|ids| ids.iter().any(|&i| i < cut))
     }
 
     /// Which blocks a pick should count as gone: with `held` reported
