@@ -8,27 +8,19 @@
 //! so a prompt's shared beginning outlives its end), and takes the blocks
 //! a newly scheduled request writes from the front of that queue, evicting
 //! the cached prefix they held (`src/replica_sim` models the same order).
-//! A waiting request's prefix is not protected: until the scheduler takes
-//! it, its blocks sit in the free queue like any other. vLLM runs its
-//! waiting queue first come, first served, and a request placed now runs
-//! after the ones already in flight there, so the blocks those will write
-//! come out of the oldest free ones first, and only the requests that fit
-//! in the cache together get to use their prefix before it goes.
+//! A request llmlb places now runs after the ones already in flight there,
+//! so the blocks those will write come out of the oldest free ones first.
 //!
 //! The estimate, per replica, keyed by llmlb's block hashes:
 //!
 //! ```text
 //! last use   = when a block was reported stored, or when the last request
 //!              llmlb sent with it ended (its blocks tail first)
-//! spared     = carried by one of the requests llmlb has in flight there
-//!              that fit in the cache together, taken in the order they
-//!              were sent (the order the replica runs them) until the next
-//!              one's blocks would go past the capacity: those are running
-//!              or run first, so not in line for eviction
+//! referenced = carried by a request llmlb has in flight there: in use, or
+//!              about to be used, so not in line for eviction
 //! overflow   = reported blocks + sent blocks not yet reported − capacity
-//! doomed     = the `overflow` reported blocks with the oldest last use
-//!              that are not spared (a block carried only by requests that
-//!              do not fit is doomed like any other)
+//! doomed     = the `overflow` unreferenced reported blocks with the
+//!              oldest last use
 //! ```
 //!
 //! A doomed block does not count as held for the next pick (nor in what
@@ -38,17 +30,16 @@
 //! [`EvictOrder::learn_capacity`]) or while everything fits. What it does
 //! not see: requests of other clients (their stores count, their future
 //! writes do not), the partial last block of a running request, output
-//! blocks still to be written, and chunked prefill (a request is taken
-//! whole or not at all).
+//! blocks still to be written, and a waiting request's prefix evicted by
+//! the ones scheduled before it (a referenced block is never doomed).
 //!
 //! Cost: a stamp per stored block in a hash map and an ordered map
-//! (about 80 bytes), and each request in flight's block list; a store, a
-//! removal or a request's end is O(log n) per block. A pick walks the
-//! requests in flight once (a set of their blocks, up to the capacity) and
-//! the oldest unspared blocks, O(blocks in flight + overflow), which is the
-//! work in flight there, not the cache size, and zero while everything fits.
+//! (about 80 bytes); a store, a removal or a request's end is O(log n) per
+//! block. A pick walks the oldest unreferenced blocks once per replica,
+//! O(overflow + referenced blocks older than the line), which is the work
+//! in flight there, not the cache size, and zero while everything fits.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 /// The last-use order of one replica's reported blocks (see the module docs).
 #[derive(Debug, Default)]
@@ -57,31 +48,23 @@ pub struct EvictOrder {
     stamp_of: HashMap<u64, u64>,
     /// Stamp → block, oldest first.
     by_stamp: BTreeMap<u64, u64>,
-    /// Requests in flight, by the order they were sent → their blocks.
-    flight: BTreeMap<u64, Vec<u64>>,
-    /// Blocks carried by requests in flight → those requests, in the
-    /// order they were sent.
-    refs: HashMap<u64, Vec<u64>>,
+    /// Blocks carried by requests in flight → how many carry them.
+    refs: HashMap<u64, u32>,
     next: u64,
     /// Capacity learned from the events, in blocks (see [`Self::learn_capacity`]).
     learned: Option<usize>,
 }
 
-/// Which blocks count as gone, for one pick.
+/// The line below which unreferenced blocks are doomed, for one pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Doom {
-    /// Unspared blocks stamped at or before this are doomed; `None`:
+    /// Unreferenced blocks stamped at or before this are doomed; `None`:
     /// nothing is.
     below: Option<u64>,
-    /// Blocks carried by a request sent before this one are spared.
-    cut: u64,
 }
 
 impl Doom {
-    pub const NONE: Doom = Doom {
-        below: None,
-        cut: u64::MAX,
-    };
+    pub const NONE: Doom = Doom { below: None };
 }
 
 impl EvictOrder {
@@ -114,32 +97,23 @@ impl EvictOrder {
     pub fn clear(&mut self) {
         self.stamp_of.clear();
         self.by_stamp.clear();
-        self.flight.clear();
         self.refs.clear();
     }
 
-    /// Request `id` carrying `blocks` (its prompt's, in order) was sent;
-    /// ids rise in the order requests are sent.
-    pub fn carry(&mut self, id: u64, blocks: &[u64]) {
+    /// A request carrying `blocks` (its prompt's, in order) was sent.
+    pub fn carry(&mut self, blocks: &[u64]) {
         for &b in blocks {
-            let ids = self.refs.entry(b).or_default();
-            if ids.last() != Some(&id) {
-                ids.push(id);
-            }
+            *self.refs.entry(b).or_insert(0) += 1;
         }
-        self.flight.insert(id, blocks.to_vec());
     }
 
-    /// Request `id` ended: its blocks are released, tail first, and those
-    /// the replica holds are used now.
-    pub fn release(&mut self, id: u64) {
-        let Some(blocks) = self.flight.remove(&id) else {
-            return;
-        };
+    /// The request carrying `blocks` ended: they are released, tail first,
+    /// and those the replica holds are used now.
+    pub fn release(&mut self, blocks: &[u64]) {
         for &b in blocks.iter().rev() {
-            if let Some(ids) = self.refs.get_mut(&b) {
-                ids.retain(|&i| i != id);
-                if ids.is_empty() {
+            if let Some(n) = self.refs.get_mut(&b) {
+                *n -= 1;
+                if *n == 0 {
                     self.refs.remove(&b);
                 }
             }
@@ -160,30 +134,9 @@ impl EvictOrder {
         self.learned
     }
 
-    /// The first request in flight, in sent order, whose blocks do not fit
-    /// in `capacity` together with those of the requests before it
-    /// (`u64::MAX`: they all fit).
-    fn cut(&self, capacity: usize) -> u64 {
-        let mut kept: HashSet<u64> = HashSet::new();
-        for (&id, blocks) in &self.flight {
-            let new = blocks.iter().filter(|b| !kept.contains(b)).count();
-            if kept.len() + new > capacity {
-                return id;
-            }
-            kept.extend(blocks.iter().copied());
-        }
-        u64::MAX
-    }
-
-    fn spared(&self, block: u64, cut: u64) -> bool {
-        self.refs
-            .get(&block)
-            .is_some_and(|ids| ids.iter().any(|&i| i < cut))
-    }
-
     /// Which blocks a pick should count as gone: with `held` reported
     /// blocks, `sent` blocks on their way and room for `capacity`, the
-    /// oldest unspared reported blocks that the sent ones push out.
+    /// oldest unreferenced reported blocks that the sent ones push out.
     pub fn doom(&self, held: usize, sent: usize, capacity: Option<usize>) -> Doom {
         let Some(capacity) = capacity.or(self.learned) else {
             return Doom::NONE;
@@ -192,11 +145,10 @@ impl EvictOrder {
         if overflow == 0 {
             return Doom::NONE;
         }
-        let cut = self.cut(capacity);
         let mut left = overflow;
         let mut below = None;
-        for (&s, &b) in &self.by_stamp {
-            if self.spared(b, cut) {
+        for (&s, b) in &self.by_stamp {
+            if self.refs.contains_key(b) {
                 continue;
             }
             below = Some(s);
@@ -205,7 +157,7 @@ impl EvictOrder {
                 break;
             }
         }
-        Doom { below, cut }
+        Doom { below }
     }
 
     /// Whether `block`, reported held, will be gone by the pick's turn.
@@ -213,7 +165,7 @@ impl EvictOrder {
         let Some(below) = doom.below else {
             return false;
         };
-        !self.spared(block, doom.cut) && self.stamp_of.get(&block).is_some_and(|&s| s <= below)
+        !self.refs.contains_key(&block) && self.stamp_of.get(&block).is_some_and(|&s| s <= below)
     }
 
     /// How many blocks requests in flight carry (for tests and status).
@@ -253,52 +205,15 @@ mod tests {
         let mut o = EvictOrder::default();
         o.stored(&[1, 2]);
         o.stored(&[10, 11]);
-        o.carry(0, &[1, 2, 5]);
+        o.carry(&[1, 2, 5]);
         // 1 and 2 are the oldest but carried: the next oldest go instead.
         assert_eq!(doomed(&o, 4, 2, 4, &[1, 2, 10, 11]), vec![10, 11]);
         assert_eq!(o.referenced(), 3);
-        o.release(0);
+        o.release(&[1, 2, 5]);
         assert_eq!(o.referenced(), 0);
         // Released after 10 and 11 were stored: now the most recent.
         assert_eq!(doomed(&o, 4, 2, 4, &[1, 2, 10, 11]), vec![10, 11]);
         assert_eq!(doomed(&o, 4, 3, 4, &[1, 2, 10, 11]), vec![2, 10, 11]);
-    }
-
-    /// The replica runs its queue in order: a request that does not fit in
-    /// the cache beside the ones sent before it waits, and its prefix, in
-    /// the free queue meanwhile, goes as any other old block would.
-    #[test]
-    fn a_waiting_request_past_the_capacity_does_not_spare_its_prefix() {
-        let mut o = EvictOrder::default();
-        o.stored(&[1, 2]); // the oldest: the waiting request's prefix
-        o.stored(&[10, 11]);
-        o.carry(0, &[10, 11, 20, 21]); // runs first, fills the cache
-        o.carry(1, &[1, 2, 30]); // waits behind it
-        // 4 reported + 3 sent (20, 21, 30) in a cache of 4: 3 must go, and
-        // only 1 and 2 are not held by the request that runs.
-        assert_eq!(doomed(&o, 4, 3, 4, &[1, 2, 10, 11]), vec![1, 2]);
-        // With room for both requests, both prefixes are spared.
-        assert!(doomed(&o, 4, 3, 7, &[1, 2, 10, 11]).is_empty());
-        // Once the first has ended the waiting one runs: its prefix stays
-        // and the released blocks are the oldest unspared ones.
-        o.release(0);
-        assert_eq!(doomed(&o, 4, 1, 4, &[1, 2, 10, 11]), vec![11]);
-    }
-
-    #[test]
-    fn a_prefix_shared_with_a_request_that_runs_first_is_spared() {
-        let mut o = EvictOrder::default();
-        o.stored(&[1, 2]);
-        o.stored(&[10, 11]);
-        o.carry(0, &[1, 2, 20]);
-        o.carry(1, &[1, 2, 21, 22]); // 2 new blocks past room for 4
-        o.carry(2, &[10, 11, 23]);
-        // Request 1 does not fit (3 + 2 > 4), nor does 2 behind it: 10 and
-        // 11 go; 1 and 2 stay, request 0 runs with them.
-        assert_eq!(doomed(&o, 4, 4, 4, &[1, 2, 10, 11]), vec![10, 11]);
-        o.release(1);
-        o.release(2);
-        assert_eq!(o.referenced(), 3);
     }
 
     #[test]
@@ -307,9 +222,7 @@ mod tests {
         o.stored(&[1, 2, 3]);
         o.removed(3);
         assert_eq!(doomed(&o, 2, 1, 2, &[1, 2, 3]), vec![2]);
-        o.carry(0, &[1]);
         o.clear();
-        assert_eq!(o.referenced(), 0);
         assert!(doomed(&o, 0, 1, 0, &[1, 2]).is_empty());
     }
 
@@ -327,10 +240,10 @@ mod tests {
     }
 
     #[test]
-    fn more_overflow_than_unspared_blocks_dooms_only_those() {
+    fn more_overflow_than_unreferenced_blocks_dooms_only_those() {
         let mut o = EvictOrder::default();
         o.stored(&[1, 2, 3]);
-        o.carry(0, &[1, 2]);
+        o.carry(&[1, 2]);
         assert_eq!(doomed(&o, 3, 5, 3, &[1, 2, 3]), vec![3]);
     }
 }

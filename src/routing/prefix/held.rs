@@ -47,9 +47,9 @@
 //!
 //! **Minus what it will evict.** Reported blocks the replica will evict to
 //! make room for what it has been sent, before a request placed now gets
-//! its turn, do not count ([`super::evict_order`]: once reported plus sent
-//! exceed the replica's capacity, the oldest blocks not carried by the
-//! requests in flight that fit in the cache in the order they were sent).
+//! its turn, do not count ([`super::evict_order`]: the oldest blocks no
+//! request in flight carries, once reported plus sent exceed the
+//! replica's capacity).
 //!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
@@ -272,6 +272,8 @@ impl HeldBlocks {
 struct Sent {
     /// Its blocks counted in `pending`.
     pending: Vec<u64>,
+    /// All its prompt's blocks, in order.
+    prompt: Vec<u64>,
 }
 
 /// A prompt sent to a replica whose blocks count as held there while this
@@ -340,8 +342,14 @@ impl Held {
             }
             mine.push(h);
         }
-        self.order.carry(id, hashes);
-        self.expecting.insert(id, Sent { pending: mine });
+        self.order.carry(hashes);
+        self.expecting.insert(
+            id,
+            Sent {
+                pending: mine,
+                prompt: hashes.to_vec(),
+            },
+        );
     }
 
     /// Request `id` ended: its blocks no longer count as sent (those still
@@ -351,7 +359,7 @@ impl Held {
         let Some(sent) = self.expecting.remove(&id) else {
             return;
         };
-        self.order.release(id);
+        self.order.release(&sent.prompt);
         for h in sent.pending {
             if let Some(n) = self.pending.get_mut(&h) {
                 *n -= 1;
