@@ -156,7 +156,9 @@ async fn stale_scrapes_fall_back_to_local_counts_for_all() {
     let (idle_looking, busy, proxy) = scraped_pair(
         [vllm_metrics(0, 0, 0.1), vllm_metrics(8, 50, 0.9)],
         "jsq",
-        "[pools.scrape]\ninterval = \"100ms\"\ntimeout = \"80ms\"\nstaleness = \"300ms\"",
+        // Staleness well above the interval: a busy host delays a scrape
+        // without making it stale.
+        "[pools.scrape]\ninterval = \"100ms\"\ntimeout = \"100ms\"\nstaleness = \"1500ms\"",
     )
     .await;
 
@@ -169,7 +171,7 @@ async fn stale_scrapes_fall_back_to_local_counts_for_all() {
     // attracting work once stale. Local counts decide for both replicas.
     idle_looking.set_metrics_fail(true);
     proxy
-        .wait_for(&idle_looking, Duration::from_secs(3), "staleness", |r| {
+        .wait_for(&idle_looking, Duration::from_secs(10), "staleness", |r| {
             r["load"]["stale"] == true
         })
         .await;
@@ -196,9 +198,12 @@ async fn stale_scrapes_fall_back_to_local_counts_for_all() {
     // Scrapes recover: back to the scraped queue.
     idle_looking.set_metrics_fail(false);
     proxy
-        .wait_for(&idle_looking, Duration::from_secs(3), "fresh scrape", |r| {
-            r["load"]["stale"] == false
-        })
+        .wait_for(
+            &idle_looking,
+            Duration::from_secs(10),
+            "fresh scrape",
+            |r| r["load"]["stale"] == false,
+        )
         .await;
     let before = busy.chats();
     for _ in 0..4 {

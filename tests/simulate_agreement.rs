@@ -270,6 +270,7 @@ fn simulate(
             scrape_phase: real.scrape_phase,
             tiers: None,
             tenants: None,
+            instances: llmlb::fleet_sim::instances::Instances::one(),
         },
         policy,
     )

@@ -71,12 +71,19 @@ impl PrefixOutbox {
 
 /// The outbox for `fleet` and the receiving end its task reads.
 pub fn outbox(fleet: &Fleet) -> (PrefixOutbox, mpsc::Receiver<PrefixRecord>) {
+    channel(fleet.metrics().prefix_dropped.clone())
+}
+
+/// An outbox and its receiving end, without a store: the caller carries
+/// the records (the fleet simulator, on its virtual clock). A full
+/// channel counts the dropped record in `dropped`.
+pub fn channel(dropped: prometheus::IntCounter) -> (PrefixOutbox, mpsc::Receiver<PrefixRecord>) {
     let (tx, rx) = mpsc::channel(OUTBOX);
     (
         PrefixOutbox {
             pool: Arc::from(""),
             tx,
-            dropped: fleet.metrics().prefix_dropped.clone(),
+            dropped,
         },
         rx,
     )

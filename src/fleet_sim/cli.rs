@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::decide::{self, Policy};
 use super::faults::Fault;
+use super::instances::Instances;
 use super::report::{self, RunResult};
 use super::run::{RunSpec, run};
 use super::search::{self, Objective};
@@ -24,6 +25,14 @@ use crate::config::{Config, DisaggregateWhen};
 pub enum BuiltIn {
     Random,
     SharedPrefix,
+}
+
+/// Which runs `--instances` adds beside one instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreRuns {
+    With,
+    Without,
+    Both,
 }
 
 /// Flags of `llmlb fleet-sim`.
@@ -200,6 +209,20 @@ pub struct SimulateArgs {
     /// Largest fleet --find-replicas tries.
     #[arg(long, default_value_t = 4096)]
     pub max_replicas: usize,
+    /// llmlb instances in front of the fleet, each request to the next in
+    /// turn (as a Kubernetes Service spreads them): every policy also runs
+    /// with N instances without a store (each its own in-flight counts,
+    /// queue and prefix view) and with a `[fleet]` store (leases of each
+    /// replica's `max_inflight`, one prefix view), beside one instance.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    /// With --instances: the runs with a store, without, or both.
+    #[arg(long, value_enum, default_value = "both")]
+    pub fleet_store: StoreRuns,
+    /// With --instances: the store's lease refresh (`[fleet] refresh`).
+    /// [default: the config's, or 50ms]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fleet_refresh: Option<Duration>,
     /// Policies simulated at once. [default: the machine's cores]
     #[arg(long)]
     pub jobs: Option<usize>,
@@ -344,28 +367,35 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
     };
     let tenants =
         (args.tenants.as_ref()).map(|mix| Tenants::draw(mix, workload.requests.len(), args.seed));
-    let spec_for = |config: &Config, policy: &Policy| -> Result<RunResult, SimulateError> {
-        let applied = policy.apply(config);
-        let spec = RunSpec {
-            workload: &workload,
-            config: &applied,
-            model: &model,
-            profile: &profile,
-            faults: &args.faults,
-            goodput_ttft: args.goodput_ttft.as_secs_f64(),
-            goodput_tpot: args.goodput_tpot.as_secs_f64(),
-            seed: args.seed,
-            network_delay: args.network_delay.as_secs_f64(),
-            scrape_phase: args.scrape_phase.as_secs_f64(),
-            tiers: tiers.as_ref(),
-            tenants: tenants.as_ref(),
+    let variants = instance_variants(args, base.as_ref())?;
+    let items: Vec<(Policy, Instances)> = (policies.iter())
+        .flat_map(|p| variants.iter().map(move |v| (*p, *v)))
+        .collect();
+    let spec_for =
+        |config: &Config, item: &(Policy, Instances)| -> Result<RunResult, SimulateError> {
+            let (policy, instances) = item;
+            let applied = policy.apply(config);
+            let spec = RunSpec {
+                workload: &workload,
+                config: &applied,
+                model: &model,
+                profile: &profile,
+                faults: &args.faults,
+                goodput_ttft: args.goodput_ttft.as_secs_f64(),
+                goodput_tpot: args.goodput_tpot.as_secs_f64(),
+                seed: args.seed,
+                network_delay: args.network_delay.as_secs_f64(),
+                scrape_phase: args.scrape_phase.as_secs_f64(),
+                tiers: tiers.as_ref(),
+                tenants: tenants.as_ref(),
+                instances: *instances,
+            };
+            run(&spec, &policy.name())
         };
-        run(&spec, &policy.name())
-    };
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .clamp(1, policies.len().max(1));
+        .clamp(1, items.len().max(1));
     let mut probes = Vec::new();
     let mut split_probes = Vec::new();
     let disaggregated = decide::is_disaggregated(&fleet(None)?, &model);
@@ -374,22 +404,25 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         let start = args.replicas.unwrap_or(4);
         // A disaggregated pool: the aggregated answer (the same pool
         // without its prefill pool) beside the split's.
-        let found = parallel(&policies, jobs, |policy| {
+        let found = parallel(&items, jobs, |item| {
             search::find(objective, start, args.max_replicas, |n| {
                 let c = fleet(Some(n))?;
-                spec_for(&decide::aggregated(&c, &model), policy)
+                spec_for(&decide::aggregated(&c, &model), item)
             })
         });
         let mut runs = Vec::new();
-        for (policy, r) in policies.iter().zip(found) {
+        for ((policy, instances), r) in items.iter().zip(found) {
             let (run, p) = r?;
-            probes.push((policy.name(), p));
+            probes.push((format!("{}{}", policy.name(), instances.label()), p));
             runs.push(run);
         }
         if disaggregated {
             let found = parallel(&policies, jobs, |policy| {
                 search::find_split(objective, start, args.max_replicas, |p, d| {
-                    spec_for(&split_fleet(Some(d), Some(p))?, policy)
+                    spec_for(
+                        &split_fleet(Some(d), Some(p))?,
+                        &(*policy, Instances::one()),
+                    )
                 })
             });
             for (policy, r) in policies.iter().zip(found) {
@@ -401,7 +434,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         runs
     } else {
         let config = fleet(args.replicas)?;
-        parallel(&policies, jobs, |policy| spec_for(&config, policy))
+        parallel(&items, jobs, |item| spec_for(&config, item))
             .into_iter()
             .collect::<Result<_, _>>()?
     };
@@ -412,6 +445,7 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         args.profile
     );
     text.push_str(&report::table(&runs));
+    text.push_str(&report::peaks_table(&runs));
     text.push_str(&super::split_report::table(&runs));
     text.push_str(&super::tier_report::table(&runs));
     text.push_str(&super::tenant_report::table(&runs));
@@ -453,6 +487,39 @@ pub fn execute(args: &SimulateArgs) -> Result<String, SimulateError> {
         report::write_json(path, &out)?;
     }
     Ok(text)
+}
+
+/// One instance, and with `--instances N` the runs of N instances without
+/// and with a store.
+fn instance_variants(
+    args: &SimulateArgs,
+    config: Option<&Config>,
+) -> Result<Vec<Instances>, SimulateError> {
+    if args.instances == 0 || args.instances > usize::from(u16::MAX) {
+        return Err(SimulateError::Invalid(
+            "--instances: from 1 to 65535".into(),
+        ));
+    }
+    let one = Instances::one();
+    if args.instances == 1 {
+        return Ok(vec![one]);
+    }
+    let refresh = (args.fleet_refresh)
+        .or_else(|| config.and_then(|c| c.fleet.as_ref()).map(|f| f.refresh))
+        .unwrap_or(one.refresh);
+    if refresh.is_zero() {
+        return Err(SimulateError::Invalid("--fleet-refresh: above 0".into()));
+    }
+    let n = |store| Instances {
+        count: args.instances,
+        store,
+        refresh,
+    };
+    Ok(match args.fleet_store {
+        StoreRuns::With => vec![one, n(true)],
+        StoreRuns::Without => vec![one, n(false)],
+        StoreRuns::Both => vec![one, n(false), n(true)],
+    })
 }
 
 /// `--requests-out`: each run's requests as CSV lines.

@@ -45,6 +45,14 @@ pub enum Event {
     /// A slot held for a tenant's next request is given up
     /// ([`crate::admission::fair::anticipate`]).
     HoldEnd,
+    /// Simulated llmlb instance `index` renews its slot leases with the
+    /// fleet store; the next renewal follows one refresh later.
+    Renew(u32),
+    /// Instance `index` renews at once: a request started waiting for a
+    /// slot there.
+    Nudge(u32),
+    /// The instances read each other's dispatch records from the store.
+    Records,
 }
 
 #[derive(Debug)]

@@ -414,6 +414,26 @@ impl Decider {
         &self.metrics
     }
 
+    /// Publishes this instance's dispatch records through `outbox`, as
+    /// `serve` does under a `[fleet]` store (`cache` and `hash` only).
+    pub fn share_prefixes(&self, outbox: &crate::fleet::PrefixOutbox) {
+        self.topology.share_prefixes(Some(outbox));
+    }
+
+    /// Folds another instance's dispatch record into this instance's view,
+    /// as `serve` folds what it reads from the store.
+    pub fn fold(&self, record: &crate::fleet::PrefixRecord, now_ms: u64) {
+        if let Some(pool) = (self.topology.pools.iter()).find(|p| *p.name == *record.pool) {
+            (pool.router).fold_remote(
+                &pool.replicas,
+                &record.replica,
+                record.key,
+                &record.blocks,
+                now_ms,
+            );
+        }
+    }
+
     /// The fleet position of a replica of the pool.
     pub fn position(&self, id: ReplicaId) -> usize {
         self.index[&id] as usize

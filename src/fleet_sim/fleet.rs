@@ -44,13 +44,17 @@ pub struct Slot {
     /// holding, and the KV events of the step under way, applied to it when
     /// the step ends (as `llmlb replica-sim` publishes them then).
     pub kv: Option<KvFeed>,
+    /// The most requests it held at once (running + waiting, as its
+    /// `/metrics` would show them).
+    pub peak: u32,
 }
 
 /// What `serve`'s KV-event subscriber does for one replica, without the
-/// socket: the engine's events go straight into the router's record.
+/// socket: the engine's events go straight into the router's record (of
+/// every simulated llmlb instance: each subscribes).
 #[derive(Debug)]
 pub struct KvFeed {
-    held: Arc<HeldBlocks>,
+    held: Vec<Arc<HeldBlocks>>,
     step: Vec<KvEvent>,
 }
 
@@ -61,10 +65,11 @@ impl Slot {
     pub fn publish_to(&mut self, held: Arc<HeldBlocks>) {
         self.engine.record_kv_events();
         held.restarted();
-        self.kv = Some(KvFeed {
-            held,
+        let feed = self.kv.get_or_insert_with(|| KvFeed {
+            held: Vec::new(),
             step: Vec::new(),
         });
+        feed.held.push(held);
     }
 
     /// Notes the events of the step just started (or of a step that could
@@ -80,11 +85,14 @@ impl Slot {
         if let Some(feed) = &mut self.kv
             && !feed.step.is_empty()
         {
-            feed.held.apply(&EventBatch {
+            let batch = EventBatch {
                 ts: now,
                 events: std::mem::take(&mut feed.step),
                 dp_rank: None,
-            });
+            };
+            for held in &feed.held {
+                held.apply(&batch);
+            }
         }
     }
 }
@@ -110,11 +118,18 @@ pub fn build(profile: &SimConfig, n: usize) -> Vec<Slot> {
             tokens: 0,
             busy_s: 0.0,
             kv: None,
+            peak: 0,
         })
         .collect()
 }
 
 impl Slot {
+    /// Notes how many requests the engine holds now (after one entered).
+    pub fn note_peak(&mut self) {
+        let held = self.engine.num_running() + self.engine.num_waiting();
+        self.peak = self.peak.max(held as u32);
+    }
+
     /// What a scrape of this replica returns at `now_ms`.
     pub fn snapshot(&self, now_ms: u64) -> LoadSnapshot {
         let s = self.engine.stats();

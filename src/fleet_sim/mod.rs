@@ -20,6 +20,7 @@ pub mod clock;
 pub mod decide;
 pub mod faults;
 pub mod fleet;
+pub mod instances;
 pub mod pool_queue;
 pub mod report;
 pub mod run;
@@ -71,6 +72,8 @@ impl SimulateError {
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod instance_tests;
 #[cfg(test)]
 mod split_tests;
 #[cfg(test)]

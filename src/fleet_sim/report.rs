@@ -94,6 +94,13 @@ pub struct RunResult {
     /// Goodput also asks each request's mean inter-token gap (TPOT) to be
     /// at most this (0: TTFT alone).
     pub goodput_tpot_s: f64,
+    /// llmlb instances sending to the fleet (`--instances`).
+    pub instances: usize,
+    /// Per replica of the pool, the most requests it held at once
+    /// (running + waiting in its engine).
+    pub peak_per_replica: Vec<u32>,
+    /// The pool's largest `max_inflight`, when it has one.
+    pub max_inflight: Option<u32>,
     #[serde(skip)]
     pub ttft_samples: Vec<f64>,
     #[serde(skip)]
@@ -148,6 +155,9 @@ impl RunResult {
             tenants: Vec::new(),
             split: None,
             goodput_tpot_s: 0.0,
+            instances: 1,
+            peak_per_replica: Vec::new(),
+            max_inflight: None,
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
             per_request: Vec::new(),
@@ -224,6 +234,34 @@ pub fn table(runs: &[RunResult]) -> String {
             out,
             "errors include up to {most} requests longer than the profile's context \
              (answered 400, as vLLM answers them; --max-model-len raises it)"
+        );
+    }
+    out
+}
+
+/// With several instances: each run's peak per replica against the
+/// limit (empty otherwise).
+pub fn peaks_table(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    if runs.iter().all(|r| r.instances <= 1) {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<18} {:>13} {:>12}  peak running + waiting per replica",
+        "policy", "max_inflight", "peak"
+    );
+    for r in runs {
+        let peaks: Vec<String> = r.peak_per_replica.iter().map(u32::to_string).collect();
+        let peak = r.peak_per_replica.iter().max().copied().unwrap_or(0);
+        let limit = r.max_inflight.map_or("none".to_string(), |l| l.to_string());
+        let _ = writeln!(
+            out,
+            "{:<18} {:>13} {:>12}  {}",
+            r.policy,
+            limit,
+            peak,
+            peaks.join(" ")
         );
     }
     out

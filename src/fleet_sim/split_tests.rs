@@ -41,6 +41,7 @@ fn simulate(w: &SimWorkload, config: &Config, faults: &[Fault]) -> RunResult {
         scrape_phase: 0.0,
         tiers: None,
         tenants: None,
+        instances: crate::fleet_sim::instances::Instances::one(),
     };
     run(&spec, "least_tokens").unwrap()
 }

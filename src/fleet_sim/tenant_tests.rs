@@ -56,6 +56,7 @@ fn simulate(w: &SimWorkload, config: &Config, mix: &str) -> RunResult {
         scrape_phase: 0.0,
         tiers: None,
         tenants: Some(&tenants),
+        instances: crate::fleet_sim::instances::Instances::one(),
     };
     run(&spec, "config").unwrap()
 }

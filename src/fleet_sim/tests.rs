@@ -59,6 +59,7 @@ fn simulate_with(
         scrape_phase,
         tiers: None,
         tenants: None,
+        instances: crate::fleet_sim::instances::Instances::one(),
     };
     run(&spec, policy).unwrap()
 }
@@ -223,6 +224,7 @@ fn a_fault_beyond_the_fleet_is_an_error() {
         scrape_phase: 0.0,
         tiers: None,
         tenants: None,
+        instances: crate::fleet_sim::instances::Instances::one(),
     };
     let err = run(&spec, "config").err().unwrap();
     assert!(err.to_string().contains("replica 5"), "{err}");
@@ -325,6 +327,7 @@ fn run_fast_delayed(
         scrape_phase: 0.0,
         tiers,
         tenants: None,
+        instances: crate::fleet_sim::instances::Instances::one(),
     };
     run(&spec, policy).unwrap()
 }

@@ -11,7 +11,8 @@ use crate::admission::fair::{Entry, FairLevel, anticipate};
 use crate::admission::refusal::next_level;
 use crate::fleet_sim::clock::{Event, millis};
 use crate::fleet_sim::fleet::State;
-use crate::pool::{Choice, Failure, queue_capacity};
+use crate::pool::{Choice, Failure};
+use crate::replica::state::WaitingGuard;
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::engine::NewRequest;
 use crate::routing::Decision;
@@ -34,10 +35,15 @@ impl Sim<'_> {
         let now_ms = millis(now);
         let retries = self.decider.pool().retries as usize;
         loop {
-            let info = self.decider.info(r.input, r.output);
-            let replica = match self.decider.choose(&decision, &tried, &info, now_ms) {
+            let instance = self.instance(i);
+            let info = instance.info(r.input, r.output);
+            let replica = match instance.choose(&decision, &tried, &info, now_ms) {
                 Choice::Pick(replica, _) => replica,
-                Choice::Wait(_) => return Some(self.wait_for_slot(i, decision, tried, now)),
+                Choice::Wait(candidates) => {
+                    let waiting = candidates.iter().map(|c| c.wait_here()).collect();
+                    self.nudge(usize::from(self.instance_of[i]), now);
+                    return Some(self.wait_for_slot(i, decision, tried, waiting, now));
+                }
                 Choice::NoReplica(_) if tried.is_empty() => {
                     self.out.no_replica += 1;
                     self.finished(i, now);
@@ -55,16 +61,16 @@ impl Sim<'_> {
                 guard.run_adapter(a);
             }
             tried.push(replica.id);
-            let at = self.decider.position(replica.id);
+            let at = self.instance(i).position(replica.id);
             self.slots[at].dispatched += 1;
             match self.slots[at].state {
                 State::Dead => {
                     drop(guard);
-                    let pool = self.decider.pool();
-                    pool.record_failure_at(
+                    let instance = self.instance(i);
+                    instance.pool().record_failure_at(
                         &replica,
                         Failure::Connect,
-                        self.decider.metrics(),
+                        instance.metrics(),
                         now_ms,
                     );
                     if tried.len() > retries {
@@ -103,6 +109,7 @@ impl Sim<'_> {
         i: usize,
         decision: Decision,
         tried: Vec<ReplicaId>,
+        waiting: Vec<WaitingGuard>,
         now: f64,
     ) -> Waiter {
         if !std::mem::replace(&mut self.live[i].slot_deadline, true) {
@@ -117,6 +124,7 @@ impl Sim<'_> {
             index: i,
             decision,
             tried,
+            _waiting: waiting,
         }
     }
 
@@ -137,7 +145,7 @@ impl Sim<'_> {
             return false;
         }
         let held = self.held(now);
-        let capacity = queue_capacity(&self.decider.pool().replicas, millis(now));
+        let capacity = self.capacity(millis(now));
         held > 0 && self.open + held >= capacity
     }
 
@@ -192,6 +200,7 @@ impl Sim<'_> {
             self.close(i);
             return;
         }
+        self.slots[at].note_peak();
         if self.slots[at].pending.is_none() {
             self.start_step(at, now);
         }
@@ -304,7 +313,7 @@ impl Sim<'_> {
             .as_ref()
             .map_or_else(Vec::new, |q| q.level_settings().to_vec());
         let mut kept = Vec::new();
-        let capacity = queue_capacity(&self.decider.pool().replicas, millis(now));
+        let capacity = self.capacity(millis(now));
         loop {
             let held = self.held(now);
             if held > 0 && self.open + held >= capacity {

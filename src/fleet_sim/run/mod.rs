@@ -31,6 +31,7 @@
 //! generated into one reused buffer and moved into the engine.
 
 mod dispatch;
+mod instances;
 mod outages;
 mod split;
 mod steps;
@@ -42,7 +43,7 @@ use crate::admission::estimate::Placement;
 use crate::admission::fair::FairLevel;
 use crate::admission::refusal::Standing;
 use crate::config::Config;
-use crate::pool::{placement_ttft, queue_capacity};
+use crate::pool::placement_ttft;
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::config::SimConfig;
 use crate::routing::{Decision, Expected, Prompt};
@@ -52,6 +53,7 @@ use super::clock::{Event, EventQueue, millis};
 use super::decide::Decider;
 use super::faults::Fault;
 use super::fleet::{self, Slot};
+use super::instances::Instances;
 use super::pool_queue::QueueModel;
 use super::report::{Outcomes, RunResult};
 use super::split_report::{RoleResult, SplitCounts, SplitResult};
@@ -116,11 +118,21 @@ pub struct RunSpec<'a> {
     pub tiers: Option<&'a Tiers>,
     /// Each request's tenant (`None`: no tenant named).
     pub tenants: Option<&'a Tenants>,
+    /// How many llmlb instances send to the fleet, and whether they share
+    /// a `[fleet]` store.
+    pub instances: Instances,
 }
 
 struct Sim<'a> {
     spec: &'a RunSpec<'a>,
+    /// The llmlb instance (the first, with `--instances`).
     decider: Decider,
+    /// The other instances of `--instances`.
+    others: Vec<Decider>,
+    /// Per request, the instance it arrived at.
+    instance_of: Vec<u16>,
+    /// What the instances share, with a store.
+    store: Option<instances::Store>,
     slots: Vec<Slot>,
     live: Vec<Live>,
     queue: EventQueue,
@@ -168,6 +180,9 @@ struct Waiter {
     index: usize,
     decision: Decision,
     tried: Vec<ReplicaId>,
+    /// It counts as waiting on these replicas (the demand a fleet store
+    /// reads), as `serve`'s forwarder counts it.
+    _waiting: Vec<crate::replica::state::WaitingGuard>,
 }
 
 /// Runs the workload through the fleet under `spec.config`.
@@ -182,10 +197,18 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             n.saturating_sub(1)
         )));
     }
+    if spec.instances.several() && (disaggregated || !spec.faults.is_empty()) {
+        return Err(SimulateError::Invalid(
+            "--instances: not with --fault or a disaggregated pool (not modelled)".into(),
+        ));
+    }
     let requests = spec.workload.requests.len();
     let mut sim = Sim {
         spec,
         decider,
+        others: instances::others(spec)?,
+        instance_of: vec![0; requests],
+        store: None,
         slots: fleet::build(spec.profile, n),
         live: (0..requests).map(|_| Live::default()).collect(),
         queue: EventQueue::new(),
@@ -226,15 +249,20 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             }
         }
     }
-    // `exact` mode: each replica's KV events feed the router's record.
-    let pools = [Some(sim.decider.pool()), sim.decider.prefill_pool()];
-    let subscriptions: Vec<_> = (pools.into_iter().flatten())
-        .flat_map(|p| p.router.kv_subscriptions())
-        .map(|(id, _, held)| (sim.decider.position(id), held))
+    // `exact` mode: each replica's KV events feed every instance's record.
+    let subscriptions: Vec<_> = (sim.instances())
+        .flat_map(|d| {
+            let pools = [Some(d.pool()), d.prefill_pool()];
+            (pools.into_iter().flatten())
+                .flat_map(|p| p.router.kv_subscriptions())
+                .map(|(id, _, held)| (d.position(id), held))
+                .collect::<Vec<_>>()
+        })
         .collect();
     for (at, held) in subscriptions {
         sim.slots[at].publish_to(held);
     }
+    sim.start_store();
     if sim.closed_loop() {
         let streams = spec.tenants.map_or(0, Tenants::total_streams).min(requests);
         for k in 0..streams {
@@ -304,6 +332,18 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
                 sim.slot_freed = true;
                 false
             }
+            Event::Renew(k) => {
+                sim.renew(k as usize, now, true);
+                false
+            }
+            Event::Nudge(k) => {
+                sim.renew(k as usize, now, false);
+                false
+            }
+            Event::Records => {
+                sim.read_records(now);
+                false
+            }
         };
         if acted {
             last = now;
@@ -339,7 +379,7 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
             p.replicas.len(),
             sim.decider.decode_replicas()
         ),
-        None => policy.to_string(),
+        None => format!("{policy}{}", spec.instances.label()),
     };
     let mut result = RunResult::new(
         &label,
@@ -360,6 +400,17 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     );
     result.tiers = tiers;
     result.goodput_tpot_s = spec.goodput_tpot;
+    result.instances = spec.instances.count;
+    result.peak_per_replica = (sim.slots.iter().take(sim.decider.decode_replicas()))
+        .map(|s| s.peak)
+        .collect();
+    result.max_inflight = sim
+        .decider
+        .pool()
+        .replicas
+        .iter()
+        .filter_map(|r| r.max_inflight)
+        .max();
     if disaggregated {
         let decode = sim.decider.decode_replicas();
         let role = |role: &'static str, slots: &[Slot]| RoleResult {
@@ -408,6 +459,7 @@ impl Sim<'_> {
     fn arrive(&mut self, i: usize, now: f64) {
         let w = self.spec.workload;
         self.arrived += 1;
+        self.assign_instance(i);
         if let Some(next) = w.requests.get(i + 1).filter(|_| !self.closed_loop()) {
             self.queue.push(next.at, Event::Arrival(i as u32 + 1));
         }
@@ -438,7 +490,13 @@ impl Sim<'_> {
             Source::Text(p) => crate::routing::Prompt::Tokens(&p.1),
         };
         let route_tier = self.spec.tiers.and_then(|t| t.of(i).route_tier.as_deref());
-        let mut decision = match self.decider.route(prompt, route_tier, now_ms) {
+        let k = usize::from(self.instance_of[i]);
+        let decider = if k == 0 {
+            &mut self.decider
+        } else {
+            &mut self.others[k - 1]
+        };
+        let mut decision = match decider.route(prompt, route_tier, now_ms) {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;
@@ -453,7 +511,7 @@ impl Sim<'_> {
             }
         }
         if self.held_back(i, now) {
-            let waiter = self.wait_for_slot(i, decision, Vec::new(), now);
+            let waiter = self.wait_for_slot(i, decision, Vec::new(), Vec::new(), now);
             self.park(waiter);
         } else if let Some(waiter) = self.dispatch(i, decision, Vec::new(), now) {
             self.park(waiter);
@@ -507,7 +565,7 @@ impl Sim<'_> {
         let level = self.level(i);
         let now_ms = millis(now);
         let pool = self.decider.pool();
-        let capacity = queue_capacity(&pool.replicas, now_ms);
+        let capacity = self.capacity(now_ms);
         let depths: Vec<usize> = self.waiting.iter().map(FairLevel::len).collect();
         let promoted = (self.waiting.iter().enumerate())
             .skip(level + 1)

@@ -143,7 +143,10 @@ impl Sim<'_> {
         let pool = std::sync::Arc::clone(self.decider.pool());
         for (at, slot) in self.slots.iter().enumerate() {
             if slot.state == State::Up {
-                self.decider.replica(at).store_load(slot.snapshot(now_ms));
+                let snapshot = slot.snapshot(now_ms);
+                for d in std::iter::once(&self.decider).chain(&self.others) {
+                    d.replica(at).store_load(snapshot);
+                }
             }
         }
         if self.work_left()
