@@ -166,6 +166,88 @@ async fn the_store_stopped_and_restarted_under_load_fails_nothing() {
     }
 }
 
+/// One streaming chat of `tier` through `lb`, read to its end: its status.
+async fn stream_of(lb: std::net::SocketAddr, tier: &str) -> StatusCode {
+    let mut req = chat_request("/v1/chat/completions", CHAT_STREAM);
+    req.headers_mut()
+        .insert("x-llmlb-tier", tier.parse().unwrap());
+    let mut conn = Conn::open(lb).await;
+    let resp = conn.send(req).await;
+    let status = resp.status();
+    let _ = resp.into_body().collect().await;
+    status
+}
+
+/// Paid requests on one instance and free ones on all three: the
+/// instances whose free waiters wait for the paid ones give their slots
+/// back before their refreshes (`llmlb_fleet_slot_releases_total`), and
+/// the replica never runs more than its limit.
+#[tokio::test]
+async fn slots_given_back_for_another_instances_waiters_keep_the_limit() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let tiers = "[[priorities]]\nname = \"high\"\nmax_wait = \"60s\"\n\
+        [[priorities]]\nname = \"low\"\nmax_wait = \"60s\"\npromote_after = \"600s\"\n\
+        [[tiers]]\nname = \"paid\"\npriority = \"high\"\n\
+        [[tiers]]\nname = \"free\"\npriority = \"low\"\n";
+    let cfg = format!(
+        "{tiers}{}[pools.queue]\nmax_depth = 64\ntimeout = \"60s\"\n",
+        config(&redis.url(), &up.url(), 3)
+    );
+    let lbs = [
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+    ];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two free clients per instance, one paid client on the first.
+    let clients: Vec<_> = (0..7)
+        .map(|i| {
+            let (lb, stop) = (lbs[i % 3].addr, stop.clone());
+            let tier = if i == 6 { "paid" } else { "free" };
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..400 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    statuses.push(stream_of(lb, tier).await);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let peak = release_and_watch(&up, Duration::from_millis(5), || {
+        let done = started.elapsed() > Duration::from_secs(3);
+        if done {
+            stop.store(true, Ordering::SeqCst);
+        }
+        done && clients.iter().all(|c| c.is_finished())
+    })
+    .await;
+    let mut served = 0;
+    for c in clients {
+        for s in c.await.unwrap() {
+            assert_eq!(s, StatusCode::OK);
+            served += 1;
+        }
+    }
+    assert!(served > 30, "{served} requests served");
+    assert!(peak <= 3, "the replica held {peak} streams at once");
+    let mut released = 0.0;
+    for lb in &lbs[1..] {
+        let text = metrics_text(lb.admin_addr).await;
+        released += metric_value(&text, "llmlb_fleet_slot_releases_total", &[]);
+    }
+    assert!(released >= 1.0, "slots were given back ({released})");
+    for lb in lbs {
+        lb.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_killed_instance_gives_its_slots_back_within_its_ttl() {
     let Some(redis) = RedisServer::start("fleet").await else {

@@ -20,6 +20,11 @@
 //!   when the store came back, while the other instances re-register what
 //!   they hold.
 //!
+//! Between refreshes the instance may give slots back ([`Leases::release`]):
+//! the cap in force drops at once, and the next refresh reports the lower
+//! cap as what it holds, so the store can hand the slots to another
+//! instance one refresh sooner. The cap stays lowered until an answer.
+//!
 //! Before its first successful refresh the instance holds no slot (cap 0);
 //! when the store has not answered for one `ttl + margin` since the first
 //! try, it falls back as if it were alone (`live = 1`).
@@ -67,6 +72,8 @@ struct Slot {
     excess: u32,
     /// The cap in force when probation began.
     ceiling: Option<u32>,
+    /// Given back since the last answer: the cap is at most this.
+    released: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -130,7 +137,7 @@ impl Leases {
         };
         let granted = || {
             let s = slot.cloned().unwrap_or_default();
-            let grant = s.grant.min(limit);
+            let grant = s.grant.min(limit).min(s.released.unwrap_or(u32::MAX));
             match s.ceiling {
                 Some(c) if self.probation_until.is_some_and(|u| now < u) => grant.min(c),
                 _ => grant,
@@ -192,6 +199,7 @@ impl Leases {
                     grant: grant.cap,
                     excess: grant.excess,
                     ceiling,
+                    released: None,
                 },
             );
         }
@@ -201,6 +209,25 @@ impl Leases {
         self.live = live.max(1);
         self.epoch = Some(epoch.to_string());
         rejoin
+    }
+
+    /// Lowers the cap on replica `key` (limit `limit`) to `keep` until the
+    /// next answer, when the lease holds more: the slots go back to the
+    /// store with the next refresh. Only a lease can be given back (not the
+    /// fallback's share). Returns whether the cap dropped.
+    pub fn release(&mut self, key: &str, limit: u32, keep: u32, now: Instant) -> bool {
+        if !matches!(self.phase(now), Phase::Leased | Phase::Probation)
+            || self.cap(key, limit, now) <= keep
+        {
+            return false;
+        }
+        match self.slots.get_mut(key) {
+            Some(slot) => {
+                slot.released = Some(keep);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The limits of the replicas the last refresh covered, by key.
@@ -315,6 +342,32 @@ mod tests {
             1,
             "no more than before until the others re-register"
         );
+    }
+
+    #[test]
+    fn slots_given_back_stay_back_until_the_next_answer() {
+        let t0 = Instant::now();
+        let mut l = Leases::new(TTL, REFRESH, TIMEOUT);
+        l.answered(t0, t0, "e", 2, &[("a", 8)], &[grant(6, 0)]);
+        assert!(!l.release("a", 8, 6, t0), "nothing to give back");
+        assert!(l.release("a", 8, 2, t0 + ms(10)));
+        assert_eq!(l.cap("a", 8, t0 + ms(10)), 2);
+        // A refresh that failed (its script may have run) keeps it low.
+        l.failed(t0 + ms(20));
+        assert_eq!(l.cap("a", 8, t0 + ms(30)), 2);
+        assert!(!l.release("a", 8, 3, t0 + ms(30)), "never raised");
+        // The next answer's grant rules again.
+        l.answered(
+            t0 + ms(40),
+            t0 + ms(40),
+            "e",
+            2,
+            &[("a", 8)],
+            &[grant(4, 0)],
+        );
+        assert_eq!(l.cap("a", 8, t0 + ms(40)), 4);
+        // The fallback's share is not a lease: nothing to give back.
+        assert!(!l.release("a", 8, 0, t0 + ms(9000)));
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct FleetMetrics {
     pub queue_local: IntCounter,
     /// 1 while the fallback is in force.
     pub in_fallback: IntGauge,
+    /// Refreshes that began by giving slots back (waiters held back here).
+    pub released: IntCounter,
     /// Round trip of one refresh (registration and every lease).
     pub refresh_seconds: Histogram,
     /// The slot cap in force on each replica (`max_inflight` shared by the fleet).
@@ -55,6 +57,10 @@ impl FleetMetrics {
             in_fallback: f.gauge_one(
                 "llmlb_fleet_fallback",
                 "1 while this instance uses its fallback share instead of leases from the store.",
+            ),
+            released: f.counter_one(
+                "llmlb_fleet_slot_releases_total",
+                "Refreshes that gave slots back first, because this instance's waiters wait for another instance's.",
             ),
             refresh_seconds: f
                 .histogram(

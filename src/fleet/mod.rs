@@ -13,8 +13,10 @@
 //! - **One queue order** ([`queues`]): each refresh publishes every pool
 //!   queue's waiters per level and each level's oldest wait, and reads the
 //!   other instances'; a waiter here that another instance's goes before
-//!   takes no slot and is not counted as demand, so the lease moves there
-//!   (`admission::queue` holds the rule).
+//!   takes no slot and is not counted as demand, and the slots this
+//!   instance will not use are given back before its next refresh
+//!   ([`Fleet::release`]), so the lease moves there (`admission::queue`
+//!   holds the rule).
 //! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
 //!   stream, folded by every instance into its `cache`/`hash` index.
 //! - **Failure**: when the store is down, slow or out of reach, each

@@ -235,6 +235,32 @@ impl Fleet {
             .collect()
     }
 
+    /// Gives back, before the next refresh, the slots of a lease this
+    /// instance will not use: on each replica whose pool's waiters here
+    /// wait for another instance's (`held_back`), the cap drops to the
+    /// requests running there plus the waiters that do not. Returns the
+    /// caps in force when one dropped (the caller applies them before the
+    /// refresh, so the refresh reports the lower lease and the store moves
+    /// those slots one refresh sooner).
+    pub fn release(&self, demands: &[Demand]) -> Option<Vec<u32>> {
+        let now = Instant::now();
+        let mut leases = self.leases.lock().expect("poisoned");
+        let mut dropped = false;
+        for d in demands.iter().filter(|d| d.held_back) {
+            dropped |= leases.release(&d.key(), d.limit, d.want.max(d.in_flight), now);
+        }
+        if !dropped {
+            return None;
+        }
+        self.metrics.released.inc();
+        Some(
+            demands
+                .iter()
+                .map(|d| leases.cap(&d.key(), d.limit, now))
+                .collect(),
+        )
+    }
+
     pub fn phase(&self) -> Phase {
         self.leases.lock().expect("poisoned").phase(Instant::now())
     }
@@ -389,22 +415,34 @@ impl Fleet {
     /// The refresh loop: every `fleet.refresh` (a quarter of it while
     /// slots must move between instances; sooner when a request starts
     /// waiting for a slot, [`super::nudge`]), read
-    /// the demands, refresh, and hand the caps to `apply`. On shutdown the
-    /// instance leaves the store, so its slots are free at once.
-    pub async fn run<D, A>(
+    /// the demands, refresh, and hand the caps to `apply`. Slots held back
+    /// for another instance's waiters are given back first
+    /// ([`Fleet::release`]): `lower` applies the lowered caps, and the
+    /// demands are read again before the refresh reports them. On shutdown
+    /// the instance leaves the store, so its slots are free at once.
+    pub async fn run<D, L, A>(
         self: Arc<Self>,
         demands: D,
+        lower: L,
         apply: A,
         mut shutdown: watch::Receiver<bool>,
     ) where
         D: Fn() -> (Vec<Demand>, Vec<QueueReport>),
+        L: Fn(&[Demand], &[u32]),
         A: Fn(&[Demand], &Exchange),
     {
         let mut last_keys: Vec<String>;
         let mut last_pools: Vec<String>;
         loop {
             let started = tokio::time::Instant::now();
-            let (now, queues) = demands();
+            let (mut now, mut queues) = demands();
+            if let Some(caps) = self.release(&now) {
+                lower(&now, &caps);
+                // A request that read the old cap may still take a slot:
+                // the refresh reports what runs after this point.
+                tokio::task::yield_now().await;
+                (now, queues) = demands();
+            }
             let answer = self.exchange(&now, &queues).await;
             apply(&now, &answer);
             last_keys = now.iter().map(Demand::key).collect();

@@ -89,47 +89,71 @@ fn demand(limit: u32, in_flight: u32, want: u32) -> Demand {
     }
 }
 
+/// Refreshes `fleet` with one demand each, round after round at the
+/// refresh interval (as the loop does), until their caps are `want`;
+/// panics with the last caps after 5 s. A loaded machine makes a round
+/// slower or a call time out; it cannot make the caps settle elsewhere.
+async fn settle(fleet: &[&Arc<Fleet>], demands: &[Demand], want: &[u32]) {
+    let start = std::time::Instant::now();
+    loop {
+        let mut caps = Vec::with_capacity(fleet.len());
+        for (f, d) in fleet.iter().zip(demands) {
+            caps.push(f.refresh(std::slice::from_ref(d)).await[0]);
+        }
+        if caps == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "caps {caps:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn instances_register_and_split_a_limit_by_demand() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
     let fleet = handles(&redis.url(), "t1:", 3);
-    // All three want more than the limit: after a few rounds, one each.
-    let mut caps = vec![0; 3];
-    for _ in 0..4 {
-        for (i, f) in fleet.iter().enumerate() {
-            caps[i] = f.refresh(&[demand(3, 0, 5)]).await[0];
-        }
-    }
-    assert_eq!(caps, vec![1, 1, 1]);
+    let all: Vec<&Arc<Fleet>> = fleet.iter().collect();
+    // All three want more than the limit: one each.
+    settle(
+        &all,
+        &[demand(3, 0, 5), demand(3, 0, 5), demand(3, 0, 5)],
+        &[1, 1, 1],
+    )
+    .await;
     assert_eq!(fleet[0].status().live_instances, 3);
     let listed = fleet[0].instances().await.unwrap();
     assert_eq!(listed.len(), 3);
     assert_eq!(listed.iter().filter(|i| i.me).count(), 1);
     // Only the first wants: once their recent demand is past (half the
     // TTL), the others give their slots back.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    for _ in 0..4 {
-        caps[0] = fleet[0].refresh(&[demand(3, 1, 6)]).await[0];
-        caps[1] = fleet[1].refresh(&[demand(3, 0, 0)]).await[0];
-        caps[2] = fleet[2].refresh(&[demand(3, 0, 0)]).await[0];
-    }
-    assert_eq!(caps, vec![3, 0, 0]);
+    let only_first = [demand(3, 1, 6), demand(3, 0, 0), demand(3, 0, 0)];
+    settle(&all, &only_first, &[3, 0, 0]).await;
     // A newcomer wants two: the first shrinks as far as its running
     // requests allow (it runs 3), then further as they end.
     let late = &handles(&redis.url(), "t1:", 1)[0];
-    let mut mine = 0;
     for _ in 0..4 {
         fleet[0].refresh(&[demand(3, 3, 6)]).await;
-        mine = late.refresh(&[demand(3, 0, 2)]).await[0];
+        let mine = late.refresh(&[demand(3, 0, 2)]).await[0];
+        assert_eq!(mine, 0, "no slot while the first runs three");
     }
-    assert_eq!(mine, 0, "no slot while the first runs three");
-    for _ in 0..4 {
+    let start = std::time::Instant::now();
+    loop {
         fleet[0].refresh(&[demand(3, 1, 6)]).await;
-        mine = late.refresh(&[demand(3, 0, 2)]).await[0];
+        let mine = late.refresh(&[demand(3, 0, 2)]).await[0];
+        if mine >= 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the newcomer gets a slot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(mine >= 1, "{mine}");
 }
 
 #[tokio::test]

@@ -104,12 +104,19 @@ fn others(pool: &Pool, reports: &[QueueReport], config: &FleetConfig) -> Others 
 /// other instances' side of it, and wakes the pool queues whose capacity
 /// grew.
 pub fn apply(topology: &Topology, fleet: &Fleet, demands: &[Demand], answer: &Exchange) {
-    let caps = &answer.caps;
     for pool in &topology.pools {
         if let Some(a) = &pool.admission {
             let view = (answer.queues.as_deref()).map(|r| others(pool, r, fleet.config()));
             a.queue.set_others(view);
         }
+    }
+    set_caps(topology, fleet, demands, &answer.caps);
+}
+
+/// Gives each replica in `demands` its cap and wakes the pool queues whose
+/// capacity grew.
+pub fn set_caps(topology: &Topology, fleet: &Fleet, demands: &[Demand], caps: &[u32]) {
+    for pool in &topology.pools {
         let mut grew = false;
         for (d, cap) in demands
             .iter()
@@ -149,6 +156,11 @@ pub async fn run(
                 let d = demands(&t);
                 *now.lock().expect("poisoned") = Some(t);
                 d
+            },
+            |d, caps| {
+                if let Some(t) = now.lock().expect("poisoned").as_ref() {
+                    set_caps(t, &f, d, caps);
+                }
             },
             |d, answer| {
                 if let Some(t) = now.lock().expect("poisoned").as_ref() {
