@@ -140,6 +140,9 @@ impl Sim<'_> {
         if self.pool_queue.is_none() {
             return false;
         }
+        if self.goes_first_elsewhere(i, now, now, &[]) {
+            return true;
+        }
         let (level, tenant) = (self.level(i), self.tenant(i));
         if self.waiting[level].take_hold(&tenant, now) {
             return false;
@@ -329,8 +332,23 @@ impl Sim<'_> {
             let Entry {
                 seq,
                 since,
-                item: w,
+                item: mut w,
             } = entry;
+            if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
+                // Held back: no slot, and no demand for the lease.
+                w._waiting.clear();
+                kept.push((
+                    level,
+                    tenant,
+                    weight,
+                    Entry {
+                        seq,
+                        since,
+                        item: w,
+                    },
+                ));
+                continue;
+            }
             let r = &self.spec.workload.requests[w.index];
             self.spec.workload.fill_prompt(r, &mut self.prompt);
             if let Some(w) = self.dispatch(w.index, w.decision, w.tried, now) {
