@@ -22,11 +22,17 @@
 //!   read it there. Dispatch records go through `serve`'s own outbox and are
 //!   folded into the other instances' indexes every
 //!   [`POLL`](crate::fleet::prefixes::POLL), as the store's stream is read.
+//!   One queue order: a waiter takes no slot, and counts as no demand,
+//!   while a waiter on another instance goes first (a higher effective
+//!   level, or the same one and older by more than two refreshes), the
+//!   rule of `serve`'s shared order; each instance sees the others'
+//!   waiters at once (`serve` sees them one refresh late).
 //!
-//! Not modelled: the store's round trip (a refresh answers at once), its
-//! failures, and the queue order across instances (each waiter takes a
-//! slot of its own instance's lease; a waiter elsewhere that goes first
-//! does not hold it back).
+//! Not modelled: the store's round trip (a refresh answers at once) and
+//! its failures (no fallback to a share of the limit). Admission
+//! (`max_wait`, `ttft_objective`) counts every instance's waiters with and
+//! without a store (the run keeps one queue model for the pool); without
+//! one, `serve`'s instances would each count only their own.
 
 use std::time::Duration;
 

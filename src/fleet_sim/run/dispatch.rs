@@ -55,8 +55,11 @@ impl Sim<'_> {
                     return None;
                 }
             };
-            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            let expected = decision.dispatched_at(&replica, now_ms).sent;
+            let mut guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
+            let expected = decision.dispatched(&replica).sent;
+            if let Some(a) = &decision.adapter {
+                guard.run_adapter(a);
+            }
             tried.push(replica.id);
             let at = self.instance(i).position(replica.id);
             self.slots[at].dispatched += 1;
@@ -136,6 +139,9 @@ impl Sim<'_> {
     pub(super) fn held_back(&mut self, i: usize, now: f64) -> bool {
         if self.pool_queue.is_none() {
             return false;
+        }
+        if self.goes_first_elsewhere(i, now, now, &[]) {
+            return true;
         }
         let (level, tenant) = (self.level(i), self.tenant(i));
         if self.waiting[level].take_hold(&tenant, now) {
@@ -326,8 +332,23 @@ impl Sim<'_> {
             let Entry {
                 seq,
                 since,
-                item: w,
+                item: mut w,
             } = entry;
+            if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
+                // Held back: no slot, and no demand for the lease.
+                w._waiting.clear();
+                kept.push((
+                    level,
+                    tenant,
+                    weight,
+                    Entry {
+                        seq,
+                        since,
+                        item: w,
+                    },
+                ));
+                continue;
+            }
             let r = &self.spec.workload.requests[w.index];
             self.spec.workload.fill_prompt(r, &mut self.prompt);
             if let Some(w) = self.dispatch(w.index, w.decision, w.tried, now) {

@@ -1,9 +1,13 @@
 //! Several llmlb instances on the virtual clock ([`crate::fleet_sim::instances`]):
-//! which instance a request goes to, and with a store the lease renewals
-//! and the dispatch records read back by the other instances.
+//! which instance a request goes to, and with a store the lease renewals,
+//! the dispatch records read back by the other instances and the one queue
+//! order.
+
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::admission::refusal::effective_level;
 use crate::fleet::PrefixRecord;
 use crate::fleet::prefixes::POLL;
 use crate::fleet_sim::SimulateError;
@@ -12,7 +16,8 @@ use crate::fleet_sim::decide::Decider;
 use crate::fleet_sim::instances::Leases;
 use crate::pool::{queue_capacity, queue_capacity_of_fleet};
 
-use super::{RunSpec, Sim};
+use super::{RunSpec, Sim, Waiter};
+use crate::admission::fair::Entry;
 
 /// What the instances share through the store.
 pub(super) struct Store {
@@ -161,5 +166,59 @@ impl Sim<'_> {
                 .map(|d| queue_capacity(&d.pool().replicas, now_ms))
                 .sum()
         }
+    }
+}
+
+impl Sim<'_> {
+    /// With a store: whether a waiter on another instance goes before
+    /// request `i` (waiting since `since`), so `i` takes no slot and counts
+    /// as no demand: one at a higher effective level (aging counted), or
+    /// at the same one and older by more than two refreshes, as `serve`'s
+    /// shared queue order holds a local waiter back. `kept` are waiters
+    /// out of the queue for now: (level, since, request).
+    pub(super) fn goes_first_elsewhere(
+        &self,
+        i: usize,
+        since: f64,
+        now: f64,
+        kept: &[(usize, f64, usize)],
+    ) -> bool {
+        let (Some(store), Some(q)) = (&self.store, &self.pool_queue) else {
+            return false;
+        };
+        let levels = q.level_settings();
+        let effective = |level: usize, since: f64| {
+            let after = levels
+                .get(level)
+                .map_or(Duration::ZERO, |l| l.promote_after);
+            effective_level(level, now - since, after)
+        };
+        let me = self.instance_of[i];
+        let mine = effective(self.level(i), since);
+        let slack = 2.0 * store.refresh;
+        let queued = (self.waiting.iter().enumerate())
+            .flat_map(|(l, w)| w.iter().map(move |(_, e)| (l, e.since, e.item.index)));
+        let first = |(l, at, w): (usize, f64, usize)| {
+            let theirs = effective(l, at);
+            w != i
+                && self.instance_of[w] != me
+                && (theirs < mine || theirs == mine && at + slack < since)
+        };
+        queued.chain(kept.iter().copied()).any(first)
+    }
+
+    /// [`goes_first_elsewhere`](Self::goes_first_elsewhere) for a waiter
+    /// while `kept` are out of the queue.
+    pub(super) fn held_back_by_fleet<T>(
+        &self,
+        i: usize,
+        since: f64,
+        now: f64,
+        kept: &[(usize, T, f64, Entry<Waiter>)],
+    ) -> bool {
+        let out: Vec<_> = (kept.iter())
+            .map(|(l, _, _, e)| (*l, e.since, e.item.index))
+            .collect();
+        self.goes_first_elsewhere(i, since, now, &out)
     }
 }
