@@ -513,7 +513,9 @@ def placement(args, fleet, tmp, rng, balancer, extra):
             "ttft_p99_s": pct(ttft, 0.99), "latency_p99_s": pct([r["latency_s"] for r in ok], 0.99),
             "llmlb_swaps_caused": sum(swaps.values()), "replica_adapter_loads_seen": observed_swaps(seen),
             "branches": by_label(own, "llmlb_routing_decisions_total", "branch"),
-            "by_kind": kind_table(own), "lora_info_samples": len(seen)}
+            "by_kind": kind_table(own), "lora_info_samples": len(seen),
+            # Every TTFT (ms), so runs of one balancer can be pooled.
+            "ttft_ms": sorted(round(t * 1000) for t in ttft)}
 
 
 def main():

@@ -72,7 +72,7 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         let replica = &replica;
         // The slot is taken as part of the pick: the check and the count are
         // one atomic step, so a request that lost the race picks again.
-        let Some(guard) = replica.try_acquire_tokens(
+        let Some(mut guard) = replica.try_acquire_tokens(
             u64::from(req.info.prompt_tokens),
             req.info.expected_output(pool.balancing.default_max_tokens),
         ) else {
@@ -82,6 +82,9 @@ pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>,
         tried.push(replica.id);
         let n = tried.len() as u32;
         let (expected, seq) = dispatch(&mut req, replica, pick.branch, n);
+        if let Some(a) = &req.route.adapter {
+            guard.run_adapter(a);
+        }
         let (attempt, sent, strip_usage) =
             send_with_usage(&req, replica, &headers, asked_usage.as_ref(), n as usize).await?;
         let resp = match sent {

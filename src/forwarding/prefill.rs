@@ -119,7 +119,8 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
             }
             Choice::NoReplica(_) => return Err(failed(&tried, "no replica left")),
         };
-        let Some(guard) = replica.try_acquire_tokens(u64::from(req.info.prompt_tokens), 1) else {
+        let Some(mut guard) = replica.try_acquire_tokens(u64::from(req.info.prompt_tokens), 1)
+        else {
             continue;
         };
         pool.record_branch(pick.branch, req.metrics);
@@ -127,6 +128,9 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
         // In `exact` mode the prompt counts as sent to this replica until
         // its answer is in (the end of this attempt).
         let _dispatched = req.route.dispatched(&replica);
+        if let Some(a) = &req.route.adapter {
+            guard.run_adapter(a);
+        }
         let pairing = Pairing {
             prefill_host: replica.authority.host(),
             bootstrap_port: req.bootstrap_port,

@@ -1,25 +1,34 @@
-//! Which LoRA adapters a replica has loaded, for adapter-aware placement.
+//! Which LoRA adapters a replica is running, for adapter-aware placement.
 //!
-//! vLLM keeps at most `--max-loras` adapters on the GPU at once; a request
-//! for an adapter a replica does not hold waits until one is swapped out.
-//! Its `vllm:lora_requests_info` gauge names the adapters of the running and
-//! waiting requests (`running_lora_adapters`, `waiting_lora_adapters`,
-//! comma-separated) and `max_lora`; vLLM keeps one series per label set it
-//! has seen, valued by when it was last set, so the newest one is the
-//! current state (read by `signals::lora`).
+//! vLLM keeps at most `--max-loras` adapters active at once, and its
+//! scheduler only starts a waiting request whose adapter is among those of
+//! the running requests, or when fewer than `max_loras` adapters run: a
+//! request for another adapter waits until every running request of the
+//! adapters in the way has finished (requests of those adapters that arrive
+//! later may start before it). What makes a request wait is the adapters
+//! with requests *running* there, not which adapter was loaded last: on an
+//! idle replica a new adapter only has to be loaded.
 //!
-//! [`Adapters`] keeps, per replica, the last scraped state and the adapters
-//! llmlb sent it since (for [`SENT_HOLD_MS`]): an adapter counts as loaded
-//! there when either names it. [`Adapters::placement`] says whether a
-//! request for an adapter would find it loaded, find a free adapter slot,
-//! or cause a swap. Cost: one mutex per replica held for a few string
+//! [`Adapters`] keeps, per replica:
+//! - llmlb's own requests in flight per adapter (exact and immediate:
+//!   counted from dispatch until the request's [`super::InFlightGuard`]
+//!   drops, see [`super::InFlightGuard::run_adapter`]);
+//! - the last scraped `vllm:lora_requests_info` (`running_lora_adapters`,
+//!   `max_lora`; read by `signals::lora`), for requests other clients run.
+//!   A scraped adapter no longer counts once llmlb's own requests of it
+//!   there have all ended after that scrape (the scrape showed those);
+//!   `waiting_lora_adapters` never count as loaded: they are waiting for a
+//!   slot;
+//! - the adapters most recently started there: with nothing running, the
+//!   newest `max_lora` of them are still loaded.
+//!
+//! [`Adapters::placement`] says whether a request for an adapter runs at
+//! once there ([`Placement::Loaded`]), needs only a load
+//! ([`Placement::FreeSlot`]) or waits for other adapters' requests to drain
+//! ([`Placement::Swap`]). Cost: one mutex per replica held for a few string
 //! comparisons.
 
 use std::sync::Mutex;
-
-/// How long an adapter llmlb sent a replica counts as loaded there without
-/// a scrape saying so: about a request's life on a loaded replica.
-pub const SENT_HOLD_MS: u64 = 2_000;
 
 /// One reading of `vllm:lora_requests_info`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,11 +41,13 @@ pub struct LoraInfo {
 /// Where a request for an adapter stands on one replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
-    /// The adapter is loaded there.
+    /// The adapter is running or still loaded there: it starts at once.
     Loaded,
-    /// Not loaded, but an adapter slot is free.
+    /// Not loaded, but a slot is free (fewer adapters run than
+    /// `max_lora`): it is loaded without waiting for other requests.
     FreeSlot,
-    /// Every slot holds another adapter: one must be swapped out.
+    /// Every slot is taken by other adapters' running requests: it waits
+    /// until they drain.
     Swap,
 }
 
@@ -49,8 +60,22 @@ pub struct Adapters {
 #[derive(Debug, Default)]
 struct State {
     scraped: Option<LoraInfo>,
-    /// Adapters sent since, with when they stop counting (ms).
-    sent: Vec<(String, u64)>,
+    /// Sequence number of the last scrape (see `seq`).
+    scraped_seq: u64,
+    /// llmlb's requests in flight per adapter (entries kept at zero).
+    running: Vec<Run>,
+    /// Adapters by when they last started there, newest last.
+    recent: Vec<String>,
+    /// Orders scrapes and request ends without a clock.
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Run {
+    adapter: String,
+    count: u32,
+    /// `seq` when llmlb's last request of it there ended.
+    ended: u64,
 }
 
 impl Adapters {
@@ -60,7 +85,15 @@ impl Adapters {
 
     /// Stores a scrape's reading; `None`: the replica exports none.
     pub fn observe(&self, info: Option<LoraInfo>) {
-        self.lock().scraped = info;
+        let mut s = self.lock();
+        s.seq += 1;
+        s.scraped_seq = s.seq;
+        if let Some(i) = &info {
+            for a in &i.running {
+                s.touch(a);
+            }
+        }
+        s.scraped = info;
     }
 
     /// Whether a scrape has shown the replica's adapter state.
@@ -68,49 +101,98 @@ impl Adapters {
         self.lock().scraped.is_some()
     }
 
-    /// Where a request for `adapter` stands at `now_ms`.
-    pub fn placement(&self, adapter: &str, now_ms: u64) -> Placement {
-        let s = self.lock();
-        let active = s.active(now_ms);
-        if active.contains(&adapter) {
-            return Placement::Loaded;
-        }
-        let max = s.scraped.as_ref().and_then(|i| i.max_lora).unwrap_or(1) as usize;
-        if active.len() < max {
-            Placement::FreeSlot
-        } else {
-            Placement::Swap
+    /// Where a request for `adapter` stands now.
+    pub fn placement(&self, adapter: &str) -> Placement {
+        self.lock().placement(adapter)
+    }
+
+    /// A request for `adapter` is being sent there: where it stood. Its
+    /// run is counted by [`super::InFlightGuard::run_adapter`].
+    pub fn sent(&self, adapter: &str) -> Placement {
+        let mut s = self.lock();
+        let placement = s.placement(adapter);
+        s.touch(adapter);
+        placement
+    }
+
+    /// One more of llmlb's requests for `adapter` runs there.
+    pub(super) fn start(&self, adapter: &str) {
+        let mut s = self.lock();
+        s.touch(adapter);
+        match s.running.iter_mut().find(|r| r.adapter == adapter) {
+            Some(r) => r.count += 1,
+            None => s.running.push(Run {
+                adapter: adapter.to_string(),
+                count: 1,
+                ended: 0,
+            }),
         }
     }
 
-    /// A request for `adapter` was sent at `now_ms`; where it stood.
-    pub fn sent(&self, adapter: &str, now_ms: u64) -> Placement {
-        let placement = self.placement(adapter, now_ms);
+    /// One of llmlb's requests for `adapter` there ended.
+    pub(super) fn end(&self, adapter: &str) {
         let mut s = self.lock();
-        s.sent.retain(|(a, until)| *until > now_ms && a != adapter);
-        s.sent.push((adapter.to_string(), now_ms + SENT_HOLD_MS));
-        placement
+        s.seq += 1;
+        let seq = s.seq;
+        if let Some(r) = s.running.iter_mut().find(|r| r.adapter == adapter) {
+            r.count = r.count.saturating_sub(1);
+            r.ended = seq;
+        }
     }
 }
 
 impl State {
-    /// The distinct adapters counted as loaded at `now_ms`.
-    fn active(&self, now_ms: u64) -> Vec<&str> {
-        let mut out: Vec<&str> = Vec::new();
-        let scraped = self
-            .scraped
+    fn max_lora(&self) -> usize {
+        self.scraped.as_ref().and_then(|i| i.max_lora).unwrap_or(1) as usize
+    }
+
+    fn touch(&mut self, adapter: &str) {
+        self.recent.retain(|a| a != adapter);
+        self.recent.push(adapter.to_string());
+        // Only the newest few can still be loaded.
+        let keep = self.max_lora().max(1) * 4;
+        if self.recent.len() > keep {
+            self.recent.drain(..self.recent.len() - keep);
+        }
+    }
+
+    /// The distinct adapters with requests running there: llmlb's own, and
+    /// the scraped ones not explained by llmlb's requests that have ended.
+    fn busy(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self
+            .running
             .iter()
-            .flat_map(|i| i.running.iter().chain(&i.waiting));
-        let sent = self
-            .sent
-            .iter()
-            .filter(|(_, until)| *until > now_ms)
-            .map(|(a, _)| a);
-        for a in scraped.chain(sent) {
-            if !out.contains(&a.as_str()) {
+            .filter(|r| r.count > 0)
+            .map(|r| r.adapter.as_str())
+            .collect();
+        let scraped = self.scraped.iter().flat_map(|i| &i.running);
+        for a in scraped {
+            let ended_since = self
+                .running
+                .iter()
+                .any(|r| r.adapter == *a && r.ended > self.scraped_seq);
+            if !ended_since && !out.contains(&a.as_str()) {
                 out.push(a);
             }
         }
         out
+    }
+
+    fn placement(&self, adapter: &str) -> Placement {
+        let busy = self.busy();
+        let max = self.max_lora();
+        if busy.contains(&adapter) {
+            return Placement::Loaded;
+        }
+        if busy.len() >= max {
+            return Placement::Swap;
+        }
+        // A free slot; the adapter may still be loaded from before.
+        let resident = self.recent.iter().rev().take(max);
+        if resident.into_iter().any(|a| a == adapter) {
+            Placement::Loaded
+        } else {
+            Placement::FreeSlot
+        }
     }
 }

@@ -59,7 +59,7 @@ pub struct Replica {
     pub health: ActiveHealth,
     /// Prefill and decode rates learned from consecutive scrapes.
     pub learned: LearnedRates,
-    /// LoRA adapters loaded there (scraped, and sent since).
+    /// LoRA adapters running or loaded there (llmlb's requests and scraped).
     pub adapters: super::adapters::Adapters,
     /// Set by an operator (`POST /admin/replicas/{name}/drain`): no new work,
     /// streams already running finish.
@@ -262,6 +262,7 @@ impl Replica {
             prefilled: false,
             prompt_left: prompt_tokens,
             output_left: output_tokens,
+            adapter: None,
         }
     }
 
@@ -413,11 +414,22 @@ pub struct InFlightGuard {
     prefilled: bool,
     prompt_left: u64,
     output_left: u64,
+    /// The LoRA adapter the request runs there, counted until the drop.
+    adapter: Option<Arc<str>>,
 }
 
 impl InFlightGuard {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
+    }
+
+    /// The request runs LoRA adapter `adapter` there: counted among the
+    /// replica's running adapters until this guard drops.
+    pub fn run_adapter(&mut self, adapter: &Arc<str>) {
+        if let Some(old) = self.adapter.replace(Arc::clone(adapter)) {
+            self.replica.adapters.end(&old);
+        }
+        self.replica.adapters.start(adapter);
     }
 
     /// The replica has started answering: the prompt is prefilled.
@@ -455,6 +467,9 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         let r = &self.replica;
+        if let Some(a) = self.adapter.take() {
+            r.adapters.end(&a);
+        }
         if self.prefilled {
             r.counts
                 .decoding_output

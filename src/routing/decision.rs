@@ -92,15 +92,10 @@ impl Decision {
     /// sent there: the caller keeps it until the request ends.
     #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
     pub fn dispatched(&self, replica: &Replica) -> Dispatched {
-        self.dispatched_at(replica, crate::telemetry::clock::now_millis())
-    }
-
-    /// [`dispatched`](Self::dispatched) at `now_ms` on the caller's clock.
-    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
-    pub fn dispatched_at(&self, replica: &Replica, now_ms: u64) -> Dispatched {
-        let swap = self.adapter.as_deref().is_some_and(|a| {
-            replica.adapters.sent(a, now_ms) == crate::replica::adapters::Placement::Swap
-        });
+        let swap = self
+            .adapter
+            .as_deref()
+            .is_some_and(|a| replica.adapters.sent(a) == crate::replica::adapters::Placement::Swap);
         // The prompt's cached part takes no new KV blocks there: the
         // request's in-flight guard counted the whole prompt.
         if let Some(cached) = self.predicted_for(replica.id) {
@@ -152,7 +147,8 @@ impl Decision {
 /// What sending a request to a replica did (see [`Decision::dispatched`]).
 #[derive(Debug)]
 pub struct Dispatched {
-    /// The request's adapter was neither loaded there nor had a free slot.
+    /// The request's adapter had to wait there for other adapters' running
+    /// requests to drain (no slot was free).
     pub swap: bool,
     /// `exact` mode: the prompt counts as sent there while this lives.
     pub sent: Option<Expected>,

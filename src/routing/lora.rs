@@ -1,15 +1,22 @@
 //! Adapter-aware placement: a request naming a LoRA adapter goes where the
 //! adapter is loaded, so it does not wait behind a swap.
 //!
-//! vLLM holds at most `--max-loras` adapters at once; a request for another
-//! one waits until a loaded adapter's requests drain and it is swapped out.
-//! Among the candidates left by the earlier steps, this step prefers, in
-//! order ([`crate::replica::adapters::Placement`]):
-//! 1. replicas where the adapter is loaded (`lora_loaded`),
+//! vLLM runs requests of at most `--max-loras` adapters at once; a request
+//! for another one waits until the running requests of the adapters in its
+//! way have drained, and requests of those adapters that arrive meanwhile
+//! may start before it. That wait, not the load of the adapter itself
+//! (milliseconds from host memory), is what a swap costs; a replica that
+//! runs no adapter request takes any adapter after a load
+//! ([`crate::replica::adapters`] counts llmlb's own requests per adapter and
+//! what the replica's metrics show). Among the candidates left by the
+//! earlier steps, this step prefers, in order
+//! ([`crate::replica::adapters::Placement`]):
+//! 1. replicas where the adapter runs or is still loaded (`lora_loaded`),
 //! 2. else replicas with a free adapter slot (`lora_spread`): a hot adapter
-//!    whose replicas are all saturated or at their concurrency limit gets a
-//!    new copy instead of waiting there,
-//! 3. else all of them (`lora_swap`): some replica must swap.
+//!    whose replicas are all saturated, at their concurrency limit or past
+//!    the imbalance bound gets a new copy instead of waiting there,
+//! 3. else all of them (`lora_swap`): the request waits for a drain
+//!    wherever it goes, and the balancer chooses by load.
 //!
 //! A replica counts only while it is not saturated (`[pools.saturation]`),
 //! has a free slot, and has at most `max_imbalance` more requests in flight
@@ -37,7 +44,6 @@ pub(super) fn narrow(
     saturated: impl Fn(&Replica) -> bool,
     max_imbalance: u32,
     d: &mut Decision,
-    now_ms: u64,
 ) -> Option<Vec<ReplicaId>> {
     let least = cands.iter().map(|r| r.in_flight()).min().unwrap_or(0);
     let within = |r: &Replica| r.in_flight() <= least + u64::from(max_imbalance);
@@ -45,7 +51,7 @@ pub(super) fn narrow(
     let with = |want: Placement| -> Vec<Arc<Replica>> {
         cands
             .iter()
-            .filter(|r| fits(r) && r.adapters.placement(adapter, now_ms) == want)
+            .filter(|r| fits(r) && r.adapters.placement(adapter) == want)
             .cloned()
             .collect()
     };
@@ -72,79 +78,154 @@ mod tests {
     use crate::pool::test_fleet::{replicas, topology};
     use crate::replica::adapters::LoraInfo;
 
-    fn info(running: &[&str]) -> Option<LoraInfo> {
+    fn info(running: &[&str], waiting: &[&str]) -> Option<LoraInfo> {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
         Some(LoraInfo {
             max_lora: Some(1),
-            running: running.iter().map(|s| s.to_string()).collect(),
-            waiting: Vec::new(),
+            running: names(running),
+            waiting: names(waiting),
         })
     }
 
-    #[test]
-    fn loaded_then_free_slot_then_swap() {
+    fn fleet(n: usize) -> Vec<Arc<Replica>> {
         let t = topology(&format!(
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
-            replicas(3, |_| String::new())
+            replicas(n, |_| String::new())
         ));
-        let all = t.pools[0].replicas.clone();
-        all[0].adapters.observe(info(&["sql"]));
-        all[1].adapters.observe(info(&["chat"]));
-        all[2].adapters.observe(info(&[]));
-        let run = |adapter: &str, saturated: &dyn Fn(&Replica) -> bool| {
-            let mut cands = all.clone();
-            let mut d = Decision::default();
-            let ids = narrow(adapter, &mut cands, saturated, 2, &mut d, 0);
-            (ids, d.branches)
-        };
-        let none = |_: &Replica| false;
-        assert_eq!(
-            run("sql", &none),
-            (Some(vec![all[0].id]), vec![RouteBranch::LoraLoaded])
-        );
+        t.pools[0].replicas.clone()
+    }
+
+    fn run(
+        all: &[Arc<Replica>],
+        adapter: &str,
+        saturated: &dyn Fn(&Replica) -> bool,
+        bound: u32,
+    ) -> (Option<Vec<ReplicaId>>, Vec<RouteBranch>, usize) {
+        let mut cands = all.to_vec();
+        let mut d = Decision::default();
+        let ids = narrow(adapter, &mut cands, saturated, bound, &mut d);
+        (ids, d.branches, cands.len())
+    }
+
+    const NONE: &dyn Fn(&Replica) -> bool = &|_| false;
+
+    #[test]
+    fn loaded_then_free_slot_then_swap() {
+        let all = fleet(3);
+        all[0].adapters.observe(info(&["sql"], &[]));
+        all[1].adapters.observe(info(&["chat"], &[]));
+        all[2].adapters.observe(info(&[], &[]));
+        let (ids, branches, _) = run(&all, "sql", NONE, 2);
+        assert_eq!(ids, Some(vec![all[0].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraLoaded]);
         // The only holder is saturated: a replica with a free slot takes a copy.
         let first = all[0].id;
         let busy = move |r: &Replica| r.id == first;
-        assert_eq!(
-            run("sql", &busy),
-            (Some(vec![all[2].id]), vec![RouteBranch::LoraSpread])
-        );
-        // A third adapter: only the empty replica has room.
-        assert_eq!(run("docs", &none).0, Some(vec![all[2].id]));
-        all[2].adapters.observe(info(&["docs"]));
-        assert_eq!(run("other", &none), (None, vec![RouteBranch::LoraSwap]));
-        // What llmlb just sent counts as loaded until a scrape says more.
-        assert_eq!(all[1].adapters.sent("sql", 10), Placement::Swap);
-        assert_eq!(all[1].adapters.placement("sql", 20), Placement::Loaded);
+        let (ids, branches, _) = run(&all, "sql", &busy, 2);
+        assert_eq!(ids, Some(vec![all[2].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraSpread]);
+        // A third adapter: only the idle replica has room.
+        assert_eq!(run(&all, "docs", NONE, 2).0, Some(vec![all[2].id]));
+        all[2].adapters.observe(info(&["docs"], &[]));
+        let (ids, branches, _) = run(&all, "other", NONE, 2);
+        assert_eq!((ids, branches), (None, vec![RouteBranch::LoraSwap]));
+        // Sending a request is not running it: its guard counts the run.
+        assert_eq!(all[1].adapters.sent("sql"), Placement::Swap);
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+        let mut g = all[1].acquire();
+        g.run_adapter(&Arc::from("sql"));
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Loaded);
+    }
+
+    #[test]
+    fn a_waiting_adapter_is_not_loaded() {
+        // vLLM with --max-loras 1: the second replica runs `chat` and has a
+        // `sql` request waiting for it to drain. Another `sql` request
+        // would wait there too; only the first replica runs it at once.
+        let all = fleet(2);
+        all[0].adapters.observe(info(&["sql"], &[]));
+        all[1].adapters.observe(info(&["chat"], &["sql"]));
+        let (ids, branches, _) = run(&all, "sql", NONE, 2);
+        assert_eq!(ids, Some(vec![all[0].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraLoaded]);
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+    }
+
+    #[test]
+    fn only_running_requests_block_a_slot() {
+        let all = fleet(2);
+        // llmlb's own `sql` request runs on the first replica, and a scrape
+        // shows it there; the second replica last ran `chat`.
+        let mut g = all[0].acquire();
+        g.run_adapter(&Arc::from("sql"));
+        all[0].adapters.observe(info(&["sql"], &[]));
+        all[1].adapters.observe(info(&["chat"], &[]));
+        assert_eq!(all[0].adapters.placement("chat"), Placement::Swap);
+        // It ends: the scrape showed only that request, so nothing runs
+        // there any more; `sql` stays loaded and `chat` needs only a load,
+        // not a drain.
+        drop(g);
+        assert_eq!(all[0].adapters.placement("sql"), Placement::Loaded);
+        assert_eq!(all[0].adapters.placement("chat"), Placement::FreeSlot);
+        // A later scrape showing `sql` running again is another client's.
+        all[0].adapters.observe(info(&["sql"], &[]));
+        assert_eq!(all[0].adapters.placement("chat"), Placement::Swap);
+        // Two `chat` requests of llmlb's own on the second replica: `sql`
+        // waits there until both end.
+        all[1].adapters.observe(info(&[], &[]));
+        let mut a = all[1].acquire();
+        a.run_adapter(&Arc::from("chat"));
+        let mut b = all[1].acquire();
+        b.run_adapter(&Arc::from("chat"));
+        drop(a);
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+        drop(b);
+        assert_eq!(all[1].adapters.placement("sql"), Placement::FreeSlot);
+        assert_eq!(all[1].adapters.placement("chat"), Placement::Loaded);
     }
 
     #[test]
     fn the_holder_is_preferred_only_within_the_imbalance_bound() {
-        let t = topology(&format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
-            replicas(2, |_| String::new())
-        ));
-        let all = t.pools[0].replicas.clone();
-        all[0].adapters.observe(info(&["sql"]));
-        all[1].adapters.observe(info(&["chat"]));
-        let run = |bound: u32| {
-            let mut cands = all.clone();
-            let mut d = Decision::default();
-            let ids = narrow("sql", &mut cands, |_: &Replica| false, bound, &mut d, 0);
-            (ids, d.branches, cands.len())
-        };
+        let all = fleet(2);
+        all[0].adapters.observe(info(&["sql"], &[]));
+        all[1].adapters.observe(info(&["chat"], &[]));
         // The holder has 3 in flight, the other replica 1.
         let _held: Vec<_> = (0..3).map(|_| all[0].acquire()).collect();
         let _other = all[1].acquire();
         // Two more than the least loaded: still within a bound of 2.
+        let (ids, branches, n) = run(&all, "sql", NONE, 2);
         assert_eq!(
-            run(2),
+            (ids, branches, n),
             (Some(vec![all[0].id]), vec![RouteBranch::LoraLoaded], 1)
         );
         // Past a bound of 1: no preference, every candidate stays and the
         // balancer chooses by load (here the other replica, with a swap).
-        assert_eq!(run(1), (None, vec![RouteBranch::LoraSwap], 2));
+        assert_eq!(
+            run(&all, "sql", NONE, 1),
+            (None, vec![RouteBranch::LoraSwap], 2)
+        );
         // A bound of 0 keeps the holder only while it is the least loaded.
         drop(_held);
-        assert_eq!(run(0).0, Some(vec![all[0].id]));
+        assert_eq!(run(&all, "sql", NONE, 0).0, Some(vec![all[0].id]));
+    }
+
+    #[test]
+    fn past_the_bound_an_idle_replica_takes_a_copy() {
+        // The holder runs three `sql` requests; the other replica last ran
+        // `chat` but runs nothing now: a fourth `sql` request is loaded
+        // there instead of queueing on the holder.
+        let all = fleet(2);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut g = all[0].acquire();
+            g.run_adapter(&Arc::from("sql"));
+            held.push(g);
+        }
+        let mut c = all[1].acquire();
+        c.run_adapter(&Arc::from("chat"));
+        drop(c);
+        let (ids, branches, _) = run(&all, "sql", NONE, 2);
+        assert_eq!(ids, Some(vec![all[1].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraSpread]);
     }
 }

@@ -295,7 +295,6 @@ impl Router {
                     saturated,
                     self.lora.max_imbalance,
                     &mut d,
-                    now_ms,
                 );
             }
         }

@@ -55,8 +55,11 @@ impl Sim<'_> {
                     return None;
                 }
             };
-            let guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            let expected = decision.dispatched_at(&replica, now_ms).sent;
+            let mut guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
+            let expected = decision.dispatched(&replica).sent;
+            if let Some(a) = &decision.adapter {
+                guard.run_adapter(a);
+            }
             tried.push(replica.id);
             let at = self.instance(i).position(replica.id);
             self.slots[at].dispatched += 1;

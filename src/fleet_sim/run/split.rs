@@ -162,8 +162,11 @@ impl Sim<'_> {
                     return;
                 }
             };
-            let guard = replica.acquire_tokens(u64::from(input), 1);
-            let expected = route.dispatched_at(&replica, now_ms).sent;
+            let mut guard = replica.acquire_tokens(u64::from(input), 1);
+            let expected = route.dispatched(&replica).sent;
+            if let Some(a) = &route.adapter {
+                guard.run_adapter(a);
+            }
             let at = self.decider.position(replica.id);
             self.slots[at].dispatched += 1;
             let s = &mut self.split[i];
