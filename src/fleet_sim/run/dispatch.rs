@@ -334,34 +334,18 @@ impl Sim<'_> {
                 since,
                 item: mut w,
             } = entry;
-            if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
-                // Held back: no slot, and no demand for the lease.
-                w._waiting.clear();
-                kept.push((
-                    level,
-                    tenant,
-                    weight,
-                    Entry {
-                        seq,
-                        since,
-                        item: w,
-                    },
-                ));
-                continue;
-            }
-            let r = &self.spec.workload.requests[w.index];
-            self.spec.workload.fill_prompt(r, &mut self.prompt);
-            if let Some(w) = self.dispatch(w.index, w.decision, w.tried, now) {
-                kept.push((
-                    level,
-                    tenant,
-                    weight,
-                    Entry {
-                        seq,
-                        since,
-                        item: w,
-                    },
-                ));
+            let unsent =
+                if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
+                    // Held back: no slot, and no demand for the lease.
+                    w._waiting.clear();
+                    Some(w)
+                } else {
+                    let r = &self.spec.workload.requests[w.index];
+                    self.spec.workload.fill_prompt(r, &mut self.prompt);
+                    self.dispatch(w.index, w.decision, w.tried, now)
+                };
+            if let Some(item) = unsent {
+                kept.push((level, tenant, weight, Entry { seq, since, item }));
             }
         }
         for (level, tenant, weight, entry) in kept {
