@@ -168,11 +168,8 @@ async fn the_store_stopped_and_restarted_under_load_fails_nothing() {
 
 /// One streaming chat of `tier` through `lb`, read to its end: its status.
 async fn stream_of(lb: std::net::SocketAddr, tier: &str) -> StatusCode {
-    let mut req = chat_request("/v1/chat/completions", CHAT_STREAM);
-    req.headers_mut()
-        .insert("x-llmlb-tier", tier.parse().unwrap());
     let mut conn = Conn::open(lb).await;
-    let resp = conn.send(req).await;
+    let resp = conn.send(tier_chat(CHAT_STREAM, tier)).await;
     let status = resp.status();
     let _ = resp.into_body().collect().await;
     status
@@ -188,14 +185,7 @@ async fn slots_given_back_for_another_instances_waiters_keep_the_limit() {
         return;
     };
     let up = Upstream::start("a", Mode::StreamHeld).await;
-    let tiers = "[[priorities]]\nname = \"high\"\nmax_wait = \"60s\"\n\
-        [[priorities]]\nname = \"low\"\nmax_wait = \"60s\"\npromote_after = \"600s\"\n\
-        [[tiers]]\nname = \"paid\"\npriority = \"high\"\n\
-        [[tiers]]\nname = \"free\"\npriority = \"low\"\n";
-    let cfg = format!(
-        "{tiers}{}[pools.queue]\nmax_depth = 64\ntimeout = \"60s\"\n",
-        config(&redis.url(), &up.url(), 3)
-    );
+    let cfg = paid_free(&config(&redis.url(), &up.url(), 3));
     let lbs = [
         start_llmlb(&cfg).await,
         start_llmlb(&cfg).await,

@@ -19,15 +19,10 @@ const TTL: Duration = Duration::from_millis(600);
 fn config(redis: &str, upstream: &str) -> String {
     format!(
         "[fleet]\nstore = \"{redis}\"\nrefresh = \"40ms\"\ntimeout = \"40ms\"\n\
-         instance_ttl = \"{}ms\"\n\
-         [[priorities]]\nname = \"high\"\nmax_wait = \"60s\"\n\
-         [[priorities]]\nname = \"low\"\nmax_wait = \"60s\"\npromote_after = \"600s\"\n\
-         [[tiers]]\nname = \"paid\"\npriority = \"high\"\n\
-         [[tiers]]\nname = \"free\"\npriority = \"low\"\n{}\
-         [pools.queue]\nmax_depth = 64\ntimeout = \"60s\"\n\
+         instance_ttl = \"{}ms\"\n{}\
          [[pools.replicas]]\nurl = \"{upstream}\"\n",
         TTL.as_millis(),
-        "[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nmax_inflight = 2\n",
+        paid_free("[[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nmax_inflight = 2\n"),
     )
 }
 
@@ -41,11 +36,8 @@ fn chat_of(tier: &str) -> String {
 /// A streaming chat of `tier` whose content names it, held open once its
 /// first chunk arrived.
 async fn held(addr: SocketAddr, tier: &str) -> (Conn, hyper::body::Incoming) {
-    let mut req = chat_request("/v1/chat/completions", &chat_of(tier));
-    req.headers_mut()
-        .insert("x-llmlb-tier", tier.parse().unwrap());
     let mut conn = Conn::open(addr).await;
-    let resp = conn.send(req).await;
+    let resp = conn.send(tier_chat(&chat_of(tier), tier)).await;
     assert_eq!(resp.status(), 200, "{tier}");
     let mut body = resp.into_body();
     body.frame()
@@ -155,10 +147,8 @@ async fn a_killed_instances_waiters_stop_counting_within_its_ttl() {
     // The paid request's connection dies with its instance: its error is
     // expected and not read.
     let _high = tokio::spawn(async move {
-        let mut req = chat_request("/v1/chat/completions", &chat_of("paid"));
-        req.headers_mut()
-            .insert("x-llmlb-tier", "paid".parse().unwrap());
         let mut conn = Conn::open(doomed_addr).await;
+        let req = tier_chat(&chat_of("paid"), "paid");
         let _ = conn.sender.send_request(req).await;
     });
     // b holds the doomed instance's report of its paid waiter.

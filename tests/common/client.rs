@@ -41,6 +41,14 @@ pub fn chat_request(path: &str, body: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// A chat request carrying `tier` in `x-llmlb-tier`.
+pub fn tier_chat(body: &str, tier: &str) -> Request<Full<Bytes>> {
+    let mut req = chat_request("/v1/chat/completions", body);
+    req.headers_mut()
+        .insert("x-llmlb-tier", tier.parse().unwrap());
+    req
+}
+
 pub const CHAT: &str =
     r#"{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#;
 pub const CHAT_STREAM: &str =

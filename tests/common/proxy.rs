@@ -86,3 +86,17 @@ pub async fn refused_then(good: &Upstream, pool: &str) -> llmlb::daemon::Running
     let replicas = [(refused.as_str(), 1), (good.as_str(), 1)];
     start_llmlb(&one_pool("round_robin", &replicas, pool)).await
 }
+
+/// Two priority levels that never refuse for waiting (`high`, and `low`
+/// promoted only after 600 s), the tiers `paid` and `free` on them, and
+/// a deep, patient pool queue: the `[pools.queue]` line ends the block,
+/// so it follows a `[[pools]]` table.
+pub fn paid_free(pool: &str) -> String {
+    format!(
+        "[[priorities]]\nname = \"high\"\nmax_wait = \"60s\"\n\
+         [[priorities]]\nname = \"low\"\nmax_wait = \"60s\"\npromote_after = \"600s\"\n\
+         [[tiers]]\nname = \"paid\"\npriority = \"high\"\n\
+         [[tiers]]\nname = \"free\"\npriority = \"low\"\n{pool}\
+         [pools.queue]\nmax_depth = 64\ntimeout = \"60s\"\n"
+    )
+}
