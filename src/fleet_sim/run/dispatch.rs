@@ -253,7 +253,7 @@ impl Sim<'_> {
         let (level, tenant) = (self.level(i), self.tenant(i));
         let weight = self.weight(&tenant);
         if let Some(q) = &mut self.pool_queue {
-            q.granted(i, level, now);
+            q.granted(i, now);
             let prompt =
                 q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
             self.waiting[level].started(&tenant, weight, prompt);
