@@ -213,7 +213,11 @@ fn the_free_tiers_admitted_requests_start_within_its_objective_under_paid_load()
             free.ttft_s.p99
         );
         // It refuses what does not fit, and still admits a fair part.
-        assert!(free.rejected_429 > free.requests / 2, "{}", free.rejected_429);
+        assert!(
+            free.rejected_429 > free.requests / 2,
+            "{}",
+            free.rejected_429
+        );
         assert!(free.completed > free.requests / 8, "{}", free.completed);
         // The paid tier keeps its place: within its 1 s max_wait of
         // service at the p99, few refused.
