@@ -57,7 +57,9 @@ pub(super) fn narrow(
             .collect()
     };
     let at_once = |c: &[Arc<Replica>]| {
-        let loaded = c.iter().any(|r| r.adapters.placement(adapter) == Placement::Loaded);
+        let loaded = c
+            .iter()
+            .any(|r| r.adapters.placement(adapter) == Placement::Loaded);
         let branch = if loaded {
             RouteBranch::LoraLoaded
         } else {
@@ -70,7 +72,13 @@ pub(super) fn narrow(
         // prefix step's cost (prompt left to prefill, work ahead) chooses.
         let free: Vec<Arc<Replica>> = cands
             .iter()
-            .filter(|r| fits(r) && matches!(r.adapters.placement(adapter), Placement::Loaded | Placement::FreeSlot))
+            .filter(|r| {
+                fits(r)
+                    && matches!(
+                        r.adapters.placement(adapter),
+                        Placement::Loaded | Placement::FreeSlot
+                    )
+            })
             .cloned()
             .collect();
         Some(at_once(&free)).filter(|(c, _)| !c.is_empty())
@@ -161,6 +169,11 @@ mod tests {
         assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
         let mut g = all[1].acquire();
         g.run_adapter(&Arc::from("sql"));
+        // It waits behind the scraped `chat` requests, and so would another.
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+        assert_eq!(all[1].adapters.placement("chat"), Placement::Draining);
+        // A scrape shows `chat` drained and `sql` running.
+        all[1].adapters.observe(info(&["sql"], &[]));
         assert_eq!(all[1].adapters.placement("sql"), Placement::Loaded);
     }
 
