@@ -338,6 +338,8 @@ impl Sim<'_> {
                 if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
                     // Held back: no slot, and no demand for the lease.
                     w._waiting.clear();
+                    let k = usize::from(self.instance_of[w.index]);
+                    self.held_back_on(k, now);
                     Some(w)
                 } else {
                     let r = &self.spec.workload.requests[w.index];
