@@ -243,12 +243,14 @@ fn default_version_header() -> String {
 pub struct LoraConfig {
     /// Request `model` values that name an adapter rather than the base model.
     pub adapters: Vec<String>,
-    /// Prefer replicas that have the request's adapter loaded (or a free
-    /// adapter slot), by their `vllm:lora_requests_info`.
+    /// Count the wait for other adapters' requests to drain: in `cache` and
+    /// `exact` modes in the prefix step's cost, else by preferring replicas
+    /// that have the request's adapter loaded (or a free adapter slot).
     pub placement: bool,
-    /// How many more requests in flight than the least loaded candidate a
-    /// replica may have and still be preferred for holding the adapter; past
-    /// it, the request goes by load and may cause a swap.
+    /// Where placement is an order: how many more requests in flight than
+    /// the least loaded candidate a replica may have and still be preferred
+    /// for holding the adapter; past it, the request goes by load and may
+    /// cause a swap.
     pub max_imbalance: u32,
 }
 

@@ -59,6 +59,20 @@ pub enum Placement {
     Swap,
 }
 
+/// Where a request for an adapter stands on one replica, with the requests
+/// of other adapters that make it or others wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    pub placement: Placement,
+    /// With [`Placement::Swap`]: the requests of the adapters holding the
+    /// slots, which it waits for (llmlb's own; a scraped adapter with none
+    /// of llmlb's requests counts as one).
+    pub blockers: u64,
+    /// With [`Placement::Draining`]: the requests of other adapters waiting
+    /// there for a slot, which it keeps waiting (counted likewise).
+    pub waiters: u64,
+}
+
 /// A replica's adapters.
 #[derive(Debug, Default)]
 pub struct Adapters {
@@ -115,6 +129,12 @@ impl Adapters {
     /// Where a request for `adapter` stands now.
     pub fn placement(&self, adapter: &str) -> Placement {
         self.lock().placement(adapter)
+    }
+
+    /// Where a request for `adapter` stands now, with what it waits for
+    /// or keeps waiting.
+    pub fn standing(&self, adapter: &str) -> Standing {
+        self.lock().standing(adapter)
     }
 
     /// A request for `adapter` is being sent there: where it stood. Its
@@ -199,6 +219,42 @@ impl State {
             }
         }
         out
+    }
+
+    /// llmlb's requests of `adapter` there, at least one (a busy adapter
+    /// without any is another client's).
+    fn requests_of(&self, adapter: &str) -> u64 {
+        self.running
+            .iter()
+            .find(|r| r.adapter == adapter)
+            .map_or(0, |r| u64::from(r.count))
+            .max(1)
+    }
+
+    fn standing(&self, adapter: &str) -> Standing {
+        let placement = self.placement(adapter);
+        let busy = self.busy();
+        let max = self.max_lora();
+        let others = |list: &[&str]| -> u64 {
+            list.iter()
+                .filter(|a| **a != adapter)
+                .map(|a| self.requests_of(a))
+                .sum()
+        };
+        let (holding, queued) = busy.split_at(max.min(busy.len()));
+        Standing {
+            placement,
+            blockers: if placement == Placement::Swap {
+                others(holding)
+            } else {
+                0
+            },
+            waiters: if placement == Placement::Draining {
+                others(queued)
+            } else {
+                0
+            },
+        }
     }
 
     fn placement(&self, adapter: &str) -> Placement {

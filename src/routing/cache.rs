@@ -34,17 +34,20 @@ use super::prefix::cache_index::BlockIndex;
 use super::prefix::hot::Hot;
 use super::prefix::predict;
 use super::prefix::rendezvous;
-use super::prefix::score::{self, Candidate};
+use super::prefix::score::{self, AdapterWait, Candidate};
 use super::router::Router;
 use crate::config::PrefixMode;
 use crate::replica::{Replica, ReplicaId, ReplicaView};
 
 /// A request's prompt as prefix routing hashes it: the model named, the
-/// token ids and what else keys its blocks.
+/// token ids and what else keys its blocks; and, for a LoRA request with
+/// placement, what it waits for on each replica ([`super::lora::waits`];
+/// empty otherwise).
 pub(super) struct KeyedPrompt<'a> {
     pub model: &'a str,
     pub tokens: Cow<'a, [u32]>,
     pub key: &'a CacheKey,
+    pub waits: &'a HashMap<ReplicaId, AdapterWait>,
 }
 
 /// Sets the decision's preference among `cands` for `prompt`.
@@ -60,6 +63,7 @@ pub(super) fn prefer(
         model,
         tokens,
         key: cache_key,
+        waits,
     } = prompt;
     let prefix = &router.prefix;
     let block = prefix.block_size;
@@ -108,7 +112,7 @@ pub(super) fn prefer(
         shared: most.min(shared_tokens),
         kept: if most < kept { kept } else { 0 },
     };
-    let scored = candidates(router, key, cands, views, &held, &facts);
+    let scored = candidates(router, key, cands, views, &held, &facts, waits);
     let prompt_len = tokens.len() as u64;
     let Some((i, _)) = score::best(&router.cost, prompt_len, &scored) else {
         return;
@@ -246,8 +250,9 @@ fn copies_of(
 
 /// Each candidate's scoring input: what is ahead of the request there, its
 /// rates, what it holds (a copy of the prefix at least its shared part),
-/// what it keeps (the home), its cache room and its rank in the rendezvous
-/// order on the prefix's `key` (the tie-break).
+/// what it keeps (the home), its cache room, its rank in the rendezvous
+/// order on the prefix's `key` (the tie-break) and what a LoRA request
+/// waits for there.
 fn candidates(
     router: &Router,
     key: u64,
@@ -255,6 +260,7 @@ fn candidates(
     views: &HashMap<ReplicaId, ReplicaView>,
     held: &[Holding],
     facts: &PrefixFacts,
+    waits: &HashMap<ReplicaId, AdapterWait>,
 ) -> Vec<Candidate> {
     let ordered: Vec<ReplicaView> = cands.iter().map(|r| views[&r.id]).collect();
     let ahead = score::requests_ahead(&ordered, router.max_age_ms);
@@ -280,6 +286,7 @@ fn candidates(
             },
             room_tokens: held[i].room,
             rank: rank[i],
+            adapter: waits.get(&cands[i].id).copied().unwrap_or_default(),
         })
         .collect()
 }

@@ -1,5 +1,6 @@
-//! Adapter-aware placement: a request naming a LoRA adapter goes where the
-//! adapter is loaded, so it does not wait behind a swap.
+//! Adapter-aware placement: a request naming a LoRA adapter goes where it
+//! does not wait for other adapters' requests to drain, or where that wait
+//! costs less than the prefill it saves.
 //!
 //! vLLM runs requests of at most `--max-loras` adapters at once; a request
 //! for another one waits until the running requests of the adapters in its
@@ -8,14 +9,27 @@
 //! (milliseconds from host memory), is what a swap costs; a replica that
 //! runs no adapter request takes any adapter after a load
 //! ([`crate::replica::adapters`] counts llmlb's own requests per adapter and
-//! what the replica's metrics show). Among the candidates left by the
-//! earlier steps, this step prefers, in order
+//! what the replica's metrics show).
+//!
+//! In `cache` and `exact` prefix modes (without a session key) the prefix
+//! step weighs that wait against the prefill a cache hit saves, in one
+//! cost ([`super::prefix::score`]): [`waits`] gives, per candidate, the
+//! other adapters' requests the request would wait for there (still
+//! prefilling, or decoding with llmlb's estimate of their output left) and
+//! the other adapters' requests it would keep waiting, and every candidate
+//! stays: a short drain loses to a long prefill and the other way round.
+//! The branch then says where the chosen replica stood.
+//!
+//! Otherwise (other prefix modes, a session key, or a prompt the prefix
+//! step does not score), [`narrow`] prefers among the candidates, in order
 //! ([`crate::replica::adapters::Placement`]):
 //! 1. replicas where the adapter runs or is still loaded (`lora_loaded`),
 //! 2. else replicas with a free adapter slot (`lora_spread`): a hot adapter
 //!    whose replicas are all saturated, at their concurrency limit or past
 //!    the imbalance bound gets a new copy instead of waiting there,
-//! 3. else all of them (`lora_swap`): the request waits for a drain
+//! 3. else replicas where it runs while another adapter waits there for it
+//!    to drain (`lora_draining`),
+//! 4. else all of them (`lora_swap`): the request waits for a drain
 //!    wherever it goes, and the balancer chooses by load.
 //!
 //! A replica counts only while it is not saturated (`[pools.saturation]`),
@@ -25,16 +39,17 @@
 //! on while others could serve it (with `--max-loras 1` and one hot adapter,
 //! keeping every request of it on its replica leaves that replica with most
 //! of the traffic). Past the bound the request goes by load and may swap.
-//! The preference is soft: the prefix step chooses among the preferred
-//! replicas, and retries fall back to all.
+//! The preference is soft: retries fall back to all candidates.
 //! Cost: O(candidates) mutex-guarded lookups.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
 use super::decision::Decision;
+use super::prefix::score::AdapterWait;
 use crate::replica::adapters::Placement;
-use crate::replica::{Replica, ReplicaId};
+use crate::replica::{Replica, ReplicaId, ReplicaView};
 
 /// Narrows `cands` for a request naming `adapter`; the preferred ids
 /// (sorted), or `None` when every candidate would swap.
@@ -43,75 +58,89 @@ pub(super) fn narrow(
     cands: &mut Vec<Arc<Replica>>,
     saturated: impl Fn(&Replica) -> bool,
     max_imbalance: u32,
-    by_cost: bool,
     d: &mut Decision,
 ) -> Option<Vec<ReplicaId>> {
     let least = cands.iter().map(|r| r.in_flight()).min().unwrap_or(0);
     let within = |r: &Replica| r.in_flight() <= least + u64::from(max_imbalance);
     let fits = |r: &Replica| !saturated(r) && r.has_free_slot() && within(r);
-    let with = |want: Placement| -> Vec<Arc<Replica>> {
-        cands
+    let order = [Placement::Loaded, Placement::FreeSlot, Placement::Draining];
+    let found = order.into_iter().find_map(|want| {
+        let chosen: Vec<Arc<Replica>> = cands
             .iter()
             .filter(|r| fits(r) && r.adapters.placement(adapter) == want)
             .cloned()
-            .collect()
-    };
-    let at_once = |c: &[Arc<Replica>]| {
-        let loaded = c
-            .iter()
-            .any(|r| r.adapters.placement(adapter) == Placement::Loaded);
-        let branch = if loaded {
-            RouteBranch::LoraLoaded
-        } else {
-            RouteBranch::LoraSpread
-        };
-        (c.to_vec(), branch)
-    };
-    let found = if by_cost {
-        // Loaded and free-slot replicas alike start it without a wait; the
-        // prefix step's cost (prompt left to prefill, work ahead) chooses.
-        let free: Vec<Arc<Replica>> = cands
-            .iter()
-            .filter(|r| {
-                fits(r)
-                    && matches!(
-                        r.adapters.placement(adapter),
-                        Placement::Loaded | Placement::FreeSlot
-                    )
-            })
-            .cloned()
             .collect();
-        Some(at_once(&free)).filter(|(c, _)| !c.is_empty())
-    } else {
-        None
-    };
-    let order = [
-        (Placement::Loaded, RouteBranch::LoraLoaded),
-        (Placement::FreeSlot, RouteBranch::LoraSpread),
-        (Placement::Draining, RouteBranch::LoraDraining),
-    ];
-    let found = found.or_else(|| {
-        order
-            .into_iter()
-            .map(|(want, branch)| (with(want), branch))
-            .find(|(chosen, _)| !chosen.is_empty())
+        (!chosen.is_empty()).then_some((chosen, want))
     });
-    let Some((chosen, branch)) = found else {
+    let Some((chosen, placement)) = found else {
         d.branches.push(RouteBranch::LoraSwap);
         return None;
     };
-    d.branches.push(branch);
+    d.branches.push(branch_of(placement));
     *cands = chosen;
     let mut ids: Vec<ReplicaId> = cands.iter().map(|r| r.id).collect();
     ids.sort_unstable();
     Some(ids)
 }
 
+/// What a request naming `adapter` waits for on each of `cands`, for the
+/// prefix step's cost: where every slot is taken by other adapters, the
+/// requests it waits for (those of llmlb's requests on the replica that
+/// are not waiting for a slot themselves still prefilling, the rest
+/// decoding with the replica's mean output left); where its adapter runs
+/// while others wait for it, how many.
+pub(super) fn waits(
+    adapter: &str,
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+) -> HashMap<ReplicaId, AdapterWait> {
+    cands
+        .iter()
+        .filter_map(|r| {
+            let v = views.get(&r.id)?;
+            let s = r.adapters.standing(adapter);
+            // Requests waiting for a slot have no first token yet.
+            let not_blocking = v.in_flight.saturating_sub(s.blockers);
+            let blockers_prefilling = v.prefilling.saturating_sub(not_blocking).min(s.blockers);
+            let decoding = v.in_flight.saturating_sub(v.prefilling);
+            Some((
+                r.id,
+                AdapterWait {
+                    blockers_prefilling,
+                    blockers_decoding: s.blockers - blockers_prefilling,
+                    remaining_output: v.decoding_output.checked_div(decoding).unwrap_or(0),
+                    waiters: s.waiters,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The branch that says where a request for `adapter` went on `replica`.
+pub(super) fn branch_at(adapter: &str, replica: &Replica) -> RouteBranch {
+    branch_of(replica.adapters.placement(adapter))
+}
+
+fn branch_of(placement: Placement) -> RouteBranch {
+    match placement {
+        Placement::Loaded => RouteBranch::LoraLoaded,
+        Placement::FreeSlot => RouteBranch::LoraSpread,
+        Placement::Draining => RouteBranch::LoraDraining,
+        Placement::Swap => RouteBranch::LoraSwap,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
-    use crate::pool::test_fleet::{replicas, topology};
+    use crate::pool::test_fleet::{hot_prompt_chat, input, pool_of, replicas, route, topology};
+    use crate::pool::{Pool, Topology};
     use crate::replica::adapters::LoraInfo;
+    use crate::replica::{EngineTiming, InFlightGuard, LoadSnapshot};
+    use crate::routing::{Prompt, RouteInput};
+    use crate::tokenize::{ChatMessage, Unpredictable};
 
     fn info(running: &[&str], waiting: &[&str]) -> Option<LoraInfo> {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
@@ -138,7 +167,7 @@ mod tests {
     ) -> (Option<Vec<ReplicaId>>, Vec<RouteBranch>, usize) {
         let mut cands = all.to_vec();
         let mut d = Decision::default();
-        let ids = narrow(adapter, &mut cands, saturated, bound, false, &mut d);
+        let ids = narrow(adapter, &mut cands, saturated, bound, &mut d);
         (ids, d.branches, cands.len())
     }
 
@@ -286,36 +315,142 @@ mod tests {
         drop(c);
     }
 
+    /// A pool in `cache` mode serving adapters `sql` and `chat` on two
+    /// replicas that have learned a decode step of 10 ms (no scraped
+    /// queues: llmlb's own counts, at the priors of 0.02 s a request ahead
+    /// and 10,000 prefill tokens a second).
+    fn lora_pool() -> Topology {
+        let t = pool_of(
+            "[pools.prefix]\nmode = \"cache\"\n[pools.lora]\nadapters = [\"sql\", \"chat\"]",
+            2,
+        );
+        let timing = |seconds, gaps| LoadSnapshot {
+            timing: EngineTiming {
+                inter_token_seconds: Some(seconds),
+                inter_tokens: Some(gaps),
+                ..EngineTiming::default()
+            },
+            ..LoadSnapshot::default()
+        };
+        for r in &t.pools[0].replicas {
+            r.store_load(timing(0.0, 0.0));
+            r.store_load(timing(1.0, 100.0));
+        }
+        t
+    }
+
+    fn route_adapter(pool: &Pool, adapter: &str, chat: &[ChatMessage]) -> Decision {
+        let headers = HeaderMap::new();
+        let input = RouteInput {
+            model: adapter,
+            ..input(&headers, None, Prompt::Chat(chat))
+        };
+        route(pool, &input)
+    }
+
+    /// A `chat` request decoding on `r` with `output` tokens left.
+    fn decoding(r: &Arc<Replica>, output: u64) -> InFlightGuard {
+        let mut g = r.acquire_tokens(50, output);
+        g.run_adapter(&Arc::from("chat"));
+        g.prefill_done();
+        g
+    }
+
     #[test]
-    fn with_a_prefix_cost_a_free_slot_competes_with_the_holder() {
-        // The first replica runs `sql`, the second runs nothing (it last
-        // ran `chat`). Both start a `sql` request at once: with the prefix
-        // step to choose by cost (the prompt may be cached on either), both
-        // stay candidates; without it the holder is preferred.
-        let all = fleet(2);
-        let mut g = all[0].acquire();
-        g.run_adapter(&Arc::from("sql"));
-        let mut c = all[1].acquire();
-        c.run_adapter(&Arc::from("chat"));
-        drop(c);
-        let mut cands = all.to_vec();
-        let mut d = Decision::default();
-        let ids = narrow("sql", &mut cands, NONE, 2, true, &mut d);
-        let mut both = vec![all[0].id, all[1].id];
-        both.sort_unstable();
-        assert_eq!(ids, Some(both));
-        assert_eq!(d.branches, vec![RouteBranch::LoraLoaded]);
-        assert_eq!(run(&all, "sql", NONE, 2).0, Some(vec![all[0].id]));
-        // A replica where `sql` would wait for a drain is never among them,
-        // and nor is one where it would keep `chat` waiting while another
-        // place runs it at once.
-        let mut w = all[1].acquire();
-        w.run_adapter(&Arc::from("chat"));
-        let mut cands = all.to_vec();
-        let mut d = Decision::default();
-        let ids = narrow("sql", &mut cands, NONE, 2, true, &mut d);
-        assert_eq!(ids, Some(vec![all[0].id]));
-        drop((g, w));
+    fn a_short_drain_costs_less_than_the_prefill_a_hit_saves() {
+        // A `sql` request's prompt is cached on one replica; a `chat`
+        // request now runs there with 3 tokens to go, and the other replica
+        // is idle. Waiting 30 ms for the drain beats prefilling the whole
+        // prompt on the idle one: the request goes where its prefix is, and
+        // the swap is counted.
+        let t = lora_pool();
+        let pool = &t.pools[0];
+        let first = route_adapter(pool, "sql", &hot_prompt_chat(0));
+        let warm = pool
+            .replicas
+            .iter()
+            .find(|r| first.preferred == Some(vec![r.id]))
+            .unwrap();
+        drop(first.dispatched(warm));
+        let cold = pool.replicas.iter().find(|r| r.id != warm.id).unwrap();
+        let _running = decoding(warm, 3);
+        assert_eq!(warm.adapters.placement("sql"), Placement::Swap);
+        let d = route_adapter(pool, "sql", &hot_prompt_chat(1));
+        assert_eq!(d.preferred, Some(vec![warm.id]));
+        assert_eq!(
+            d.branches,
+            vec![RouteBranch::LoraSwap, RouteBranch::PrefixHit]
+        );
+        assert!(d.dispatched(warm).swap);
+        // Placing by adapter first (the rule with `mode = "off"`) sends it
+        // to the idle replica and prefills the prompt there.
+        let mut cands = pool.replicas.clone();
+        let mut order = Decision::default();
+        let ids = narrow("sql", &mut cands, NONE, 2, &mut order);
+        assert_eq!(ids, Some(vec![cold.id]));
+    }
+
+    #[test]
+    fn a_long_drain_costs_more_than_the_prefill() {
+        // The same, but a `chat` request with 300 tokens to go runs there
+        // too: the drain (about 1.5 s) outweighs the prefill (~0.1 s).
+        let t = lora_pool();
+        let pool = &t.pools[0];
+        let first = route_adapter(pool, "sql", &hot_prompt_chat(0));
+        let warm = pool
+            .replicas
+            .iter()
+            .find(|r| first.preferred == Some(vec![r.id]))
+            .unwrap();
+        drop(first.dispatched(warm));
+        let cold = pool.replicas.iter().find(|r| r.id != warm.id).unwrap();
+        let _short = decoding(warm, 3);
+        let _long = decoding(warm, 300);
+        let d = route_adapter(pool, "sql", &hot_prompt_chat(1));
+        assert_eq!(d.preferred, Some(vec![cold.id]));
+        assert_eq!(
+            d.branches,
+            vec![RouteBranch::LoraSpread, RouteBranch::PrefixOverflow]
+        );
+        // With the drain over, the prefix wins again, where `sql` is now
+        // only a load away.
+        drop((_short, _long));
+        let d = route_adapter(pool, "sql", &hot_prompt_chat(2));
+        assert_eq!(d.preferred, Some(vec![warm.id]));
+        assert_eq!(
+            d.branches,
+            vec![RouteBranch::LoraSpread, RouteBranch::PrefixHit]
+        );
+    }
+
+    #[test]
+    fn the_order_applies_when_the_prefix_step_prefers_nothing() {
+        // A prompt whose cached prefix cannot be predicted (an image) is
+        // not scored: the placement order chooses.
+        let t = lora_pool();
+        let pool = &t.pools[0];
+        let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
+        let _running = decoding(a, 3);
+        let chat = hot_prompt_chat(0);
+        let headers = HeaderMap::new();
+        let go = |adapter| {
+            let input = RouteInput {
+                model: adapter,
+                unpredictable: Some(Unpredictable::Multimodal),
+                ..input(&headers, None, Prompt::Chat(&chat))
+            };
+            route(pool, &input)
+        };
+        let d = go("sql");
+        assert_eq!(d.preferred, Some(vec![b.id]));
+        assert_eq!(
+            d.branches,
+            vec![RouteBranch::LoraSpread, RouteBranch::PrefixUnpredictable]
+        );
+        // The adapter running there is preferred where it runs.
+        let d = go("chat");
+        assert_eq!(d.preferred, Some(vec![a.id]));
+        assert_eq!(d.branches[0], RouteBranch::LoraLoaded);
     }
 
     #[test]

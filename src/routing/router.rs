@@ -43,7 +43,7 @@ use super::prefix::blocks::{CacheKey, Prompt, prompt_ids, prompt_token_ids};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
 use super::prefix::hot::Replication;
-use super::prefix::score::CostModel;
+use super::prefix::score::{AdapterWait, CostModel};
 use super::saturation::{all_saturated, is_saturated};
 use super::tiers::PoolTiers;
 use crate::config::{Config, LoraConfig, PoolConfig, PrefixConfig, PrefixMode, SaturationConfig};
@@ -284,9 +284,34 @@ impl Router {
         if cands.is_empty() {
             return Ok(d);
         }
+        let session_key = if self.session_affinity {
+            affinity::session_key(session)
+        } else {
+            None
+        };
+        // A LoRA request's placement: in `cache` and `exact` modes without
+        // a session, what it waits for on each replica joins the prefix
+        // step's cost, and the placement order applies only when that step
+        // prefers nothing; otherwise the order narrows the candidates.
+        let mut waits = HashMap::new();
+        let mut fallback = None;
         if self.is_adapter(input.model) {
             d.adapter = Some(Arc::from(input.model));
-            if self.lora.placement {
+            let by_cost = session_key.is_none()
+                && matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+            if self.lora.placement && by_cost {
+                let mut narrowed = cands.clone();
+                let mut order = Decision::default();
+                let ids = super::lora::narrow(
+                    input.model,
+                    &mut narrowed,
+                    saturated,
+                    self.lora.max_imbalance,
+                    &mut order,
+                );
+                waits = super::lora::waits(input.model, &cands, &views);
+                fallback = Some((ids, order.branches));
+            } else if self.lora.placement {
                 // Later steps choose among these; without one, they are
                 // the preference.
                 d.preferred = super::lora::narrow(
@@ -294,14 +319,11 @@ impl Router {
                     &mut cands,
                     saturated,
                     self.lora.max_imbalance,
-                    matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact),
                     &mut d,
                 );
             }
         }
-        if self.session_affinity
-            && let Some(key) = affinity::session_key(session)
-        {
+        if let Some(key) = session_key {
             self.affinity
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
             return Ok(d);
@@ -312,14 +334,37 @@ impl Router {
             saturated: &saturated,
             now_ms,
         };
-        self.prefer_by_prefix(&mut d, &step, input);
+        let at = d.branches.len();
+        self.prefer_by_prefix(&mut d, &step, input, &waits);
+        if let Some((ids, branches)) = fallback {
+            let picked = d
+                .preferred
+                .as_ref()
+                .and_then(|p| cands.iter().find(|r| p.first() == Some(&r.id)));
+            match picked {
+                Some(r) => {
+                    let branch = super::lora::branch_at(input.model, r);
+                    d.branches.insert(at, branch);
+                }
+                None => {
+                    d.preferred = ids;
+                    d.branches.splice(at..at, branches);
+                }
+            }
+        }
         Ok(d)
     }
 
     /// Step 3 without a session: the preferred replica by the prompt's
     /// prefix, in the pool's prefix mode; and, when the pool shares what
     /// it sent with other instances, the record to share.
-    fn prefer_by_prefix(&self, d: &mut Decision, step: &Candidates<'_>, input: &RouteInput<'_>) {
+    fn prefer_by_prefix(
+        &self,
+        d: &mut Decision,
+        step: &Candidates<'_>,
+        input: &RouteInput<'_>,
+        waits: &HashMap<ReplicaId, AdapterWait>,
+    ) {
         if self.prefix.mode == PrefixMode::Off {
             return;
         }
@@ -344,6 +389,7 @@ impl Router {
                     model: input.model,
                     tokens,
                     key: &key,
+                    waits,
                 };
                 cache::prefer(self, d, step.cands, step.views, prompt, step.now_ms)
             }

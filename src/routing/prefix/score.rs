@@ -235,6 +235,46 @@ pub struct Candidate {
     pub room_tokens: Option<u64>,
     /// Position in the prefix's rendezvous order (tie-break, 0 first).
     pub rank: usize,
+    /// A LoRA request's wait for other adapters there (none for the base
+    /// model, or where its adapter runs or has a free slot).
+    pub adapter: AdapterWait,
+}
+
+/// What a LoRA request waits for on one replica besides its queue, or keeps
+/// waiting (`crate::replica::adapters`): the cost reads it as a drain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterWait {
+    /// Requests of the adapters holding every slot there, which must all
+    /// finish before it starts: those still waiting for their first token,
+    pub blockers_prefilling: u64,
+    /// and those decoding,
+    pub blockers_decoding: u64,
+    /// with this many output tokens left each (llmlb's estimate).
+    pub remaining_output: u64,
+    /// Requests of other adapters waiting there for its adapter to drain:
+    /// it starts before them and they wait for it.
+    pub waiters: u64,
+}
+
+impl AdapterWait {
+    /// Seconds until the blockers have finished: their prefills one after
+    /// another, then the output left, one decode step a token; before a
+    /// decode step is learned, `seconds_per_request_ahead` per blocker.
+    fn drain_seconds(&self, model: &CostModel, rates: &Rates) -> f64 {
+        let blockers = self.blockers_prefilling + self.blockers_decoding;
+        if blockers == 0 {
+            return 0.0;
+        }
+        match rates.decode_step_seconds {
+            Some(step) => {
+                let per_request = rates
+                    .prefill_seconds_per_request
+                    .unwrap_or(model.seconds_per_request_ahead);
+                self.blockers_prefilling as f64 * per_request + self.remaining_output as f64 * step
+            }
+            None => blockers as f64 * model.seconds_per_request_ahead,
+        }
+    }
 }
 
 /// Most requests a repeated prefill is counted as delaying (see [`best`]).
@@ -267,7 +307,11 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             ..*c
         };
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
-        let t = model.expected_ttft(c.ahead, &c.rates, uncached);
+        // A LoRA request that waits for other adapters to drain starts
+        // after the longer of its queue and the drain.
+        let queue = model.expected_ttft(c.ahead, &c.rates, 0);
+        let drain = (c.adapter.drain_seconds(model, &c.rates) - queue).max(0.0);
+        let t = model.expected_ttft(c.ahead, &c.rates, uncached) + drain;
         let missing = prompt_tokens.saturating_sub(c.cached_tokens.max(c.kept_tokens));
         let prefill = model.prefill_seconds(&c.rates, missing);
         let kept = model.prefill_seconds(&c.rates, uncached - missing);
@@ -278,7 +322,9 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             Ahead::Scraped { waiting, .. } => waiting.max(c.prefilling),
             Ahead::Local { .. } => c.prefilling,
         };
-        let delayed = (ahead as f64).min(MAX_DELAYED);
+        // Other adapters' requests waiting there for a slot wait for this
+        // one too.
+        let delayed = ((ahead + c.adapter.waiters) as f64).min(MAX_DELAYED);
         // With `evictions = "charged"`: what the uncached tokens push out
         // of a full cache, prefilled again when their prefix comes back.
         let evicted = match (model.evictions, c.room_tokens) {
@@ -450,12 +496,63 @@ mod tests {
             prefilling: 0,
             room_tokens: None,
             rank,
+            adapter: AdapterWait::default(),
         }
     }
 
     /// A candidate compared by llmlb's own in-flight count, at the priors.
     fn local(in_flight: u64, cached_tokens: u64, rank: usize) -> Candidate {
         cand(Ahead::Local { in_flight }, NO_RATES, cached_tokens, rank)
+    }
+
+    #[test]
+    fn a_lora_request_starts_after_the_longer_of_its_queue_and_the_drain() {
+        // 1,000 prompt tokens, at the priors (0.02 s a request ahead,
+        // 10,000 tokens/s, no decode step learned: a blocker costs 0.02 s).
+        let warm = |blockers, waiters| Candidate {
+            adapter: AdapterWait {
+                blockers_decoding: blockers,
+                waiters,
+                ..AdapterWait::default()
+            },
+            ..local(3, 1_000, 0)
+        };
+        let cold = local(0, 0, 1);
+        // Three blockers drain within the queue of three (0.06 s), less
+        // than the cold replica's prefill (0.1 s).
+        assert_eq!(best(&MODEL, 1_000, &[warm(3, 0), cold]).unwrap().0, 0);
+        // Six drain in 0.12 s: the cold replica wins.
+        let (i, ttft) = best(&MODEL, 1_000, &[warm(6, 0), cold]).unwrap();
+        assert_eq!((i, ttft), (1, 0.1));
+        // A learned decode step prices the blockers' output left: 20 tokens
+        // at 2 ms is 0.04 s, within the queue; 80 are 0.16 s.
+        let stepped = |remaining| Candidate {
+            rates: Rates {
+                decode_step_seconds: Some(0.002),
+                ..NO_RATES
+            },
+            adapter: AdapterWait {
+                blockers_decoding: 1,
+                remaining_output: remaining,
+                ..AdapterWait::default()
+            },
+            ..warm(0, 0)
+        };
+        assert_eq!(best(&MODEL, 1_000, &[stepped(20), cold]).unwrap().0, 0);
+        assert_eq!(best(&MODEL, 1_000, &[stepped(80), cold]).unwrap().0, 1);
+        // Requests of other adapters waiting for a slot wait for its
+        // prefill too: half the prompt cached and one request ahead (0.07 s
+        // TTFT) beats the cold replica alone, not with two waiting there
+        // 0.05 s each for its prefill.
+        let half = |waiters| Candidate {
+            adapter: AdapterWait {
+                waiters,
+                ..AdapterWait::default()
+            },
+            ..local(1, 500, 0)
+        };
+        assert_eq!(best(&MODEL, 1_000, &[half(0), cold]).unwrap().0, 0);
+        assert_eq!(best(&MODEL, 1_000, &[half(2), cold]).unwrap().0, 1);
     }
 
     #[test]
