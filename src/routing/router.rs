@@ -289,40 +289,9 @@ impl Router {
         } else {
             None
         };
-        // A LoRA request's placement: in `cache` and `exact` modes without
-        // a session, what it waits for on each replica joins the prefix
-        // step's cost, and the placement order applies only when that step
-        // prefers nothing; otherwise the order narrows the candidates.
-        let mut waits = HashMap::new();
-        let mut fallback = None;
-        if self.is_adapter(input.model) {
-            d.adapter = Some(Arc::from(input.model));
-            let by_cost = session_key.is_none()
-                && matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
-            if self.lora.placement && by_cost {
-                let mut narrowed = cands.clone();
-                let mut order = Decision::default();
-                let ids = super::lora::narrow(
-                    input.model,
-                    &mut narrowed,
-                    saturated,
-                    self.lora.max_imbalance,
-                    &mut order,
-                );
-                waits = super::lora::waits(input.model, &cands, &views);
-                fallback = Some((ids, order.branches));
-            } else if self.lora.placement {
-                // Later steps choose among these; without one, they are
-                // the preference.
-                d.preferred = super::lora::narrow(
-                    input.model,
-                    &mut cands,
-                    saturated,
-                    self.lora.max_imbalance,
-                    &mut d,
-                );
-            }
-        }
+        let by_cost = session_key.is_none()
+            && matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+        let lora = self.place_adapter(&mut d, &mut cands, &views, &saturated, input.model, by_cost);
         if let Some(key) = session_key {
             self.affinity
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
@@ -335,24 +304,48 @@ impl Router {
             now_ms,
         };
         let at = d.branches.len();
-        self.prefer_by_prefix(&mut d, &step, input, &waits);
-        if let Some((ids, branches)) = fallback {
-            let picked = d
-                .preferred
-                .as_ref()
-                .and_then(|p| cands.iter().find(|r| p.first() == Some(&r.id)));
-            match picked {
-                Some(r) => {
-                    let branch = super::lora::branch_at(input.model, r);
-                    d.branches.insert(at, branch);
-                }
-                None => {
-                    d.preferred = ids;
-                    d.branches.splice(at..at, branches);
-                }
-            }
+        let waits = lora.as_ref().map(|l| &l.waits);
+        self.prefer_by_prefix(&mut d, &step, input, waits.unwrap_or(&HashMap::new()));
+        if let Some(l) = lora {
+            l.settle(&mut d, at, &cands, input.model);
         }
         Ok(d)
+    }
+
+    /// A LoRA request's placement (`[pools.lora] placement`): with
+    /// `by_cost` (`cache` and `exact` modes, no session), what it waits for
+    /// on each candidate, for the prefix step's cost; otherwise the
+    /// placement order narrows `cands` and sets the preference.
+    fn place_adapter(
+        &self,
+        d: &mut Decision,
+        cands: &mut Vec<Arc<Replica>>,
+        views: &HashMap<ReplicaId, ReplicaView>,
+        saturated: &dyn Fn(&Replica) -> bool,
+        model: &str,
+        by_cost: bool,
+    ) -> Option<AdapterCost> {
+        if !self.is_adapter(model) {
+            return None;
+        }
+        d.adapter = Some(Arc::from(model));
+        if !self.lora.placement {
+            return None;
+        }
+        let bound = self.lora.max_imbalance;
+        if !by_cost {
+            // Later steps choose among these; without one, they are the
+            // preference.
+            d.preferred = super::lora::narrow(model, cands, saturated, bound, d);
+            return None;
+        }
+        let mut narrowed = cands.clone();
+        let mut order = Decision::default();
+        let ids = super::lora::narrow(model, &mut narrowed, saturated, bound, &mut order);
+        Some(AdapterCost {
+            waits: super::lora::waits(model, cands, views),
+            order: (ids, order.branches),
+        })
     }
 
     /// Step 3 without a session: the preferred replica by the prompt's
@@ -440,6 +433,33 @@ impl Router {
             );
         }
         shared_key
+    }
+}
+
+/// A LoRA request placed by cost: what it waits for on each candidate, and
+/// the placement order's preference and branch, for when the prefix step
+/// prefers nothing.
+struct AdapterCost {
+    waits: HashMap<ReplicaId, AdapterWait>,
+    order: (Option<Vec<ReplicaId>>, Vec<super::RouteBranch>),
+}
+
+impl AdapterCost {
+    /// After the prefix step (whose branches start at `at`): the branch of
+    /// where its pick stands, or, without a pick, the order's preference.
+    fn settle(self, d: &mut Decision, at: usize, cands: &[Arc<Replica>], model: &str) {
+        let picked = d
+            .preferred
+            .as_ref()
+            .and_then(|p| cands.iter().find(|r| p.first() == Some(&r.id)));
+        match picked {
+            Some(r) => d.branches.insert(at, super::lora::branch_at(model, r)),
+            None => {
+                let (ids, branches) = self.order;
+                d.preferred = ids;
+                d.branches.splice(at..at, branches);
+            }
+        }
     }
 }
 
