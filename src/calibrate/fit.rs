@@ -411,8 +411,7 @@ mod tests {
         for tokens in [1, 8] {
             let mut r = probe(ProbeKind::Requests, 32, 16, tokens);
             r.ok = 160;
-            r.wall = 160.0
-                * (truth.api_per_request + truth.api_per_output_token * tokens as f64);
+            r.wall = 160.0 * (truth.api_per_request + truth.api_per_output_token * tokens as f64);
             probes.push(r);
         }
 
