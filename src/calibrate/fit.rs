@@ -376,7 +376,7 @@ mod tests {
             per_context_token: 2e-8,
             prefill_attention: 7e-8,
             api_per_request: 0.002,
-            api_per_output_token: 0.0002,
+            api_per_output_token: 0.001,
         };
         let mut probes = Vec::new();
         for l in [16, 128, 256, 512, 1024, 1536] {
@@ -406,8 +406,8 @@ mod tests {
             );
             probes.push(m);
         }
-        // The API server (2 ms a request, 0.2 ms a token) is slower than
-        // the engine's share of a batch of 32: it sets the pace.
+        // The API server (2 ms a request, 1 ms a token) is slower than the
+        // engine's share of a batch of 32 in both bursts: it sets the pace.
         for tokens in [1, 8] {
             let mut r = probe(ProbeKind::Requests, 32, 16, tokens);
             r.ok = 160;
