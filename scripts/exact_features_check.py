@@ -30,9 +30,13 @@ run ([pools.tokenizer] dir = the model's tokenizer with the same template):
 - `placement` (with `--placement`): a mixed-adapter workload at
   concurrency, once per balancer in `--balancers` (`NAME` or
   `NAME:key = value` for extra `[pools.lora]` lines, e.g.
-  `least_connections:placement = false`); reports streamed TTFT p50/p99,
-  llmlb's `llmlb_lora_swaps_total` and the adapter loads the replicas'
-  `vllm:lora_requests_info` showed.
+  `least_connections:placement = false`; `NAME@PATH` runs that llmlb
+  binary instead of `--llmlb`); reports streamed TTFT p50/p99,
+  llmlb's `llmlb_lora_swaps_total`, the adapter loads the replicas'
+  `vllm:lora_requests_info` showed, and per request (JSON only) the
+  adapter, replica, routing branches, TTFT, prompt and cached tokens and
+  what ran on that replica when it was sent, with a summary of the
+  slowest 5 % and 1 % beside all requests.
 
 Usage (under the vLLM lock, after `cargo build --release`):
   flock /tmp/llmlb-vllm.lock quiet python3 scripts/exact_features_check.py --llmlb target/release/llmlb
@@ -232,9 +236,10 @@ def model_dir(tmp):
     return d
 
 
-def config(args, fleet, tmp, balancer, mode="exact", extra=""):
+def config(args, fleet, tmp, balancer, mode="exact", extra="", replica_header=False):
     lines = ["[server]", f'listen = "127.0.0.1:{args.proxy_port}"',
-             f'admin_listen = "127.0.0.1:{args.proxy_port + 1}"', "",
+             f'admin_listen = "127.0.0.1:{args.proxy_port + 1}"',
+             *(["replica_header = true"] if replica_header else []), "",
              "[[pools]]", 'name = "tiny"', f'models = ["{MODEL}", {", ".join(json.dumps(a) for a in ADAPTERS)}]',
              f'balancer = "{balancer}"', "", "[pools.prefix]", f'mode = "{mode}"', "",
              "[pools.lora]", f'adapters = [{", ".join(json.dumps(a) for a in ADAPTERS)}]', extra, "",
@@ -250,17 +255,32 @@ def config(args, fleet, tmp, balancer, mode="exact", extra=""):
 
 
 class Proxy:
-    def __init__(self, args, path, tmp):
+    def __init__(self, args, path, tmp, binary=None):
         self.args = args
-        self.proc = subprocess.Popen([args.llmlb, "serve", "--config", path],
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(tmp, "llmlb.log"), "a"))
+        self.log = os.path.join(tmp, "llmlb.log")
+        self.proc = subprocess.Popen([binary or args.llmlb, "--log-format", "json", "serve", "--config", path],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "a"))
         if not wait_ready(args.proxy_port + 1, "/readyz", 30):
             raise RuntimeError(f"llmlb serve did not become ready (see {tmp}/llmlb.log)")
         time.sleep(2)
 
     def metrics(self):
         return request(self.args.proxy_port + 1, "GET", "/metrics")[1]
+
+    def access(self, prefix):
+        """The access log's lines whose request id starts with `prefix`, by id."""
+        out = {}
+        with open(self.log) as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                fields = ev.get("fields", ev)
+                rid = str(fields.get("request_id", ""))
+                if rid.startswith(prefix) and ev.get("target") == "llmlb::access":
+                    out[rid] = fields
+        return out
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -281,7 +301,8 @@ def send(port, body):
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
-def run_concurrent(port, bodies, concurrency, deadline_s, send=send):
+def run_concurrent(port, bodies, concurrency, deadline_s, send=send, ids=None):
+    """`ids`: a request id per body, sent as `x-request-id` (send takes it)."""
     results = [None] * len(bodies)
     next_i = [0]
     lock = threading.Lock()
@@ -294,7 +315,7 @@ def run_concurrent(port, bodies, concurrency, deadline_s, send=send):
                 next_i[0] += 1
             if i >= len(bodies):
                 return
-            results[i] = send(port, bodies[i])
+            results[i] = send(port, bodies[i], ids[i]) if ids else send(port, bodies[i])
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
@@ -449,17 +470,20 @@ def observed_swaps(seen):
     return swaps
 
 
-def send_stream(port, body):
+def send_stream(port, body, request_id=None):
     """A streamed request: time to the first content chunk, and the usage."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"content-type": "application/json"}
+    if request_id:
+        headers["x-request-id"] = request_id
     t0 = time.time()
     try:
-        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                  headers={"content-type": "application/json"})
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers=headers)
         r = c.getresponse()
         if r.status != 200:
             return {"status": r.status, "error": r.read().decode()[:300]}
+        replica = r.getheader("x-llmlb-replica")
         ttft, usage = None, {}
         for line in r:
             line = line.strip()
@@ -470,14 +494,70 @@ def send_stream(port, body):
                 ttft = time.time() - t0
             usage = ev.get("usage") or usage
         return {"status": 200, "ttft_s": ttft, "latency_s": time.time() - t0,
+                "start": t0, "end": time.time(), "replica": replica,
+                "prompt_tokens": usage.get("prompt_tokens"),
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
     finally:
         c.close()
 
 
-def placement(args, fleet, tmp, rng, balancer, extra):
+def per_request(bodies, results, access):
+    """One row per answered request: its adapter, replica, llmlb's routing
+    branches, TTFT, prompt and cached tokens, and what ran on its replica
+    when it was sent (seen from the client: requests sent there earlier and
+    not yet answered), so the slow ones can be explained."""
+    rows = []
+    for i, (b, r) in enumerate(zip(bodies, results)):
+        if not r or r["status"] != 200 or r["ttft_s"] is None:
+            continue
+        a = access.get(r.get("request_id", ""), {})
+        rows.append({"i": i, "adapter": b["model"] if b["model"] != MODEL else "",
+                     "replica": r["replica"], "branch": a.get("branch", ""),
+                     "ttft_ms": round(r["ttft_s"] * 1000), "start": r["start"], "end": r["end"],
+                     "prompt": r["prompt_tokens"] or 0, "cached": r["cached"] or 0})
+    for row in rows:
+        ahead = [o for o in rows if o["replica"] == row["replica"]
+                 and o["start"] < row["start"] < o["end"]]
+        row["in_flight"] = len(ahead)
+        # With --max-loras 1 a request of another adapter running there
+        # makes this one wait for it to drain (base requests never wait).
+        row["other_adapter"] = sum(1 for o in ahead if row["adapter"] and o["adapter"]
+                                   and o["adapter"] != row["adapter"])
+        # Requests sent there after it that got their first token first
+        # (vLLM starts the running adapter's later requests before a
+        # request waiting for a slot).
+        first = row["start"] + row["ttft_ms"] / 1000
+        row["overtaken"] = sum(1 for o in rows if o["replica"] == row["replica"]
+                               and row["start"] < o["start"] and o["start"] + o["ttft_ms"] / 1000 < first)
+    t0 = min((r["start"] for r in rows), default=0)
+    for row in rows:
+        row["start"], row["end"] = round(row["start"] - t0, 3), round(row["end"] - t0, 3)
+    return rows
+
+
+def tail_summary(rows, share):
+    """What the slowest `share` of requests are made of, beside all of them."""
+    def describe(xs):
+        n = len(xs) or 1
+        return {"requests": len(xs),
+                "ttft_ms_min": min((x["ttft_ms"] for x in xs), default=None),
+                "behind_other_adapter": sum(1 for x in xs if x["other_adapter"]),
+                "overtaken": sum(1 for x in xs if x["overtaken"]),
+                "mean_in_flight_at_send": round(sum(x["in_flight"] for x in xs) / n, 2),
+                "mean_uncached_tokens": round(sum(x["prompt"] - x["cached"] for x in xs) / n),
+                "full_miss": sum(1 for x in xs if x["cached"] == 0),
+                "by_adapter": {k: sum(1 for x in xs if x["adapter"] == k)
+                               for k in sorted({x["adapter"] for x in xs})},
+                "by_branch": {k: sum(1 for x in xs if x["branch"] == k)
+                              for k in sorted({x["branch"] for x in xs})}}
+    slow = sorted(rows, key=lambda x: -x["ttft_ms"])[:max(1, round(len(rows) * share))]
+    return {"tail": describe(slow), "all": describe(rows)}
+
+
+def placement(args, fleet, tmp, rng, balancer, extra, run_no=0, binary=None):
     fleet.reset()
-    proxy = Proxy(args, config(args, fleet, tmp, balancer, extra=extra), tmp)
+    proxy = Proxy(args, config(args, fleet, tmp, balancer, extra=extra, replica_header=True), tmp,
+                  binary)
     seen = []
     try:
         systems = system_prompts(rng, 6, args.system_words)
@@ -494,10 +574,16 @@ def placement(args, fleet, tmp, rng, balancer, extra):
 
         w = threading.Thread(target=watch)
         w.start()
-        results = run_concurrent(args.proxy_port, bodies, args.concurrency, 900, send_stream)
+        ids = [f"run{run_no}-{i}" for i in range(len(bodies))]
+        results = run_concurrent(args.proxy_port, bodies, args.concurrency, 900, send_stream, ids)
         done.set()
         w.join()
+        for rid, r in zip(ids, results):
+            if r:
+                r["request_id"] = rid
+        time.sleep(1)
         own = proxy.metrics()
+        rows = per_request(bodies, results, proxy.access(f"run{run_no}-"))
     finally:
         proxy.stop()
     ok = [r for r in results if r and r["status"] == 200 and r["ttft_s"] is not None]
@@ -508,12 +594,15 @@ def placement(args, fleet, tmp, rng, balancer, extra):
 
     ttft = [r["ttft_s"] for r in ok]
     swaps = by_label(own, "llmlb_lora_swaps_total", "pool")
-    return {"balancer": balancer, "requests": len(bodies), "completed": len(ok),
+    return {"balancer": balancer, "extra": extra, "binary": binary or args.llmlb,
+            "requests": len(bodies), "completed": len(ok),
             "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9),
             "ttft_p99_s": pct(ttft, 0.99), "latency_p99_s": pct([r["latency_s"] for r in ok], 0.99),
             "llmlb_swaps_caused": sum(swaps.values()), "replica_adapter_loads_seen": observed_swaps(seen),
             "branches": by_label(own, "llmlb_routing_decisions_total", "branch"),
             "by_kind": kind_table(own), "lora_info_samples": len(seen),
+            "slowest_5pct": tail_summary(rows, 0.05), "slowest_1pct": tail_summary(rows, 0.01)["tail"],
+            "per_request": rows,
             # Every TTFT (ms), so runs of one balancer can be pooled.
             "ttft_ms": sorted(round(t * 1000) for t in ttft)}
 
@@ -562,12 +651,14 @@ def main():
             log("\n".join(out["doctor"]["report"]))
         if args.placement:
             out["placement"] = []
-            for b in args.balancers.split(","):
+            for n, b in enumerate(args.balancers.split(",")):
                 name, _, extra = b.partition(":")
+                name, _, binary = name.partition("@")
                 r = placement(args, fleet, tmp, random.Random(args.seed + 2), name,
-                              extra.replace(";", "\n"))
+                              extra.replace(";", "\n"), n, binary or None)
                 out["placement"].append(r)
-                log(json.dumps(r, indent=1))
+                log(json.dumps({k: v for k, v in r.items() if k not in ("per_request", "ttft_ms")},
+                               indent=1))
     finally:
         fleet.stop()
     out["load_after"] = open("/proc/loadavg").read().split()[:3]

@@ -4,15 +4,19 @@
 //! scheduler only starts a waiting request whose adapter is among those of
 //! the running requests, or when fewer than `max_loras` adapters run: a
 //! request for another adapter waits until every running request of the
-//! adapters in the way has finished (requests of those adapters that arrive
-//! later may start before it). What makes a request wait is the adapters
-//! with requests *running* there, not which adapter was loaded last: on an
-//! idle replica a new adapter only has to be loaded.
+//! adapters in the way has finished, and requests of those adapters that
+//! arrive meanwhile start before it (the scheduler skips the waiting one).
+//! What makes a request wait is the adapters with requests *running* there,
+//! not which adapter was loaded last: on an idle replica a new adapter only
+//! has to be loaded.
 //!
 //! [`Adapters`] keeps, per replica:
 //! - llmlb's own requests in flight per adapter (exact and immediate:
 //!   counted from dispatch until the request's [`super::InFlightGuard`]
-//!   drops, see [`super::InFlightGuard::run_adapter`]);
+//!   drops, see [`super::InFlightGuard::run_adapter`]), in the order the
+//!   adapters became busy there: the first `max_lora` of them hold the
+//!   slots, the later ones wait for those to drain (as the scheduler
+//!   admits them);
 //! - the last scraped `vllm:lora_requests_info` (`running_lora_adapters`,
 //!   `max_lora`; read by `signals::lora`), for requests other clients run.
 //!   A scraped adapter no longer counts once llmlb's own requests of it
@@ -24,9 +28,10 @@
 //!
 //! [`Adapters::placement`] says whether a request for an adapter runs at
 //! once there ([`Placement::Loaded`]), needs only a load
-//! ([`Placement::FreeSlot`]) or waits for other adapters' requests to drain
-//! ([`Placement::Swap`]). Cost: one mutex per replica held for a few string
-//! comparisons.
+//! ([`Placement::FreeSlot`]), runs at once but keeps another adapter's
+//! requests waiting longer ([`Placement::Draining`]), or waits for other
+//! adapters' requests to drain ([`Placement::Swap`]). Cost: one mutex per
+//! replica held for a few string comparisons.
 
 use std::sync::Mutex;
 
@@ -46,6 +51,9 @@ pub enum Placement {
     /// Not loaded, but a slot is free (fewer adapters run than
     /// `max_lora`): it is loaded without waiting for other requests.
     FreeSlot,
+    /// The adapter holds a slot, but another adapter's requests wait there
+    /// for it to drain: this request starts at once and they wait longer.
+    Draining,
     /// Every slot is taken by other adapters' running requests: it waits
     /// until they drain.
     Swap,
@@ -76,6 +84,9 @@ struct Run {
     count: u32,
     /// `seq` when llmlb's last request of it there ended.
     ended: u64,
+    /// `seq` when its count last rose from zero: the busy adapters hold
+    /// the slots in this order.
+    since: u64,
 }
 
 impl Adapters {
@@ -119,12 +130,20 @@ impl Adapters {
     pub(super) fn start(&self, adapter: &str) {
         let mut s = self.lock();
         s.touch(adapter);
+        s.seq += 1;
+        let seq = s.seq;
         match s.running.iter_mut().find(|r| r.adapter == adapter) {
-            Some(r) => r.count += 1,
+            Some(r) => {
+                if r.count == 0 {
+                    r.since = seq;
+                }
+                r.count += 1;
+            }
             None => s.running.push(Run {
                 adapter: adapter.to_string(),
                 count: 1,
                 ended: 0,
+                since: seq,
             }),
         }
     }
@@ -156,15 +175,12 @@ impl State {
         }
     }
 
-    /// The distinct adapters with requests running there: llmlb's own, and
-    /// the scraped ones not explained by llmlb's requests that have ended.
+    /// The distinct adapters with requests there, in the order they hold
+    /// the slots: the scraped running ones not explained by llmlb's
+    /// requests that have ended (they run now), then llmlb's own by when
+    /// they became busy there.
     fn busy(&self) -> Vec<&str> {
-        let mut out: Vec<&str> = self
-            .running
-            .iter()
-            .filter(|r| r.count > 0)
-            .map(|r| r.adapter.as_str())
-            .collect();
+        let mut out: Vec<&str> = Vec::new();
         let scraped = self.scraped.iter().flat_map(|i| &i.running);
         for a in scraped {
             let ended_since = self
@@ -175,14 +191,27 @@ impl State {
                 out.push(a);
             }
         }
+        let mut own: Vec<&Run> = self.running.iter().filter(|r| r.count > 0).collect();
+        own.sort_by_key(|r| r.since);
+        for r in own {
+            if !out.contains(&r.adapter.as_str()) {
+                out.push(&r.adapter);
+            }
+        }
         out
     }
 
     fn placement(&self, adapter: &str) -> Placement {
         let busy = self.busy();
         let max = self.max_lora();
-        if busy.contains(&adapter) {
-            return Placement::Loaded;
+        if let Some(i) = busy.iter().position(|a| *a == adapter) {
+            return match i {
+                // Holds a slot; others wait behind it when there are more.
+                i if i < max && busy.len() > max => Placement::Draining,
+                i if i < max => Placement::Loaded,
+                // Itself waiting for a slot: another request of it waits too.
+                _ => Placement::Swap,
+            };
         }
         if busy.len() >= max {
             return Placement::Swap;

@@ -55,6 +55,9 @@ pub enum RouteBranch {
     /// No unsaturated replica had the adapter loaded: preferred those with a
     /// free adapter slot.
     LoraSpread,
+    /// The adapter runs on the preferred replicas, but other adapters'
+    /// requests wait there for it to drain: no place ran it without that.
+    LoraDraining,
     /// Every candidate would have to swap an adapter out.
     LoraSwap,
 }
@@ -83,6 +86,7 @@ impl RouteBranch {
             RouteBranch::Saturated => "saturated",
             RouteBranch::LoraLoaded => "lora_loaded",
             RouteBranch::LoraSpread => "lora_spread",
+            RouteBranch::LoraDraining => "lora_draining",
             RouteBranch::LoraSwap => "lora_swap",
         }
     }

@@ -43,6 +43,7 @@ pub(super) fn narrow(
     cands: &mut Vec<Arc<Replica>>,
     saturated: impl Fn(&Replica) -> bool,
     max_imbalance: u32,
+    by_cost: bool,
     d: &mut Decision,
 ) -> Option<Vec<ReplicaId>> {
     let least = cands.iter().map(|r| r.in_flight()).min().unwrap_or(0);
@@ -55,15 +56,49 @@ pub(super) fn narrow(
             .cloned()
             .collect()
     };
-    let (chosen, branch) = match with(Placement::Loaded) {
-        loaded if !loaded.is_empty() => (loaded, RouteBranch::LoraLoaded),
-        _ => match with(Placement::FreeSlot) {
-            free if !free.is_empty() => (free, RouteBranch::LoraSpread),
-            _ => {
-                d.branches.push(RouteBranch::LoraSwap);
-                return None;
-            }
-        },
+    let at_once = |c: &[Arc<Replica>]| {
+        let loaded = c
+            .iter()
+            .any(|r| r.adapters.placement(adapter) == Placement::Loaded);
+        let branch = if loaded {
+            RouteBranch::LoraLoaded
+        } else {
+            RouteBranch::LoraSpread
+        };
+        (c.to_vec(), branch)
+    };
+    let found = if by_cost {
+        // Loaded and free-slot replicas alike start it without a wait; the
+        // prefix step's cost (prompt left to prefill, work ahead) chooses.
+        let free: Vec<Arc<Replica>> = cands
+            .iter()
+            .filter(|r| {
+                fits(r)
+                    && matches!(
+                        r.adapters.placement(adapter),
+                        Placement::Loaded | Placement::FreeSlot
+                    )
+            })
+            .cloned()
+            .collect();
+        Some(at_once(&free)).filter(|(c, _)| !c.is_empty())
+    } else {
+        None
+    };
+    let order = [
+        (Placement::Loaded, RouteBranch::LoraLoaded),
+        (Placement::FreeSlot, RouteBranch::LoraSpread),
+        (Placement::Draining, RouteBranch::LoraDraining),
+    ];
+    let found = found.or_else(|| {
+        order
+            .into_iter()
+            .map(|(want, branch)| (with(want), branch))
+            .find(|(chosen, _)| !chosen.is_empty())
+    });
+    let Some((chosen, branch)) = found else {
+        d.branches.push(RouteBranch::LoraSwap);
+        return None;
     };
     d.branches.push(branch);
     *cands = chosen;
@@ -103,7 +138,7 @@ mod tests {
     ) -> (Option<Vec<ReplicaId>>, Vec<RouteBranch>, usize) {
         let mut cands = all.to_vec();
         let mut d = Decision::default();
-        let ids = narrow(adapter, &mut cands, saturated, bound, &mut d);
+        let ids = narrow(adapter, &mut cands, saturated, bound, false, &mut d);
         (ids, d.branches, cands.len())
     }
 
@@ -134,6 +169,11 @@ mod tests {
         assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
         let mut g = all[1].acquire();
         g.run_adapter(&Arc::from("sql"));
+        // It waits behind the scraped `chat` requests, and so would another.
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+        assert_eq!(all[1].adapters.placement("chat"), Placement::Draining);
+        // A scrape shows `chat` drained and `sql` running.
+        all[1].adapters.observe(info(&["sql"], &[]));
         assert_eq!(all[1].adapters.placement("sql"), Placement::Loaded);
     }
 
@@ -207,6 +247,75 @@ mod tests {
         // A bound of 0 keeps the holder only while it is the least loaded.
         drop(_held);
         assert_eq!(run(&all, "sql", NONE, 0).0, Some(vec![all[0].id]));
+    }
+
+    #[test]
+    fn an_adapter_is_not_fed_where_another_waits_for_it_to_drain() {
+        // Both replicas run `sql`; a `chat` request went to the second and
+        // waits there for its `sql` request to drain. Another `sql` request
+        // sent there would start before the waiting one and keep it
+        // waiting: it goes to the first replica.
+        let all = fleet(2);
+        let start = |r: &Arc<Replica>, a: &str| {
+            let mut g = r.acquire();
+            g.run_adapter(&Arc::from(a));
+            g
+        };
+        let _a = start(&all[0], "sql");
+        let b = start(&all[1], "sql");
+        assert_eq!(all[1].adapters.sent("chat"), Placement::Swap);
+        let c = start(&all[1], "chat");
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Draining);
+        let (ids, branches, _) = run(&all, "sql", NONE, 2);
+        assert_eq!(ids, Some(vec![all[0].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraLoaded]);
+        // A second `chat` request would wait there too: not loaded.
+        assert_eq!(all[1].adapters.placement("chat"), Placement::Swap);
+        // With no other place to run at once, the draining replica still
+        // beats a swap.
+        let first = all[0].id;
+        let busy = move |r: &Replica| r.id == first;
+        let (ids, branches, _) = run(&all, "sql", &busy, 2);
+        assert_eq!(ids, Some(vec![all[1].id]));
+        assert_eq!(branches, vec![RouteBranch::LoraDraining]);
+        // The `sql` request ends: `chat` takes the slot and runs, and `sql`
+        // would now wait behind it.
+        drop(b);
+        assert_eq!(all[1].adapters.placement("chat"), Placement::Loaded);
+        assert_eq!(all[1].adapters.placement("sql"), Placement::Swap);
+        drop(c);
+    }
+
+    #[test]
+    fn with_a_prefix_cost_a_free_slot_competes_with_the_holder() {
+        // The first replica runs `sql`, the second runs nothing (it last
+        // ran `chat`). Both start a `sql` request at once: with the prefix
+        // step to choose by cost (the prompt may be cached on either), both
+        // stay candidates; without it the holder is preferred.
+        let all = fleet(2);
+        let mut g = all[0].acquire();
+        g.run_adapter(&Arc::from("sql"));
+        let mut c = all[1].acquire();
+        c.run_adapter(&Arc::from("chat"));
+        drop(c);
+        let mut cands = all.to_vec();
+        let mut d = Decision::default();
+        let ids = narrow("sql", &mut cands, NONE, 2, true, &mut d);
+        let mut both = vec![all[0].id, all[1].id];
+        both.sort_unstable();
+        assert_eq!(ids, Some(both));
+        assert_eq!(d.branches, vec![RouteBranch::LoraLoaded]);
+        assert_eq!(run(&all, "sql", NONE, 2).0, Some(vec![all[0].id]));
+        // A replica where `sql` would wait for a drain is never among them,
+        // and nor is one where it would keep `chat` waiting while another
+        // place runs it at once.
+        let mut w = all[1].acquire();
+        w.run_adapter(&Arc::from("chat"));
+        let mut cands = all.to_vec();
+        let mut d = Decision::default();
+        let ids = narrow("sql", &mut cands, NONE, 2, true, &mut d);
+        assert_eq!(ids, Some(vec![all[0].id]));
+        drop((g, w));
     }
 
     #[test]

@@ -294,6 +294,7 @@ impl Router {
                     &mut cands,
                     saturated,
                     self.lora.max_imbalance,
+                    matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact),
                     &mut d,
                 );
             }

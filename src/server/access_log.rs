@@ -19,6 +19,7 @@ use std::time::Instant;
 use super::AppState;
 use super::record::{Ended, Record};
 pub use crate::net::Usage;
+use crate::telemetry::ModelSeries;
 use crate::telemetry::trace::{RequestTrace, Tracing};
 use http::header::HeaderValue;
 use http::{Method, Request, Uri};
@@ -111,42 +112,34 @@ pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
     let (Some(pool), Some(model)) = (&r.fields.pool, &r.fields.model) else {
         return;
     };
-    let m = &r.state().metrics.models;
-    let stream = if r.fields.stream == Some(true) {
-        "true"
-    } else {
-        "false"
-    };
-    m.requests
-        .with_label_values(&[pool, model, stream, label])
-        .inc();
-    if let Some(t) = ended.first_content.filter(|_| r.status < 400) {
-        m.ttft
-            .with_label_values(&[pool, model, stream])
-            .observe(t.duration_since(r.start.start).as_secs_f64());
-    }
+    let metrics = &r.state().metrics;
+    let m = &metrics.models;
+    let stream = r.fields.stream == Some(true);
     let u = ended.usage.unwrap_or_default();
+    let cached = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
+    let ttft = ended
+        .first_content
+        .filter(|_| r.status < 400)
+        .map(|t| t.duration_since(r.start.start).as_secs_f64());
+    let series = match &r.fields.progress.replica {
+        Some(replica) => replica.series(pool, metrics).model(model, stream),
+        None => std::sync::Arc::new(ModelSeries::new(model, stream)),
+    };
+    series.record(
+        m,
+        pool,
+        label,
+        ttft,
+        [u.prompt_tokens, u.completion_tokens, cached],
+    );
     if let Some(d) = &r.dispatched {
-        let reported = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
         let o = crate::telemetry::prefix_loop::observation(
             r.status,
             d.predicted_cached,
             u.prompt_tokens,
-            reported,
+            cached,
         );
         m.prefix_loop.observe(pool, &d.replica, d.kind, o);
-    }
-    for (kind, n) in [
-        ("prompt", u.prompt_tokens),
-        ("completion", u.completion_tokens),
-        (
-            "cached",
-            u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-        ),
-    ] {
-        if let Some(n) = n {
-            m.tokens.with_label_values(&[pool, model, kind]).inc_by(n);
-        }
     }
 }
 

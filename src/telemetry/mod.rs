@@ -14,7 +14,7 @@ pub mod trace;
 pub use family::Family;
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
-pub use model_metrics::ModelMetrics;
+pub use model_metrics::{ModelMetrics, ModelSeries};
 pub use prefix_loop::PrefixLoopMetrics;
 pub use replica_series::ReplicaSeries;
 pub use signal_metrics::SignalMetrics;

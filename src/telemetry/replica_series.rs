@@ -9,11 +9,16 @@
 //! it, as before. Statuses other than 200 keep the lookup by label (they
 //! are rare, and their set is open).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 
 use super::Metrics;
+use super::model_metrics::ModelSeries;
+
+/// Models whose series one replica keeps; a request for another model
+/// looks its series up by label.
+const KEPT_MODELS: usize = 32;
 
 #[derive(Debug)]
 pub struct ReplicaSeries {
@@ -27,6 +32,8 @@ pub struct ReplicaSeries {
     ok: OnceLock<IntCounter>,
     duration: OnceLock<Histogram>,
     first_byte: OnceLock<Histogram>,
+    /// The per-model series of requests this replica answered.
+    models: Mutex<Vec<Arc<ModelSeries>>>,
 }
 
 impl ReplicaSeries {
@@ -40,6 +47,7 @@ impl ReplicaSeries {
             ok: OnceLock::new(),
             duration: OnceLock::new(),
             first_byte: OnceLock::new(),
+            models: Mutex::default(),
         }
     }
 
@@ -58,6 +66,20 @@ impl ReplicaSeries {
                 .with_label_values(&[&*self.pool, &self.replica, label])
                 .inc();
         }
+    }
+
+    /// `model`'s per-model series (`llmlb_model_*`), streamed or not: kept
+    /// for the first [`KEPT_MODELS`] models, made afresh for others.
+    pub fn model(&self, model: &str, stream: bool) -> Arc<ModelSeries> {
+        let mut kept = self.models.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = kept.iter().find(|s| s.is(model, stream)) {
+            return Arc::clone(s);
+        }
+        let series = Arc::new(ModelSeries::new(model, stream));
+        if kept.len() < KEPT_MODELS {
+            kept.push(Arc::clone(&series));
+        }
+        series
     }
 
     /// `llmlb_request_duration_seconds{pool}`.
