@@ -341,3 +341,61 @@ async fn cache_mode_instances_share_one_prefix_view() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A slot freed on one instance while a paid request waits on another:
+/// the instance whose free waiter is held back gives the slot back (and
+/// wakes the other through the store's `wake` channel), and the paid
+/// request takes it, not the free one waiting where it freed.
+#[tokio::test]
+async fn a_slot_given_back_goes_to_the_waiter_that_goes_first() {
+    let Some(redis) = RedisServer::start("fleet").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let fleet = format!(
+        "[fleet]\nstore = \"{}\"\nrefresh = \"1s\"\ntimeout = \"200ms\"\ninstance_ttl = \"10s\"\n",
+        redis.url()
+    );
+    let pool = one_pool("least_connections", &[(&up.url(), 1)], "max_inflight = 1");
+    let cfg = paid_free(&format!("{fleet}{pool}"));
+    let (a, b) = (start_llmlb(&cfg).await, start_llmlb(&cfg).await);
+    // B runs a free stream in the replica's one slot; a free request waits
+    // on B, then a paid one on A.
+    let (_conn, _body) = held_stream(b.addr).await;
+    let free = tokio::spawn(stream_of(b.addr, "free"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let paid = tokio::spawn(stream_of(a.addr, "paid"));
+    // B reads A's queue report at its next refreshes.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(up.requests(), 1, "the limit holds across instances");
+    let released = Instant::now();
+    up.release_one();
+    while up.requests() < 2 {
+        assert!(
+            released.elapsed() < Duration::from_secs(20),
+            "the slot moves"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The paid request took it: B's free request still waits.
+    let text = metrics_text(b.admin_addr).await;
+    assert_eq!(
+        metric_value(&text, "llmlb_queue_depth", &[("level", "low")]),
+        1.0,
+        "{text}"
+    );
+    up.release_one();
+    assert_eq!(paid.await.unwrap(), StatusCode::OK);
+    while up.requests() < 3 {
+        assert!(
+            released.elapsed() < Duration::from_secs(30),
+            "the free request runs"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    up.release_one();
+    assert_eq!(free.await.unwrap(), StatusCode::OK);
+    for lb in [a, b] {
+        lb.shutdown().await;
+    }
+}

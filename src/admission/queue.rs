@@ -315,6 +315,7 @@ impl PoolQueue {
         if let Some(refusal) = self.refusal(&inner, standing, placement, now) {
             return Admit::Refused(refusal);
         }
+        inner.drain.arrived(level, now_s);
         let weight = self.params.fair.weight(&claim.tenant);
         if free {
             inner.waiting[level].take_hold(&claim.tenant, now_s);
@@ -502,7 +503,7 @@ impl PoolQueue {
         now: Instant,
     ) -> Permit {
         inner.active += 1;
-        inner.drain.granted(level);
+        inner.drain.granted(self.seconds(now));
         let prompt = self.params.fair.prompt_weight * estimate.0 as f64;
         inner.waiting[level].started(&tenant, weight, prompt);
         let id = inner.next_id;

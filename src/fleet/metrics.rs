@@ -20,6 +20,8 @@ pub struct FleetMetrics {
     pub in_fallback: IntGauge,
     /// Refreshes that began by giving slots back (waiters held back here).
     pub released: IntCounter,
+    /// Refreshes made at once because another instance gave slots back.
+    pub wakes: IntCounter,
     /// Round trip of one refresh (registration and every lease).
     pub refresh_seconds: Histogram,
     /// The slot cap in force on each replica (`max_inflight` shared by the fleet).
@@ -61,6 +63,10 @@ impl FleetMetrics {
             released: f.counter_one(
                 "llmlb_fleet_slot_releases_total",
                 "Refreshes that gave slots back first, because this instance's waiters wait for another instance's.",
+            ),
+            wakes: f.counter_one(
+                "llmlb_fleet_wakes_total",
+                "Refreshes made at once because another instance gave slots back for this instance's waiters (the store's wake channel).",
             ),
             refresh_seconds: f
                 .histogram(

@@ -16,7 +16,9 @@
 //!   takes no slot and is not counted as demand, and the slots this
 //!   instance will not use are given back before its next refresh
 //!   ([`Fleet::release`]), so the lease moves there (`admission::queue`
-//!   holds the rule).
+//!   holds the rule); the refresh that gave them back wakes the other
+//!   instances through the store's `wake` channel ([`wake`]), so the one
+//!   whose waiter goes first takes them at once.
 //! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
 //!   stream, folded by every instance into its `cache`/`hash` index.
 //! - **Failure**: when the store is down, slow or out of reach, each
@@ -33,6 +35,7 @@ pub mod prefixes;
 mod queues;
 pub mod script;
 mod store;
+mod wake;
 
 pub use lease::Phase;
 pub use metrics::FleetMetrics;

@@ -12,6 +12,8 @@
 //! - `lease:{pool}/{replica}`: hash, instance id → `lease:want`;
 //! - `queue:{pool}`: hash, instance id → its queue report stamped with the
 //!   store's time ([`super::queues`]).
+//! - `wake`: a pub/sub channel (no key): an instance that gave slots back
+//!   publishes its id there after its refresh ([`super::wake`]).
 //!
 //! The lease rule, per replica with limit `L`: the instance reports `held`
 //! (its in-flight count, or the cap it may still be using, whichever is

@@ -418,10 +418,35 @@ impl Fleet {
     /// the demands, refresh, and hand the caps to `apply`. Slots held back
     /// for another instance's waiters are given back first
     /// ([`Fleet::release`]): `lower` applies the lowered caps, and the
-    /// demands are read again before the refresh reports them. On shutdown
+    /// demands are read again before the refresh reports them, and after
+    /// that refresh the other instances are woken to refresh at once
+    /// ([`super::wake`]; this instance listens for theirs). On shutdown
     /// the instance leaves the store, so its slots are free at once.
     pub async fn run<D, L, A>(
         self: Arc<Self>,
+        demands: D,
+        lower: L,
+        apply: A,
+        shutdown: watch::Receiver<bool>,
+    ) where
+        D: Fn() -> (Vec<Demand>, Vec<QueueReport>),
+        L: Fn(&[Demand], &[u32]),
+        A: Fn(&[Demand], &Exchange),
+    {
+        let wakes = super::wake::listen(
+            self.client.clone(),
+            self.key("wake"),
+            self.id.clone(),
+            self.config.refresh,
+            self.metrics.wakes.clone(),
+            shutdown.clone(),
+        );
+        let refreshes = self.refresh_loop(demands, lower, apply, shutdown);
+        tokio::join!(wakes, refreshes);
+    }
+
+    async fn refresh_loop<D, L, A>(
+        &self,
         demands: D,
         lower: L,
         apply: A,
@@ -436,15 +461,24 @@ impl Fleet {
         loop {
             let started = tokio::time::Instant::now();
             let (mut now, mut queues) = demands();
-            if let Some(caps) = self.release(&now) {
-                lower(&now, &caps);
-                // A request that read the old cap may still take a slot:
-                // the refresh reports what runs after this point.
-                tokio::task::yield_now().await;
-                (now, queues) = demands();
-            }
+            let gave_back = match self.release(&now) {
+                Some(caps) => {
+                    lower(&now, &caps);
+                    // A request that read the old cap may still take a slot:
+                    // the refresh reports what runs after this point.
+                    tokio::task::yield_now().await;
+                    (now, queues) = demands();
+                    true
+                }
+                None => false,
+            };
             let answer = self.exchange(&now, &queues).await;
             apply(&now, &answer);
+            if gave_back && answer.queues.is_some() {
+                // The smaller lease is recorded: the instance whose waiter
+                // goes first takes the slots at its refresh, now.
+                self.wake().await;
+            }
             last_keys = now.iter().map(Demand::key).collect();
             last_pools = queues.into_iter().map(|q| q.pool).collect();
             // Slots that must move between instances (waiters held back
@@ -471,6 +505,23 @@ impl Fleet {
             }
         }
         self.leave(&last_keys, &last_pools).await;
+    }
+
+    /// Tells the other instances, on the store's `wake` channel, that
+    /// this one gave slots back ([`super::wake`]). A failure only costs
+    /// them an interval.
+    async fn wake(&self) {
+        let Ok(mut conn) = self.connection().await else {
+            return;
+        };
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(self.key("wake")).arg(&self.id);
+        let publish = cmd.query_async::<i64>(&mut conn);
+        match tokio::time::timeout(self.config.timeout, publish).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not wake the other instances"),
+            Err(_) => tracing::debug!("waking the other instances timed out"),
+        }
     }
 
     /// Removes this instance's registration, leases and queue reports.

@@ -26,7 +26,10 @@
 //!   while a waiter on another instance goes first (a higher effective
 //!   level, or the same one and older by more than two refreshes), the
 //!   rule of `serve`'s shared order; each instance sees the others'
-//!   waiters at once (`serve` sees them one refresh late).
+//!   waiters at once (`serve` sees them one refresh late). An instance
+//!   whose waiter is held back renews at once (its lease shrinks to what
+//!   it runs), and that renewal wakes the other instances to renew at
+//!   once, as `serve`'s hand-back and the store's wake channel do.
 //!
 //! Not modelled: the store's round trip (a refresh answers at once) and
 //! its failures (no fallback to a share of the limit). Admission

@@ -75,6 +75,8 @@ mod tests;
 #[cfg(test)]
 mod instance_tests;
 #[cfg(test)]
+mod priority_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tenant_tests;

@@ -8,7 +8,7 @@
 //! replicas that may take work), the requests holding one and since when,
 //! and the queue's measured [`Drain`] (the mean service time of requests a
 //! replica answered, from dispatch to the last token, and each level's
-//! share of the grants). It gets 429 when its level's queue is full
+//! admitted arrivals against the grants). It gets 429 when its level's queue is full
 //! (`queue.max_depth`), when its estimated wait exceeds the level's
 //! `max_wait`, or, on a level with a `ttft_objective`, when its predicted
 //! time to first token (the release schedule of the slots in service plus
@@ -118,10 +118,15 @@ impl QueueModel {
         effective_level(level, waited, promote_after)
     }
 
-    /// Request `i` at `level` took a slot at `now`.
-    pub fn granted(&mut self, i: usize, level: usize, now: f64) {
-        self.drain.granted(level);
+    /// Request `i` took a slot at `now`.
+    pub fn granted(&mut self, i: usize, now: f64) {
+        self.drain.granted(now);
         self.started.insert(i as u32, now);
+    }
+
+    /// A request at `level` was admitted (dispatched or queued) at `now`.
+    pub fn arrived(&mut self, level: usize, now: f64) {
+        self.drain.arrived(level, now);
     }
 
     /// Request `i` freed its slot.
@@ -188,14 +193,14 @@ mod tests {
         let mut q = model(100, 10.0, None);
         // No served request yet: only the depth bound applies.
         assert!(q.refusal(at(1, &[0, 50], 1), 0.0).is_none());
-        q.granted(0, 1, 0.0);
+        q.granted(0, 0.0);
         q.served(2.0);
         q.released(0);
         // 2 s per request on 2 slots: position 10 waits 10 s, 11 waits 11 s.
         assert!(q.refusal(at(1, &[0, 9], 2), 0.0).is_none());
         assert!(q.refusal(at(1, &[0, 10], 2), 0.0).is_some());
         // A failed request frees its slot and teaches nothing.
-        q.granted(1, 1, 0.0);
+        q.granted(1, 0.0);
         q.released(1);
         assert!(q.refusal(at(1, &[0, 9], 2), 0.0).is_none());
     }
@@ -204,15 +209,15 @@ mod tests {
     fn a_deadline_level_reads_the_ages_of_the_slots_in_service() {
         let mut q = model(100, 3600.0, Some(2.0));
         assert!(q.has_deadline(0) && !q.has_deadline(1));
-        q.granted(0, 0, 0.0);
+        q.granted(0, 0.0);
         q.served(3.0);
         q.released(0);
         // Of four slots, two free and two taken at 0 s, held 3 s on
         // average. A newcomer is counted as needing ⌈1 + 2.33⌉ = 4
         // releases: at 0.5 s the fourth comes at 3 s, 2.5 s (+ 0.1 s
         // placement) from now: refused. At 2.5 s it comes in 0.5 s.
-        q.granted(1, 0, 0.0);
-        q.granted(2, 0, 0.0);
+        q.granted(1, 0.0);
+        q.granted(2, 0.0);
         assert!(q.refusal(at(0, &[0, 0], 4), 0.5).is_some());
         assert!(q.refusal(at(0, &[0, 0], 4), 2.5).is_none());
         assert_eq!(q.effective_level(1, 4.0), 1);

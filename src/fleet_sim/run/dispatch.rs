@@ -253,7 +253,7 @@ impl Sim<'_> {
         let (level, tenant) = (self.level(i), self.tenant(i));
         let weight = self.weight(&tenant);
         if let Some(q) = &mut self.pool_queue {
-            q.granted(i, level, now);
+            q.granted(i, now);
             let prompt =
                 q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
             self.waiting[level].started(&tenant, weight, prompt);
@@ -338,6 +338,8 @@ impl Sim<'_> {
                 if self.store.is_some() && self.held_back_by_fleet(w.index, since, now, &kept) {
                     // Held back: no slot, and no demand for the lease.
                     w._waiting.clear();
+                    let k = usize::from(self.instance_of[w.index]);
+                    self.held_back_on(k, now);
                     Some(w)
                 } else {
                     let r = &self.spec.workload.requests[w.index];

@@ -26,6 +26,10 @@ pub(super) struct Store {
     records: Vec<mpsc::Receiver<PrefixRecord>>,
     /// A renewal at once is already due, per instance.
     nudged: Vec<bool>,
+    /// Per instance: a waiter there was held back for another instance's
+    /// since its last renewal, so that renewal gives slots back and wakes
+    /// the other instances (`serve` publishes on the store's wake channel).
+    gave_back: Vec<bool>,
     refresh: f64,
 }
 
@@ -95,6 +99,7 @@ impl Sim<'_> {
             leases: Leases::new(self.decider.decode_replicas(), n),
             records,
             nudged: vec![false; n],
+            gave_back: vec![false; n],
             refresh,
         });
     }
@@ -125,6 +130,23 @@ impl Sim<'_> {
         } else if more {
             self.queue.push(now + store.refresh, Event::Renew(k as u32));
         }
+        if std::mem::take(&mut store.gave_back[k]) {
+            for j in (0..store.nudged.len()).filter(|&j| j != k) {
+                if !std::mem::replace(&mut store.nudged[j], true) {
+                    self.queue.push(now, Event::Nudge(j as u32));
+                }
+            }
+        }
+    }
+
+    /// A waiter on instance `k` was held back for another instance's: `k`
+    /// gives the slot back at once (`serve`'s hand-back, woken by the
+    /// held-back grant), and that renewal wakes the others.
+    pub(super) fn held_back_on(&mut self, k: usize, now: f64) {
+        if let Some(store) = &mut self.store {
+            store.gave_back[k] = true;
+        }
+        self.nudge(k, now);
     }
 
     /// A request started waiting for a slot on instance `k`: with a store,

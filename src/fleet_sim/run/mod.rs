@@ -484,6 +484,10 @@ impl Sim<'_> {
             self.finished(i, now);
             return;
         }
+        let level = self.level(i);
+        if let Some(q) = &mut self.pool_queue {
+            q.arrived(level, now);
+        }
         w.fill_prompt(r, &mut self.prompt);
         let prompt = match &r.source {
             Source::Blocks { .. } => Prompt::Tokens(&self.prompt),

@@ -1,0 +1,118 @@
+//! The demo's priority scenario ("priority queue" variant) through three
+//! instances sharing a store, on the virtual clock: two `h100-8b` replicas
+//! batching at most 16 sequences, `max_inflight = 16`, `paid` (high) at
+//! 7 requests/s and `free` (low, `ttft_objective = 4s`) at 35 for 20 s,
+//! 512 prompt and 128 output tokens (`docs/lab/fleet-instances.md`).
+
+use clap::Parser;
+
+use super::cli::{SimulateArgs, execute};
+
+const CONFIG: &str = r#"
+[gateway]
+tier_header = "x-llmlb-tier"
+default_tier = "free"
+[[priorities]]
+name = "high"
+max_wait = "1s"
+[[priorities]]
+name = "low"
+max_wait = "4s"
+promote_after = "20s"
+ttft_objective = "4s"
+[[tiers]]
+name = "paid"
+priority = "high"
+[[tiers]]
+name = "free"
+priority = "low"
+[[pools]]
+name = "p"
+models = ["m"]
+balancer = "least_connections"
+max_inflight = 16
+[pools.queue]
+max_depth = 512
+timeout = "30s"
+[[pools.replicas]]
+url = "http://127.0.0.1:1"
+[[pools.replicas]]
+url = "http://127.0.0.1:2"
+"#;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+/// The paid tier's p99 TTFT (seconds) with one instance and with three
+/// sharing a store, for `seed`.
+fn paid_p99(seed: u64) -> (f64, f64) {
+    let dir = std::env::temp_dir().join(format!("llmlb-prio-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (config, out) = (dir.join("llmlb.toml"), dir.join("out.json"));
+    std::fs::write(&config, CONFIG).unwrap();
+    let seed = seed.to_string();
+    let argv = [
+        "llmlb",
+        "--config",
+        config.to_str().unwrap(),
+        "--policies",
+        "config",
+        "--workload",
+        "random",
+        "--rate",
+        "42",
+        "--requests",
+        "840",
+        "--input-len",
+        "512",
+        "--output-len",
+        "128",
+        "--max-num-seqs",
+        "16",
+        "--tiers",
+        "paid=1,free=5",
+        "--instances",
+        "3",
+        "--fleet-store",
+        "with",
+        "--jobs",
+        "1",
+        "--seed",
+        &seed,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    execute(&Cli::try_parse_from(argv).unwrap().args).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let p99 = |policy: &str| {
+        let run = (v["runs"].as_array().unwrap().iter())
+            .find(|r| r["policy"] == policy)
+            .unwrap_or_else(|| panic!("no run {policy}: {v}"));
+        let paid = (run["tiers"].as_array().unwrap().iter())
+            .find(|t| t["tier"] == "paid")
+            .unwrap();
+        paid["ttft_s"]["p99"].as_f64().unwrap()
+    };
+    (p99("config"), p99("config x3+store"))
+}
+
+#[test]
+fn three_instances_keep_the_paid_tiers_tail_within_a_tenth_of_one_instances() {
+    // Measured (p99 three / one): seeds 7–9 0.94, 0.96, 0.97. Before a
+    // hand-back woke the other instances: 0.98, 0.97, 1.17; before the
+    // held-back instance renewed at once as well: 1.25, 1.18, 1.32 (slots
+    // freed on one instance waited up to two refreshes for the waiter
+    // elsewhere, then reached a replica together: one long prefill step).
+    for seed in 7..=9 {
+        let (one, three) = paid_p99(seed);
+        assert!(
+            three <= 1.10 * one,
+            "seed {seed}: paid p99 {three:.3} s through three instances, {one:.3} s through one"
+        );
+    }
+}
