@@ -113,6 +113,7 @@ impl Sim<'_> {
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
+            self.live[i].cached = Some(f.cached_tokens as u32);
             let tpot = self.spec.goodput_tpot;
             let within = self.live[i].first.is_some_and(|t| {
                 let gaps = f.completion_tokens.saturating_sub(1).max(1) as f64;
