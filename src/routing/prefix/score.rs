@@ -27,6 +27,17 @@
 //! model `kv_aware` reads projected usage from; only a capacity the replica
 //! reports counts here.)
 //!
+//! A LoRA request on a replica where other adapters hold every slot
+//! ([`AdapterWait`], from `routing::lora`) starts after the longer of its
+//! queue wait and their drain:
+//!
+//! ```text
+//! drain = their requests still prefilling × prefill seconds per request
+//!       + output tokens they have left × decode step
+//!         (before a decode step is learned: requests in the way
+//!          × seconds_per_request_ahead)
+//! ```
+//!
 //! The rates are the replica's own, learned from its timing histograms
 //! ([`crate::replica::LearnedRates`]), weighed against the candidates'
 //! median by the requests they were learned from; until a replica has
@@ -52,7 +63,8 @@
 //! The pick minimises `ttft + pending × uncached prefill`, where pending is
 //! the requests on the replica whose first token is still ahead (llmlb's
 //! own requests without a first byte, or the scraped waiting queue when it
-//! is longer; at most 8; see [`best`]): a prefill a replica repeats is
+//! is longer, plus, for a LoRA request, other adapters' requests waiting
+//! there for its adapter to drain; at most 8; see [`best`]): a prefill a replica repeats is
 //! engine time every one of them waits for, so under load a miss costs the
 //! fleet more than its own TTFT. With nothing pending anywhere this is the
 //! TTFT alone.
