@@ -47,8 +47,11 @@ taskset -c 1 "$LLMLB" calibrate --url "http://127.0.0.1:$PORT" \
 t1=$(date +%s.%N)
 echo "calibrate: $(echo "$t1 - $t0" | bc) s wall, load $(load)" | tee -a "$OUT/times.txt"
 
+# The replica's processes (API server, EngineCore, worker) share a process
+# group: each run reports their CPU time (cpu_ms).
+PGID="$(ps -o pgid= -p "$(cat "${VLLMCPU_DIR:-$HOME/.cache/llmlb-vllm-cpu}/vllm-$PORT.pid")" | tr -d ' ' || echo 0)"
 taskset -c 1 python3 "$ROOT/scripts/sim_fidelity.py" --url "http://127.0.0.1:$PORT" \
-  --label vLLM > "$OUT/vllm.jsonl"
+  --label vLLM --cpu-group "${PGID:-0}" > "$OUT/vllm.jsonl"
 echo "fidelity on vLLM done, load $(load)" | tee -a "$OUT/times.txt"
 python3 "$REPLICA" stop --port "$PORT"
 

@@ -12,7 +12,8 @@ of the trace) and `--shared-saturation` (requests/s); `--find-saturation`
 prints, per workload, round-robin's completed requests/s at doubling rates
 so the knee can be read off (where it stops growing with the rate).
 
-usage (from the repository root, after `cargo build --release`):
+usage (from the repository root, after `cargo build --release`; `--config FILE`
+simulates that llmlb config's pool, e.g. with `[pools.prefix] homes = true`):
   scripts/prefix_modes_sweep.py --find-saturation
   scripts/prefix_modes_sweep.py --trace-saturation 6 --shared-saturation 16 \\
       --multiples 0.5,1,2,4 --seeds 1,2,3
@@ -33,6 +34,8 @@ def fleet_sim(args, workload, rate, policies, seed):
     cmd = [args.llmlb, "fleet-sim", "--replicas", str(args.replicas), "--profile", args.profile,
            "--num-blocks", str(args.num_blocks), "--max-model-len", str((args.num_blocks - 1) * 16),
            "--policies", policies, "--seed", str(seed), "--jobs", "1"]
+    if args.config:
+        cmd += ["--config", args.config]
     if workload == "trace":
         cmd += ["--trace", args.trace, "--length-scale", str(args.length_scale),
                 "--max-requests", str(args.trace_requests), "--rate-scale", str(rate)]
@@ -100,6 +103,8 @@ def main():
     ap.add_argument("--llmlb", default=os.path.join(ROOT, "target", "release", "llmlb"))
     ap.add_argument("--policies", default="exact,cache,round_robin",
                     help="the first two are compared")
+    ap.add_argument("--config", help="an llmlb config whose pool is simulated (its prefix "
+                    "settings other than the mode apply to every prefix policy)")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--profile", default="h100-8b")
     ap.add_argument("--num-blocks", type=int, default=2048)

@@ -28,6 +28,8 @@ Only the standard library; every loop is bounded in count and time.
 import argparse
 import http.client
 import json
+import os
+import queue
 import random
 import statistics
 import sys
@@ -59,7 +61,32 @@ def metrics(url):
     return out
 
 
-def one_request(url, model, prompt, max_tokens, result):
+def group_cpu(pgid):
+    """CPU seconds (user + system) of each process in process group `pgid`,
+    by its name (vLLM's API server, EngineCore, workers), from /proc."""
+    out = {}
+    if not pgid:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+            name = open(f"/proc/{d}/comm").read().strip()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) != pgid:
+            continue
+        out[f"{name}/{d}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def one_request(url, model, prompt, max_tokens, result, pool=None):
+    """One streamed completion. With `pool` (a queue of connections), the
+    request reuses a kept-alive connection, as a proxy in front of the
+    replica would; without, it opens a connection of its own."""
     u = urllib.parse.urlparse(url)
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "stream": True, "stream_options": {"include_usage": True},
@@ -67,8 +94,11 @@ def one_request(url, model, prompt, max_tokens, result):
     t0 = time.perf_counter()
     stamps = []
     usage = None
+    c = None
     try:
-        c = http.client.HTTPConnection(u.hostname, u.port, timeout=TIMEOUT)
+        c = pool.get() if pool else None
+        if c is None:
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=TIMEOUT)
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         r = c.getresponse()
         if r.status != 200:
@@ -93,9 +123,17 @@ def one_request(url, model, prompt, max_tokens, result):
             # vLLM still streams a chunk (with empty text) for each.
             if any(ch.get("text") is not None for ch in ev.get("choices", [])):
                 stamps.append(time.perf_counter())
-        c.close()
+        if pool:
+            r.read()  # the end of the chunked body, so the connection is reusable
+            pool.put(c)
+        else:
+            c.close()
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         result.update(error=repr(e))
+        if pool:
+            if c is not None:
+                c.close()
+            pool.put(None)
         return
     result.update(t0=t0, stamps=stamps, usage=usage, end=time.perf_counter())
 
@@ -122,16 +160,24 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
+def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed, pgid=None,
+        keep_alive=False):
     rng = random.Random(seed)
     ps = prompts(scenario, n, length, salt, rng)
     before = metrics(url)
+    cpu_before = group_cpu(pgid)
+    own_before = os.times()
     results = [dict() for _ in ps]
     sem = threading.Semaphore(concurrency)
+    pool = None
+    if keep_alive:
+        pool = queue.Queue()
+        for _ in range(concurrency):
+            pool.put(None)  # opened on first use
 
     def worker(i):
         with sem:
-            one_request(url, model, ps[i], max_tokens, results[i])
+            one_request(url, model, ps[i], max_tokens, results[i], pool)
 
     t_start = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(ps))]
@@ -140,6 +186,8 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
     for t in threads:
         t.join(TIMEOUT * 2)
     wall = time.perf_counter() - t_start
+    cpu_after = group_cpu(pgid)
+    own_after = os.times()
     after = metrics(url)
     ok = [r for r in results if "stamps" in r and r["stamps"]]
     errors = [r["error"] for r in results if "error" in r]
@@ -165,6 +213,17 @@ def run(url, model, scenario, concurrency, n, length, max_tokens, salt, seed):
         "server_itl_mean_ms": server_mean("vllm:inter_token_latency_seconds"),
         "prefix_hit_rate": (d.get("vllm:prefix_cache_hits_total", 0) / q) if q else None,
         "preemptions": d.get("vllm:num_preemptions_total", 0),
+        # Per request, in start order: sent, first token and last token, in
+        # ms from the run's start (for a look at a cell's timeline).
+        "timeline": [[round(1000 * (r["t0"] - t_start), 2),
+                      round(1000 * (r["stamps"][0] - t_start), 2),
+                      round(1000 * (r["stamps"][-1] - t_start), 2)]
+                     for r in sorted(ok, key=lambda r: r["t0"])],
+        # CPU ms of each process of the replica's process group (--cpu-group).
+        "client_cpu_ms": round(1000 * (own_after.user + own_after.system
+                                       - own_before.user - own_before.system), 1),
+        "cpu_ms": {k: round(1000 * (v - cpu_before.get(k, 0)), 1)
+                   for k, v in cpu_after.items() if v - cpu_before.get(k, 0) > 0},
     }
 
 
@@ -319,6 +378,11 @@ def main():
     ap.add_argument("--per-context-token", type=float, default=5e-8,
                     help="kept by --fit when the probes hold no long-context decode")
     ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="reuse one connection per concurrent client (as a proxy does) "
+                         "instead of a new connection per request")
+    ap.add_argument("--cpu-group", type=int, default=0,
+                    help="process group whose processes' CPU time each run reports (cpu_ms)")
     a = ap.parse_args()
     if a.table:
         table(a.table)
@@ -359,7 +423,9 @@ def main():
     for scenario in a.scenarios.split(","):
         for conc in (int(c) for c in a.concurrency.split(",")):
             n = {1: 16}.get(conc, 4 * conc)
-            r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt, a.seed + conc)
+            r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt,
+                    a.seed + conc, a.cpu_group, a.keep_alive)
+            r["keep_alive"] = a.keep_alive
             salt += 137
             r["label"] = a.label
             print(json.dumps(r), flush=True)

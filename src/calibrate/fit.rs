@@ -12,14 +12,15 @@
 //!   server's work per request (below) is `prefill_overhead`: the simulator
 //!   charges that work to every request before the scheduler sees it, so a
 //!   step that admits a prompt must not pay it again;
-//! - **requests** (many one-token requests at once, a closed loop): the API
-//!   server works beside the engine, one request at a time, so the wall
-//!   time per request is the larger of its work per request
-//!   (`api_per_request`) and the engine's share (its steps batch up to
-//!   `max_num_seqs` of them). When the API server is the bottleneck, the
-//!   wall time per request is its work; when the engine is, the probe does
-//!   not tell the API server's work apart and it stays in the prefill
-//!   overhead.
+//! - **requests** (bursts of short requests, a closed loop, with one and
+//!   with eight output tokens): the API server works beside the engine, one
+//!   piece of work at a time, so the wall time per request is the larger of
+//!   its work on the request and its streamed tokens (`api_per_request +
+//!   tokens × api_per_output_token`) and the engine's share (its steps batch
+//!   up to `max_num_seqs` of them). When the API server is the bottleneck
+//!   of both bursts, the slope between them is its work per token and the
+//!   rest its work per request; when the engine is, the probe does not tell
+//!   the API server's work apart and it stays in the prefill overhead.
 //!
 //! Two readings guard against a replica's hiccups: a lone prompt's time to
 //! first token is the replica's own mean unless a slow request pushed it
@@ -231,28 +232,46 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
 
     // The intercept `a` of a lone prompt's time to first token holds the
     // API server's work on the request, then the step and the engine's own
-    // prefill overhead. The requests probe (k at a time, wall time w per
-    // request) is bound by the API server when w exceeds the engine's share
-    // per request; then w is the API server's work, capped at what the
-    // intercept leaves beside the step.
-    let mut api_per_request: f64 = 0.0;
-    let mut request_rows = Vec::new();
-    for m in of(ProbeKind::Requests) {
+    // prefill overhead. A requests probe (k at a time, T output tokens each,
+    // wall time w per request) is bound by the API server when w exceeds
+    // the engine's share per request; then w is the API server's work on a
+    // request and its T streamed tokens. Two such probes of different T
+    // give the work per token (the slope) and per request (the rest, capped
+    // at what the intercept leaves beside the step).
+    let decode_step = |k: f64, m: &Measured| {
+        step + per_seq * k + per_ctx * k * (m.prompt_len as f64 + m.max_tokens as f64 / 2.0)
+    };
+    let engine_share = |m: &Measured, overhead: f64| {
         let k = m.concurrency.min(max_num_seqs).max(1) as f64;
         let l = m.prompt_len as f64;
-        let per_request = m.wall / m.ok as f64;
-        let engine = (a + k * l * b + c * k * pairs(m.prompt_len)) / k;
-        if per_request > engine {
-            api_per_request = per_request.min((a - step).max(0.0));
-        }
-        request_rows.push((m, per_request, k, l));
-    }
+        let decodes = m.max_tokens.saturating_sub(1) as f64;
+        (overhead + k * l * b + c * k * pairs(m.prompt_len) + decodes * decode_step(k, m)) / k
+    };
+    let requests: Vec<_> = of(ProbeKind::Requests)
+        .map(|m| (m, m.wall / m.ok as f64))
+        .collect();
+    let bound: Vec<_> = requests
+        .iter()
+        .filter(|&&(m, w)| w > engine_share(m, a))
+        .map(|&(m, w)| ([1.0, m.max_tokens as f64], w))
+        .collect();
+    let (per_request, api_per_output_token) = match least_squares(&bound) {
+        Some([r, t]) if t > 0.0 => (r + t, t),
+        _ => match bound.first() {
+            Some(&(_, w)) => (w, 0.0),
+            None => (0.0, 0.0),
+        },
+    };
+    // `per_request` is a one-token request's work: its own and its token's.
+    let api_per_request = (per_request - api_per_output_token)
+        .min((a - step).max(0.0))
+        .max(0.0);
     let prefill_overhead = (a - step - api_per_request).max(0.0);
-    let request_rows: Vec<_> = request_rows
+    let request_rows: Vec<_> = requests
         .into_iter()
-        .map(|(m, per_request, k, l)| {
-            let engine = (step + prefill_overhead + k * l * b + c * k * pairs(m.prompt_len)) / k;
-            (m, per_request, engine)
+        .map(|(m, w)| {
+            let api = api_per_request + api_per_output_token * m.max_tokens as f64;
+            (m, w, engine_share(m, step + prefill_overhead).max(api))
         })
         .collect();
     let cost = CostModel {
@@ -263,7 +282,7 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
         per_context_token: per_ctx,
         prefill_attention: c,
         api_per_request,
-        api_per_output_token: 0.0,
+        api_per_output_token,
     };
 
     let mut out = Vec::new();
@@ -291,14 +310,14 @@ pub fn fit(probes: &[Measured], max_num_seqs: usize) -> Result<Fit, FitError> {
             fitted: step + per_seq * m.concurrency as f64 + per_ctx * decode_context(m),
         });
     }
-    for (m, per_request, engine) in request_rows {
+    for (m, per_request, fitted) in request_rows {
         out.push(Row {
             kind: m.kind,
             concurrency: m.concurrency,
             prompt_len: m.prompt_len,
             what: "per_request",
             measured: per_request,
-            fitted: engine.max(api_per_request),
+            fitted,
         });
     }
     Ok(Fit { cost, rows: out })
@@ -357,7 +376,7 @@ mod tests {
             per_context_token: 2e-8,
             prefill_attention: 7e-8,
             api_per_request: 0.002,
-            api_per_output_token: 0.0,
+            api_per_output_token: 0.001,
         };
         let mut probes = Vec::new();
         for l in [16, 128, 256, 512, 1024, 1536] {
@@ -387,12 +406,14 @@ mod tests {
             );
             probes.push(m);
         }
-        // The API server (2 ms a request) is slower than the engine's
-        // share of a batch of 32: it sets the pace.
-        let mut r = probe(ProbeKind::Requests, 32, 16, 1);
-        r.ok = 160;
-        r.wall = 160.0 * truth.api_per_request;
-        probes.push(r);
+        // The API server (2 ms a request, 1 ms a token) is slower than the
+        // engine's share of a batch of 32 in both bursts: it sets the pace.
+        for tokens in [1, 8] {
+            let mut r = probe(ProbeKind::Requests, 32, 16, tokens);
+            r.ok = 160;
+            r.wall = 160.0 * (truth.api_per_request + truth.api_per_output_token * tokens as f64);
+            probes.push(r);
+        }
 
         let f = fit(&probes, 32).unwrap();
         let close = |name: &str, got: f64, want: f64| {
@@ -428,6 +449,11 @@ mod tests {
             truth.api_per_request,
         );
         close(
+            "api_per_output_token",
+            f.cost.api_per_output_token,
+            truth.api_per_output_token,
+        );
+        close(
             "prefill_overhead",
             f.cost.prefill_overhead,
             truth.prefill_overhead,
@@ -435,7 +461,7 @@ mod tests {
         for row in &f.rows {
             close(row.what, row.fitted, row.measured);
         }
-        assert_eq!(f.rows.len(), 12);
+        assert_eq!(f.rows.len(), 13);
     }
 
     /// When the engine, not the API server, sets the pace of the requests

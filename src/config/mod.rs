@@ -11,6 +11,7 @@ mod fleet;
 mod gateway;
 mod hints;
 mod parse_all;
+mod replica_list;
 mod routing;
 mod schema;
 mod server;

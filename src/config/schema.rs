@@ -161,7 +161,8 @@ pub struct PoolConfig {
     /// once; further requests get 503 `pool_overloaded` at once. 0: no limit.
     #[serde(default = "default_max_pending")]
     pub max_pending: u32,
-    #[serde(default)]
+    /// URLs (`["http://a:8000", ...]`) or `[[pools.replicas]]` tables.
+    #[serde(default, deserialize_with = "super::replica_list::replicas")]
     pub replicas: Vec<ReplicaConfig>,
     /// Replicas from DNS instead of `replicas`.
     #[serde(default)]
@@ -307,6 +308,21 @@ pub struct ReplicaConfig {
     /// `tcp://host:port` of its KV-event replay endpoint (`replay_endpoint`).
     #[serde(default)]
     pub kv_events_replay: Option<String>,
+}
+
+impl ReplicaConfig {
+    /// A replica known by its URL alone, every other key at its default.
+    pub fn at(url: &str) -> Self {
+        ReplicaConfig {
+            url: url.to_string(),
+            weight: default_weight(),
+            name: None,
+            max_inflight: None,
+            version: None,
+            kv_events: None,
+            kv_events_replay: None,
+        }
+    }
 }
 
 fn default_weight() -> u32 {

@@ -42,7 +42,8 @@ pub struct TelemetryConfig {
 /// a span per request with children for the queue wait, the routing
 /// decision and each upstream attempt; a client's W3C `traceparent` is
 /// continued and the upstream attempt's context is forwarded to the replica.
-/// Read at start-up: a reload that changes this table is refused.
+/// Read at start-up: a reload applies the rest of the file and lists a
+/// changed `[telemetry.otlp]` among the settings that need a restart.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {

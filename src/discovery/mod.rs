@@ -112,13 +112,10 @@ impl Discovered {
                     addrs
                         .iter()
                         .map(|(a, name)| ReplicaConfig {
-                            url: format!("http://{a}"),
-                            weight: 1,
                             name: name.clone(),
-                            max_inflight: None,
-                            version: None,
                             kv_events: tcp(a, discovery.kv_events_port),
                             kv_events_replay: tcp(a, discovery.kv_events_replay_port),
+                            ..ReplicaConfig::at(&format!("http://{a}"))
                         })
                         .collect()
                 })

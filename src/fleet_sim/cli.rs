@@ -522,18 +522,34 @@ fn instance_variants(
     })
 }
 
-/// `--requests-out`: each run's requests as CSV lines.
+/// `--requests-out`: each run's requests as CSV lines, with the replica
+/// (its index in the fleet) each was sent to last, the prompt tokens llmlb
+/// predicted it holds there (empty outside the prefix modes) and those it
+/// found cached (empty when it did not finish).
 fn write_requests(
     path: &std::path::Path,
     workload: &SimWorkload,
     runs: &[RunResult],
 ) -> Result<(), SimulateError> {
     use std::fmt::Write as _;
-    let mut text = String::from("policy,request,prompt_tokens,output_tokens,ttft_s\n");
+    let mut text = String::from(
+        "policy,request,prompt_tokens,output_tokens,ttft_s,replica,predicted_cached,cached\n",
+    );
+    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
     for r in runs {
-        for (k, (q, (ttft, _))) in workload.requests.iter().zip(&r.per_request).enumerate() {
+        let rows = workload.requests.iter().zip(&r.per_request);
+        for (k, (q, (ttft, replica))) in rows.enumerate() {
             let ttft = ttft.map_or(String::new(), |t| format!("{t:.6}"));
-            let _ = writeln!(text, "{},{k},{},{},{ttft}", r.policy, q.input, q.output);
+            let (predicted, cached) = r.per_request_cache.get(k).copied().unwrap_or_default();
+            let _ = writeln!(
+                text,
+                "{},{k},{},{},{ttft},{replica},{},{}",
+                r.policy,
+                q.input,
+                q.output,
+                opt(predicted),
+                opt(cached.map(u64::from))
+            );
         }
     }
     std::fs::write(path, text).map_err(|e| SimulateError::Io {

@@ -109,6 +109,11 @@ pub struct RunResult {
     /// when no token came) and the replica it was sent to last.
     #[serde(skip)]
     pub per_request: Vec<(Option<f64>, u32)>,
+    /// Per request of the workload, in its order: the prompt tokens llmlb
+    /// predicted its replica holds (prefix modes) and those the replica
+    /// found cached (`None` until it finished).
+    #[serde(skip)]
+    pub per_request_cache: Vec<(Option<u64>, Option<u32>)>,
 }
 
 impl RunResult {
@@ -161,6 +166,7 @@ impl RunResult {
             ttft_samples: ttft.to_vec(),
             e2e_samples: e2e.to_vec(),
             per_request: Vec::new(),
+            per_request_cache: Vec::new(),
             outcomes,
         }
     }

@@ -278,6 +278,24 @@ fn exact_mode_learns_each_engine_cache_from_its_events() {
     }
 }
 
+#[test]
+fn each_request_keeps_what_was_predicted_cached_and_what_was_found() {
+    // Nothing is evicted on shared prefixes: `cache` predicts what the
+    // engines find, request by request; round-robin predicts nothing.
+    let w = SimWorkload::builtin(&shared_prefixes(), 128, 50.0, 1.0, 1).unwrap();
+    let cache = simulate(&w, 4, "cache", &[]);
+    assert_eq!(cache.per_request_cache.len(), w.requests.len());
+    let found: u64 = (cache.per_request_cache.iter())
+        .map(|&(_, c)| u64::from(c.expect("every request finished")))
+        .sum();
+    assert_eq!(found, cache.outcomes.cached_tokens);
+    assert!(found > 0);
+    let predicted: u64 = cache.per_request_cache.iter().map(|p| p.0.unwrap()).sum();
+    assert_eq!(predicted, found);
+    let rr = simulate(&w, 4, "round_robin", &[]);
+    assert!(rr.per_request_cache.iter().all(|p| p.0.is_none()));
+}
+
 /// The fleet of `simulate` with every replica limited to `limit` requests,
 /// the pool queue shaped by `queue`.
 fn simulate_limited(

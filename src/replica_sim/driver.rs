@@ -4,7 +4,9 @@
 //! Loop: take commands (add, abort) as they come; when no step is in flight
 //! and there is work, run [`Engine::step`] at the current simulated time and
 //! sleep until its end; then hand each produced token to its request's
-//! channel. A request whose channel is closed (the client went away) is
+//! channel, once the API server has streamed it ([`Engine::stream_out`]:
+//! at the step's end unless the API server is still busy with earlier
+//! work). A request whose channel is closed (the client went away) is
 //! aborted in the engine at that point, if its response body had not already
 //! sent the abort on drop.
 //!
@@ -26,7 +28,7 @@
 //! which cannot wait; what it carries is bounded by the open connections
 //! (one add and at most one abort each).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -110,6 +112,9 @@ impl Driver {
     pub async fn run(mut self) {
         let mut subscribers: HashMap<u64, mpsc::UnboundedSender<TokenOut>> = HashMap::new();
         let mut in_flight: Option<StepOutcome> = None;
+        // Ended steps whose tokens the API server is still streaming, with
+        // when it is done, in that order.
+        let mut streaming: VecDeque<(f64, StepOutcome)> = VecDeque::new();
         // The KV events of the step in flight, published when it ends.
         let mut step_events: Vec<KvEvent> = Vec::new();
         let mut last_end = 0.0_f64;
@@ -121,6 +126,7 @@ impl Driver {
                 .map(|a| a.0)
                 .min_by(f64::total_cmp)
                 .map(|t| self.clock.instant_at(t));
+            let streamed_due = streaming.front().map(|(t, _)| self.clock.instant_at(*t));
             let mut resume_at = None;
             tokio::select! {
                 biased;
@@ -152,7 +158,22 @@ impl Driver {
                     if let Some(p) = &self.kv_events {
                         p.publish(std::mem::take(&mut step_events));
                     }
-                    self.deliver(out, &mut subscribers);
+                    let at = self.engine.stream_out(out.end, out.tokens.len());
+                    if at > out.end || !streaming.is_empty() {
+                        streaming.push_back((at, out));
+                    } else {
+                        self.deliver(out, &mut subscribers);
+                    }
+                }
+                _ = sleep_until(streamed_due), if streamed_due.is_some() => {
+                    let now = self.clock.now();
+                    while let Some((at, _)) = streaming.front() {
+                        if *at > now + 1e-6 {
+                            break;
+                        }
+                        let (_, out) = streaming.pop_front().expect("checked front");
+                        self.deliver(out, &mut subscribers);
+                    }
                 }
             }
             if in_flight.is_none() && self.engine.has_work() {

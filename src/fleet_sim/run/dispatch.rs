@@ -89,6 +89,7 @@ impl Sim<'_> {
                 State::Up => {
                     self.open_request(i, at, guard, now);
                     self.live[i].expected = expected;
+                    self.live[i].predicted = decision.predicted_for(replica.id);
                     self.live[i].prompt = std::mem::take(&mut self.prompt);
                     let half = self.half_delay();
                     if half > 0.0 {
@@ -249,6 +250,8 @@ impl Sim<'_> {
             dispatched_at: now,
             prompt: Vec::new(),
             done: false,
+            predicted: None,
+            cached: None,
         };
         self.open += 1;
         let (level, tenant) = (self.level(i), self.tenant(i));

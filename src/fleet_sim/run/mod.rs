@@ -83,6 +83,10 @@ struct Live {
     prompt: Vec<u32>,
     /// Its last token is out; it stays open until the proxy sees the end.
     done: bool,
+    /// The prompt tokens llmlb predicted its replica holds (prefix modes).
+    predicted: Option<u64>,
+    /// The prompt tokens its replica found cached, once it finished.
+    cached: Option<u32>,
 }
 
 /// Everything one run needs.
@@ -446,6 +450,7 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
     result.per_request = (sim.live.iter().zip(sim.arrived_at.iter().copied()))
         .map(|(l, at)| (l.first.map(|t| t + half - at), l.replica))
         .collect();
+    result.per_request_cache = sim.live.iter().map(|l| (l.predicted, l.cached)).collect();
     Ok(result)
 }
 

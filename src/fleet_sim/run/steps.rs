@@ -1,5 +1,6 @@
 //! The engines' side of the loop: starting a step, delivering its tokens
-//! and finished requests at its end (TTFT, inter-token gaps, end-to-end,
+//! and finished requests at its end, once the replica's API server has
+//! streamed them (TTFT, inter-token gaps, end-to-end,
 //! the in-flight guard shrinking), and the scrape tick that stores each
 //! replica's load as `serve`'s scrape loop would.
 
@@ -40,18 +41,21 @@ impl Sim<'_> {
             return;
         };
         self.slots[at].publish_kv_events(now);
-        self.deliver(at, &out, now);
+        // The replica's API server streams the step's tokens out behind the
+        // work it took up before (`replica_sim::engine::front_end`).
+        let streamed = self.slots[at].engine.stream_out(now, out.tokens.len());
+        self.deliver(at, &out, now, streamed - now);
         self.start_step(at, now);
     }
 
-    pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64) {
+    pub(super) fn deliver(&mut self, at: usize, out: &StepOutcome, now: f64, streaming: f64) {
         if at >= self.decider.decode_replicas() {
             self.prefill_delivered(at, out);
             return;
         }
         // Tokens reach the client, and the proxy sees the end, this long
-        // after the step.
-        let out_delay = self.half_delay();
+        // after the step: the API server's streaming, then the network.
+        let out_delay = streaming + self.half_delay();
         self.slots[at].tokens += out.tokens.len() as u64;
         self.out.output_tokens += out.tokens.len() as u64;
         for t in &out.tokens {
@@ -109,6 +113,7 @@ impl Sim<'_> {
             self.out.completed += 1;
             self.out.prompt_tokens += f.prompt_tokens as u64;
             self.out.cached_tokens += f.cached_tokens as u64;
+            self.live[i].cached = Some(f.cached_tokens as u32);
             let tpot = self.spec.goodput_tpot;
             let within = self.live[i].first.is_some_and(|t| {
                 let gaps = f.completion_tokens.saturating_sub(1).max(1) as f64;

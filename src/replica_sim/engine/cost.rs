@@ -10,7 +10,6 @@
 //!   + decode_per_seq     × sequences decoding one token
 //!   + per_context_token  × tokens attended by the step (context of every
 //!                          scheduled sequence, cached prefix included)
-//!   + api_per_output_token × tokens sampled in the step
 //! ```
 //!
 //! The first five terms are the linear model used by vLLM-style simulators
@@ -25,12 +24,11 @@
 //! `n·s + n·(n+1)/2` query-key pairs, so a long prompt costs more per token
 //! than a short one.
 //!
-//! The API server's work: detokenizing and framing every streamed token
-//! (`api_per_output_token`) is added to the step that samples it, for a
-//! front end that takes turns with the engine on the same cores. Parsing and
-//! tokenizing a request (`api_per_request`) is not a step term: the API
-//! server does it beside the engine, one request at a time, before the
-//! scheduler sees the request ([`super::front_end`]). Both default to 0.
+//! The API server's work is not a step term: it runs beside the engine, one
+//! piece at a time ([`super::front_end`]): parsing and tokenizing each
+//! request (`api_per_request`) before the scheduler sees it, detokenizing
+//! and framing each streamed token (`api_per_output_token`) after the step
+//! that sampled it. Both default to 0.
 //!
 //! Profiles name the constants and where they come from (see
 //! `docs/SIMULATOR.md`). Cost: a handful of multiplications per step. Missing
@@ -61,7 +59,8 @@ pub struct CostModel {
     /// ([`super::front_end`]).
     #[serde(default)]
     pub api_per_request: f64,
-    /// API-server cost per output token, charged to the step that samples it.
+    /// API-server work per streamed token, handed to the API server when the
+    /// step that sampled it ends ([`super::front_end`]).
     #[serde(default)]
     pub api_per_output_token: f64,
 }
@@ -104,7 +103,6 @@ impl CostModel {
             + self.prefill_attention * s.prefill_pairs as f64
             + self.decode_per_seq * s.decode_seqs as f64
             + self.per_context_token * s.context_tokens as f64
-            + self.api_per_output_token * s.output_tokens as f64
     }
 
     /// Checks every constant is finite and not negative.
@@ -206,25 +204,19 @@ mod tests {
     }
 
     #[test]
-    fn api_cost_adds_per_output_token_and_not_per_request() {
+    fn the_api_servers_work_is_not_a_step_term() {
         let m = CostModel {
             api_per_request: 0.002,
             api_per_output_token: 0.0001,
             ..model()
         };
-        let base = StepShape {
+        let shape = StepShape {
             decode_seqs: 8,
             context_tokens: 1000,
+            output_tokens: 8,
             ..StepShape::default()
         };
-        let with = StepShape {
-            output_tokens: 8,
-            ..base
-        };
-        let d = m.step_time(&with) - m.step_time(&base);
-        assert!((d - 8.0 * 0.0001).abs() < 1e-12, "{d}");
-        // Zero by default: the older profiles keep their step times.
-        assert_eq!(model().step_time(&with), model().step_time(&base));
+        assert_eq!(m.step_time(&shape), model().step_time(&shape));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The API server's per-request work (`api_per_request`): a first-in,
+//! The API server's work (`api_per_request` for every request it takes in,
+//! `api_per_output_token` for every token it streams out): a first-in,
 //! first-out server of its own, running beside the engine.
 //!
 //! vLLM's API server (HTTP, request validation, tokenizing) is a process of
@@ -22,7 +23,26 @@
 //! server, the engine waits for it (a step of no work that ends when the
 //! request is done).
 //!
-//! Cost: O(1) per request.
+//! The same server streams the tokens out: vLLM's API server is one
+//! process with one event loop, whose output handler takes each step's
+//! outputs from the engine core (detokenizing them, framing the SSE chunks)
+//! between its other tasks, parsing and tokenizing new requests among them
+//! (`vllm/v1/engine/async_llm.py`, `output_handler`). A step that samples
+//! `n` tokens hands the API server `n × api_per_output_token` of work when
+//! it ends, behind the work it took up before, and its tokens reach the
+//! clients when that is done; a request arriving later waits behind it:
+//!
+//! ```text
+//! step ends at e with n tokens:  streamed = max(free, e) + n × api_per_output_token
+//! ```
+//!
+//! So while a burst of newcomers is being taken in, the tokens of the
+//! requests already running reach their clients together once the burst is
+//! through (the first tokens of a burst come in a clump, as they do from
+//! vLLM), and under many streams a newcomer reaches the scheduler later;
+//! the steps themselves (the engine core) are not lengthened.
+//!
+//! Cost: O(1) per request and per step.
 
 use std::collections::VecDeque;
 
@@ -31,7 +51,7 @@ use std::collections::VecDeque;
 #[derive(Debug, Default)]
 pub(super) struct FrontEnd {
     queue: VecDeque<(u64, f64)>,
-    /// When the API server finishes the last request it holds.
+    /// When the API server finishes the last work it has taken up.
     free_at: f64,
 }
 
@@ -41,6 +61,15 @@ impl FrontEnd {
         let done = self.free_at.max(now) + work;
         self.free_at = done;
         self.queue.push_back((id, done));
+    }
+
+    /// Hands the API server a step's outputs at `at` (the step's end),
+    /// `work` seconds of streaming, after the work it took up before; returns
+    /// when they are streamed to the clients.
+    pub fn stream_out(&mut self, at: f64, work: f64) -> f64 {
+        let done = self.free_at.max(at) + work;
+        self.free_at = done;
+        done
     }
 
     pub fn is_empty(&self) -> bool {
@@ -94,6 +123,27 @@ mod tests {
         // An idle API server starts on a newcomer at once.
         f.push(3, 1.0, 0.003);
         assert_eq!(f.next_done(), Some(1.003));
+    }
+
+    #[test]
+    fn outputs_and_newcomers_take_turns_in_arrival_order() {
+        let mut f = FrontEnd::default();
+        // Three requests arrive together at 0, 3 ms of work each.
+        for id in 1..=3 {
+            f.push(id, 0.0, 0.003);
+        }
+        // A step ending at 4 ms hands over 16 tokens of 0.2 ms: they are
+        // streamed once the three requests are taken in (9 ms), at 12.2 ms.
+        let streamed = f.stream_out(0.004, 16.0 * 0.0002);
+        assert!((streamed - 0.0122).abs() < 1e-12, "{streamed}");
+        // A request arriving at 10 ms waits behind that streaming.
+        f.push(4, 0.010, 0.003);
+        assert_eq!(f.ready(0.009), vec![1, 2, 3]);
+        assert!((f.next_done().unwrap() - 0.0152).abs() < 1e-12);
+        // An idle API server streams a step's outputs at once.
+        let mut g = FrontEnd::default();
+        assert_eq!(g.stream_out(1.0, 0.0), 1.0);
+        assert!((g.stream_out(2.0, 0.001) - 2.001).abs() < 1e-12);
     }
 
     #[test]

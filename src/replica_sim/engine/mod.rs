@@ -26,9 +26,11 @@
 //!    finishes and frees its blocks (last block first, so a shared prefix
 //!    outlives the private tail in the LRU);
 //! 4. with `api_per_request` set, every request first spends that long in
-//!    the API server, which works beside the engine, one request at a time
-//!    ([`front_end`]); a request it is done with joins the waiting queue at
-//!    the next step.
+//!    the API server, which works beside the engine, one piece of work at a
+//!    time ([`front_end`]); a request it is done with joins the waiting
+//!    queue at the next step. The same server streams each step's tokens
+//!    out after the work it took up before ([`Engine::stream_out`], called
+//!    by the driver when the step ends): `api_per_output_token` each.
 
 pub mod cost;
 mod front_end;
@@ -166,6 +168,19 @@ impl Engine {
         self.stats.aborted_blocks_freed += freed as u64;
         self.refresh_gauges();
         Some(freed)
+    }
+
+    /// Hands the API server the outputs of a step that ended at `end`
+    /// (`tokens` of them), once every request that arrived by then has been
+    /// added; returns when its tokens reach the clients ([`front_end`]):
+    /// `end` itself when the API server is idle and `api_per_output_token`
+    /// is 0.
+    pub fn stream_out(&mut self, end: f64, tokens: usize) -> f64 {
+        let work = self.cost.api_per_output_token * tokens as f64;
+        if self.cost.api_per_request == 0.0 && work == 0.0 {
+            return end;
+        }
+        self.front_end.stream_out(end, work)
     }
 
     /// Whether a step would do anything.

@@ -1,6 +1,7 @@
 //! The newer step-cost terms seen through the engine, on its injected clock:
 //! the API server's per-request work (its front-end queue) and per-output-
-//! token work, and the quadratic attention term of prefill.
+//! token work (streaming, in the same queue), and the quadratic attention
+//! term of prefill.
 
 use super::cost::attention_pairs;
 use super::tests::{cost, finished, params, req, run, toks};
@@ -127,35 +128,110 @@ fn an_engine_with_only_front_end_work_still_steps() {
 }
 
 #[test]
-fn api_per_output_token_scales_with_the_tokens_a_step_samples() {
+fn api_per_output_token_does_not_lengthen_the_steps() {
     let prompts: Vec<_> = (0..4u64)
         .map(|i| (i, toks(100 * i as u32 + 1, 20), 5))
         .collect();
     let base = drain(params(), cost(), &prompts);
     let api = drain(params(), with(|c| c.api_per_output_token = 0.001), &prompts);
-    for (a, b) in api.iter().zip(&base) {
-        assert_eq!(a.tokens.len(), b.tokens.len());
-        let extra = (a.end - a.start) - (b.end - b.start);
-        assert!((extra - 0.001 * a.tokens.len() as f64).abs() < 1e-12);
-        assert_eq!(a.shape.output_tokens, a.tokens.len());
-    }
+    assert_eq!(durations(&api), durations(&base));
     let total: usize = api.iter().map(|o| o.tokens.len()).sum();
     assert_eq!(total, 4 * 5);
 }
 
+/// Runs `e` from `now` until idle, handing each step's outputs to the API
+/// server as the driver does; returns `(request, token index, when the
+/// client gets it)` for every token.
+fn streamed(e: &mut Engine, mut now: f64) -> (f64, Vec<(u64, usize, f64)>) {
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        if !e.has_work() {
+            break;
+        }
+        let o = e.step(now);
+        now = o.end;
+        let at = e.stream_out(o.end, o.tokens.len());
+        assert!(at >= o.end);
+        got.extend(o.tokens.iter().map(|t| (t.id, t.index, at)));
+    }
+    (now, got)
+}
+
+fn first_streamed(got: &[(u64, usize, f64)], id: u64) -> f64 {
+    got.iter()
+        .find(|&&(r, i, _)| r == id && i == 0)
+        .map(|&(_, _, at)| at)
+        .unwrap()
+}
+
 #[test]
-fn a_chunk_that_samples_nothing_pays_no_output_token_cost() {
-    let p = EngineParams {
-        max_num_batched_tokens: 64,
-        ..params()
+fn a_burst_being_taken_in_holds_back_the_tokens_of_its_first_requests() {
+    // Six requests at once, 4 ms of API-server work each: the first reaches
+    // the scheduler at 4 ms and gets its token from the engine soon after,
+    // but the API server streams it only once the burst is in (24 ms).
+    let burst = |c: CostModel| {
+        let mut e = Engine::new(params(), c, 1);
+        for i in 0..6u64 {
+            e.add_request(req(i, toks(100 * i as u32 + 1, 20), 2), 0.0)
+                .unwrap();
+        }
+        streamed(&mut e, 0.0).1
     };
-    let outs = drain(
-        p,
-        with(|c| c.api_per_output_token = 0.001),
-        &[(1, toks(1, 200), 2)],
-    );
-    let sampled: Vec<usize> = outs.iter().map(|o| o.shape.output_tokens).collect();
-    assert_eq!(sampled, vec![0, 0, 0, 1, 1]);
+    let got = burst(with(|c| c.api_per_request = 0.004));
+    let first = first_streamed(&got, 0);
+    assert!((first - 0.024).abs() < 1e-12, "{got:?}");
+    // Nothing reaches a client before the burst is in.
+    assert!(got.iter().all(|&(_, _, at)| at >= 0.024 - 1e-12), "{got:?}");
+    // Without API-server work every step's tokens are streamed at its end.
+    let mut e = Engine::new(params(), cost(), 1);
+    for i in 0..6u64 {
+        e.add_request(req(i, toks(100 * i as u32 + 1, 20), 2), 0.0)
+            .unwrap();
+    }
+    let mut now = 0.0;
+    while e.has_work() {
+        let o = e.step(now);
+        now = o.end;
+        assert_eq!(e.stream_out(o.end, o.tokens.len()), o.end);
+    }
+}
+
+#[test]
+fn a_newcomer_waits_behind_the_tokens_the_api_server_streams() {
+    // Four requests decode; when one of their steps ends a newcomer
+    // arrives. Returns its first token's streaming time and the step's end.
+    let newcomer = |c: CostModel| {
+        let mut e = Engine::new(params(), c, 1);
+        for i in 0..4u64 {
+            e.add_request(req(i, toks(100 * i as u32 + 1, 20), 8), 0.0)
+                .unwrap();
+        }
+        let mut now = 0.0;
+        loop {
+            let o = e.step(now);
+            now = o.end;
+            e.stream_out(o.end, o.tokens.len());
+            if o.tokens.len() == 4 {
+                break;
+            }
+        }
+        e.add_request(req(9, toks(7000, 20), 1), now).unwrap();
+        let (_, got) = streamed(&mut e, now);
+        (first_streamed(&got, 9), now)
+    };
+    let api = 0.002;
+    let (plain, at) = newcomer(with(|c| c.api_per_request = api));
+    let (behind, at2) = newcomer(with(|c| {
+        c.api_per_request = api;
+        c.api_per_output_token = 0.003;
+    }));
+    // The token work does not lengthen the steps.
+    assert_eq!(at, at2);
+    // Its own work, then a step; with 3 ms a token, the API server first
+    // streams the four running requests' tokens of each step (12 ms).
+    assert!(plain > at + api, "{plain} {at}");
+    assert!(behind > at2 + api + 0.012, "{behind} {at2}");
+    assert!(behind - at2 > plain - at, "{behind} {plain}");
 }
 
 #[test]
