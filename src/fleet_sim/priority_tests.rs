@@ -8,7 +8,9 @@ use clap::Parser;
 
 use super::cli::{SimulateArgs, execute};
 
-const CONFIG: &str = r#"
+/// The demo's priority scenario as `llmlb serve` would read it (also in
+/// `tier_tests` and `scripts/fleet-priority-lab.sh`, with real replicas).
+pub(super) const PRIORITY_DEMO: &str = r#"
 [gateway]
 tier_header = "x-llmlb-tier"
 default_tier = "free"
@@ -34,6 +36,9 @@ max_inflight = 16
 [pools.queue]
 max_depth = 512
 timeout = "30s"
+[pools.scrape]
+interval = "100ms"
+timeout = "100ms"
 [[pools.replicas]]
 url = "http://127.0.0.1:1"
 [[pools.replicas]]
@@ -68,7 +73,7 @@ fn p99s(seed: u64) -> [(f64, f64); 2] {
     let dir = std::env::temp_dir().join(format!("llmlb-prio-{}-{seed}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (config, out) = (dir.join("llmlb.toml"), dir.join("out.json"));
-    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&config, PRIORITY_DEMO).unwrap();
     let seed = seed.to_string();
     let argv = [
         "llmlb",
