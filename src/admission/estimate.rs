@@ -18,7 +18,9 @@
 //!                 slot handed out. A: admitted arrivals at those levels,
 //!                 G: grants, both counted over the same recent window
 //!                 (exponentially decayed, time constant the longer of
-//!                 DEMAND_WINDOW and DEMAND_SERVICES·S)
+//!                 DEMAND_WINDOW and DEMAND_SERVICES·S); with `[fleet]`,
+//!                 summed over this instance and the others' last
+//!                 reports ([`Drain::with_others`])
 //!   k (requests) = n ÷ (1 − a): the slot releases the newcomer waits for
 //!                 once the levels above take theirs
 //!   k' (requests) = ⌈k + Z·σ⌉, σ = √(k·(1 + a)) ÷ (1 − a): k with a
@@ -78,8 +80,13 @@
 //! instances, each counting its own). Arrivals against grants over the
 //! same window need neither: in a steady overload the ratio is the higher
 //! levels' arrival rate over the drain rate, and with no queue it is their
-//! share of the arrivals; being a ratio of two counts of one instance it
-//! does not depend on how many instances share the fleet. Measured in the
+//! share of the arrivals. Several instances in front of one pool
+//! (`[fleet]`) each see a part of the arrivals and a part of the grants,
+//! and the two parts differ: an instance's grants follow its slot leases
+//! and the shared order's hold-back, not its arrivals. One instance's ratio
+//! then missed the fleet's (median 0.32–0.41 against 0.49 in the scenario
+//! below), so each prices with the fleet's sums: its own counts plus the
+//! ones the others report every refresh. Measured in the
 //! demo's priority scenario (`scripts/fleet-priority-lab.sh`, free level
 //! with a 4 s objective): admitted free requests that missed it had been
 //! priced with a paid share of 0.06–0.25 at the first waves of the
@@ -173,11 +180,45 @@ impl Drain {
         if now <= self.at {
             return;
         }
-        let window = DEMAND_WINDOW.max(DEMAND_SERVICES * self.service_mean.unwrap_or(0.0));
-        let keep = (-(now - self.at) / window).exp();
+        let keep = self.keep(now - self.at);
         self.demand.iter_mut().for_each(|d| *d *= keep);
         self.grants *= keep;
         self.at = now;
+    }
+
+    /// What is left of a count after `age` seconds of decay.
+    fn keep(&self, age: f64) -> f64 {
+        let window = DEMAND_WINDOW.max(DEMAND_SERVICES * self.service_mean.unwrap_or(0.0));
+        (-age.max(0.0) / window).exp()
+    }
+
+    /// The decayed counts as they stand at `now`: what an instance reports
+    /// to the others.
+    pub fn counts(&self, now: f64) -> Counts {
+        let keep = self.keep(now - self.at);
+        Counts {
+            demand: self.demand.iter().map(|d| d * keep).collect(),
+            grants: self.grants * keep,
+        }
+    }
+
+    /// This drain with the other instances' counts (`others`, reported
+    /// `age` seconds ago) added to its own at `now`: the fleet's admitted
+    /// arrivals per level and grants, so that the share of the levels
+    /// above is the fleet's ratio, whatever part of the grants this
+    /// instance gets.
+    pub fn with_others(&self, others: &Counts, age: f64, now: f64) -> Drain {
+        let mut fleet = self.clone();
+        fleet.decay(now);
+        let keep = self.keep(age);
+        if fleet.demand.len() < others.demand.len() {
+            fleet.demand.resize(others.demand.len(), 0.0);
+        }
+        for (d, o) in fleet.demand.iter_mut().zip(&others.demand) {
+            *d += o * keep;
+        }
+        fleet.grants += others.grants * keep;
+        fleet
     }
 
     /// The share of slot releases the levels above `level` take: their
@@ -206,6 +247,28 @@ impl Drain {
     pub fn backlog(&self, queued: usize, capacity: usize) -> Duration {
         let secs = self.rate(capacity).map_or(1.0, |r| (queued + 1) as f64 / r);
         Duration::from_secs_f64(secs)
+    }
+}
+
+/// Admitted arrivals per level and grants, decayed over the demand window:
+/// one instance's, or several instances' summed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    /// Per level, highest first.
+    pub demand: Vec<f64>,
+    pub grants: f64,
+}
+
+impl Counts {
+    /// Adds `other` to these counts.
+    pub fn add(&mut self, other: &Counts) {
+        if self.demand.len() < other.demand.len() {
+            self.demand.resize(other.demand.len(), 0.0);
+        }
+        for (d, o) in self.demand.iter_mut().zip(&other.demand) {
+            *d += o;
+        }
+        self.grants += other.grants;
     }
 }
 
@@ -510,6 +573,40 @@ mod tests {
         // Nothing granted yet: no share; nothing is above level 0.
         assert_eq!(Drain::default().above(1), 0.0);
         assert_eq!(d.above(0), 0.0);
+    }
+
+    #[test]
+    fn with_other_instances_the_share_is_the_fleets_ratio() {
+        // Two instances each admit 100 level-0 requests over 10 s, but
+        // leases give the first 300 grants and the second 100: alone they
+        // price 0.33 and 0.9 (the cap); the fleet asks for 200 of 400.
+        let (mut a, mut b) = (drain(1.0), drain(1.0));
+        for i in 0..100 {
+            let t = i as f64 * 0.1;
+            a.arrived(0, t);
+            b.arrived(0, t);
+            b.granted(t);
+            for _ in 0..3 {
+                a.granted(t);
+            }
+        }
+        let now = 10.0;
+        assert!((a.above(1) - 1.0 / 3.0).abs() < 0.01, "{}", a.above(1));
+        assert_eq!(b.above(1), 1.0 - MIN_LEFT);
+        let fleet_a = a.with_others(&b.counts(now), 0.0, now).above(1);
+        let fleet_b = b.with_others(&a.counts(now), 0.0, now).above(1);
+        assert!((fleet_a - 0.5).abs() < 0.01, "{fleet_a}");
+        assert!((fleet_b - 0.5).abs() < 0.01, "{fleet_b}");
+        // The counts decay over the window (10 s here): a report read
+        // 10 s late weighs 1/e of one read at once.
+        let c = a.counts(now);
+        let later = a.counts(now + 10.0);
+        assert!((later.grants / c.grants - (-1f64).exp()).abs() < 1e-9);
+        let stale = Drain::default().with_others(&c, 10.0, now);
+        assert!((stale.counts(now).grants / c.grants - (-1f64).exp()).abs() < 1e-9);
+        // Nothing from the others: this instance's own ratio.
+        let alone = a.with_others(&Counts::default(), 0.0, now).above(1);
+        assert!((alone - a.above(1)).abs() < 1e-12);
     }
 
     #[test]

@@ -428,7 +428,7 @@ impl PoolQueue {
         refusal(
             &self.params.levels,
             usize::MAX,
-            &inner.drain,
+            &self.fleet_drain(inner, now),
             standing,
             ages,
         )

@@ -6,14 +6,22 @@
 //! brought up to the store's clock now, so that no instance compares its
 //! own clock with another's.
 //!
-//! Wire form: `active;d0,d1,...;w0,w1,...` with each `w` a wait in
-//! milliseconds or `-` for an empty level; the store prefixes its stamp
-//! (`stamp;...`).
+//! It also carries the queue's admitted arrivals per level and its grants,
+//! decayed over the deadline test's window (`admission::estimate`), so
+//! that every instance prices the share of the higher levels with the
+//! fleet's sums.
+//!
+//! Wire form: `active;d0,d1,...;w0,w1,...;a0,a1,...;g` with each `w` a wait
+//! in milliseconds or `-` for an empty level, each `a` a level's decayed
+//! arrivals and `g` the decayed grants; the store prefixes its stamp
+//! (`stamp;...`). The last two fields are later than the first three: a
+//! reader ignores fields it does not know, and a report without them
+//! decodes with no counts.
 
 use std::time::Duration;
 
 /// One pool's queue on one instance.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueReport {
     pub pool: String,
     pub active: u32,
@@ -21,6 +29,15 @@ pub struct QueueReport {
     pub depths: Vec<u32>,
     /// Per level, how long its oldest waiter has waited.
     pub fronts: Vec<Option<Duration>>,
+    /// Per level, admitted arrivals, and the grants, decayed to the
+    /// report's time (`None`: a report without them).
+    pub counts: Option<(Vec<f64>, f64)>,
+}
+
+/// A decayed count on the wire: two decimals, no trailing zeros.
+fn count(x: f64) -> String {
+    let s = format!("{:.2}", x.max(0.0));
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 impl QueueReport {
@@ -29,7 +46,12 @@ impl QueueReport {
         let fronts: Vec<String> = (self.fronts.iter())
             .map(|f| f.map_or("-".to_string(), |d| d.as_millis().to_string()))
             .collect();
-        format!("{};{};{}", self.active, depths.join(","), fronts.join(","))
+        let mut out = format!("{};{};{}", self.active, depths.join(","), fronts.join(","));
+        if let Some((arrivals, grants)) = &self.counts {
+            let arrivals: Vec<String> = arrivals.iter().map(|a| count(*a)).collect();
+            out.push_str(&format!(";{};{}", arrivals.join(","), count(*grants)));
+        }
+        out
     }
 
     /// A stamped report from the store, read at the store's time `now_ms`:
@@ -59,11 +81,23 @@ impl QueueReport {
                     .map(|ms| Some(Duration::from_millis(ms) + since)),
             })
             .collect::<Option<Vec<_>>>()?;
+        let counts = match (parts.next(), parts.next()) {
+            (Some(arrivals), Some(grants)) => {
+                let arrivals = list(arrivals)
+                    .iter()
+                    .map(|a| a.parse::<f64>().ok().filter(|a| a.is_finite()))
+                    .collect::<Option<Vec<f64>>>()?;
+                let grants = grants.parse::<f64>().ok().filter(|g| g.is_finite())?;
+                Some((arrivals, grants))
+            }
+            _ => None,
+        };
         Some(QueueReport {
             pool: pool.to_string(),
             active,
             depths,
             fronts,
+            counts,
         })
     }
 }
@@ -79,6 +113,7 @@ mod tests {
             active: 7,
             depths: vec![1, 0, 12],
             fronts: vec![Some(Duration::from_millis(30)), None, Some(Duration::ZERO)],
+            counts: None,
         };
         let wire = format!("1000;{}", r.encode());
         assert_eq!(wire, "1000;7;1,0,12;30,-,0");
@@ -97,5 +132,37 @@ mod tests {
         assert_eq!(QueueReport::decode("p", "5;1;a;", 9), None);
         let empty = QueueReport::decode("p", "5;0;;", 9).unwrap();
         assert!(empty.depths.is_empty() && empty.fronts.is_empty());
+        assert_eq!(empty.counts, None);
+    }
+
+    #[test]
+    fn a_report_carries_its_decayed_counts_and_the_old_form_still_reads() {
+        let r = QueueReport {
+            pool: "p".into(),
+            active: 3,
+            depths: vec![0, 4],
+            fronts: vec![None, Some(Duration::from_millis(5))],
+            counts: Some((vec![12.345, 0.0], 40.5)),
+        };
+        let wire = format!("1000;{}", r.encode());
+        assert_eq!(wire, "1000;3;0,4;-,5;12.35,0;40.5");
+        let back = QueueReport::decode("p", &wire, 1000).unwrap();
+        assert_eq!(back.depths, vec![0, 4]);
+        assert_eq!(back.counts, Some((vec![12.35, 0.0], 40.5)));
+        // The form without counts (an instance of an earlier version)
+        // decodes with none, and its first three fields are what the
+        // earlier reader reads of the new form.
+        let old = QueueReport::decode("p", "1000;3;0,4;-,5", 1000).unwrap();
+        assert_eq!(old.counts, None);
+        assert_eq!(
+            (old.active, old.depths, old.fronts),
+            (3, back.depths, back.fronts)
+        );
+        // Malformed counts make the report malformed, as other fields do.
+        assert_eq!(QueueReport::decode("p", "1000;3;0,4;-,5;x,0;1", 1000), None);
+        assert_eq!(
+            QueueReport::decode("p", "1000;3;0,4;-,5;1,0;NaN", 1000),
+            None
+        );
     }
 }

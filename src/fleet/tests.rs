@@ -269,3 +269,33 @@ async fn the_running_sum_never_exceeds_the_limit() {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
 }
+
+#[tokio::test]
+async fn a_queue_report_reaches_the_others_with_its_counts() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let fleet = handles(&redis.url(), "t5:", 2);
+    let report = QueueReport {
+        pool: "p".into(),
+        active: 5,
+        depths: vec![1, 7],
+        fronts: vec![Some(Duration::from_millis(10)), None],
+        counts: Some((vec![12.5, 40.25], 50.75)),
+    };
+    fleet[0]
+        .exchange(&[demand(3, 1, 2)], std::slice::from_ref(&report))
+        .await;
+    let mine = QueueReport {
+        pool: "p".into(),
+        ..QueueReport::default()
+    };
+    let seen = fleet[1]
+        .exchange(&[demand(3, 0, 0)], std::slice::from_ref(&mine))
+        .await;
+    let theirs = seen.queues.expect("the store answered");
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!(theirs[0].pool, "p");
+    assert_eq!((theirs[0].active, &theirs[0].depths), (5, &vec![1, 7]));
+    assert_eq!(theirs[0].counts, Some((vec![12.5, 40.25], 50.75)));
+}

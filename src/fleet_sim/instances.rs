@@ -35,7 +35,11 @@
 //! its failures (no fallback to a share of the limit). Admission
 //! (`max_wait`, `ttft_objective`) counts every instance's waiters with and
 //! without a store (the run keeps one queue model for the pool); without
-//! one, `serve`'s instances would each count only their own.
+//! one, `serve`'s instances would each count only their own. Each
+//! instance measures its own drain (service time, admitted arrivals per
+//! level, grants); with a store the deadline test prices the higher
+//! levels' share with every instance's counts, as `serve` reads them from
+//! the others' queue reports.
 
 use std::time::Duration;
 

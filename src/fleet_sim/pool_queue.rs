@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::admission::estimate::Drain;
+use crate::admission::estimate::{Counts, Drain};
 use crate::admission::fair::FairParams;
 use crate::admission::refusal::{Standing, effective_level, lifted_ahead, refusal};
 use crate::admission::{Level, Refusal};
@@ -43,7 +43,13 @@ pub struct QueueModel {
     max_depth: usize,
     /// Seconds a request may wait before 503.
     pub timeout: f64,
-    drain: Drain,
+    /// Per llmlb instance, its own measured drain (one without
+    /// `--instances`).
+    drains: Vec<Drain>,
+    /// The instances share a store: each prices the higher levels' share
+    /// with the fleet's counts (its own and the others' reports), as
+    /// `serve` does with `[fleet]`.
+    fleet_counts: bool,
     /// When each request holding a slot was dispatched (seconds), by
     /// request index.
     started: HashMap<u32, f64>,
@@ -59,10 +65,35 @@ impl QueueModel {
             levels: admission.queue.levels().to_vec(),
             max_depth: admission.queue.max_depth(),
             timeout: admission.timeout.as_secs_f64(),
-            drain: Drain::default(),
+            drains: vec![Drain::default()],
+            fleet_counts: false,
             started: HashMap::new(),
             fair: admission.queue.fairness().clone(),
         })
+    }
+
+    /// `count` llmlb instances measure their own drains; with a store
+    /// (`fleet_counts`) each prices with the fleet's counts.
+    pub fn set_instances(&mut self, count: usize, fleet_counts: bool) {
+        self.drains = vec![Drain::default(); count.max(1)];
+        self.fleet_counts = fleet_counts;
+    }
+
+    /// The drain instance `k` prices with at `now`: its own, with the
+    /// other instances' counts added when they share a store (`serve`
+    /// reads them one refresh late; here at once).
+    fn drain(&self, k: usize, now: f64) -> std::borrow::Cow<'_, Drain> {
+        let own = &self.drains[k.min(self.drains.len() - 1)];
+        if !self.fleet_counts || self.drains.len() < 2 {
+            return std::borrow::Cow::Borrowed(own);
+        }
+        let mut others = Counts::default();
+        for (j, d) in self.drains.iter().enumerate() {
+            if j != k {
+                others.add(&d.counts(now));
+            }
+        }
+        std::borrow::Cow::Owned(own.with_others(&others, 0.0, now))
     }
 
     /// How a level is shared among tenants.
@@ -97,10 +128,12 @@ impl QueueModel {
             .is_some_and(|l| l.ttft_objective.is_some())
     }
 
-    /// Why a newcomer standing as `standing` at `now` is refused, if it is.
-    pub fn refusal(&self, standing: Standing<'_>, now: f64) -> Option<Refusal> {
+    /// Why a newcomer standing as `standing` at `now` on instance `k` is
+    /// refused, if it is.
+    pub fn refusal(&self, standing: Standing<'_>, now: f64, k: usize) -> Option<Refusal> {
         let ages = || self.started.values().map(|s| now - s).collect();
-        refusal(&self.levels, self.max_depth, &self.drain, standing, ages)
+        let drain = self.drain(k, now);
+        refusal(&self.levels, self.max_depth, &drain, standing, ages)
     }
 
     /// Whether a waiter at `waiter` that has waited `waited` seconds goes
@@ -118,15 +151,22 @@ impl QueueModel {
         effective_level(level, waited, promote_after)
     }
 
-    /// Request `i` took a slot at `now`.
-    pub fn granted(&mut self, i: usize, now: f64) {
-        self.drain.granted(now);
+    /// The drain instance `k` measures.
+    fn own(&mut self, k: usize) -> &mut Drain {
+        let last = self.drains.len() - 1;
+        &mut self.drains[k.min(last)]
+    }
+
+    /// Request `i` took a slot on instance `k` at `now`.
+    pub fn granted(&mut self, i: usize, now: f64, k: usize) {
+        self.own(k).granted(now);
         self.started.insert(i as u32, now);
     }
 
-    /// A request at `level` was admitted (dispatched or queued) at `now`.
-    pub fn arrived(&mut self, level: usize, now: f64) {
-        self.drain.arrived(level, now);
+    /// A request at `level` was admitted (dispatched or queued) on
+    /// instance `k` at `now`.
+    pub fn arrived(&mut self, level: usize, now: f64, k: usize) {
+        self.own(k).arrived(level, now);
     }
 
     /// Request `i` freed its slot.
@@ -134,9 +174,10 @@ impl QueueModel {
         self.started.remove(&(i as u32));
     }
 
-    /// A request a replica answered held its slot `held` seconds.
-    pub fn served(&mut self, held: f64) {
-        self.drain.served(held);
+    /// A request a replica answered held its slot on instance `k` for
+    /// `held` seconds.
+    pub fn served(&mut self, held: f64, k: usize) {
+        self.own(k).served(held);
     }
 
     /// Priority levels.
@@ -160,7 +201,8 @@ mod tests {
             levels: vec![level("high", objective), level("low", None)],
             max_depth: depth,
             timeout: 30.0,
-            drain: Drain::default(),
+            drains: vec![Drain::default()],
+            fleet_counts: false,
             started: HashMap::new(),
             fair: FairParams::default(),
         }
@@ -183,43 +225,43 @@ mod tests {
     #[test]
     fn a_full_level_refuses() {
         let q = model(2, 10.0, None);
-        assert!(q.refusal(at(1, &[0, 1], 4), 0.0).is_none());
-        assert!(q.refusal(at(1, &[0, 2], 4), 0.0).is_some());
-        assert!(q.refusal(at(0, &[0, 2], 4), 0.0).is_none());
+        assert!(q.refusal(at(1, &[0, 1], 4), 0.0, 0).is_none());
+        assert!(q.refusal(at(1, &[0, 2], 4), 0.0, 0).is_some());
+        assert!(q.refusal(at(0, &[0, 2], 4), 0.0, 0).is_none());
     }
 
     #[test]
     fn the_estimated_wait_refuses_once_a_rate_is_known() {
         let mut q = model(100, 10.0, None);
         // No served request yet: only the depth bound applies.
-        assert!(q.refusal(at(1, &[0, 50], 1), 0.0).is_none());
-        q.granted(0, 0.0);
-        q.served(2.0);
+        assert!(q.refusal(at(1, &[0, 50], 1), 0.0, 0).is_none());
+        q.granted(0, 0.0, 0);
+        q.served(2.0, 0);
         q.released(0);
         // 2 s per request on 2 slots: position 10 waits 10 s, 11 waits 11 s.
-        assert!(q.refusal(at(1, &[0, 9], 2), 0.0).is_none());
-        assert!(q.refusal(at(1, &[0, 10], 2), 0.0).is_some());
+        assert!(q.refusal(at(1, &[0, 9], 2), 0.0, 0).is_none());
+        assert!(q.refusal(at(1, &[0, 10], 2), 0.0, 0).is_some());
         // A failed request frees its slot and teaches nothing.
-        q.granted(1, 0.0);
+        q.granted(1, 0.0, 0);
         q.released(1);
-        assert!(q.refusal(at(1, &[0, 9], 2), 0.0).is_none());
+        assert!(q.refusal(at(1, &[0, 9], 2), 0.0, 0).is_none());
     }
 
     #[test]
     fn a_deadline_level_reads_the_ages_of_the_slots_in_service() {
         let mut q = model(100, 3600.0, Some(2.0));
         assert!(q.has_deadline(0) && !q.has_deadline(1));
-        q.granted(0, 0.0);
-        q.served(3.0);
+        q.granted(0, 0.0, 0);
+        q.served(3.0, 0);
         q.released(0);
         // Of four slots, two free and two taken at 0 s, held 3 s on
         // average. A newcomer is counted as needing ⌈1 + 2.33⌉ = 4
         // releases: at 0.5 s the fourth comes at 3 s, 2.5 s (+ 0.1 s
         // placement) from now: refused. At 2.5 s it comes in 0.5 s.
-        q.granted(1, 0.0);
-        q.granted(2, 0.0);
-        assert!(q.refusal(at(0, &[0, 0], 4), 0.5).is_some());
-        assert!(q.refusal(at(0, &[0, 0], 4), 2.5).is_none());
+        q.granted(1, 0.0, 0);
+        q.granted(2, 0.0, 0);
+        assert!(q.refusal(at(0, &[0, 0], 4), 0.5, 0).is_some());
+        assert!(q.refusal(at(0, &[0, 0], 4), 2.5, 0).is_none());
         assert_eq!(q.effective_level(1, 4.0), 1);
         assert_eq!(q.effective_level(1, 5.0), 0);
     }

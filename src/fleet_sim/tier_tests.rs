@@ -133,43 +133,7 @@ fn a_ttft_objective_keeps_admitted_requests_within_it_and_refuses_the_rest() {
 /// (`low`, `max_wait` and `ttft_objective` 4 s) at 35 req/s; 512 prompt
 /// and 128 output tokens.
 fn priority_demo(seconds: usize, seed: u64) -> RunResult {
-    let config = crate::config::parse(
-        r#"
-[gateway]
-tier_header = "x-llmlb-tier"
-default_tier = "free"
-[[priorities]]
-name = "high"
-max_wait = "1s"
-[[priorities]]
-name = "low"
-max_wait = "4s"
-promote_after = "20s"
-ttft_objective = "4s"
-[[tiers]]
-name = "paid"
-priority = "high"
-[[tiers]]
-name = "free"
-priority = "low"
-[[pools]]
-name = "p"
-models = ["m"]
-balancer = "least_connections"
-max_inflight = 16
-[pools.queue]
-max_depth = 512
-timeout = "30s"
-[pools.scrape]
-interval = "100ms"
-timeout = "100ms"
-[[pools.replicas]]
-url = "http://127.0.0.1:1"
-[[pools.replicas]]
-url = "http://127.0.0.1:2"
-"#,
-    )
-    .unwrap();
+    let config = crate::config::parse(super::priority_tests::PRIORITY_DEMO).unwrap();
     let spec = WorkloadSpec::Random(RandomOptions {
         input_len: LenRange::fixed(512),
         output_len: LenRange::fixed(128),

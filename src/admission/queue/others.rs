@@ -13,7 +13,10 @@
 //! - **Estimates**: the `max_wait` and deadline tests and `Retry-After`
 //!   count the other instances' waiters and divide by the fleet's drain
 //!   rate (the pool's whole `max_inflight` ÷ the service time), not by this
-//!   instance's lease of it.
+//!   instance's lease of it. The deadline test prices the share of the
+//!   levels above with the fleet's admitted arrivals per grant: this
+//!   instance's counts plus the ones the others report
+//!   ([`Drain::with_others`]).
 //! - **Staleness**: a report older than its `until` (the store's instance
 //!   TTL) counts as none, and the caller clears it when the store stops
 //!   answering: then each instance orders its own queue only.
@@ -22,6 +25,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::super::estimate::{Counts, Drain};
 use super::super::refusal::effective_level;
 use super::{FairLevel, Inner, PoolQueue};
 
@@ -42,15 +46,21 @@ pub struct Others {
     pub grace: Duration,
     /// The report counts until then.
     pub until: Instant,
+    /// Their admitted arrivals per level and grants, summed, as they stood
+    /// at `counted`.
+    pub counts: Counts,
+    pub counted: Instant,
 }
 
 /// This queue's side, as an instance reports it to the others.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueState {
     pub active: usize,
     pub depths: Vec<usize>,
     /// Per level, how long its oldest waiter has waited.
     pub fronts: Vec<Option<Duration>>,
+    /// Its admitted arrivals per level and grants, decayed to now.
+    pub counts: Counts,
 }
 
 impl PoolQueue {
@@ -80,6 +90,7 @@ impl PoolQueue {
                         .map(|(since, _)| Duration::from_secs_f64((now_s - since).max(0.0)))
                 })
                 .collect(),
+            counts: inner.drain.counts(now_s),
         }
     }
 
@@ -113,6 +124,22 @@ impl PoolQueue {
     /// The other instances' report, while it counts.
     pub(super) fn others<'a>(&self, inner: &'a Inner, now: Instant) -> Option<&'a Others> {
         inner.others.as_ref().filter(|o| now < o.until)
+    }
+
+    /// The drain the estimates price with: this queue's, with the other
+    /// instances' counts added while their report counts.
+    pub(super) fn fleet_drain<'a>(
+        &self,
+        inner: &'a Inner,
+        now: Instant,
+    ) -> std::borrow::Cow<'a, Drain> {
+        match self.others(inner, now) {
+            Some(o) if o.counts.grants > 0.0 => {
+                let age = now.saturating_duration_since(o.counted).as_secs_f64();
+                std::borrow::Cow::Owned(inner.drain.with_others(&o.counts, age, self.seconds(now)))
+            }
+            _ => std::borrow::Cow::Borrowed(&inner.drain),
+        }
     }
 
     /// Whether a waiter here at `level` that began waiting at `since`
@@ -246,6 +273,8 @@ mod tests {
             capacity,
             grace: Duration::from_millis(100),
             until: now + Duration::from_secs(60),
+            counts: Counts::default(),
+            counted: now,
         }
     }
 

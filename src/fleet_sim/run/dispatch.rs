@@ -214,7 +214,8 @@ impl Sim<'_> {
     pub(super) fn release(&mut self, i: usize, now: f64) {
         if self.live[i].open {
             if let Some(q) = &mut self.pool_queue {
-                q.served(now - self.live[i].dispatched_at);
+                let k = usize::from(self.instance_of[i]);
+                q.served(now - self.live[i].dispatched_at, k);
             }
             self.close_as(i, true);
         }
@@ -255,8 +256,9 @@ impl Sim<'_> {
         self.open += 1;
         let (level, tenant) = (self.level(i), self.tenant(i));
         let weight = self.weight(&tenant);
+        let k = usize::from(self.instance_of[i]);
         if let Some(q) = &mut self.pool_queue {
-            q.granted(i, now);
+            q.granted(i, now, k);
             let prompt =
                 q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
             self.waiting[level].started(&tenant, weight, prompt);

@@ -244,6 +244,9 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         prefilling: 0,
     };
     sim.pool_queue = QueueModel::of(sim.decider.pool());
+    if let Some(q) = &mut sim.pool_queue {
+        q.set_instances(1 + sim.others.len(), spec.instances.store);
+    }
     let levels = sim.pool_queue.as_ref().map_or(1, |q| q.levels()).max(1);
     sim.waiting = (0..levels).map(|_| FairLevel::default()).collect();
     if let (Some(q), Some(t)) = (&mut sim.pool_queue, spec.tenants) {
@@ -490,8 +493,9 @@ impl Sim<'_> {
             return;
         }
         let level = self.level(i);
+        let k = usize::from(self.instance_of[i]);
         if let Some(q) = &mut self.pool_queue {
-            q.arrived(level, now);
+            q.arrived(level, now, k);
         }
         w.fill_prompt(r, &mut self.prompt);
         let prompt = match &r.source {
@@ -499,7 +503,6 @@ impl Sim<'_> {
             Source::Text(p) => crate::routing::Prompt::Tokens(&p.1),
         };
         let route_tier = self.spec.tiers.and_then(|t| t.of(i).route_tier.as_deref());
-        let k = usize::from(self.instance_of[i]);
         let decider = if k == 0 {
             &mut self.decider
         } else {
@@ -604,6 +607,7 @@ impl Sim<'_> {
             free,
             placement,
         };
-        q.refusal(standing, now).is_some()
+        q.refusal(standing, now, usize::from(self.instance_of[i]))
+            .is_some()
     }
 }
