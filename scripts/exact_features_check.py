@@ -512,7 +512,7 @@ def per_request(bodies, results, access):
             continue
         a = access.get(r.get("request_id", ""), {})
         rows.append({"i": i, "adapter": b["model"] if b["model"] != MODEL else "",
-                     "replica": r["replica"], "branch": a.get("branch", ""),
+                     "replica": r["replica"], "branch": a.get("route") or a.get("branch", ""),
                      "ttft_ms": round(r["ttft_s"] * 1000), "start": r["start"], "end": r["end"],
                      "prompt": r["prompt_tokens"] or 0, "cached": r["cached"] or 0})
     for row in rows:
