@@ -298,7 +298,7 @@ const MAX_DELAYED: f64 = 8.0;
 /// imposes on others: the uncached tokens at the candidate's prefill rate,
 /// times the requests there whose first token is still ahead (llmlb's own
 /// requests without a first byte, or the scraped waiting queue when that is
-/// longer; at most [`MAX_DELAYED`]). The engine runs one prefill at a time
+/// longer; at most `MAX_DELAYED`, 8). The engine runs one prefill at a time
 /// (chunked or not, the steps are serial), so every one of them gets its
 /// first token that much later: under load a miss costs more than its own
 /// TTFT, and a warm replica keeps its prefix until its queue is longer by
