@@ -40,14 +40,15 @@ async fn a_light_tenant_keeps_its_latency_beside_a_flood_and_capacity_stays_used
         fair.light.ttft_ms.p50,
         solo.light.ttft_ms.p50
     );
-    // Work-conserving: the fleet serves as many tokens either way.
+    // Work-conserving: fair share leaves no capacity idle, so the fleet
+    // serves at least as many tokens a second as under FIFO (within the
+    // noise of a short run). It may serve more: each tenant's rate is
+    // over its own run, and under FIFO the light tenant's last requests
+    // end late behind the flood (seen: 1.11).
     let total = |r: &llmlb::demo::fairness::FairRow| {
         r.light.output_throughput + r.heavy.as_ref().unwrap().output_throughput
     };
     let ratio = total(fair) / total(fifo);
-    assert!(
-        (0.9..=1.1).contains(&ratio),
-        "fleet output fair/fifo = {ratio:.3}\n{table}"
-    );
+    assert!(ratio >= 0.9, "fleet output fair/fifo = {ratio:.3}\n{table}");
     println!("{table}");
 }
