@@ -157,6 +157,17 @@ fn streamed(e: &mut Engine, mut now: f64) -> (f64, Vec<(u64, usize, f64)>) {
     (now, got)
 }
 
+/// An engine under `c` with `n` requests of 20 distinct prompt tokens and
+/// `output` output tokens each, all arrived at 0.
+fn loaded(c: CostModel, n: u64, output: usize) -> Engine {
+    let mut e = Engine::new(params(), c, 1);
+    for i in 0..n {
+        e.add_request(req(i, toks(100 * i as u32 + 1, 20), output), 0.0)
+            .unwrap();
+    }
+    e
+}
+
 fn first_streamed(got: &[(u64, usize, f64)], id: u64) -> f64 {
     got.iter()
         .find(|&&(r, i, _)| r == id && i == 0)
@@ -170,11 +181,7 @@ fn a_burst_being_taken_in_holds_back_the_tokens_of_its_first_requests() {
     // the scheduler at 4 ms and gets its token from the engine soon after,
     // but the API server streams it only once the burst is in (24 ms).
     let burst = |c: CostModel| {
-        let mut e = Engine::new(params(), c, 1);
-        for i in 0..6u64 {
-            e.add_request(req(i, toks(100 * i as u32 + 1, 20), 2), 0.0)
-                .unwrap();
-        }
+        let mut e = loaded(c, 6, 2);
         streamed(&mut e, 0.0).1
     };
     let got = burst(with(|c| c.api_per_request = 0.004));
@@ -183,11 +190,7 @@ fn a_burst_being_taken_in_holds_back_the_tokens_of_its_first_requests() {
     // Nothing reaches a client before the burst is in.
     assert!(got.iter().all(|&(_, _, at)| at >= 0.024 - 1e-12), "{got:?}");
     // Without API-server work every step's tokens are streamed at its end.
-    let mut e = Engine::new(params(), cost(), 1);
-    for i in 0..6u64 {
-        e.add_request(req(i, toks(100 * i as u32 + 1, 20), 2), 0.0)
-            .unwrap();
-    }
+    let mut e = loaded(cost(), 6, 2);
     let mut now = 0.0;
     while e.has_work() {
         let o = e.step(now);
@@ -201,11 +204,7 @@ fn a_newcomer_waits_behind_the_tokens_the_api_server_streams() {
     // Four requests decode; when one of their steps ends a newcomer
     // arrives. Returns its first token's streaming time and the step's end.
     let newcomer = |c: CostModel| {
-        let mut e = Engine::new(params(), c, 1);
-        for i in 0..4u64 {
-            e.add_request(req(i, toks(100 * i as u32 + 1, 20), 8), 0.0)
-                .unwrap();
-        }
+        let mut e = loaded(c, 4, 8);
         let mut now = 0.0;
         loop {
             let o = e.step(now);
