@@ -348,6 +348,20 @@ mod tests {
         route(pool, &input)
     }
 
+    /// Routes and sends one `sql` request with the hot prompt: the replica
+    /// it went to (which now holds that prefix under `sql`) and the other.
+    fn warmed_by_sql(pool: &Pool) -> (&Arc<Replica>, &Arc<Replica>) {
+        let first = route_adapter(pool, "sql", &hot_prompt_chat(0));
+        let warm = pool
+            .replicas
+            .iter()
+            .find(|r| first.preferred == Some(vec![r.id]))
+            .unwrap();
+        drop(first.dispatched(warm));
+        let cold = pool.replicas.iter().find(|r| r.id != warm.id).unwrap();
+        (warm, cold)
+    }
+
     /// A `chat` request decoding on `r` with `output` tokens left.
     fn decoding(r: &Arc<Replica>, output: u64) -> InFlightGuard {
         let mut g = r.acquire_tokens(50, output);
@@ -365,14 +379,7 @@ mod tests {
         // the swap is counted.
         let t = lora_pool();
         let pool = &t.pools[0];
-        let first = route_adapter(pool, "sql", &hot_prompt_chat(0));
-        let warm = pool
-            .replicas
-            .iter()
-            .find(|r| first.preferred == Some(vec![r.id]))
-            .unwrap();
-        drop(first.dispatched(warm));
-        let cold = pool.replicas.iter().find(|r| r.id != warm.id).unwrap();
+        let (warm, cold) = warmed_by_sql(pool);
         let _running = decoding(warm, 3);
         assert_eq!(warm.adapters.placement("sql"), Placement::Swap);
         let d = route_adapter(pool, "sql", &hot_prompt_chat(1));
@@ -396,14 +403,7 @@ mod tests {
         // too: the drain (about 1.5 s) outweighs the prefill (~0.1 s).
         let t = lora_pool();
         let pool = &t.pools[0];
-        let first = route_adapter(pool, "sql", &hot_prompt_chat(0));
-        let warm = pool
-            .replicas
-            .iter()
-            .find(|r| first.preferred == Some(vec![r.id]))
-            .unwrap();
-        drop(first.dispatched(warm));
-        let cold = pool.replicas.iter().find(|r| r.id != warm.id).unwrap();
+        let (warm, cold) = warmed_by_sql(pool);
         let _short = decoding(warm, 3);
         let _long = decoding(warm, 300);
         let d = route_adapter(pool, "sql", &hot_prompt_chat(1));
