@@ -145,10 +145,9 @@ pub fn service_mean(mean: Option<f64>, held: f64) -> f64 {
 pub struct Drain {
     /// Mean time a served request held its permit, in seconds.
     pub service_mean: Option<f64>,
-    /// Per level, admitted arrivals, decayed over the demand window.
-    demand: Vec<f64>,
-    /// Slots handed out, decayed alike.
-    grants: f64,
+    /// Per level, admitted arrivals, and the slots handed out, decayed
+    /// over the demand window.
+    counts: Counts,
     /// When the counts were last decayed (seconds, the caller's clock).
     at: f64,
 }
@@ -163,16 +162,17 @@ impl Drain {
     /// seconds.
     pub fn arrived(&mut self, level: usize, now: f64) {
         self.decay(now);
-        if self.demand.len() <= level {
-            self.demand.resize(level + 1, 0.0);
+        let demand = &mut self.counts.demand;
+        if demand.len() <= level {
+            demand.resize(level + 1, 0.0);
         }
-        self.demand[level] += 1.0;
+        demand[level] += 1.0;
     }
 
     /// A slot was handed out at `now` seconds.
     pub fn granted(&mut self, now: f64) {
         self.decay(now);
-        self.grants += 1.0;
+        self.counts.grants += 1.0;
     }
 
     /// Ages the counts to `now` (never backwards).
@@ -181,8 +181,7 @@ impl Drain {
             return;
         }
         let keep = self.keep(now - self.at);
-        self.demand.iter_mut().for_each(|d| *d *= keep);
-        self.grants *= keep;
+        self.counts.scale(keep);
         self.at = now;
     }
 
@@ -195,11 +194,7 @@ impl Drain {
     /// The decayed counts as they stand at `now`: what an instance reports
     /// to the others.
     pub fn counts(&self, now: f64) -> Counts {
-        let keep = self.keep(now - self.at);
-        Counts {
-            demand: self.demand.iter().map(|d| d * keep).collect(),
-            grants: self.grants * keep,
-        }
+        self.counts.scaled(self.keep(now - self.at))
     }
 
     /// This drain with the other instances' counts (`others`, reported
@@ -210,14 +205,7 @@ impl Drain {
     pub fn with_others(&self, others: &Counts, age: f64, now: f64) -> Drain {
         let mut fleet = self.clone();
         fleet.decay(now);
-        let keep = self.keep(age);
-        if fleet.demand.len() < others.demand.len() {
-            fleet.demand.resize(others.demand.len(), 0.0);
-        }
-        for (d, o) in fleet.demand.iter_mut().zip(&others.demand) {
-            *d += o * keep;
-        }
-        fleet.grants += others.grants * keep;
+        fleet.counts.add(&others.scaled(self.keep(age)));
         fleet
     }
 
@@ -225,11 +213,12 @@ impl Drain {
     /// admitted arrivals per grant, at most `1 − MIN_LEFT` (0 before any
     /// grant).
     pub fn above(&self, level: usize) -> f64 {
-        let asked: f64 = self.demand.iter().take(level).sum();
-        if self.grants <= 0.0 {
+        let Counts { demand, grants } = &self.counts;
+        let asked: f64 = demand.iter().take(level).sum();
+        if *grants <= 0.0 {
             return 0.0;
         }
-        (asked / self.grants).min(1.0 - MIN_LEFT)
+        (asked / grants).min(1.0 - MIN_LEFT)
     }
 
     /// Requests per second the whole pool drains (`None`: nothing served yet).
@@ -260,6 +249,19 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// Multiplies these counts by `k` (what is left of them after a decay).
+    fn scale(&mut self, k: f64) {
+        self.demand.iter_mut().for_each(|d| *d *= k);
+        self.grants *= k;
+    }
+
+    /// These counts times `k`.
+    fn scaled(&self, k: f64) -> Counts {
+        let mut c = self.clone();
+        c.scale(k);
+        c
+    }
+
     /// Adds `other` to these counts.
     pub fn add(&mut self, other: &Counts) {
         if self.demand.len() < other.demand.len() {
