@@ -320,9 +320,14 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
         };
         let uncached = prompt_tokens.saturating_sub(c.cached_tokens);
         // A LoRA request that waits for other adapters to drain starts
-        // after the longer of its queue and the drain.
-        let queue = model.expected_ttft(c.ahead, &c.rates, 0);
-        let drain = (c.adapter.drain_seconds(model, &c.rates) - queue).max(0.0);
+        // after the longer of its queue and the drain (no drain, no queue
+        // priced twice: every request without an adapter wait).
+        let wait = c.adapter.drain_seconds(model, &c.rates);
+        let drain = if wait > 0.0 {
+            (wait - model.expected_ttft(c.ahead, &c.rates, 0)).max(0.0)
+        } else {
+            0.0
+        };
         let t = model.expected_ttft(c.ahead, &c.rates, uncached) + drain;
         let missing = prompt_tokens.saturating_sub(c.cached_tokens.max(c.kept_tokens));
         let prefill = model.prefill_seconds(&c.rates, missing);
