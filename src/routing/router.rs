@@ -307,7 +307,14 @@ impl Router {
         let waits = lora.as_ref().map(|l| &l.waits);
         self.prefer_by_prefix(&mut d, &step, input, waits.unwrap_or(&HashMap::new()));
         if let Some(l) = lora {
-            l.settle(&mut d, at, &cands, input.model);
+            l.settle(
+                &mut d,
+                at,
+                &cands,
+                input.model,
+                &saturated,
+                self.lora.max_imbalance,
+            );
         }
         Ok(d)
     }
@@ -332,19 +339,15 @@ impl Router {
         if !self.lora.placement {
             return None;
         }
-        let bound = self.lora.max_imbalance;
         if !by_cost {
             // Later steps choose among these; without one, they are the
             // preference.
+            let bound = self.lora.max_imbalance;
             d.preferred = super::lora::narrow(model, cands, saturated, bound, d);
             return None;
         }
-        let mut narrowed = cands.clone();
-        let mut order = Decision::default();
-        let ids = super::lora::narrow(model, &mut narrowed, saturated, bound, &mut order);
         Some(AdapterCost {
             waits: super::lora::waits(model, cands, views),
-            order: (ids, order.branches),
         })
     }
 
@@ -436,18 +439,25 @@ impl Router {
     }
 }
 
-/// A LoRA request placed by cost: what it waits for on each candidate, and
-/// the placement order's preference and branch, for when the prefix step
-/// prefers nothing.
+/// A LoRA request placed by cost: what it waits for on each candidate.
 struct AdapterCost {
     waits: HashMap<ReplicaId, AdapterWait>,
-    order: (Option<Vec<ReplicaId>>, Vec<super::RouteBranch>),
 }
 
 impl AdapterCost {
     /// After the prefix step (whose branches start at `at`): the branch of
-    /// where its pick stands, or, without a pick, the order's preference.
-    fn settle(self, d: &mut Decision, at: usize, cands: &[Arc<Replica>], model: &str) {
+    /// where its pick stands, or, without a pick, the placement order's
+    /// preference and branch (as without `by_cost`, over the same
+    /// candidates).
+    fn settle(
+        self,
+        d: &mut Decision,
+        at: usize,
+        cands: &[Arc<Replica>],
+        model: &str,
+        saturated: &dyn Fn(&Replica) -> bool,
+        bound: u32,
+    ) {
         let picked = d
             .preferred
             .as_ref()
@@ -455,9 +465,11 @@ impl AdapterCost {
         match picked {
             Some(r) => d.branches.insert(at, super::lora::branch_at(model, r)),
             None => {
-                let (ids, branches) = self.order;
-                d.preferred = ids;
-                d.branches.splice(at..at, branches);
+                let mut narrowed = cands.to_vec();
+                let mut order = Decision::default();
+                d.preferred =
+                    super::lora::narrow(model, &mut narrowed, saturated, bound, &mut order);
+                d.branches.splice(at..at, order.branches);
             }
         }
     }
