@@ -142,12 +142,15 @@ def system_prompts(rng, n, words):
             + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(n)]
 
 
-def body_of(rng, systems, model, kind_p):
+def body_of(rng, systems, model, kind_p, max_tokens=None):
     system = rng.choice(systems)
     question = " ".join(rng.choice(WORDS) for _ in range(12)) + "?"
     body = {"model": model, "messages": [{"role": "system", "content": system},
                                           {"role": "user", "content": question}],
-            "max_tokens": 4, "temperature": 0}
+            "max_tokens": max_tokens or 4, "temperature": 0}
+    if max_tokens:
+        # A set answer length: every answer runs to it.
+        body["ignore_eos"] = True
     if kind_p and rng.random() < 0.5:
         body["tools"] = TOOLS
     if kind_p and rng.random() < 1 / 3:
@@ -563,7 +566,7 @@ def placement(args, fleet, tmp, rng, balancer, extra, run_no=0, binary=None):
         systems = system_prompts(rng, 6, args.system_words)
         # Adapter popularity: the base model and two adapters, one hot.
         models = rng.choices([MODEL, *ADAPTERS], weights=[2, 5, 3], k=args.requests)
-        bodies = [body_of(rng, systems, m, False) for m in models]
+        bodies = [body_of(rng, systems, m, False, args.max_tokens) for m in models]
         done = threading.Event()
 
         def watch():
@@ -616,6 +619,8 @@ def main():
     ap.add_argument("--system-words", type=int, default=220)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--placement", action="store_true")
+    ap.add_argument("--max-tokens", type=int,
+                    help="answer length of the placement workload (default 4, may stop early)")
     ap.add_argument("--variant-requests", type=int, default=80)
     ap.add_argument("--steps", default="features,adapters,variants,doctor",
                     help="which of features, adapters, variants, doctor to run (comma-separated)")
