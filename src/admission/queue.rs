@@ -503,7 +503,6 @@ impl PoolQueue {
         now: Instant,
     ) -> Permit {
         inner.active += 1;
-        inner.drain.granted(self.seconds(now));
         let prompt = self.params.fair.prompt_weight * estimate.0 as f64;
         inner.waiting[level].started(&tenant, weight, prompt);
         let id = inner.next_id;

@@ -6,17 +6,18 @@
 //! brought up to the store's clock now, so that no instance compares its
 //! own clock with another's.
 //!
-//! It also carries the queue's admitted arrivals per level and its grants,
-//! decayed over the deadline test's window (`admission::estimate`), so
-//! that every instance prices the share of the higher levels with the
-//! fleet's sums.
+//! It also carries the queue's admitted arrivals per level and second,
+//! over the deadline test's window (`admission::estimate`), so that every
+//! instance prices the share of the higher levels with the fleet's sum.
 //!
-//! Wire form: `active;d0,d1,...;w0,w1,...;a0,a1,...;g` with each `w` a wait
-//! in milliseconds or `-` for an empty level, each `a` a level's decayed
-//! arrivals and `g` the decayed grants; the store prefixes its stamp
-//! (`stamp;...`). The last two fields are later than the first three: a
+//! Wire form: `active;d0,d1,...;w0,w1,...;r0,r1,...` with each `w` a wait
+//! in milliseconds or `-` for an empty level and each `r` a level's
+//! admitted arrivals per second; the store prefixes its stamp
+//! (`stamp;...`). The rates are later than the first three fields: a
 //! reader ignores fields it does not know, and a report without them
-//! decodes with no counts.
+//! decodes with none. A report with a fifth field comes from an earlier
+//! version, whose fourth field held decayed counts, not rates: its rates
+//! are left out.
 
 use std::time::Duration;
 
@@ -29,14 +30,14 @@ pub struct QueueReport {
     pub depths: Vec<u32>,
     /// Per level, how long its oldest waiter has waited.
     pub fronts: Vec<Option<Duration>>,
-    /// Per level, admitted arrivals, and the grants, decayed to the
-    /// report's time (`None`: a report without them).
-    pub counts: Option<(Vec<f64>, f64)>,
+    /// Per level, admitted arrivals per second (`None`: a report without
+    /// them).
+    pub arrivals: Option<Vec<f64>>,
 }
 
-/// A decayed count on the wire: two decimals, no trailing zeros.
-fn count(x: f64) -> String {
-    let s = format!("{:.2}", x.max(0.0));
+/// A rate on the wire: three decimals, no trailing zeros.
+fn rate(x: f64) -> String {
+    let s = format!("{:.3}", x.max(0.0));
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
@@ -47,9 +48,9 @@ impl QueueReport {
             .map(|f| f.map_or("-".to_string(), |d| d.as_millis().to_string()))
             .collect();
         let mut out = format!("{};{};{}", self.active, depths.join(","), fronts.join(","));
-        if let Some((arrivals, grants)) = &self.counts {
-            let arrivals: Vec<String> = arrivals.iter().map(|a| count(*a)).collect();
-            out.push_str(&format!(";{};{}", arrivals.join(","), count(*grants)));
+        if let Some(rates) = &self.arrivals {
+            let rates: Vec<String> = rates.iter().map(|r| rate(*r)).collect();
+            out.push_str(&format!(";{}", rates.join(",")));
         }
         out
     }
@@ -81,15 +82,13 @@ impl QueueReport {
                     .map(|ms| Some(Duration::from_millis(ms) + since)),
             })
             .collect::<Option<Vec<_>>>()?;
-        let counts = match (parts.next(), parts.next()) {
-            (Some(arrivals), Some(grants)) => {
-                let arrivals = list(arrivals)
+        let arrivals = match (parts.next(), parts.next()) {
+            (Some(rates), None) => Some(
+                list(rates)
                     .iter()
-                    .map(|a| a.parse::<f64>().ok().filter(|a| a.is_finite()))
-                    .collect::<Option<Vec<f64>>>()?;
-                let grants = grants.parse::<f64>().ok().filter(|g| g.is_finite())?;
-                Some((arrivals, grants))
-            }
+                    .map(|r| r.parse::<f64>().ok().filter(|r| r.is_finite() && *r >= 0.0))
+                    .collect::<Option<Vec<f64>>>()?,
+            ),
             _ => None,
         };
         Some(QueueReport {
@@ -97,7 +96,7 @@ impl QueueReport {
             active,
             depths,
             fronts,
-            counts,
+            arrivals,
         })
     }
 }
@@ -113,7 +112,7 @@ mod tests {
             active: 7,
             depths: vec![1, 0, 12],
             fronts: vec![Some(Duration::from_millis(30)), None, Some(Duration::ZERO)],
-            counts: None,
+            arrivals: None,
         };
         let wire = format!("1000;{}", r.encode());
         assert_eq!(wire, "1000;7;1,0,12;30,-,0");
@@ -132,37 +131,38 @@ mod tests {
         assert_eq!(QueueReport::decode("p", "5;1;a;", 9), None);
         let empty = QueueReport::decode("p", "5;0;;", 9).unwrap();
         assert!(empty.depths.is_empty() && empty.fronts.is_empty());
-        assert_eq!(empty.counts, None);
+        assert_eq!(empty.arrivals, None);
     }
 
     #[test]
-    fn a_report_carries_its_decayed_counts_and_the_old_form_still_reads() {
+    fn a_report_carries_its_arrival_rates_and_older_forms_still_read() {
         let r = QueueReport {
             pool: "p".into(),
             active: 3,
             depths: vec![0, 4],
             fronts: vec![None, Some(Duration::from_millis(5))],
-            counts: Some((vec![12.345, 0.0], 40.5)),
+            arrivals: Some(vec![6.54321, 0.0]),
         };
         let wire = format!("1000;{}", r.encode());
-        assert_eq!(wire, "1000;3;0,4;-,5;12.35,0;40.5");
+        assert_eq!(wire, "1000;3;0,4;-,5;6.543,0");
         let back = QueueReport::decode("p", &wire, 1000).unwrap();
         assert_eq!(back.depths, vec![0, 4]);
-        assert_eq!(back.counts, Some((vec![12.35, 0.0], 40.5)));
-        // The form without counts (an instance of an earlier version)
-        // decodes with none, and its first three fields are what the
-        // earlier reader reads of the new form.
+        assert_eq!(back.arrivals, Some(vec![6.543, 0.0]));
+        // The form without rates decodes with none, and its first three
+        // fields are what a reader without rates reads of the new form.
         let old = QueueReport::decode("p", "1000;3;0,4;-,5", 1000).unwrap();
-        assert_eq!(old.counts, None);
+        assert_eq!(old.arrivals, None);
         assert_eq!(
             (old.active, old.depths, old.fronts),
             (3, back.depths, back.fronts)
         );
-        // Malformed counts make the report malformed, as other fields do.
-        assert_eq!(QueueReport::decode("p", "1000;3;0,4;-,5;x,0;1", 1000), None);
-        assert_eq!(
-            QueueReport::decode("p", "1000;3;0,4;-,5;1,0;NaN", 1000),
-            None
-        );
+        // The form with decayed counts and grants (five fields): its
+        // counts are not rates and are left out; the rest reads.
+        let counts = QueueReport::decode("p", "1000;3;0,4;-,5;12.35,0;40.5", 1000).unwrap();
+        assert_eq!((counts.active, counts.arrivals), (3, None));
+        // Malformed rates make the report malformed, as other fields do.
+        assert_eq!(QueueReport::decode("p", "1000;3;0,4;-,5;x,0", 1000), None);
+        assert_eq!(QueueReport::decode("p", "1000;3;0,4;-,5;1,NaN", 1000), None);
+        assert_eq!(QueueReport::decode("p", "1000;3;0,4;-,5;-1,0", 1000), None);
     }
 }

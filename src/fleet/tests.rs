@@ -271,7 +271,7 @@ async fn the_running_sum_never_exceeds_the_limit() {
 }
 
 #[tokio::test]
-async fn a_queue_report_reaches_the_others_with_its_counts() {
+async fn a_queue_report_reaches_the_others_with_its_arrival_rates() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
@@ -281,7 +281,7 @@ async fn a_queue_report_reaches_the_others_with_its_counts() {
         active: 5,
         depths: vec![1, 7],
         fronts: vec![Some(Duration::from_millis(10)), None],
-        counts: Some((vec![12.5, 40.25], 50.75)),
+        arrivals: Some(vec![2.5, 40.25]),
     };
     fleet[0]
         .exchange(&[demand(3, 1, 2)], std::slice::from_ref(&report))
@@ -297,5 +297,5 @@ async fn a_queue_report_reaches_the_others_with_its_counts() {
     assert_eq!(theirs.len(), 1, "{theirs:?}");
     assert_eq!(theirs[0].pool, "p");
     assert_eq!((theirs[0].active, &theirs[0].depths), (5, &vec![1, 7]));
-    assert_eq!(theirs[0].counts, Some((vec![12.5, 40.25], 50.75)));
+    assert_eq!(theirs[0].arrivals, Some(vec![2.5, 40.25]));
 }

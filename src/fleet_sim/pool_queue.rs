@@ -8,7 +8,7 @@
 //! replicas that may take work), the requests holding one and since when,
 //! and the queue's measured [`Drain`] (the mean service time of requests a
 //! replica answered, from dispatch to the last token, and each level's
-//! admitted arrivals against the grants). It gets 429 when its level's queue is full
+//! admitted arrivals per second). It gets 429 when its level's queue is full
 //! (`queue.max_depth`), when its estimated wait exceeds the level's
 //! `max_wait`, or, on a level with a `ttft_objective`, when its predicted
 //! time to first token (the release schedule of the slots in service plus
@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::admission::estimate::{Counts, Drain};
+use crate::admission::estimate::{Arrivals, Drain};
 use crate::admission::fair::FairParams;
 use crate::admission::refusal::{Standing, effective_level, lifted_ahead, refusal};
 use crate::admission::{Level, Refusal};
@@ -47,7 +47,7 @@ pub struct QueueModel {
     /// `--instances`).
     drains: Vec<Drain>,
     /// The instances share a store: each prices the higher levels' share
-    /// with the fleet's counts (its own and the others' reports), as
+    /// with the fleet's arrival rates (its own and the others'), as
     /// `serve` does with `[fleet]`.
     fleet_counts: bool,
     /// When each request holding a slot was dispatched (seconds), by
@@ -73,27 +73,27 @@ impl QueueModel {
     }
 
     /// `count` llmlb instances measure their own drains; with a store
-    /// (`fleet_counts`) each prices with the fleet's counts.
+    /// (`fleet_counts`) each prices with the fleet's arrival rates.
     pub fn set_instances(&mut self, count: usize, fleet_counts: bool) {
         self.drains = vec![Drain::default(); count.max(1)];
         self.fleet_counts = fleet_counts;
     }
 
     /// The drain instance `k` prices with at `now`: its own, with the
-    /// other instances' counts added when they share a store (`serve`
+    /// other instances' arrival rates added when they share a store (`serve`
     /// reads them one refresh late; here at once).
     fn drain(&self, k: usize, now: f64) -> std::borrow::Cow<'_, Drain> {
         let own = &self.drains[k.min(self.drains.len() - 1)];
         if !self.fleet_counts || self.drains.len() < 2 {
             return std::borrow::Cow::Borrowed(own);
         }
-        let mut others = Counts::default();
+        let mut others = Arrivals::default();
         for (j, d) in self.drains.iter().enumerate() {
             if j != k {
-                others.add(&d.counts(now));
+                others.add(&d.arrivals(now));
             }
         }
-        std::borrow::Cow::Owned(own.with_others(&others, 0.0, now))
+        std::borrow::Cow::Owned(own.with_others(&others))
     }
 
     /// How a level is shared among tenants.
@@ -157,9 +157,8 @@ impl QueueModel {
         &mut self.drains[k.min(last)]
     }
 
-    /// Request `i` took a slot on instance `k` at `now`.
-    pub fn granted(&mut self, i: usize, now: f64, k: usize) {
-        self.own(k).granted(now);
+    /// Request `i` took a slot at `now`.
+    pub fn granted(&mut self, i: usize, now: f64) {
         self.started.insert(i as u32, now);
     }
 
@@ -235,14 +234,14 @@ mod tests {
         let mut q = model(100, 10.0, None);
         // No served request yet: only the depth bound applies.
         assert!(q.refusal(at(1, &[0, 50], 1), 0.0, 0).is_none());
-        q.granted(0, 0.0, 0);
+        q.granted(0, 0.0);
         q.served(2.0, 0);
         q.released(0);
         // 2 s per request on 2 slots: position 10 waits 10 s, 11 waits 11 s.
         assert!(q.refusal(at(1, &[0, 9], 2), 0.0, 0).is_none());
         assert!(q.refusal(at(1, &[0, 10], 2), 0.0, 0).is_some());
         // A failed request frees its slot and teaches nothing.
-        q.granted(1, 0.0, 0);
+        q.granted(1, 0.0);
         q.released(1);
         assert!(q.refusal(at(1, &[0, 9], 2), 0.0, 0).is_none());
     }
@@ -251,15 +250,15 @@ mod tests {
     fn a_deadline_level_reads_the_ages_of_the_slots_in_service() {
         let mut q = model(100, 3600.0, Some(2.0));
         assert!(q.has_deadline(0) && !q.has_deadline(1));
-        q.granted(0, 0.0, 0);
+        q.granted(0, 0.0);
         q.served(3.0, 0);
         q.released(0);
         // Of four slots, two free and two taken at 0 s, held 3 s on
         // average. A newcomer is counted as needing ⌈1 + 2.33⌉ = 4
         // releases: at 0.5 s the fourth comes at 3 s, 2.5 s (+ 0.1 s
         // placement) from now: refused. At 2.5 s it comes in 0.5 s.
-        q.granted(1, 0.0, 0);
-        q.granted(2, 0.0, 0);
+        q.granted(1, 0.0);
+        q.granted(2, 0.0);
         assert!(q.refusal(at(0, &[0, 0], 4), 0.5, 0).is_some());
         assert!(q.refusal(at(0, &[0, 0], 4), 2.5, 0).is_none());
         assert_eq!(q.effective_level(1, 4.0), 1);

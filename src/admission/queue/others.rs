@@ -14,8 +14,8 @@
 //!   count the other instances' waiters and divide by the fleet's drain
 //!   rate (the pool's whole `max_inflight` ÷ the service time), not by this
 //!   instance's lease of it. The deadline test prices the share of the
-//!   levels above with the fleet's admitted arrivals per grant: this
-//!   instance's counts plus the ones the others report
+//!   levels above with the fleet's admitted arrivals per second: this
+//!   instance's rates plus the ones the others report
 //!   ([`Drain::with_others`]).
 //! - **Staleness**: a report older than its `until` (the store's instance
 //!   TTL) counts as none, and the caller clears it when the store stops
@@ -25,7 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::estimate::{Counts, Drain};
+use super::super::estimate::{Arrivals, Drain};
 use super::super::refusal::effective_level;
 use super::{FairLevel, Inner, PoolQueue};
 
@@ -46,10 +46,8 @@ pub struct Others {
     pub grace: Duration,
     /// The report counts until then.
     pub until: Instant,
-    /// Their admitted arrivals per level and grants, summed, as they stood
-    /// at `counted`.
-    pub counts: Counts,
-    pub counted: Instant,
+    /// Their admitted arrivals per level and second, summed.
+    pub arrivals: Arrivals,
 }
 
 /// This queue's side, as an instance reports it to the others.
@@ -59,8 +57,8 @@ pub struct QueueState {
     pub depths: Vec<usize>,
     /// Per level, how long its oldest waiter has waited.
     pub fronts: Vec<Option<Duration>>,
-    /// Its admitted arrivals per level and grants, decayed to now.
-    pub counts: Counts,
+    /// Its admitted arrivals per level and second, now.
+    pub arrivals: Arrivals,
 }
 
 impl PoolQueue {
@@ -90,7 +88,7 @@ impl PoolQueue {
                         .map(|(since, _)| Duration::from_secs_f64((now_s - since).max(0.0)))
                 })
                 .collect(),
-            counts: inner.drain.counts(now_s),
+            arrivals: inner.drain.arrivals(now_s),
         }
     }
 
@@ -127,16 +125,15 @@ impl PoolQueue {
     }
 
     /// The drain the estimates price with: this queue's, with the other
-    /// instances' counts added while their report counts.
+    /// instances' arrival rates added while their report counts.
     pub(super) fn fleet_drain<'a>(
         &self,
         inner: &'a Inner,
         now: Instant,
     ) -> std::borrow::Cow<'a, Drain> {
         match self.others(inner, now) {
-            Some(o) if o.counts.grants > 0.0 => {
-                let age = now.saturating_duration_since(o.counted).as_secs_f64();
-                std::borrow::Cow::Owned(inner.drain.with_others(&o.counts, age, self.seconds(now)))
+            Some(o) if !o.arrivals.rates.is_empty() => {
+                std::borrow::Cow::Owned(inner.drain.with_others(&o.arrivals))
             }
             _ => std::borrow::Cow::Borrowed(&inner.drain),
         }
@@ -273,8 +270,7 @@ mod tests {
             capacity,
             grace: Duration::from_millis(100),
             until: now + Duration::from_secs(60),
-            counts: Counts::default(),
-            counted: now,
+            arrivals: Arrivals::default(),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::admission::estimate::Counts;
+use crate::admission::estimate::Arrivals;
 use crate::admission::{Others, QueueState};
 use crate::config::FleetConfig;
 use crate::fleet::{Demand, Exchange, Fleet, PrefixRecord, QueueReport};
@@ -64,13 +64,13 @@ fn report(pool: &str, state: QueueState) -> QueueReport {
         active: count(state.active),
         depths: state.depths.into_iter().map(count).collect(),
         fronts: state.fronts,
-        counts: Some((state.counts.demand, state.counts.grants)),
+        arrivals: Some(state.arrivals.rates),
     }
 }
 
 /// The other instances' reports of `pool`, summed for its queue: waiters
 /// per level, each level's oldest, what they run, their admitted arrivals
-/// and grants; and the pool's slots for the whole fleet.
+/// per second; and the pool's slots for the whole fleet.
 fn others(pool: &Pool, reports: &[QueueReport], config: &FleetConfig) -> Others {
     let at = std::time::Instant::now();
     let now = crate::telemetry::clock::now_millis();
@@ -85,15 +85,13 @@ fn others(pool: &Pool, reports: &[QueueReport], config: &FleetConfig) -> Others 
         capacity: crate::pool::queue_capacity_of_fleet(&pool.replicas, now),
         grace: config.refresh * 2,
         until: at + config.instance_ttl,
-        counts: Counts::default(),
-        counted: at,
+        arrivals: Arrivals::default(),
     };
     for r in reports.iter().filter(|r| *r.pool == *pool.name) {
         o.active += r.active as usize;
-        if let Some((demand, grants)) = &r.counts {
-            o.counts.add(&Counts {
-                demand: demand.clone(),
-                grants: *grants,
+        if let Some(rates) = &r.arrivals {
+            o.arrivals.add(&Arrivals {
+                rates: rates.clone(),
             });
         }
         for (d, n) in o.depths.iter_mut().zip(&r.depths) {

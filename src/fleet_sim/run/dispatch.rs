@@ -256,9 +256,8 @@ impl Sim<'_> {
         self.open += 1;
         let (level, tenant) = (self.level(i), self.tenant(i));
         let weight = self.weight(&tenant);
-        let k = usize::from(self.instance_of[i]);
         if let Some(q) = &mut self.pool_queue {
-            q.granted(i, now, k);
+            q.granted(i, now);
             let prompt =
                 q.fairness().prompt_weight * f64::from(self.spec.workload.requests[i].input);
             self.waiting[level].started(&tenant, weight, prompt);
