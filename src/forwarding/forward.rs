@@ -13,7 +13,7 @@ use http_body_util::Full;
 
 use super::body::{BreakReport, ProxyBody};
 use super::error::ForwardError;
-use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop, write_ip};
+use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{Branch, Pick, RequestInfo};
 use crate::pool::{Choice, choose};
@@ -23,6 +23,7 @@ use crate::routing::StreamBroken;
 use crate::routing::{Decision, Expected};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
+use crate::telemetry::log_line::write_ip;
 use crate::telemetry::trace::StageSpan;
 
 /// Everything needed to send one client request upstream.

@@ -232,7 +232,7 @@ impl<'a> Fields<'a> {
     /// Straight into the log's buffer, in `trace`'s order and form.
     fn write(&self, l: &mut crate::telemetry::log_line::Line<'_>) {
         l.str("request_id", self.request_id);
-        l.display("client", self.client);
+        l.addr("client", self.client);
         l.str("method", self.method);
         l.str("path", self.path);
         l.str("model", self.model);
