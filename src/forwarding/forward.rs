@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
@@ -30,7 +31,8 @@ use crate::telemetry::trace::StageSpan;
 pub struct ForwardRequest<'a> {
     pub pool: &'a Arc<Pool>,
     pub method: Method,
-    pub path_and_query: &'a str,
+    /// The client's, as parsed from its request.
+    pub path_and_query: PathAndQuery,
     /// Client headers, hop-by-hop ones already removed.
     pub headers: HeaderMap,
     /// The body to send, and the one with `stream_options` added when llmlb
@@ -341,9 +343,8 @@ fn prepare_upstream_headers(
     request_id: &HeaderValue,
     client_ip: Option<IpAddr>,
 ) {
-    // Each attempt sets the replica's Host; hyper sets Content-Length from
-    // the body.
-    headers.remove(header::HOST);
+    // Each attempt sets the replica's Host (replacing the client's); hyper
+    // sets Content-Length from the body.
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
     if let Some(ip) = client_ip {
@@ -377,7 +378,7 @@ async fn send_once(
     body: &Bytes,
     n: usize,
 ) -> Result<(Option<StageSpan>, Sent), ForwardError> {
-    let mut upstream = build_request(&req.method, replica, req.path_and_query, headers, body)?;
+    let mut upstream = build_request(&req.method, replica, &req.path_and_query, headers, body)?;
     let attempt = req
         .trace
         .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
@@ -389,12 +390,12 @@ async fn send_once(
 fn build_request(
     method: &Method,
     replica: &Replica,
-    path_and_query: &str,
+    path_and_query: &PathAndQuery,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Request<Full<Bytes>>, ForwardError> {
     let uri = replica
-        .uri(path_and_query)
+        .uri(path_and_query.clone())
         .map_err(|e| ForwardError::InvalidPath(e.to_string()))?;
     let mut req = Request::new(Full::new(body.clone()));
     *req.method_mut() = method.clone();

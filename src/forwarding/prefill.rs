@@ -263,6 +263,8 @@ async fn send(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Bytes), Sent> {
+    let path_and_query =
+        http::uri::PathAndQuery::try_from(path_and_query).map_err(|_| Sent::Connect)?;
     let uri = replica.uri(path_and_query).map_err(|_| Sent::Connect)?;
     let mut upstream = Request::new(Full::new(body));
     *upstream.method_mut() = method.clone();

@@ -37,6 +37,9 @@ pub fn find(digests: &[[u8; 32]], presented: &str) -> Option<usize> {
     found
 }
 
+/// The other header a client may carry its key in.
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The key a request presents: `Authorization: Bearer KEY` or `x-api-key: KEY`.
 pub fn presented_key(headers: &http::HeaderMap) -> Option<&str> {
     if let Some(v) = headers
@@ -49,7 +52,7 @@ pub fn presented_key(headers: &http::HeaderMap) -> Option<&str> {
         }
     }
     headers
-        .get("x-api-key")
+        .get(X_API_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|k| !k.is_empty())

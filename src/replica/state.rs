@@ -156,13 +156,17 @@ impl Replica {
         self
     }
 
-    /// The absolute URI of `path_and_query` on this replica.
-    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
-        http::Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
+    /// The absolute URI of `path_and_query` on this replica, from parts
+    /// already parsed (the client's own path is not parsed again).
+    pub fn uri(
+        &self,
+        path_and_query: http::uri::PathAndQuery,
+    ) -> Result<http::Uri, http::uri::InvalidUriParts> {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        http::Uri::from_parts(parts)
     }
 
     /// Sets the concurrency limit (builder style, before sharing).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::HeaderValue;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, Response, request};
 
 use super::prompt_tokens::prompt;
@@ -123,8 +124,8 @@ pub async fn send(
     let path_and_query = parts
         .uri
         .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut resp = forward(ForwardRequest {
         pool,
         method: parts.method.clone(),
