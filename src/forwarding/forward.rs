@@ -58,7 +58,9 @@ pub struct ForwardRequest<'a> {
 /// Sends the request to a replica the decision allows, moving to another
 /// only when the connection was never made, and hands back the answer as
 /// it streams.
-pub async fn forward(mut req: ForwardRequest<'_>) -> Result<Response<ProxyBody>, ForwardError> {
+pub async fn forward(
+    mut req: ForwardRequest<'_>,
+) -> Result<Response<Box<ProxyBody>>, ForwardError> {
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
     // event goes to accounting, not to a client that did not ask for it.
@@ -412,7 +414,7 @@ fn stream_back(
     guard: crate::replica::InFlightGuard,
     expected: Option<Expected>,
     strip_usage: bool,
-) -> Response<ProxyBody> {
+) -> Response<Box<ProxyBody>> {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts
@@ -445,7 +447,9 @@ fn stream_back(
         parts.headers.remove(header::CONTENT_LENGTH);
         body = body.strip_usage();
     }
-    Response::from_parts(parts, body)
+    // On the heap: the body is over half a kilobyte, and the response is
+    // moved by value at each step up to hyper's connection (`memcpy`).
+    Response::from_parts(parts, Box::new(body))
 }
 
 fn count_upstream_error(metrics: &Metrics, pool: &Pool, replica: &Replica, kind: &str) {

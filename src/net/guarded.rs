@@ -44,6 +44,19 @@ pub trait Watch<B>: Send + Unpin + 'static {
     fn end(&mut self, how: End);
 }
 
+/// A watcher on the heap: a large one (a request's whole scope) then moves
+/// with its body as a pointer, where hyper and the layers above move the
+/// response by value a few times per request.
+impl<B, W: Watch<B>> Watch<B> for Box<W> {
+    fn data(&mut self, body: &B, data: &Bytes, at_end: bool) {
+        (**self).data(body, data, at_end);
+    }
+
+    fn end(&mut self, how: End) {
+        (**self).end(how);
+    }
+}
+
 /// `inner` watched by `watch`. The fields drop in order: the inner body
 /// first, then the [`Watcher`], which calls the end of a body that did not
 /// reach it.

@@ -178,7 +178,7 @@ async fn dispatch(
     estimate: &mut stages::Estimate,
     permit: Option<&mut Permit>,
     fields: &mut RouteFields,
-) -> Result<Response<ProxyBody>, ApiError> {
+) -> Result<Response<Box<ProxyBody>>, ApiError> {
     let (meta, pool) = (a.meta, a.resolved.pool);
     let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
     let tokens = estimate.tokens_for(pool, meta).await;

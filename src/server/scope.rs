@@ -84,11 +84,13 @@ impl Scope {
 
 /// An answer's body before its scope: the replica's stream as forwarding
 /// passes it on (`Left`), or a body llmlb made itself (`Right`).
-pub type AnswerBody = Either<ProxyBody, ResponseBody>;
+pub type AnswerBody = Either<Box<ProxyBody>, ResponseBody>;
 
 /// The response body of every answer: the [`AnswerBody`] watched by the
-/// request's [`Scoped`] state.
-pub type ScopedBody = Watched<Scoped, AnswerBody>;
+/// request's [`Scoped`] state, which is kept on the heap (one allocation a
+/// request): it is over a kilobyte, and the response is moved by value
+/// several times on its way into hyper's connection (`memcpy`).
+pub type ScopedBody = Watched<Box<Scoped>, AnswerBody>;
 
 /// Wraps `resp` in the request's scope: its end-of-request record (with
 /// the `refusal` when llmlb answered with an error itself) and what
@@ -123,7 +125,7 @@ pub fn respond(
         dispatched,
         refusal,
     );
-    let mut scoped = Scoped::new(scope, Some(record), sse, length);
+    let mut scoped = Box::new(Scoped::new(scope, Some(record), sse, length));
     scoped.broken = broken;
     Response::from_parts(parts, Watched::new(body, scoped))
 }
@@ -310,7 +312,10 @@ mod tests {
                 ..RouteFields::default()
             };
             let record = Record::new(&self.state, access, fields, 200, None, None);
-            Watched::new(inner, Scoped::new(scope, Some(record), true, None))
+            Watched::new(
+                inner,
+                Box::new(Scoped::new(scope, Some(record), true, None)),
+            )
         }
 
         /// Requests the record counted, whatever their status label.

@@ -119,7 +119,7 @@ pub async fn send(
     out: Outgoing<'_>,
     permit: Option<&mut Permit>,
     progress: &mut Progress,
-) -> Result<Response<ProxyBody>, ApiError> {
+) -> Result<Response<Box<ProxyBody>>, ApiError> {
     let Outgoing { parts, body, .. } = out;
     let path_and_query = parts
         .uri
