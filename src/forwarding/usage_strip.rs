@@ -45,51 +45,56 @@ impl UsageStrip {
     pub fn filter(&mut self, chunk: Bytes, usage_at: Option<usize>) -> Filtered {
         // Without a carried start, the events are the chunk's own bytes and
         // the caller's search holds for them.
-        let mut first = self.carry.is_empty().then_some(usage_at);
+        let first = if self.carry.is_empty() {
+            usage_at
+        } else {
+            None
+        };
+        let searched = self.carry.is_empty();
         let buf = if self.carry.is_empty() {
             chunk
         } else {
             self.carry.extend_from_slice(&chunk);
             self.carry.split().freeze()
         };
-        let complete = complete_len(&buf);
-        if complete < buf.len() {
-            self.carry.extend_from_slice(&buf[complete..]);
-        }
-        let events = buf.slice(..complete);
-        // Only events that mention "usage" are looked at; the walk from one
-        // event end to the next starts where the last look ended.
-        let mut start = 0;
-        let search = |start: usize| USAGE_KEY.find(&events[start..]).map(|i| i + start);
-        while let Some(hit) = first
-            .take()
-            .unwrap_or_else(|| search(start))
-            .filter(|&hit| hit < events.len())
-        {
-            let mut end = start + event_end(&events[start..]).unwrap_or(events.len() - start);
-            while end <= hit {
-                start = end;
-                end += event_end(&events[end..]).unwrap_or(events.len() - end);
-            }
-            if is_usage_only(&events[start..end]) {
-                let usage = events.slice(start..end);
-                let pass = if start == 0 {
-                    events.slice(end..)
-                } else if end == events.len() {
-                    events.slice(..start)
+        // One walk over the events, from one blank line to the next: the
+        // ones that mention "usage" are looked at as it passes them, and
+        // where it stops the unfinished event begins. (A "usage" key holds
+        // no line break, so a hit never spans two events.)
+        let search = |from: usize| USAGE_KEY.find(&buf[from..]).map(|i| i + from);
+        let mut hit = if searched { first } else { search(0) };
+        let (mut start, mut usage) = (0, None);
+        while let Some(len) = event_end(&buf[start..]) {
+            let end = start + len;
+            if usage.is_none() && hit.is_some_and(|h| h < end) {
+                if is_usage_only(&buf[start..end]) {
+                    usage = Some((start, end));
                 } else {
-                    Bytes::from([&events[..start], &events[end..]].concat())
-                };
-                return Filtered {
-                    pass,
-                    usage: Some(usage),
-                };
+                    hit = search(end);
+                }
             }
             start = end;
         }
+        let complete = start;
+        if complete < buf.len() {
+            self.carry.extend_from_slice(&buf[complete..]);
+        }
+        let Some((start, end)) = usage else {
+            return Filtered {
+                pass: buf.slice(..complete),
+                usage: None,
+            };
+        };
+        let pass = if start == 0 {
+            buf.slice(end..complete)
+        } else if end == complete {
+            buf.slice(..start)
+        } else {
+            Bytes::from([&buf[..start], &buf[end..complete]].concat())
+        };
         Filtered {
-            pass: events,
-            usage: None,
+            pass,
+            usage: Some(buf.slice(start..end)),
         }
     }
 
@@ -97,15 +102,6 @@ impl UsageStrip {
     pub fn flush(&mut self) -> Bytes {
         std::mem::take(&mut self.carry).freeze()
     }
-}
-
-/// The length of the complete events at the start of `buf`.
-fn complete_len(buf: &[u8]) -> usize {
-    let mut n = 0;
-    while let Some(end) = event_end(&buf[n..]) {
-        n += end;
-    }
-    n
 }
 
 /// The length of the first complete event in `buf`, its blank line included
@@ -184,6 +180,16 @@ mod tests {
             (text, usage.as_deref()),
             (format!("{TOKEN}{DONE}"), Some(USAGE))
         );
+    }
+
+    #[test]
+    fn strips_the_first_usage_event_of_a_chunk_among_others() {
+        let chunk = format!("{TOKEN}{TOKEN}{USAGE}{TOKEN}{USAGE}{DONE}data: {{");
+        let (text, usage) = run(&[&chunk]);
+        assert_eq!(text, format!("{TOKEN}{TOKEN}{TOKEN}{USAGE}{DONE}data: {{"));
+        assert_eq!(usage.as_deref(), Some(USAGE));
+        let (text, usage) = run(&[&format!("{USAGE}{DONE}")]);
+        assert_eq!((text, usage.as_deref()), (DONE.to_string(), Some(USAGE)));
     }
 
     #[test]
