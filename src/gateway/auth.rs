@@ -47,7 +47,7 @@ pub(super) enum Ledger {
 pub struct Gateway {
     shared: Option<Arc<SharedLimits>>,
     auth: bool,
-    tier_header: Option<String>,
+    tier_header: Option<http::HeaderName>,
     tiers: HashMap<String, usize>,
     default_level: usize,
     digests: Vec<[u8; 32]>,
@@ -58,6 +58,8 @@ pub struct Gateway {
     tenant_header: Option<http::HeaderName>,
     /// A keyless caller without the header: the body's `user` names it.
     tenant_from_user: bool,
+    /// The tenant of a request no one names, shared (no allocation each).
+    no_tenant: Arc<str>,
 }
 
 impl Gateway {
@@ -111,11 +113,9 @@ impl Gateway {
         Gateway {
             shared,
             auth: config.gateway.auth,
-            tier_header: config
-                .gateway
-                .tier_header
-                .clone()
-                .filter(|_| config.trusts_tier_header()),
+            tier_header: (config.gateway.tier_header.as_ref())
+                .filter(|_| config.trusts_tier_header())
+                .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
             tiers,
             default_level,
             digests,
@@ -124,6 +124,7 @@ impl Gateway {
             tenant_header: (config.gateway.tenant_header.as_ref())
                 .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
             tenant_from_user: config.gateway.tenant_from_user,
+            no_tenant: Arc::from(""),
         }
     }
 
@@ -139,7 +140,10 @@ impl Gateway {
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty());
         let user = user.filter(|u| self.tenant_from_user && !u.is_empty());
-        Arc::from(header.or(user).unwrap_or(""))
+        match header.or(user) {
+            Some(name) => Arc::from(name),
+            None => Arc::clone(&self.no_tenant),
+        }
     }
 
     /// Identifies the caller. With auth on, a missing or unknown key is
@@ -170,7 +174,7 @@ impl Gateway {
         let tier = self
             .tier_header
             .as_ref()
-            .and_then(|h| headers.get(h.as_str()))
+            .and_then(|h| headers.get(h))
             .and_then(|v| v.to_str().ok())
             .and_then(|t| self.tiers.get_key_value(t));
         let (tier, level) = match tier {

@@ -96,14 +96,14 @@ async fn models(state: &AppState) -> Response<ResponseBody> {
 
 /// Sheds load before the body is read when the pool is already known from
 /// the path or the caller's tier: the pool's `max_pending` gate (its guard,
-/// named by pool, is returned) and its queue's quick check.
-pub fn shed_before_body(
+/// with its pool, is returned) and its queue's quick check.
+pub fn shed_before_body<'t>(
     state: &AppState,
-    topology: &Topology,
+    topology: &'t Topology,
     tier: Option<&str>,
     caller: &Caller,
     tenant: &str,
-) -> Result<Option<(String, PendingGuard)>, ApiError> {
+) -> Result<Option<(&'t Pool, PendingGuard)>, ApiError> {
     let Some(pool) = topology.pool_before_body(tier) else {
         return Ok(None);
     };
@@ -113,7 +113,7 @@ pub fn shed_before_body(
             pool: pool.name.clone(),
             limit,
         })?;
-        early = Some((pool.name.clone(), guard));
+        early = Some((&**pool, guard));
     }
     if let Some(admission) = &pool.admission {
         admission.check(caller.level, tenant)?;
@@ -170,22 +170,26 @@ pub async fn resolve_pool<'t>(
     }
 }
 
-/// Enters the pool's `max_pending` gate, unless the early shed already did.
+/// Enters the pool's `max_pending` gate, unless the early shed already did
+/// (the same pool of the same topology: the gate is not looked up again).
 pub fn enter_pending(
     state: &AppState,
     pool: &Pool,
-    early: Option<(String, PendingGuard)>,
+    early: Option<(&Pool, PendingGuard)>,
 ) -> Result<Option<PendingGuard>, ApiError> {
-    match (early, state.pending.get(&pool.name)) {
-        (Some((name, guard)), _) if name == pool.name => Ok(Some(guard)),
-        (_, Some(gate)) => Ok(Some(gate.try_enter().map_err(|limit| {
-            ApiError::PoolOverloaded {
-                pool: pool.name.clone(),
-                limit,
-            }
-        })?)),
-        (_, None) => Ok(None),
+    if let Some((entered, guard)) = early
+        && std::ptr::eq(entered, pool)
+    {
+        return Ok(Some(guard));
     }
+    let Some(gate) = state.pending.get(&pool.name) else {
+        return Ok(None);
+    };
+    let guard = gate.try_enter().map_err(|limit| ApiError::PoolOverloaded {
+        pool: pool.name.clone(),
+        limit,
+    })?;
+    Ok(Some(guard))
 }
 
 /// What a request is charged and balanced as.
