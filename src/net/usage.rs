@@ -113,13 +113,83 @@ fn object_after(after: &[u8]) -> Object {
                 depth -= 1;
                 if depth == 0 {
                     let json = &after[open..open + i + 1];
-                    return Object::Read(serde_json::from_slice(json).ok());
+                    let usage =
+                        flat_usage(json).unwrap_or_else(|| serde_json::from_slice(json).ok());
+                    return Object::Read(usage);
                 }
             }
             _ => {}
         }
     }
     Object::Open
+}
+
+/// The usage object in the shape replicas send it, read without `serde`:
+/// `{` ... `}` holding only the three counts (unsigned integers or `null`)
+/// and `prompt_tokens_details` as `null`, each at most once, no escapes,
+/// JSON whitespace anywhere between. That is about a tenth of the
+/// instructions of a `serde_json` parse. `None` for anything else (the
+/// caller parses it with `serde_json`, which decides); where it answers, the
+/// answer is `serde_json`'s (a unit test holds the two together).
+fn flat_usage(json: &[u8]) -> Option<Option<Usage>> {
+    let mut usage = Usage::default();
+    let mut seen = [false; 4];
+    let mut rest = skip_space(json.strip_prefix(b"{")?);
+    if rest == b"}" {
+        return Some(Some(usage));
+    }
+    loop {
+        let key_end = memchr::memchr2(b'"', b'\\', rest.strip_prefix(b"\"")?)?;
+        let (key, after) = rest[1..].split_at(key_end);
+        let after = skip_space(after.strip_prefix(b"\"")?);
+        let (value, after) = count_or_null(skip_space(after.strip_prefix(b":")?))?;
+        let (slot, field) = match key {
+            b"prompt_tokens" => (0, &mut usage.prompt_tokens),
+            b"completion_tokens" => (1, &mut usage.completion_tokens),
+            b"total_tokens" => (2, &mut usage.total_tokens),
+            b"prompt_tokens_details" if value.is_none() => (3, &mut None),
+            _ => return None,
+        };
+        if std::mem::replace(&mut seen[slot], true) {
+            return None;
+        }
+        *field = value;
+        rest = skip_space(after);
+        match rest {
+            [b'}'] => return Some(Some(usage)),
+            [b',', more @ ..] => rest = skip_space(more),
+            _ => return None,
+        }
+    }
+}
+
+/// An unsigned integer (no sign, fraction, exponent or leading zero, at
+/// most 19 digits) or `null`, and what follows it.
+fn count_or_null(bytes: &[u8]) -> Option<(Option<u64>, &[u8])> {
+    if let Some(after) = bytes.strip_prefix(b"null") {
+        return Some((None, after));
+    }
+    let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > 19 || (digits > 1 && bytes[0] == b'0') {
+        return None;
+    }
+    let (number, after) = bytes.split_at(digits);
+    if matches!(after.first(), Some(b'.' | b'e' | b'E')) {
+        return None;
+    }
+    let value = number
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some((Some(value), after))
+}
+
+/// `bytes` after the JSON whitespace it starts with.
+fn skip_space(bytes: &[u8]) -> &[u8] {
+    let n = bytes
+        .iter()
+        .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .count();
+    &bytes[n..]
 }
 
 /// The last `"usage": {...}` object in `bytes`, when it parses.
@@ -206,6 +276,72 @@ impl UsageScan {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_flat_reading_is_serdes_wherever_it_answers() {
+        let keys = [
+            "\"prompt_tokens\"",
+            "\"completion_tokens\"",
+            "\"total_tokens\"",
+            "\"prompt_tokens_details\"",
+            "\"other\"",
+            "\"prompt_\\u0074okens\"",
+        ];
+        let values = [
+            "16",
+            "0",
+            "null",
+            "007",
+            "1.5",
+            "-3",
+            "1e2",
+            "18446744073709551615",
+            "99999999999999999999",
+            "{\"cached_tokens\":4}",
+            "\"7\"",
+            "true",
+            "nul",
+        ];
+        let spaces = ["", " ", "\n\t", "\r "];
+        let mut objects = vec!["{}".to_string(), "{ }".to_string(), "{,}".to_string()];
+        let mut n = 0usize;
+        for a in keys {
+            for v in values {
+                for b in keys.iter().take(4) {
+                    let s = spaces[n % spaces.len()];
+                    let w = values[n % 3];
+                    n += 1;
+                    objects.push(format!("{{{s}{a}{s}:{s}{v}{s}}}"));
+                    objects.push(format!("{{{a}:{v},{s}{b}:{w}}}"));
+                    objects.push(format!("{{{a}:{v},{b}:{w},}}"));
+                    objects.push(format!("{{{a}:{v} {b}:{w}}}"));
+                    objects.push(format!(
+                        "{{\"prompt_tokens\":{w},{a}:{v},\"total_tokens\":{w}{s}}}"
+                    ));
+                }
+            }
+        }
+        let mut answered = 0;
+        for o in &objects {
+            let serde = serde_json::from_slice::<Usage>(o.as_bytes()).ok();
+            if let Some(flat) = flat_usage(o.as_bytes()) {
+                assert_eq!(flat, serde, "{o}");
+                answered += 1;
+            }
+        }
+        // Most of the variants are ones it leaves to serde_json; enough are not.
+        assert!(answered >= 50, "{answered} of {}", objects.len());
+        let vllm = br#"{"prompt_tokens":16,"total_tokens":32,"completion_tokens":16,"prompt_tokens_details":null}"#;
+        assert_eq!(
+            flat_usage(vllm),
+            Some(Some(Usage {
+                prompt_tokens: Some(16),
+                completion_tokens: Some(16),
+                total_tokens: Some(32),
+                prompt_tokens_details: None,
+            }))
+        );
+    }
+
     use super::*;
 
     #[test]
