@@ -25,6 +25,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::Dispatched;
 use super::idle::IdleTimer;
 use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
@@ -71,6 +72,8 @@ pub struct ProxyBody {
     /// The search for `"usage"` in the frame about to go out, when it was
     /// made on the same bytes (`None`: not made).
     searched: Option<Option<usize>>,
+    /// Where the request went, for its record.
+    dispatched: Option<Dispatched>,
 }
 
 impl ProxyBody {
@@ -93,6 +96,7 @@ impl ProxyBody {
             strip: None,
             observer: Observer::new(sse),
             searched: None,
+            dispatched: None,
         }
     }
 
@@ -114,6 +118,21 @@ impl ProxyBody {
     /// What the client has been sent so far.
     pub fn observed(&self) -> &Observed {
         self.observer.observed()
+    }
+
+    /// Notes where the request went (attempts, replica, branch).
+    pub fn dispatched_to(&mut self, to: Dispatched) {
+        self.dispatched = Some(to);
+    }
+
+    /// Where the request went, when [`Self::dispatched_to`] said.
+    pub fn dispatched(&self) -> Option<&Dispatched> {
+        self.dispatched.as_ref()
+    }
+
+    /// Set when the replica's stream breaks.
+    pub fn broken(&self) -> &StreamBroken {
+        &self.report.broken
     }
 
     /// Output tokens: the replica's own count when it reports `usage`, else

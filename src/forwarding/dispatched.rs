@@ -1,5 +1,6 @@
-//! Where a forwarded request went, attached to the response's extensions
-//! for the access log and metrics above the forwarding layer.
+//! Where a forwarded request went, carried by the response body
+//! (`ProxyBody::dispatched`) for the access log and metrics above the
+//! forwarding layer.
 
 use std::sync::Arc;
 

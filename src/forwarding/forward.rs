@@ -109,7 +109,7 @@ pub async fn forward(
         };
         answered(&req, replica, attempt, seq, resp.status());
         let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
-        resp.extensions_mut().insert(super::Dispatched {
+        resp.body_mut().dispatched_to(super::Dispatched {
             replica: Arc::clone(&replica.series(&pool.name, req.metrics).replica),
             branch: pick.branch.as_str(),
             attempts: n,
@@ -431,13 +431,11 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let broken = StreamBroken::default();
-    parts.extensions.insert(broken.clone());
     let report = BreakReport {
         metrics: Arc::clone(req.metrics),
         owner: Arc::clone(req.pool),
         replica: Arc::clone(replica),
-        broken,
+        broken: StreamBroken::default(),
         request_id: req.request_id.clone(),
     };
     let mut body =

@@ -48,7 +48,7 @@ use super::access_log::AccessStart;
 use super::pending::PendingGuard;
 use super::record::{Ended, Outcome, Record, Refusal, RouteFields};
 use crate::admission::{Permit, Settlement};
-use crate::forwarding::{Dispatched, Observed, Observer, ProxyBody};
+use crate::forwarding::{Observed, Observer, ProxyBody};
 use crate::net::{End, ResponseBody, USAGE_KEY, Watch, Watched};
 use crate::routing::StreamBroken;
 
@@ -115,8 +115,14 @@ pub fn respond(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .or_else(|| body.size_hint().exact());
-    let broken = parts.extensions.get::<StreamBroken>().cloned();
-    let dispatched = parts.extensions.get::<Dispatched>().cloned();
+    // A replica's answer: where it came from, and its stream's break flag.
+    let (broken, dispatched) = match &body {
+        Either::Left(replica) => (
+            Some(replica.broken().clone()),
+            replica.dispatched().cloned(),
+        ),
+        Either::Right(_) => (None, None),
+    };
     let record = Record::new(
         state,
         access,
