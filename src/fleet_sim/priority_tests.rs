@@ -140,8 +140,11 @@ fn three_instances_price_the_paid_share_with_the_fleets_rate() {
     // first instant's grants no longer count as drain): 2.95, 2.84, 2.89,
     // 3.81 s; with waves of 5 % of the service time (2 % before): 2.95,
     // 2.80, 2.86, 3.80 s (one instance: 2.57, 2.81, 2.97, 2.97 s). Seeds 9
-    // and 10 stay at 4.26 and 4.15 s, docs/lab/deadline-admission.md.
-    for seed in [7, 8, 11, 16] {
+    // and 10 stayed at 4.26 and 4.15 s until the release schedule let the
+    // slots refilled in one wave free together (3.80, 2.96 s). At seed 12
+    // the paid p99 through three instances is 1.15 times one instance's
+    // (docs/lab/deadline-admission.md).
+    for seed in [7, 8, 9, 10, 11, 16] {
         let [(paid_one, paid_three), (_, free)] = p99s(seed);
         assert!(
             free <= 4.0,
