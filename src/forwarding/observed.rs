@@ -105,8 +105,22 @@ fn ends_stream(data: &[u8]) -> bool {
 }
 
 /// Whether an SSE frame carries generated text (a non-empty `content`,
-/// `reasoning_content` or `text` string).
+/// `reasoning_content` or `text` string). Looked for event by event: the
+/// first usually has it, where a search of each key through the whole
+/// frame cost a pass over it per key (a key holds no line break, so it is
+/// never cut between two events).
 pub fn has_content(frame: &[u8]) -> bool {
+    let mut start = 0;
+    let ends = memchr::memmem::find_iter(frame, b"\n\n").map(|i| i + 2);
+    ends.chain(std::iter::once(frame.len())).any(|end| {
+        let event = &frame[start..end.max(start)];
+        start = end;
+        event_has_content(event)
+    })
+}
+
+/// [`has_content`] within one event.
+fn event_has_content(frame: &[u8]) -> bool {
     use memchr::memmem::Finder;
     static KEYS: std::sync::LazyLock<[Finder<'static>; 4]> = std::sync::LazyLock::new(|| {
         [
@@ -172,6 +186,28 @@ mod tests {
                 .and_then(|u| u.completion_tokens),
             Some(2)
         );
+    }
+
+    #[test]
+    fn content_found_event_by_event_is_content_found_in_the_whole_frame() {
+        let events = [
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\": \"hi\"}}]}\n\n",
+            "data: {\"choices\":[{\"text\":\"\"}]}\r\n\r\n",
+            "data: {\"choices\":[{\"text\":\" w\"}]}\n\n\n",
+            ": keep-alive\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}",
+            "data: {\"choices\":[{\"text\":",
+        ];
+        for a in events {
+            for b in events {
+                for c in events {
+                    let frame = format!("{a}{b}{c}");
+                    let whole = event_has_content(frame.as_bytes());
+                    assert_eq!(has_content(frame.as_bytes()), whole, "{frame:?}");
+                }
+            }
+        }
     }
 
     #[test]
