@@ -8,7 +8,9 @@
 #     FLEET      1: the instances share a redis-server [fleet] store; 0: not
 #     SEED       workload seed
 # Env: LLMLB (binary, default target/release/llmlb), RATE (14: paid gets
-#      0.5 x RATE req/s, free 2.5 x RATE), RUN_SECONDS (20).
+#      0.5 x RATE req/s, free 2.5 x RATE), RUN_SECONDS (20), KEEP (a
+#      directory: each tier's `llmlb bench --out` report, every request in
+#      it, is copied there as TIER-INSTANCES-FLEET-SEED.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
@@ -108,6 +110,10 @@ p1=$!
 tier free "$free_rate" "$((SEED + 1))" &
 p2=$!
 wait $p1 $p2
+if [[ -n ${KEEP:-} ]]; then
+  mkdir -p "$KEEP"
+  for t in paid free; do cp "$work/$t.json" "$KEEP/$t-$N-$FLEET-$SEED.json"; done
+fi
 
 python3 - "$work/paid.json" "$work/free.json" "$N" "$FLEET" "$SEED" <<'PY'
 import json, sys
