@@ -373,6 +373,16 @@ mod tests {
         message: Option<&'a str>,
     }
 
+    /// Every field absent.
+    const EMPTY: Case<'static> = Case {
+        id: None,
+        client: None,
+        stream: None,
+        status: None,
+        ms: None,
+        message: None,
+    };
+
     fn same_bytes(c: Case<'_>) {
         for format in [LogFormat::Text, LogFormat::Json] {
             let traced = traced(format, || {
@@ -503,14 +513,7 @@ mod tests {
         for other in ["10.200.3.255:65535", "0.0.0.0:0", "[fe80::1%3]:1"] {
             same_bytes(Case {
                 client: Some(other.parse().unwrap()),
-                ..Case {
-                    id: None,
-                    client: None,
-                    stream: None,
-                    status: None,
-                    ms: None,
-                    message: None,
-                }
+                ..EMPTY
             });
         }
         let full = Case {
@@ -522,14 +525,7 @@ mod tests {
             message: Some("plain"),
         };
         same_bytes(full);
-        same_bytes(Case {
-            id: None,
-            client: None,
-            stream: None,
-            status: None,
-            ms: None,
-            message: None,
-        });
+        same_bytes(EMPTY);
         for ms in [0.1 + 0.2, 1e-7, 1234567.89, 0.0, 1e21] {
             same_bytes(Case {
                 ms: Some(ms),
