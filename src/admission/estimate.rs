@@ -348,7 +348,7 @@ pub fn predicted_ttft(drain: &Drain, capacity: usize, ages: &[f64], c: Newcomer)
     let k = (k + Z * sigma).ceil() as usize;
     let mut remaining: Vec<f64> = ages.iter().map(|a| (service - a).max(0.0)).collect();
     remaining.resize(remaining.len().max(capacity), 0.0);
-    let schedule = Schedule::new(&remaining, service);
+    let schedule = Schedule::new(remaining, service);
     let at = schedule.kth(k);
     // Released in the same wave before it: dispatched with it, their
     // prefills share its replicas' next steps.
@@ -371,10 +371,10 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn new(remaining: &[f64], service: f64) -> Schedule {
-        let mut sorted = remaining.to_vec();
+    fn new(first: Vec<f64>, service: f64) -> Schedule {
+        let mut sorted = first.clone();
         sorted.sort_by(f64::total_cmp);
-        let refill = (remaining.iter())
+        let refill = (first.iter())
             .map(|&r| {
                 let end = r + REFILL * service;
                 let i = sorted.partition_point(|&x| x <= end);
@@ -382,7 +382,7 @@ impl Schedule {
             })
             .collect();
         Schedule {
-            first: remaining.to_vec(),
+            first,
             refill,
             service,
         }
@@ -392,10 +392,7 @@ impl Schedule {
     fn releases_by(&self, t: f64) -> usize {
         (self.first.iter().zip(&self.refill))
             .filter(|(first, _)| **first <= t)
-            .map(|(_, refill)| {
-                let later = (t - refill) / self.service;
-                1 + if later >= 1.0 { later as usize } else { 0 }
-            })
+            .map(|(_, refill)| 1 + ((t - refill) / self.service).max(0.0) as usize)
             .sum()
     }
 
@@ -440,7 +437,7 @@ impl Schedule {
 /// at `remaining[i]`, then every `service` seconds with the slots freed in
 /// the same wave ([`Schedule`]).
 pub fn kth_release(remaining: &[f64], service: f64, k: usize) -> f64 {
-    Schedule::new(remaining, service).kth(k)
+    Schedule::new(remaining.to_vec(), service).kth(k)
 }
 
 #[cfg(test)]
