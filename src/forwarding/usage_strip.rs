@@ -45,13 +45,8 @@ impl UsageStrip {
     pub fn filter(&mut self, chunk: Bytes, usage_at: Option<usize>) -> Filtered {
         // Without a carried start, the events are the chunk's own bytes and
         // the caller's search holds for them.
-        let first = if self.carry.is_empty() {
-            usage_at
-        } else {
-            None
-        };
         let searched = self.carry.is_empty();
-        let buf = if self.carry.is_empty() {
+        let buf = if searched {
             chunk
         } else {
             self.carry.extend_from_slice(&chunk);
@@ -62,7 +57,7 @@ impl UsageStrip {
         // where it stops the unfinished event begins. (A "usage" key holds
         // no line break, so a hit never spans two events.)
         let search = |from: usize| USAGE_KEY.find(&buf[from..]).map(|i| i + from);
-        let mut hit = if searched { first } else { search(0) };
+        let mut hit = if searched { usage_at } else { search(0) };
         let (mut start, mut usage) = (0, None);
         while let Some(len) = event_end(&buf[start..]) {
             let end = start + len;
