@@ -128,6 +128,12 @@ impl Router {
         }
     }
 
+    /// Whether the pool has a canary: the one step that reads the
+    /// request's API key (a sticky key).
+    pub fn has_canary(&self) -> bool {
+        self.canary.is_some()
+    }
+
     /// Whether `model` names a LoRA adapter of this pool: listed in
     /// `[pools.lora] adapters`, or reported by a replica's KV events.
     pub fn is_adapter(&self, model: &str) -> bool {
@@ -261,21 +267,27 @@ impl Router {
             .filter(|r| r.is_eligible_at(now_ms))
             .cloned()
             .collect();
-        let session = header(input.headers, &self.session_header);
-        if let Some(c) = &self.canary {
-            let keys = StickyKeys {
-                user: input.user,
-                session,
-                api_key: input.api_key,
-            };
-            let forced = header(input.headers, &c.canary.header);
-            c.narrow(forced, &keys, random, replicas, &mut cands, &mut d)?;
-        }
-        let views: HashMap<ReplicaId, ReplicaView> = cands
-            .iter()
-            .map(|r| (r.id, ReplicaView::at(r, now_ms)))
-            .collect();
+        let session = self.narrow_by_canary(input, random, replicas, &mut cands, &mut d)?;
+        let session_key = if self.session_affinity {
+            affinity::session_key(session)
+        } else {
+            None
+        };
+        let adapter = self.is_adapter(input.model);
+        // The candidates' load, read only by the steps that weigh it: tiers
+        // (their overflow), session affinity, LoRA placement and prefix
+        // affinity. A request none of them looks at builds no map.
+        let weighed = !self.tiers.is_empty()
+            || session_key.is_some()
+            || adapter
+            || self.prefix.mode != PrefixMode::Off;
+        let views: HashMap<ReplicaId, ReplicaView> = if weighed {
+            views_at(&cands, now_ms)
+        } else {
+            HashMap::new()
+        };
         let saturated = |r: &Replica| {
+            debug_assert!(weighed, "a step read the load of an unweighed request");
             views
                 .get(&r.id)
                 .is_some_and(|v| is_saturated(r, v, &self.saturation, self.max_age_ms))
@@ -284,14 +296,13 @@ impl Router {
         if cands.is_empty() {
             return Ok(d);
         }
-        let session_key = if self.session_affinity {
-            affinity::session_key(session)
-        } else {
-            None
-        };
         let by_cost = session_key.is_none()
             && matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
-        let lora = self.place_adapter(&mut d, &mut cands, &views, &saturated, input.model, by_cost);
+        let lora = adapter
+            .then(|| {
+                self.place_adapter(&mut d, &mut cands, &views, &saturated, input.model, by_cost)
+            })
+            .flatten();
         if let Some(key) = session_key {
             self.affinity
                 .prefer(&mut d, &cands, key, &saturated, Key::Session);
@@ -319,7 +330,33 @@ impl Router {
         Ok(d)
     }
 
-    /// A LoRA request's placement (`[pools.lora] placement`): with
+    /// Step 1, when the pool has a canary: `cands` narrowed to the
+    /// request's version. Returns the request's session header, which only
+    /// the canary's sticky keys and session affinity read.
+    fn narrow_by_canary<'i>(
+        &self,
+        input: &RouteInput<'i>,
+        random: u64,
+        replicas: &[Arc<Replica>],
+        cands: &mut Vec<Arc<Replica>>,
+        d: &mut Decision,
+    ) -> Result<Option<&'i str>, RouteError> {
+        let session = (self.canary.is_some() || self.session_affinity)
+            .then(|| header(input.headers, &self.session_header))
+            .flatten();
+        if let Some(c) = &self.canary {
+            let keys = StickyKeys {
+                user: input.user,
+                session,
+                api_key: input.api_key,
+            };
+            let forced = header(input.headers, &c.canary.header);
+            c.narrow(forced, &keys, random, replicas, cands, d)?;
+        }
+        Ok(session)
+    }
+
+    /// A LoRA adapter's request's placement (`[pools.lora] placement`): with
     /// `by_cost` (`cache` and `exact` modes, no session), what it waits for
     /// on each candidate, for the prefix step's cost; otherwise the
     /// placement order narrows `cands` and sets the preference.
@@ -332,9 +369,6 @@ impl Router {
         model: &str,
         by_cost: bool,
     ) -> Option<AdapterCost> {
-        if !self.is_adapter(model) {
-            return None;
-        }
         d.adapter = Some(Arc::from(model));
         if !self.lora.placement {
             return None;
@@ -494,6 +528,14 @@ fn pool_tokenizer(pc: &PoolConfig) -> PromptTokenizer {
         tracing::error!(pool = %pc.name, error = %e, "tokenizer unusable since validation; using the stand-in");
         PromptTokenizer::StandIn
     })
+}
+
+/// Each candidate's view at `now_ms`, by id.
+fn views_at(cands: &[Arc<Replica>], now_ms: u64) -> HashMap<ReplicaId, ReplicaView> {
+    cands
+        .iter()
+        .map(|r| (r.id, ReplicaView::at(r, now_ms)))
+        .collect()
 }
 
 fn header<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {

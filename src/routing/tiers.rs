@@ -88,6 +88,12 @@ impl PoolTiers {
         out
     }
 
+    /// Whether no tier reserves a replica of this pool: then no request is
+    /// narrowed.
+    pub fn is_empty(&self) -> bool {
+        self.reservations.is_empty()
+    }
+
     /// The replicas a request of `tier` may use, given the eligible
     /// `candidates` and a saturation test. `None`: no restriction.
     pub fn select(

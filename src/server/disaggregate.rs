@@ -126,6 +126,7 @@ pub async fn prefill_step(
 fn route_prefill<'t>(step: &Step<'t>, d: &Disaggregation) -> Option<(&'t Arc<Pool>, Decision)> {
     let pp = step.topology.pool_named(&d.config.prefill_pool)?;
     let input = route_input(
+        &pp.router,
         step.meta,
         step.model,
         &step.parts.headers,

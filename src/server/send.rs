@@ -21,7 +21,7 @@ use crate::forwarding::{
     ForwardRequest, Outbound, Progress, ProxyBody, forward, strip_hop_by_hop, strip_private,
 };
 use crate::pool::{Pool, Resolution};
-use crate::routing::{Decision, RouteInput};
+use crate::routing::{Decision, RouteInput, Router};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 use crate::tokenize::Unpredictable;
@@ -35,10 +35,13 @@ pub struct RequestCtx<'a> {
     pub trace: Option<&'a RequestTrace>,
 }
 
-/// What the router reads of one request: `model` is the name the pool
+/// What `router` reads of one request: `model` is the name the pool
 /// serves (after an alias), `tokens` the prompt's ids from the pool's
 /// tokenizer with the reason its cached prefix cannot be predicted, if any.
+/// The client's key is looked up only for a pool with a canary (a sticky
+/// key), the one step that reads it.
 pub fn route_input<'a>(
+    router: &Router,
     meta: &'a RequestMeta,
     model: &'a str,
     headers: &'a HeaderMap,
@@ -48,7 +51,10 @@ pub fn route_input<'a>(
     RouteInput {
         model,
         user: meta.user.as_deref(),
-        api_key: crate::gateway::keys::presented_key(headers),
+        api_key: router
+            .has_canary()
+            .then(|| crate::gateway::keys::presented_key(headers))
+            .flatten(),
         headers,
         tier,
         prompt: prompt(meta),
@@ -78,7 +84,7 @@ pub fn route_within(
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
     let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage)?;
     let model = resolved.rewrite.unwrap_or(&meta.model);
-    let input = route_input(meta, model, headers, tier, tokens);
+    let input = route_input(&pool.router, meta, model, headers, tier, tokens);
     let decision = pool
         .router
         .route(&pool.replicas, &input, rand::random(), now_millis())?;
