@@ -146,11 +146,28 @@ impl Gateway {
         }
     }
 
+    /// [`Self::tenant_of`] once the body's `user` is known, for a request
+    /// whose headers name no tenant (`tenant_of` gave the empty one): the
+    /// same answer without searching the headers again.
+    pub fn tenant_of_user(&self, caller: &Caller, user: Option<&str>) -> Arc<str> {
+        if let Some(t) = &caller.tenant {
+            return Arc::clone(t);
+        }
+        match user.filter(|u| self.tenant_from_user && !u.is_empty()) {
+            Some(name) => Arc::from(name),
+            None => Arc::clone(&self.no_tenant),
+        }
+    }
+
     /// Identifies the caller. With auth on, a missing or unknown key is
     /// refused. With auth off, a known key still names its tenant and tier,
     /// and otherwise the tier header (when configured) picks the tier.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, AuthError> {
-        let presented = keys::presented_key(headers);
+        // Without keys and without auth no presented key matters: the
+        // headers are not searched for one.
+        let presented = (self.auth || !self.digests.is_empty())
+            .then(|| keys::presented_key(headers))
+            .flatten();
         let key = presented
             .and_then(|k| keys::find(&self.digests, k))
             .map(|i| Arc::clone(&self.keys[i]));
@@ -250,6 +267,51 @@ pub(super) mod tests {
             &*by_user.tenant_of(&anon, &HeaderMap::new(), Some("u")),
             "u"
         );
+    }
+
+    /// Once the body is read, a caller the headers named no tenant for is
+    /// given the tenant `tenant_of` would give it with the body's `user`.
+    #[test]
+    fn the_tenant_from_the_user_alone_is_tenant_of_without_a_header() {
+        let anonymous = HeaderMap::new();
+        let empty = headers(&[("x-llmlb-tenant", "")]);
+        for g in [
+            gateway(false),
+            gateway_with("auth = false\ntenant_from_user = true"),
+        ] {
+            let anon = g.authenticate(&anonymous).unwrap();
+            for user in [None, Some(""), Some("u")] {
+                for h in [&anonymous, &empty] {
+                    assert_eq!(&*g.tenant_of(&anon, h, None), "");
+                    let alone = g.tenant_of_user(&anon, user);
+                    assert_eq!(alone, g.tenant_of(&anon, h, user));
+                }
+                let by_key = acme(&g);
+                assert_eq!(&*g.tenant_of_user(&by_key, user), "acme");
+            }
+        }
+    }
+
+    /// Without keys and without auth a presented key names no one: the
+    /// caller is the keyless one, as with no key at all.
+    #[test]
+    fn without_keys_a_presented_key_changes_nothing() {
+        let text = "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[[pools.replicas]]\nurl = \"http://127.0.0.1:1\"\n";
+        let g = Gateway::build(
+            &crate::config::parse(text).unwrap(),
+            None,
+            Instant::now(),
+            &SharedLimitMetrics::new(&prometheus::Registry::new()),
+        );
+        for presented in [
+            headers(&[("authorization", "Bearer sk-acme")]),
+            headers(&[("x-api-key", "sk-acme")]),
+            HeaderMap::new(),
+        ] {
+            let c = g.authenticate(&presented).unwrap();
+            assert!(c.key.is_none() && c.tenant.is_none() && c.tier.is_none());
+            assert_eq!(c.level, g.default_level);
+        }
     }
 
     #[test]

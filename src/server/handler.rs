@@ -127,7 +127,7 @@ async fn route(
     let mut estimate = stages::Estimate::of(first.pool, &meta).await;
     let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
     let tenant = match &*tenant {
-        "" => (generation.gateway).tenant_of(&caller, &parts.headers, meta.user.as_deref()),
+        "" => (generation.gateway).tenant_of_user(&caller, meta.user.as_deref()),
         _ => tenant,
     };
     let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
