@@ -105,8 +105,17 @@ fn object_after(after: &[u8]) -> Object {
     {
         return Object::Read(None);
     }
+    // The usual flat object holds no brace but its own: read up to the
+    // first `}` without counting braces first. Where that reads, counting
+    // would have closed the object at the same `}`.
+    let object = &after[open..];
+    if let Some(close) = memchr::memchr(b'}', object)
+        && let Some(usage) = flat_usage(&object[..=close])
+    {
+        return Object::Read(usage);
+    }
     let mut depth = 0usize;
-    for (i, &b) in after[open..].iter().enumerate() {
+    for (i, &b) in object.iter().enumerate() {
         match b {
             b'{' => depth += 1,
             b'}' => {
@@ -260,6 +269,14 @@ impl UsageScan {
     /// Keeps the end of `bytes` when it is the start of a key (`"us`).
     fn keep_cut_key(&mut self, bytes: &[u8]) {
         let needle = USAGE_KEY.needle();
+        // A frame usually ends with a byte no start of the key ends with
+        // (`}`, a line break): one look instead of a comparison per length.
+        if !bytes
+            .last()
+            .is_some_and(|b| needle[..needle.len() - 1].contains(b))
+        {
+            return;
+        }
         if let Some(n) = (1..needle.len())
             .rev()
             .find(|&n| bytes.ends_with(&needle[..n]))
@@ -276,8 +293,9 @@ impl UsageScan {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_flat_reading_is_serdes_wherever_it_answers() {
+    /// Usage objects in the flat shape and around it: every key with
+    /// every kind of value, spaced, doubled, misplaced commas.
+    fn variants() -> Vec<String> {
         let keys = [
             "\"prompt_tokens\"",
             "\"completion_tokens\"",
@@ -320,6 +338,12 @@ mod tests {
                 }
             }
         }
+        objects
+    }
+
+    #[test]
+    fn the_flat_reading_is_serdes_wherever_it_answers() {
+        let objects = variants();
         let mut answered = 0;
         for o in &objects {
             let serde = serde_json::from_slice::<Usage>(o.as_bytes()).ok();
@@ -343,6 +367,71 @@ mod tests {
     }
 
     use super::*;
+
+    /// What follows the key, found by counting braces from the first one
+    /// (as [`object_after`] reads an object not in the flat shape).
+    fn counted(after: &[u8]) -> Object {
+        let Some(open) = after.iter().position(|&b| b == b'{') else {
+            return object_after(after);
+        };
+        if !after[..open]
+            .iter()
+            .all(|b| b.is_ascii_whitespace() || *b == b':')
+        {
+            return Object::Read(None);
+        }
+        let mut depth = 0usize;
+        for (i, &b) in after[open..].iter().enumerate() {
+            match b {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let json = &after[open..open + i + 1];
+                        let usage =
+                            flat_usage(json).unwrap_or_else(|| serde_json::from_slice(json).ok());
+                        return Object::Read(usage);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Object::Open
+    }
+
+    /// Reading a flat object up to its first `}` finds what counting
+    /// braces finds, whatever follows it or is nested in it, and whether
+    /// it is cut short.
+    #[test]
+    fn the_flat_object_read_to_its_first_brace_is_the_counted_one() {
+        let mut flat = 0;
+        for o in variants() {
+            for tail in [
+                "",
+                "}",
+                ",\"x\":{\"y\":1}}",
+                "{}",
+                ",\"usage\":{\"prompt_tokens\":9}}",
+            ] {
+                for lead in [":", ": ", " :\n"] {
+                    let after = format!("{lead}{o}{tail}");
+                    for end in [after.len(), after.len() / 2, lead.len() + 1] {
+                        let cut = &after.as_bytes()[..end];
+                        assert_eq!(object_after(cut), counted(cut), "{}", &after[..end]);
+                    }
+                }
+            }
+            flat += usize::from(flat_usage(o.as_bytes()).is_some());
+        }
+        assert!(flat >= 50, "{flat}");
+        for nested in [
+            r#": {"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens":1}"#,
+            r#": {"prompt_tokens":1,"x":{"y":{}}}"#,
+            r#": {"prompt_tokens":1,"x":"}"}"#,
+        ] {
+            assert_eq!(object_after(nested.as_bytes()), counted(nested.as_bytes()));
+        }
+    }
 
     #[test]
     fn reads_usage_from_sse_and_json() {
