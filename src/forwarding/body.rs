@@ -170,7 +170,12 @@ impl ProxyBody {
         if let Some(event) = filtered.usage {
             self.observer.kept(&event);
         }
-        (!filtered.pass.is_empty()).then(|| Frame::data(filtered.pass))
+        if filtered.pass.is_empty() {
+            return None;
+        }
+        // The filter's walk found where "usage" is in what it passes.
+        self.searched = Some(filtered.usage_in_pass);
+        Some(Frame::data(filtered.pass))
     }
 
     /// What the usage filter still holds when the replica's stream ends.
@@ -273,7 +278,12 @@ impl ProxyBody {
                     let last = this.inner.is_end_stream();
                     let mut out = this.outgoing(frame, usage_at);
                     if last {
-                        out = join(out, this.leftover());
+                        let rest = this.leftover();
+                        if rest.is_some() {
+                            // Joined: the frame is not the one searched.
+                            this.searched = None;
+                        }
+                        out = join(out, rest);
                         this.finish();
                     }
                     match out {

@@ -110,8 +110,12 @@ fn ends_stream(data: &[u8]) -> bool {
 /// frame cost a pass over it per key (a key holds no line break, so it is
 /// never cut between two events).
 pub fn has_content(frame: &[u8]) -> bool {
+    // Its searcher built once, as building one costs more than a search
+    // of a short frame.
+    static BLANK_LINE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\n\n"));
     let mut start = 0;
-    let ends = memchr::memmem::find_iter(frame, b"\n\n").map(|i| i + 2);
+    let ends = BLANK_LINE.find_iter(frame).map(|i| i + 2);
     ends.chain(std::iter::once(frame.len())).any(|end| {
         let event = &frame[start..end.max(start)];
         start = end;

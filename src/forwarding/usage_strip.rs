@@ -36,6 +36,9 @@ pub struct Filtered {
     pub pass: Bytes,
     /// The removed usage event.
     pub usage: Option<Bytes>,
+    /// Where the first `"usage"` is in `pass` (`None`: not in it), known
+    /// from the walk: the forwarding body does not search `pass` again.
+    pub usage_in_pass: Option<usize>,
 }
 
 impl UsageStrip {
@@ -58,6 +61,7 @@ impl UsageStrip {
         // no line break, so a hit never spans two events.)
         let search = |from: usize| USAGE_KEY.find(&buf[from..]).map(|i| i + from);
         let mut hit = if searched { usage_at } else { search(0) };
+        let first = hit;
         let (mut start, mut usage) = (0, None);
         while let Some(len) = event_end(&buf[start..]) {
             let end = start + len;
@@ -74,11 +78,21 @@ impl UsageStrip {
         if complete < buf.len() {
             self.carry.extend_from_slice(&buf[complete..]);
         }
+        // A hit before `complete` ends before it: the blank line that ends
+        // an event is not part of a key.
         let Some((start, end)) = usage else {
             return Filtered {
                 pass: buf.slice(..complete),
                 usage: None,
+                usage_in_pass: first.filter(|&h| h < complete),
             };
+        };
+        // The first hit, when it comes before the usage event, is where it
+        // was; otherwise the first is after the event, in the bytes that
+        // follow it in `pass` (those before it hold none).
+        let usage_in_pass = match first {
+            Some(h) if h < start => Some(h),
+            _ => USAGE_KEY.find(&buf[end..complete]).map(|i| start + i),
         };
         let pass = if start == 0 {
             buf.slice(end..complete)
@@ -90,6 +104,7 @@ impl UsageStrip {
         Filtered {
             pass,
             usage: Some(buf.slice(start..end)),
+            usage_in_pass,
         }
     }
 
@@ -146,6 +161,7 @@ mod tests {
         let mut usage = None;
         for c in chunks {
             let f = s.filter(Bytes::from(c.to_string()), USAGE_KEY.find(c.as_bytes()));
+            assert_eq!(f.usage_in_pass, USAGE_KEY.find(&f.pass), "{c:?}");
             text.extend_from_slice(&f.pass);
             usage = usage.or(f.usage);
         }
@@ -175,6 +191,32 @@ mod tests {
             (text, usage.as_deref()),
             (format!("{TOKEN}{DONE}"), Some(USAGE))
         );
+    }
+
+    /// Wherever the stream is cut, what the filter says of "usage" in the
+    /// bytes it passes is what a search of them finds (`run` checks it):
+    /// before the usage event, after it, or nowhere.
+    #[test]
+    fn says_where_usage_is_in_what_it_passes() {
+        let plain = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+        for all in [
+            format!("{TOKEN}{USAGE}{TOKEN}{USAGE}{DONE}"),
+            format!("{plain}{USAGE}{plain}{DONE}"),
+            format!("{plain}{USAGE}{TOKEN}"),
+            format!("{USAGE}{plain}"),
+        ] {
+            for a in 0..=all.len() {
+                let (text, usage) = run(&[&all[..a], &all[a..]]);
+                assert_eq!(usage.as_deref(), Some(USAGE), "cut at {a}");
+                // Only usage events are taken out (one a chunk at most).
+                assert!(text.len() < all.len(), "cut at {a}");
+                assert_eq!(
+                    text.replace(USAGE, ""),
+                    all.replace(USAGE, ""),
+                    "cut at {a}"
+                );
+            }
+        }
     }
 
     #[test]
