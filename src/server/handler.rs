@@ -240,7 +240,9 @@ fn note_decision(
     decision: &Decision,
     span: Option<StageSpan>,
 ) {
-    fields.pool = Some(pool.name.clone());
+    if fields.pool.as_deref() != Some(pool.name.as_str()) {
+        fields.pool = Some(pool.name.clone());
+    }
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     fields.version = decision.version.clone();
     if let Some(span) = span {
