@@ -231,27 +231,27 @@ impl<'a> Fields<'a> {
 
     /// Straight into the log's buffer, in `trace`'s order and form.
     fn write(&self, l: &mut crate::telemetry::log_line::Line<'_>) {
-        l.str("request_id", self.request_id);
-        l.addr("client", self.client);
-        l.str("method", self.method);
-        l.str("path", self.path);
-        l.str("model", self.model);
-        l.bool("stream", self.stream);
-        l.str("pool", self.pool);
-        l.str("replica", self.replica);
-        l.str("route", self.route);
-        l.str("branch", self.branch);
-        l.u64("status", self.status.map(u64::from));
-        l.u64("attempts", self.attempts.map(u64::from));
-        l.f64("ttft_ms", self.ttft_ms);
-        l.f64("duration_ms", self.duration_ms);
-        l.u64("prompt_tokens", self.prompt_tokens);
-        l.u64("completion_tokens", self.completion_tokens);
-        l.u64("cached_tokens", self.cached_tokens);
-        l.str("outcome", self.outcome);
-        l.str("error", self.error);
-        l.str("error_message", self.error_message);
-        l.f64("ttfb_ms", self.ttfb_ms);
+        l.str(b"request_id", self.request_id);
+        l.addr(b"client", self.client);
+        l.str(b"method", self.method);
+        l.str(b"path", self.path);
+        l.str(b"model", self.model);
+        l.bool(b"stream", self.stream);
+        l.str(b"pool", self.pool);
+        l.str(b"replica", self.replica);
+        l.str(b"route", self.route);
+        l.str(b"branch", self.branch);
+        l.u64(b"status", self.status.map(u64::from));
+        l.u64(b"attempts", self.attempts.map(u64::from));
+        l.f64(b"ttft_ms", self.ttft_ms);
+        l.f64(b"duration_ms", self.duration_ms);
+        l.u64(b"prompt_tokens", self.prompt_tokens);
+        l.u64(b"completion_tokens", self.completion_tokens);
+        l.u64(b"cached_tokens", self.cached_tokens);
+        l.str(b"outcome", self.outcome);
+        l.str(b"error", self.error);
+        l.str(b"error_message", self.error_message);
+        l.f64(b"ttfb_ms", self.ttfb_ms);
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).
