@@ -14,8 +14,10 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 pub struct IdleTimer {
-    /// Fires at the deadline it was last set to, which may be early.
-    sleep: Pin<Box<Sleep>>,
+    /// Fires at the deadline it was last set to, which may be early. Made
+    /// when the answer first has to wait for the replica: an answer that
+    /// arrives whole with its head never needs one.
+    sleep: Option<Pin<Box<Sleep>>>,
     timeout: Duration,
     /// When the replica last sent a frame (or the timer was made).
     last: Instant,
@@ -27,11 +29,10 @@ pub struct IdleTimer {
 
 impl IdleTimer {
     pub fn new(timeout: Duration) -> IdleTimer {
-        let now = Instant::now();
         IdleTimer {
-            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+            sleep: None,
             timeout,
-            last: now,
+            last: Instant::now(),
             registered: None,
         }
     }
@@ -52,16 +53,22 @@ impl IdleTimer {
             .registered
             .as_ref()
             .is_some_and(|w| w.will_wake(cx.waker()));
-        if same_waker && Instant::now() < self.sleep.deadline() {
+        let (last, timeout) = (self.last, self.timeout);
+        // Made with the deadline the last frame sets: one made with the
+        // timer would fire earlier only to be moved to it.
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(last + timeout)));
+        if same_waker && Instant::now() < sleep.deadline() {
             return false;
         }
-        while self.sleep.as_mut().poll(cx).is_ready() {
-            let deadline = self.last + self.timeout;
+        while sleep.as_mut().poll(cx).is_ready() {
+            let deadline = last + timeout;
             if deadline <= Instant::now() {
                 self.registered = None;
                 return true;
             }
-            self.sleep.as_mut().reset(deadline);
+            sleep.as_mut().reset(deadline);
         }
         if !same_waker {
             self.registered = Some(cx.waker().clone());
@@ -106,6 +113,20 @@ mod tests {
         fired(&mut timer).await;
         assert_eq!(Instant::now() - last, Duration::from_millis(200));
         assert_eq!(last - start, Duration::from_millis(600));
+    }
+
+    /// Frames that came before the timer was first polled count: its first
+    /// wait starts at the last of them.
+    #[tokio::test(start_paused = true)]
+    async fn frames_before_the_first_wait_count() {
+        let mut timer = IdleTimer::new(Duration::from_millis(200));
+        tokio::time::advance(Duration::from_millis(150)).await;
+        timer.touch();
+        let last = Instant::now();
+        tokio::time::advance(Duration::from_millis(199)).await;
+        assert!(!expired(&mut timer).await, "one ms before the deadline");
+        fired(&mut timer).await;
+        assert_eq!(Instant::now() - last, Duration::from_millis(200));
     }
 
     #[tokio::test(start_paused = true)]
