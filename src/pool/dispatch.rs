@@ -41,11 +41,20 @@ pub fn choose(
     info: &RequestInfo<'_>,
     now_ms: u64,
 ) -> Choice {
-    let (free, full): (Vec<Arc<Replica>>, Vec<Arc<Replica>>) = pool
-        .eligible_at(now_ms)
-        .into_iter()
-        .filter(|r| !tried.contains(&r.id))
-        .partition(|r| r.has_free_slot());
+    // The eligible replicas not tried yet, by whether they have a free
+    // slot, in the pool's order: one pass, no list of the eligible first.
+    let mut free = Vec::with_capacity(pool.replicas.len());
+    let mut full = Vec::new();
+    let untried = pool
+        .replicas
+        .iter()
+        .filter(|r| r.is_eligible_at(now_ms) && !tried.contains(&r.id));
+    for r in untried {
+        match r.has_free_slot() {
+            true => free.push(Arc::clone(r)),
+            false => full.push(Arc::clone(r)),
+        }
+    }
     let candidates = route.narrow(free);
     if candidates.is_empty() {
         let allowed = route.narrow(full);
@@ -72,4 +81,46 @@ fn pick_from(
         .collect();
     let pick = balancing::pick(pool.balancer.as_ref(), info, &views)?;
     Ok((Arc::clone(&candidates[pick.index]), pick))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::test_fleet::pool_of;
+
+    fn names(replicas: &[Arc<Replica>]) -> Vec<&str> {
+        replicas.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    /// The balancer sees the eligible replicas not tried yet that have a
+    /// free slot; when none has one, the request waits for those that are
+    /// full, in the pool's order.
+    #[test]
+    fn picks_among_untried_free_replicas_else_waits_for_the_full_ones() {
+        let t = pool_of("max_inflight = 1", 5);
+        let pool = &t.pools[0];
+        let r = &pool.replicas;
+        r[1].set_draining(true);
+        let _busy = [r[2].acquire(), r[4].acquire()];
+        let route = Decision::default();
+        let info = RequestInfo {
+            model: "m",
+            prompt_tokens: 1,
+            max_tokens: None,
+            user: None,
+        };
+        match choose(pool, &route, &[r[0].id], &info, 1) {
+            Choice::Pick(picked, _) => assert_eq!(picked.name, "r3"),
+            other => panic!("{other:?}"),
+        }
+        match choose(pool, &route, &[r[0].id, r[3].id], &info, 1) {
+            Choice::Wait(full) => assert_eq!(names(&full), ["r2", "r4"]),
+            other => panic!("{other:?}"),
+        }
+        let all: Vec<ReplicaId> = r.iter().map(|r| r.id).collect();
+        assert!(matches!(
+            choose(pool, &route, &all, &info, 1),
+            Choice::NoReplica(_)
+        ));
+    }
 }
