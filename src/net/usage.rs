@@ -147,16 +147,26 @@ fn flat_usage(json: &[u8]) -> Option<Option<Usage>> {
     if rest == b"}" {
         return Some(Some(usage));
     }
+    // Each key with its closing quote: a key is one of these when the
+    // member starts with it (no name holds a quote or a backslash, so the
+    // key ends where it would end read up to its first quote).
+    const KEYS: [&[u8]; 4] = [
+        b"prompt_tokens\"",
+        b"completion_tokens\"",
+        b"total_tokens\"",
+        b"prompt_tokens_details\"",
+    ];
     loop {
-        let key_end = memchr::memchr2(b'"', b'\\', rest.strip_prefix(b"\"")?)?;
-        let (key, after) = rest[1..].split_at(key_end);
-        let after = skip_space(after.strip_prefix(b"\"")?);
+        let member = rest.strip_prefix(b"\"")?;
+        let (slot, after) =
+            (0..KEYS.len()).find_map(|i| Some((i, member.strip_prefix(KEYS[i])?)))?;
+        let after = skip_space(after);
         let (value, after) = count_or_null(skip_space(after.strip_prefix(b":")?))?;
-        let (slot, field) = match key {
-            b"prompt_tokens" => (0, &mut usage.prompt_tokens),
-            b"completion_tokens" => (1, &mut usage.completion_tokens),
-            b"total_tokens" => (2, &mut usage.total_tokens),
-            b"prompt_tokens_details" if value.is_none() => (3, &mut None),
+        let field = match slot {
+            0 => &mut usage.prompt_tokens,
+            1 => &mut usage.completion_tokens,
+            2 => &mut usage.total_tokens,
+            _ if value.is_none() => &mut None,
             _ => return None,
         };
         if std::mem::replace(&mut seen[slot], true) {
