@@ -13,6 +13,7 @@
 pub mod disaggregate;
 mod dispatch;
 pub mod model_map;
+mod name_hash;
 mod outcome;
 mod placement;
 pub mod replica_models;
@@ -22,6 +23,7 @@ mod topology;
 
 pub use disaggregate::{Disaggregation, SplitBranch};
 pub use dispatch::{Choice, choose};
+pub use name_hash::NameMap;
 pub use outcome::Failure;
 pub use placement::placement_ttft;
 pub use topology::{Topology, queue_capacity, queue_capacity_of_fleet};

@@ -3,15 +3,14 @@
 //! replica sees the name it serves), and `default_pool` for models no pool
 //! lists (the body goes unchanged: the default pool's replicas decide).
 
-use std::collections::HashMap;
-
+use super::NameMap;
 use crate::config::Config;
 use crate::routing::RouteBranch;
 
 #[derive(Debug, Default)]
 pub struct ModelMap {
-    by_model: HashMap<String, usize>,
-    aliases: HashMap<String, String>,
+    by_model: NameMap<usize>,
+    aliases: NameMap<String>,
     default_pool: Option<usize>,
 }
 
@@ -26,7 +25,7 @@ pub struct Resolved<'a> {
 
 impl ModelMap {
     pub fn build(config: &Config) -> ModelMap {
-        let mut by_model = HashMap::new();
+        let mut by_model = NameMap::default();
         for (i, pc) in config.pools.iter().enumerate() {
             for m in &pc.models {
                 by_model.insert(m.clone(), i);

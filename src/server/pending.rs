@@ -8,13 +8,13 @@
 //! `ArcSwap` map; a reload keeps the gate (and its count) of a pool that
 //! stays and only updates the limit.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
 use crate::config::Config;
+use crate::pool::NameMap;
 
 #[derive(Debug, Default)]
 pub struct Gate {
@@ -52,7 +52,7 @@ impl Drop for PendingGuard {
 
 /// Every pool's gate, by pool name.
 #[derive(Debug, Default)]
-pub struct Gates(ArcSwap<HashMap<String, Arc<Gate>>>);
+pub struct Gates(ArcSwap<NameMap<Arc<Gate>>>);
 
 impl Gates {
     pub fn build(config: &Config) -> Gates {
