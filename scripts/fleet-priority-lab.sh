@@ -10,7 +10,9 @@
 # Env: LLMLB (binary, default target/release/llmlb), RATE (14: paid gets
 #      0.5 x RATE req/s, free 2.5 x RATE), RUN_SECONDS (20), KEEP (a
 #      directory: each tier's `llmlb bench --out` report, every request in
-#      it, is copied there as TIER-INSTANCES-FLEET-SEED.json).
+#      it, is copied there as TIER-INSTANCES-FLEET-SEED.json), SEND_PRIORITY
+#      (1: the replicas schedule by priority and the pool sends each
+#      request's level as `priority`; default 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
@@ -29,8 +31,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Two replicas that batch at most 16 sequences, as in the demo.
 base=$(( 20000 + (RANDOM % 2000) * 8 ))
+send_priority=false sim_priority=()
+if [[ ${SEND_PRIORITY:-0} == 1 ]]; then send_priority=true sim_priority=(--priority-scheduling); fi
 "$LLMLB" replica-sim --replicas 2 --port "$base" --max-num-seqs 16 \
-  --model m --seed "$SEED" 2>"$work/sim.log" &
+  --model m --seed "$SEED" "${sim_priority[@]}" 2>"$work/sim.log" &
 pids+=($!)
 for i in 0 1; do
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$((base + i))/health" >/dev/null && break; sleep 0.05; done
@@ -72,6 +76,7 @@ name = "p"
 models = ["m"]
 balancer = "least_connections"
 max_inflight = 16
+send_priority = $send_priority
 [pools.queue]
 max_depth = 512
 timeout = "30s"

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{
-    Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, sample, start_llmlb,
-    until,
+    CHAT, Conn, Mode, Upstream, call, chat_request, metric_value, metrics_text, sample,
+    start_llmlb, tier_chat, until,
 };
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -151,5 +151,48 @@ async fn no_overflow_without_the_rule() {
     drop((b1, b2));
     c1.close();
     c2.close();
+    lb.shutdown().await;
+}
+
+/// The priority level each tier's request carried to `up`, in the order
+/// they arrived (`None`: no `priority` member).
+fn levels_seen(up: &Upstream) -> Vec<Option<i64>> {
+    let seen = up.seen.lock().unwrap();
+    seen.iter()
+        .map(|s| {
+            let v: serde_json::Value = serde_json::from_slice(&s.body).unwrap();
+            v.get("priority").map(|p| p.as_i64().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn send_priority_tells_the_replica_each_tiers_level() {
+    let up = Upstream::start("r", Mode::Json).await;
+    let config = |send: bool| {
+        format!(
+            "[[tiers]]\nname = \"paid\"\npriority = \"high\"\n\
+             [[tiers]]\nname = \"free\"\npriority = \"low\"\n\
+             [[pools]]\nname = \"llama\"\nmodels = [\"llama-3-8b\"]\nsend_priority = {send}\n\
+             [[pools.replicas]]\nurl = \"{}\"\n",
+            up.url()
+        )
+    };
+    let own = r#"{"model":"llama-3-8b","priority":-7,"messages":[{"role":"user","content":"hi"}]}"#;
+    let lb = start_llmlb(&config(true)).await;
+    for (tier, body) in [("paid", CHAT), ("free", CHAT), ("free", own), ("paid", own)] {
+        let (status, _, _) = call(lb.addr, tier_chat(body, tier)).await;
+        assert_eq!(status, 200);
+    }
+    // The client's own `priority` gives way to its tier's level.
+    assert_eq!(levels_seen(&up), [Some(0), Some(1), Some(1), Some(0)]);
+    lb.shutdown().await;
+
+    // Off (the default): the body goes as the client sent it.
+    let lb = start_llmlb(&config(false)).await;
+    for body in [CHAT, own] {
+        assert_eq!(call(lb.addr, tier_chat(body, "free")).await.0, 200);
+    }
+    assert_eq!(levels_seen(&up)[4..], [None, Some(-7)]);
     lb.shutdown().await;
 }

@@ -185,6 +185,15 @@ pub struct PoolConfig {
     /// `stream_options`.
     #[serde(default = "default_true")]
     pub stream_usage: bool,
+    /// Send each chat and text completion's priority level (its index in
+    /// `[[priorities]]`, 0 for the first) as vLLM's `priority` field,
+    /// replacing the client's own: replicas started with
+    /// `--scheduling-policy priority` then schedule a burst that reaches
+    /// them together highest level first. Off by default: under vLLM's
+    /// default `fcfs` policy the field does nothing (vLLM 0.32 ignores it;
+    /// its API reference says a nonzero value is refused there).
+    #[serde(default)]
+    pub send_priority: bool,
 }
 
 impl PoolConfig {

@@ -1,17 +1,21 @@
 //! The body a request leaves with, edited in one place: the model name an
-//! alias resolved to (`[[pools]] aliases`), and `stream_options.include_usage`
-//! for a stream llmlb asks for its token count (`[[pools]] stream_usage`,
-//! [`super::stream_usage`]).
+//! alias resolved to (`[[pools]] aliases`), the request's priority level as
+//! vLLM's `priority` field (`[[pools]] send_priority`), and
+//! `stream_options.include_usage` for a stream llmlb asks for its token count
+//! (`[[pools]] stream_usage`, [`super::stream_usage`]).
 //!
-//! The body is parsed at most once: not at all when neither edit applies or
-//! only `stream_options` is inserted (a byte insertion after the opening
-//! brace), once when the model is rewritten, and the same parse serves a
-//! merge into the client's own `stream_options`. Both bodies are made before
+//! The body is parsed at most once: not at all when no edit applies or the
+//! edits are insertions (`priority` and `stream_options` go right after the
+//! opening brace), once when the model is rewritten or the client sent a
+//! `priority` of its own (llmlb's level replaces it), and the same parse
+//! serves a merge into the client's own `stream_options`. Both bodies are made before
 //! the first attempt: the one with `stream_options` goes to every replica
 //! that has not refused the field, the other to those that have.
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
+
+use bytes::BytesMut;
 
 use super::stream_usage::{StreamOptions, ask_for_usage, completion_path, merge_into};
 use crate::routing::RouteError;
@@ -30,22 +34,36 @@ impl Outbound {
     /// Applies the request's edits to `sent`: `rewrite` names the model the
     /// replicas serve (an alias resolved), `usage` is `Some` with the
     /// client's `stream_options` when the request streams and its pool asks
-    /// streams for their usage.
+    /// streams for their usage, `priority` is `Some` with the level to send
+    /// when the pool sends it (chat and text completions only).
     pub fn edit(
         sent: &Bytes,
         path_and_query: &str,
         rewrite: Option<&str>,
         usage: Option<StreamOptions>,
+        priority: Option<u32>,
     ) -> Result<Outbound, RouteError> {
-        let Some(model) = rewrite else {
+        let priority = priority.filter(|_| completion_path(path_and_query));
+        // A client's own `priority` is replaced, so it needs the parse.
+        let theirs = priority.is_some() && memchr::memmem::find(sent, b"\"priority\"").is_some();
+        if rewrite.is_none() && !theirs {
+            let body = match priority {
+                Some(level) => insert_priority(sent, level),
+                None => sent.clone(),
+            };
             return Ok(Outbound {
-                body: sent.clone(),
-                with_usage: usage.and_then(|o| ask_for_usage(path_and_query, sent, o)),
+                with_usage: usage.and_then(|o| ask_for_usage(path_and_query, &body, o)),
+                body,
             });
-        };
+        }
         let mut map: Map<String, Value> =
             serde_json::from_slice(sent).map_err(RouteError::BodyNotObject)?;
-        map.insert("model".into(), Value::String(model.into()));
+        if let Some(model) = rewrite {
+            map.insert("model".into(), Value::String(model.into()));
+        }
+        if let Some(level) = priority {
+            map.insert("priority".into(), Value::from(level));
+        }
         let body = Bytes::from(serde_json::to_vec(&map).map_err(RouteError::Rewrite)?);
         let with_usage = match usage {
             // The client's own options are merged into the one parse.
@@ -60,6 +78,28 @@ impl Outbound {
     }
 }
 
+/// `sent` with `"priority":LEVEL` as its first member, every other byte as
+/// sent; a body that is not a JSON object goes unchanged (the replica
+/// answers it as it would have).
+fn insert_priority(sent: &Bytes, level: u32) -> Bytes {
+    let mut digits = itoa::Buffer::new();
+    let level = digits.format(level).as_bytes();
+    let non_space = |from: usize| sent[from..].iter().position(|b| !b.is_ascii_whitespace());
+    let Some(open) = non_space(0).filter(|&i| sent[i] == b'{') else {
+        return sent.clone();
+    };
+    let empty = non_space(open + 1).is_some_and(|i| sent[open + 1 + i] == b'}');
+    let mut out = BytesMut::with_capacity(sent.len() + 16);
+    out.extend_from_slice(&sent[..=open]);
+    out.extend_from_slice(b"\"priority\":");
+    out.extend_from_slice(level);
+    if !empty {
+        out.extend_from_slice(b",");
+    }
+    out.extend_from_slice(&sent[open + 1..]);
+    out.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +110,19 @@ mod tests {
             "/v1/chat/completions",
             rewrite,
             usage,
+            None,
+        )
+        .unwrap()
+    }
+
+    fn with_priority(path: &str, body: &str, rewrite: Option<&str>, level: u32) -> Outbound {
+        let usage = Some(StreamOptions::Absent);
+        Outbound::edit(
+            &Bytes::from(body.to_string()),
+            path,
+            rewrite,
+            usage,
+            Some(level),
         )
         .unwrap()
     }
@@ -121,8 +174,51 @@ mod tests {
             "/v1/chat/completions",
             Some("served"),
             None,
+            None,
         )
         .unwrap_err();
         assert!(matches!(err, RouteError::BodyNotObject(_)));
+    }
+
+    #[test]
+    fn the_level_is_inserted_as_the_first_member_of_both_bodies() {
+        let sent = " {\"model\":\"m\", \"stream\": true}";
+        let out = with_priority("/v1/completions", sent, None, 1);
+        assert_eq!(
+            out.body,
+            " {\"priority\":1,\"model\":\"m\", \"stream\": true}"
+        );
+        let usage = json(out.with_usage.as_ref().unwrap());
+        assert_eq!(usage["priority"], 1);
+        assert_eq!(usage["stream_options"]["include_usage"], true);
+        let out = with_priority("/v1/chat/completions", "{ }", None, 0);
+        assert_eq!(out.body, "{\"priority\":0 }");
+        assert_eq!(json(&out.body)["priority"], 0);
+    }
+
+    #[test]
+    fn the_clients_own_priority_is_replaced_in_one_parse_with_the_alias() {
+        let sent = r#"{"model":"alias","stream":true,"priority":-5}"#;
+        let out = with_priority("/v1/chat/completions", sent, Some("served"), 2);
+        for body in [&out.body, out.with_usage.as_ref().unwrap()] {
+            let v = json(body);
+            assert_eq!(
+                (v["priority"].as_i64(), v["model"].as_str()),
+                (Some(2), Some("served"))
+            );
+        }
+        let out = with_priority("/v1/completions", r#"{"priority":-5}"#, None, 3);
+        assert_eq!(json(&out.body)["priority"], 3);
+        // The word inside a prompt costs a parse, and changes nothing else.
+        let out = with_priority("/v1/completions", r#"{"prompt":"\"priority\""}"#, None, 1);
+        assert_eq!(json(&out.body)["prompt"], "\"priority\"");
+        assert_eq!(json(&out.body)["priority"], 1);
+    }
+
+    #[test]
+    fn other_paths_and_other_bodies_go_as_sent() {
+        let sent = r#"{"model":"m","input":"x"}"#;
+        assert_eq!(with_priority("/v1/embeddings", sent, None, 1).body, sent);
+        assert_eq!(with_priority("/v1/completions", "[1]", None, 1).body, "[1]");
     }
 }

@@ -76,6 +76,8 @@ pub struct Pool {
     pub replica_models: Option<replica_models::ReplicaModels>,
     /// Ask streams for `usage` (`stream_usage`).
     pub stream_usage: bool,
+    /// Send the request's level as `priority` (`send_priority`).
+    pub send_priority: bool,
     /// `[pools.disaggregation]`: some requests are prefilled on another
     /// pool's replicas.
     pub disaggregation: Option<Disaggregation>,

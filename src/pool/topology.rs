@@ -284,6 +284,7 @@ fn build_pool(
             .models_from_replicas
             .then(super::replica_models::ReplicaModels::default),
         stream_usage: pc.stream_usage,
+        send_priority: pc.send_priority,
         disaggregation: pc.disaggregation.clone().map(|d| {
             super::Disaggregation::carrying(d, old.and_then(|p| p.disaggregation.as_ref()))
         }),

@@ -139,6 +139,7 @@ async fn route(
         parts,
         bytes: &bytes,
         tier,
+        level: caller.level,
         strip_key: config.gateway.auth || caller.key.is_some(),
         expose_replica: config.server.replica_header,
     };
@@ -164,6 +165,8 @@ struct Admitted<'a> {
     parts: request::Parts,
     bytes: &'a Bytes,
     tier: Option<&'a str>,
+    /// The caller's priority level (0 = highest).
+    level: usize,
     /// Remove the client's key before it leaves.
     strip_key: bool,
     /// `[server] replica_header`.
@@ -190,6 +193,7 @@ async fn dispatch(
         tokens,
         &a.parts,
         a.tier,
+        a.level,
         a.bytes,
     )?;
     note_decision(fields, pool, &decision, routing);

@@ -67,8 +67,9 @@ pub fn route_input<'a>(
 
 /// The routing stage within the chosen pool: the request's decision, and
 /// the body to send with the request's edits ([`Outbound`]: the served model
-/// name when an alias was used, `stream_options` for a stream the pool asks
-/// for its usage).
+/// name when an alias was used, the request's `level` as `priority` when the
+/// pool sends it, `stream_options` for a stream the pool asks for its usage).
+#[allow(clippy::too_many_arguments)]
 pub fn route_within(
     state: &AppState,
     resolved: &Resolution<'_>,
@@ -76,13 +77,17 @@ pub fn route_within(
     tokens: Option<(&[u32], Option<Unpredictable>)>,
     parts: &request::Parts,
     tier: Option<&str>,
+    level: usize,
     bytes: &Bytes,
 ) -> Result<(Decision, Outbound), ApiError> {
     let pool = resolved.pool;
     let headers = &parts.headers;
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
-    let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage)?;
+    let priority = pool
+        .send_priority
+        .then(|| u32::try_from(level).unwrap_or(u32::MAX));
+    let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage, priority)?;
     let model = resolved.rewrite.unwrap_or(&meta.model);
     let input = route_input(&pool.router, meta, model, headers, tier, tokens);
     let decision = pool
