@@ -10,7 +10,9 @@
 # Env: LLMLB (binary, default target/release/llmlb), RATE (14: paid gets
 #      0.5 x RATE req/s, free 2.5 x RATE), RUN_SECONDS (20), KEEP (a
 #      directory: each tier's `llmlb bench --out` report, every request in
-#      it, is copied there as TIER-INSTANCES-FLEET-SEED.json), SEND_PRIORITY
+#      it, is copied there as TIER-INSTANCES-FLEET-SEED.json, and the
+#      requests running on each replica every 50 ms as
+#      running-INSTANCES-FLEET-SEED.txt), SEND_PRIORITY
 #      (1: the replicas schedule by priority and the pool sends each
 #      request's level as `priority`; default 0).
 set -euo pipefail
@@ -108,6 +110,20 @@ tier() { # name rate seed
     --rate "$2" --requests "$n" --duration "$((SECONDS_ * 2))s" --timeout 120s \
     --header "x-llmlb-tier:$1" --seed "$3" --no-progress --out "$work/$1.json" >"$work/$1.txt" 2>&1
 }
+if [[ -n ${KEEP:-} ]]; then
+  # Requests running on each replica, every 50 ms while the load runs.
+  ( end=$((SECONDS + SECONDS_ + 10))
+    while (( SECONDS < end )); do
+      line=""
+      for i in 0 1; do
+        n=$(curl -sf "http://127.0.0.1:$((base + i))/metrics" | awk '/^vllm:num_requests_running/ {print $2}' || true)
+        line="$line ${n:-nan}"
+      done
+      echo "$line"
+      sleep 0.05
+    done ) >"$work/running.txt" 2>/dev/null &
+  pids+=($!)
+fi
 paid_rate=$(python3 -c "print($RATE * 0.5)")
 free_rate=$(python3 -c "print($RATE * 2.5)")
 tier paid "$paid_rate" "$SEED" &
@@ -118,6 +134,8 @@ wait $p1 $p2
 if [[ -n ${KEEP:-} ]]; then
   mkdir -p "$KEEP"
   for t in paid free; do cp "$work/$t.json" "$KEEP/$t-$N-$FLEET-$SEED.json"; done
+  cp "$work/running.txt" "$KEEP/running-$N-$FLEET-$SEED.txt"
+  for i in $(seq 1 "$N"); do cp "$work/lb$i.log" "$KEEP/lb$i-$N-$FLEET-$SEED.log"; done
 fi
 
 python3 - "$work/paid.json" "$work/free.json" "$N" "$FLEET" "$SEED" <<'PY'

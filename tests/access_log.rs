@@ -136,6 +136,8 @@ async fn one_json_line_per_request_with_tokens_and_timing() {
         line["duration_ms"].as_f64().unwrap(),
     );
     assert!(ttft <= total, "{line}");
+    // No tiers and no pool queue: neither field.
+    assert!(line.get("tier").is_none() && line.get("queue_ms").is_none());
 
     let stream = json!({"model": model, "prompt": "a b", "max_tokens": 4, "stream": true,
                         "stream_options": {"include_usage": true}});
@@ -326,4 +328,44 @@ async fn a_rejected_reload_is_one_text_line() {
         }
     }
     assert_eq!(rejected, 1);
+}
+
+#[tokio::test]
+async fn a_queued_request_says_its_tier_and_how_long_it_waited() {
+    let sim = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let config = format!(
+        "[gateway]\ndefault_tier = \"free\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n\
+         [[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\nmax_inflight = 1\n\
+         [[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n",
+        sim.addr
+    );
+    let mut s = serve("queued", "json", &config).await;
+    // Two at once on one slot: the second waits for the first to finish.
+    let body = json!({"model": model, "prompt": "one two three", "max_tokens": 32});
+    let both = [
+        sim_support::spawn_complete(s.addr, body.clone()),
+        sim_support::spawn_complete(s.addr, body),
+    ];
+    for done in both {
+        assert_eq!(done.await.unwrap().0, 200);
+    }
+    let lines = [next_access(&mut s).await, next_access(&mut s).await];
+    let waits: Vec<f64> = lines
+        .iter()
+        .map(|l| l["queue_ms"].as_f64().unwrap())
+        .collect();
+    for l in &lines {
+        assert_eq!(l["tier"], "free", "{l}");
+        assert!(
+            l["queue_ms"].as_f64().unwrap() <= l["ttft_ms"].as_f64().unwrap(),
+            "{l}"
+        );
+    }
+    // The second out of the queue waited for the whole of the first.
+    let first_done = lines[0]["duration_ms"].as_f64().unwrap();
+    assert!(
+        waits[1] > 0.0 && waits[1] + 1.0 >= first_done * 0.5,
+        "{lines:?}"
+    );
 }

@@ -28,6 +28,8 @@ pub const ACCESS_LOG_FIELDS: &[&str] = &[
     "outcome",
     "error",
     "ttfb_ms",
+    "tier",
+    "queue_ms",
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

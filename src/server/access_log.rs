@@ -187,6 +187,8 @@ struct Fields<'a> {
     error: Option<&'static str>,
     error_message: Option<&'a str>,
     ttfb_ms: Option<f64>,
+    tier: Option<&'a str>,
+    queue_ms: Option<f64>,
 }
 
 impl<'a> Fields<'a> {
@@ -226,6 +228,11 @@ impl<'a> Fields<'a> {
             error: keep(on(18), e.map(|e| e.code)),
             error_message: keep(on(18), e.map(|e| e.message.as_str())),
             ttfb_ms: keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
+            tier: keep(on(20), r.fields.tier.as_deref()),
+            queue_ms: keep(
+                on(21),
+                (r.fields.queued).map(|q| (q.as_secs_f64() * 1000.0 * 100.0).round() / 100.0),
+            ),
         }
     }
 
@@ -252,6 +259,8 @@ impl<'a> Fields<'a> {
         l.str(b"error", self.error);
         l.str(b"error_message", self.error_message);
         l.f64(b"ttfb_ms", self.ttfb_ms);
+        l.str(b"tier", self.tier);
+        l.f64(b"queue_ms", self.queue_ms);
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).
@@ -279,6 +288,8 @@ impl<'a> Fields<'a> {
             error = self.error,
             error_message = self.error_message,
             ttfb_ms = self.ttfb_ms,
+            tier = self.tier,
+            queue_ms = self.queue_ms,
             "request"
         );
     }

@@ -113,6 +113,10 @@ async fn route(
     // Authenticate, and shed what cannot be served, before reading the body.
     let caller = generation.gateway.authenticate(req.headers())?;
     let tier = topology.tier(caller.tier.as_deref());
+    notes.fields.tier = match &caller.tier {
+        Some(own) => Some(own.clone()),
+        None => tier.map(Arc::from),
+    };
     let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
     let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
     let (parts, body) = req.into_parts();
@@ -130,7 +134,9 @@ async fn route(
         "" => (generation.gateway).tenant_of_user(&caller, meta.user.as_deref()),
         _ => tenant,
     };
+    let queued = first.pool.admission.is_some().then(Instant::now);
     let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
+    notes.fields.queued = queued.filter(|_| permit.is_some()).map(|t| t.elapsed());
     let current = state.topology();
     let admitted = Admitted {
         topology: &current,

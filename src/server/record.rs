@@ -112,6 +112,11 @@ pub struct RouteFields {
     pub version: Option<Arc<str>>,
     /// The forwarding attempts so far (written by `forwarding::forward`).
     pub progress: Progress,
+    /// The caller's tier (its own, else the default tier).
+    pub tier: Option<Arc<str>>,
+    /// How long the request waited in its pool's queue, when it went
+    /// through one and was let out.
+    pub queued: Option<std::time::Duration>,
 }
 
 /// Why llmlb answered with an error itself.
