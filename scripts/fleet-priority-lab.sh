@@ -14,7 +14,9 @@
 #      requests running on each replica every 50 ms as
 #      running-INSTANCES-FLEET-SEED.txt), SEND_PRIORITY
 #      (1: the replicas schedule by priority and the pool sends each
-#      request's level as `priority`; default 0).
+#      request's level as `priority`; default 0), MAX_INFLIGHT (per replica,
+#      default 16, the replicas' batch size; `none`: no limit and no queue in
+#      llmlb, the replicas queue).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
@@ -33,6 +35,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Two replicas that batch at most 16 sequences, as in the demo.
 base=$(( 20000 + (RANDOM % 2000) * 8 ))
+limit="max_inflight = ${MAX_INFLIGHT:-16}"
+[[ ${MAX_INFLIGHT:-16} == none ]] && limit=""
 send_priority=false sim_priority=()
 if [[ ${SEND_PRIORITY:-0} == 1 ]]; then send_priority=true sim_priority=(--priority-scheduling); fi
 "$LLMLB" replica-sim --replicas 2 --port "$base" --max-num-seqs 16 \
@@ -77,7 +81,7 @@ priority = "low"
 name = "p"
 models = ["m"]
 balancer = "least_connections"
-max_inflight = 16
+$limit
 send_priority = $send_priority
 [pools.queue]
 max_depth = 512

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# `[[pools]] send_priority` on a real vLLM: one CPU replica of
+# ../shared/vllm-cpu started with `--scheduling-policy priority` and a small
+# batch (MAX_NUM_SEQS), so requests queue in the replica; one llmlb in front
+# of it without `max_inflight` (no queue in llmlb), a paid and a free tier;
+# the same paid and free load with `send_priority` off, on, off, on. Prints
+# each tier's time to first token per run.
+#
+# Usage: scripts/send-priority-real-vllm.sh
+# Env:   LLMLB (default target/release/llmlb), FREE and PAID (requests per
+#        second, default 14 and 2), SECS (seconds of load, 20), SEQS (the
+#        replica's max_num_seqs, 2), PORT (18000), CORE (0), LLMLB_SHARED (the
+#        shared directory, default ../shared beside the checkout).
+# Needs ../shared/vllm-cpu installed (its README). Every load is bounded in
+# requests and by a 120 s timeout; the replica is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LLMLB=$(realpath "${LLMLB:-target/release/llmlb}")
+FREE=${FREE:-14} PAID=${PAID:-2} SECS=${SECS:-20} SEQS=${SEQS:-2}
+PORT=${PORT:-18000} CORE=${CORE:-0}
+VLLM=$(realpath "${LLMLB_SHARED:-../shared}/vllm-cpu/setup_and_serve.sh")
+work=$(mktemp -d /tmp/llmlb-send-priority.XXXXXX)
+lb=""
+cleanup() {
+  [[ -n $lb ]] && kill "$lb" 2>/dev/null
+  PORT=$PORT "$VLLM" stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+EXTRA_ARGS='--scheduling-policy priority' MAX_NUM_SEQS=$SEQS PORT=$PORT CORE=$CORE "$VLLM" serve >/dev/null
+
+for send in false true false true; do
+  cat >"$work/llmlb.toml" <<EOT
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[gateway]
+tier_header = "x-llmlb-tier"
+default_tier = "free"
+[[tiers]]
+name = "paid"
+priority = "high"
+[[tiers]]
+name = "free"
+priority = "low"
+[[pools]]
+name = "p"
+models = ["tiny-llama"]
+send_priority = $send
+[[pools.replicas]]
+url = "http://127.0.0.1:$PORT"
+EOT
+  "$LLMLB" --log-format json serve --config "$work/llmlb.toml" 2>"$work/lb.log" &
+  lb=$!
+  for _ in $(seq 100); do grep -q '"addr"' "$work/lb.log" && break; sleep 0.1; done
+  addr=$(grep -m1 -o '"addr":"[^"]*"' "$work/lb.log" | cut -d'"' -f4)
+  tier() { # name rate
+    "$LLMLB" bench --target "http://$addr" --model tiny-llama --workload random \
+      --input-len 256 --output-len 64 --rate "$2" \
+      --requests "$(python3 -c "print(int($2 * $SECS))")" --duration 120s --timeout 120s \
+      --header "x-llmlb-tier:$1" --seed 7 --no-progress --out "$work/$1.json" >"$work/$1.txt" 2>&1
+  }
+  tier free "$FREE" &
+  f=$!
+  tier paid "$PAID" &
+  p=$!
+  wait $f $p
+  python3 - "$work" "$send" <<'PY'
+import json, sys
+work, send = sys.argv[1:]
+for t in ["paid", "free"]:
+    r = json.load(open(f"{work}/{t}.json"))
+    ttft = r["ttft_ms"]
+    print(f"send_priority={send} {t}: completed={r['completed']} failed={r['failed']} "
+          f"ttft_p50_ms={ttft['p50']:.0f} ttft_p99_ms={ttft['p99']:.0f}")
+PY
+  kill "$lb"
+  wait "$lb" 2>/dev/null || true
+  lb=""
+done
