@@ -157,7 +157,8 @@ fn check(path: &Path) -> ExitCode {
                         "    tokenizer: stand-in (token counts approximate; set [pools.tokenizer] dir)"
                     ),
                 }
-                for hint in config::prefix_hints(p) {
+                let priority = config::priority_hint(c.tiers.len(), p);
+                for hint in config::prefix_hints(p).into_iter().chain(priority) {
                     println!("    hint: {hint}");
                 }
             }

@@ -25,6 +25,14 @@ pub fn prefix_hints(pool: &PoolConfig) -> Vec<String> {
     out
 }
 
+/// A hint for a pool that sends `priority` while every request has the
+/// same level: without `[[tiers]]` the replicas have nothing to order.
+pub fn priority_hint(tiers: usize, pool: &PoolConfig) -> Option<String> {
+    (pool.send_priority && tiers == 0).then(|| {
+        "send_priority without [[tiers]]: every request carries the same level, so the replicas have nothing to order (docs/ADMISSION.md)".to_string()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,6 +43,14 @@ mod tests {
         );
         let cfg: crate::config::Config = toml::from_str(&text).unwrap();
         cfg.pools.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn send_priority_without_tiers_has_nothing_to_order() {
+        assert_eq!(priority_hint(0, &pool("")), None);
+        let sends = pool("send_priority = true");
+        assert!(priority_hint(0, &sends).unwrap().contains("[[tiers]]"));
+        assert_eq!(priority_hint(2, &sends), None);
     }
 
     #[test]
