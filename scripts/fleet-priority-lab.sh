@@ -16,7 +16,8 @@
 #      (1: the replicas schedule by priority and the pool sends each
 #      request's level as `priority`; default 0), MAX_INFLIGHT (per replica,
 #      default 16, the replicas' batch size; `none`: no limit and no queue in
-#      llmlb, the replicas queue).
+#      llmlb, the replicas queue), OUTPUT_LEN (tokens per answer, `N` or
+#      `MIN..MAX`, default 128 as in the demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
@@ -110,7 +111,7 @@ target=$(IFS=,; echo "${targets[*]}")
 tier() { # name rate seed
   local n
   n=$(python3 -c "import math; print(math.ceil($2 * $SECONDS_))")
-  "$LLMLB" bench --target "$target" --model m --workload random --input-len 512 --output-len 128 \
+  "$LLMLB" bench --target "$target" --model m --workload random --input-len 512 --output-len "${OUTPUT_LEN:-128}" \
     --rate "$2" --requests "$n" --duration "$((SECONDS_ * 2))s" --timeout 120s \
     --header "x-llmlb-tier:$1" --seed "$3" --no-progress --out "$work/$1.json" >"$work/$1.txt" 2>&1
 }
