@@ -90,30 +90,35 @@ enum Object {
 
 /// The value after the `"usage"` key that `after` starts behind.
 fn object_after(after: &[u8]) -> Object {
-    let Some(open) = after.iter().position(|&b| b == b'{') else {
-        // Only a separator so far: the value may start in the next frame.
-        let open = after.iter().all(|b| b.is_ascii_whitespace() || *b == b':');
-        return if open {
-            Object::Open
-        } else {
-            Object::Read(None)
-        };
+    let object = match value_start(after) {
+        Ok(object) => object,
+        Err(value) => return value,
     };
-    if !after[..open]
-        .iter()
-        .all(|b| b.is_ascii_whitespace() || *b == b':')
-    {
-        return Object::Read(None);
-    }
     // The usual flat object holds no brace but its own: read up to the
     // first `}` without counting braces first. Where that reads, counting
     // would have closed the object at the same `}`.
-    let object = &after[open..];
     if let Some(close) = memchr::memchr(b'}', object)
         && let Some(usage) = flat_usage(&object[..=close])
     {
         return Object::Read(usage);
     }
+    counted(object)
+}
+
+/// `after` from the `{` that opens the value, or what the value is when it
+/// is not an object: only a separator so far (the value may start in the
+/// next frame), or anything else.
+fn value_start(after: &[u8]) -> Result<&[u8], Object> {
+    let separator = |b: &[u8]| b.iter().all(|b| b.is_ascii_whitespace() || *b == b':');
+    match after.iter().position(|&b| b == b'{') {
+        None if separator(after) => Err(Object::Open),
+        Some(open) if separator(&after[..open]) => Ok(&after[open..]),
+        _ => Err(Object::Read(None)),
+    }
+}
+
+/// The object `object` opens, closed where its braces balance.
+fn counted(object: &[u8]) -> Object {
     let mut depth = 0usize;
     for (i, &b) in object.iter().enumerate() {
         match b {
@@ -121,7 +126,7 @@ fn object_after(after: &[u8]) -> Object {
             b'}' => {
                 depth -= 1;
                 if depth == 0 {
-                    let json = &after[open..open + i + 1];
+                    let json = &object[..=i];
                     let usage =
                         flat_usage(json).unwrap_or_else(|| serde_json::from_slice(json).ok());
                     return Object::Read(usage);
@@ -303,6 +308,8 @@ impl UsageScan {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// Usage objects in the flat shape and around it: every key with
     /// every kind of value, spaced, doubled, misplaced commas.
     fn variants() -> Vec<String> {
@@ -376,37 +383,10 @@ mod tests {
         );
     }
 
-    use super::*;
-
     /// What follows the key, found by counting braces from the first one
     /// (as [`object_after`] reads an object not in the flat shape).
-    fn counted(after: &[u8]) -> Object {
-        let Some(open) = after.iter().position(|&b| b == b'{') else {
-            return object_after(after);
-        };
-        if !after[..open]
-            .iter()
-            .all(|b| b.is_ascii_whitespace() || *b == b':')
-        {
-            return Object::Read(None);
-        }
-        let mut depth = 0usize;
-        for (i, &b) in after[open..].iter().enumerate() {
-            match b {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        let json = &after[open..open + i + 1];
-                        let usage =
-                            flat_usage(json).unwrap_or_else(|| serde_json::from_slice(json).ok());
-                        return Object::Read(usage);
-                    }
-                }
-                _ => {}
-            }
-        }
-        Object::Open
+    fn counted_after(after: &[u8]) -> Object {
+        value_start(after).map_or_else(|value| value, counted)
     }
 
     /// Reading a flat object up to its first `}` finds what counting
@@ -427,7 +407,7 @@ mod tests {
                     let after = format!("{lead}{o}{tail}");
                     for end in [after.len(), after.len() / 2, lead.len() + 1] {
                         let cut = &after.as_bytes()[..end];
-                        assert_eq!(object_after(cut), counted(cut), "{}", &after[..end]);
+                        assert_eq!(object_after(cut), counted_after(cut), "{}", &after[..end]);
                     }
                 }
             }
@@ -439,7 +419,10 @@ mod tests {
             r#": {"prompt_tokens":1,"x":{"y":{}}}"#,
             r#": {"prompt_tokens":1,"x":"}"}"#,
         ] {
-            assert_eq!(object_after(nested.as_bytes()), counted(nested.as_bytes()));
+            assert_eq!(
+                object_after(nested.as_bytes()),
+                counted_after(nested.as_bytes())
+            );
         }
     }
 
