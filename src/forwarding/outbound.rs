@@ -8,16 +8,17 @@
 //! edits are insertions (`priority` and `stream_options` go right after the
 //! opening brace), once when the model is rewritten or the client sent a
 //! `priority` of its own (llmlb's level replaces it), and the same parse
-//! serves a merge into the client's own `stream_options`. Both bodies are made before
-//! the first attempt: the one with `stream_options` goes to every replica
-//! that has not refused the field, the other to those that have.
+//! serves a merge into the client's own `stream_options`. Both bodies are
+//! made before the first attempt: the one with `stream_options` goes to
+//! every replica that has not refused the field, the other to those that
+//! have.
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use bytes::BytesMut;
-
-use super::stream_usage::{StreamOptions, ask_for_usage, completion_path, merge_into};
+use super::stream_usage::{
+    StreamOptions, ask_for_usage, completion_path, insert_first_member, merge_into,
+};
 use crate::routing::RouteError;
 
 /// The bodies one request may be forwarded with.
@@ -78,26 +79,12 @@ impl Outbound {
     }
 }
 
-/// `sent` with `"priority":LEVEL` as its first member, every other byte as
-/// sent; a body that is not a JSON object goes unchanged (the replica
-/// answers it as it would have).
+/// `sent` with `"priority":LEVEL` as its first member; a body that is not a
+/// JSON object goes unchanged (the replica answers it as it would have).
 fn insert_priority(sent: &Bytes, level: u32) -> Bytes {
     let mut digits = itoa::Buffer::new();
     let level = digits.format(level).as_bytes();
-    let non_space = |from: usize| sent[from..].iter().position(|b| !b.is_ascii_whitespace());
-    let Some(open) = non_space(0).filter(|&i| sent[i] == b'{') else {
-        return sent.clone();
-    };
-    let empty = non_space(open + 1).is_some_and(|i| sent[open + 1 + i] == b'}');
-    let mut out = BytesMut::with_capacity(sent.len() + 16);
-    out.extend_from_slice(&sent[..=open]);
-    out.extend_from_slice(b"\"priority\":");
-    out.extend_from_slice(level);
-    if !empty {
-        out.extend_from_slice(b",");
-    }
-    out.extend_from_slice(&sent[open + 1..]);
-    out.freeze()
+    insert_first_member(sent, &[b"\"priority\":", level]).unwrap_or_else(|| sent.clone())
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// The member inserted into a body that has no `stream_options`.
-const INCLUDE_USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
+const INCLUDE_USAGE: &[u8] = br#""stream_options":{"include_usage":true}"#;
 
 /// What a request body's `stream_options` says about usage, read by the
 /// body's one parse (`server::request`), so the body is not parsed again
@@ -63,22 +63,31 @@ pub fn ask_for_usage(path_and_query: &str, body: &Bytes, options: StreamOptions)
     if !completion_path(path_and_query) {
         return None;
     }
-    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[open] != b'{' {
-        return None;
-    }
     match options {
-        StreamOptions::Absent => {
-            let mut out = BytesMut::with_capacity(body.len() + INCLUDE_USAGE.len());
-            out.extend_from_slice(&body[..=open]);
-            // Not the last member: the body has `"stream": true` after it.
-            out.extend_from_slice(INCLUDE_USAGE);
-            out.extend_from_slice(&body[open + 1..]);
-            Some(out.freeze())
-        }
+        StreamOptions::Absent => insert_first_member(body, &[INCLUDE_USAGE]),
         StreamOptions::IncludesUsage => None,
+        // Not an object: the parse in `merge` fails.
         StreamOptions::Other => merge(body),
     }
+}
+
+/// `body` with the member written as `parts` first in its object, every
+/// other byte as sent; `None` when the body is not a JSON object.
+pub fn insert_first_member(body: &Bytes, parts: &[&[u8]]) -> Option<Bytes> {
+    let non_space = |from: usize| body[from..].iter().position(|b| !b.is_ascii_whitespace());
+    let open = non_space(0).filter(|&i| body[i] == b'{')?;
+    let empty = non_space(open + 1).is_some_and(|i| body[open + 1 + i] == b'}');
+    let added: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = BytesMut::with_capacity(body.len() + added + 1);
+    out.extend_from_slice(&body[..=open]);
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    if !empty {
+        out.extend_from_slice(b",");
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    Some(out.freeze())
 }
 
 /// Whether the path takes `stream_options` (chat and text completions).

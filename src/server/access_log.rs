@@ -14,7 +14,7 @@
 //! its trace span.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::AppState;
 use super::record::{Ended, Record};
@@ -197,9 +197,9 @@ impl<'a> Fields<'a> {
         fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
             v.filter(|_| on)
         }
-        let ms = |t: Instant| {
-            (t.duration_since(r.start.start).as_secs_f64() * 1000.0 * 100.0).round() / 100.0
-        };
+        // Milliseconds in whole hundredths.
+        let span_ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0;
+        let ms = |t: Instant| span_ms(t.duration_since(r.start.start));
         let d = r.dispatched.as_ref();
         let u = ended.usage.unwrap_or_default();
         let e = r.refusal.as_ref();
@@ -229,10 +229,7 @@ impl<'a> Fields<'a> {
             error_message: keep(on(18), e.map(|e| e.message.as_str())),
             ttfb_ms: keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
             tier: keep(on(20), r.fields.tier.as_deref()),
-            queue_ms: keep(
-                on(21),
-                (r.fields.queued).map(|q| (q.as_secs_f64() * 1000.0 * 100.0).round() / 100.0),
-            ),
+            queue_ms: keep(on(21), r.fields.queued.map(span_ms)),
         }
     }
 
