@@ -25,7 +25,7 @@ pub struct Topology {
     /// Tier → (pool index, may overflow to the model's pool).
     tier_pools: HashMap<String, (usize, bool)>,
     /// The tier of requests that name none.
-    default_tier: Option<String>,
+    default_tier: Option<Arc<str>>,
 }
 
 impl Topology {
@@ -63,7 +63,7 @@ impl Topology {
             pools,
             models: ModelMap::build(config),
             tier_pools,
-            default_tier: config.gateway.default_tier.clone(),
+            default_tier: config.gateway.default_tier.as_deref().map(Arc::from),
         }
     }
 
@@ -80,6 +80,12 @@ impl Topology {
     /// The caller's tier, or the configured default tier.
     pub fn tier<'a>(&'a self, caller_tier: Option<&'a str>) -> Option<&'a str> {
         caller_tier.or(self.default_tier.as_deref())
+    }
+
+    /// [`Topology::tier`], shared rather than borrowed (for the request's
+    /// record).
+    pub fn tier_shared(&self, caller_tier: Option<&Arc<str>>) -> Option<Arc<str>> {
+        caller_tier.or(self.default_tier.as_ref()).cloned()
     }
 
     /// Where a request for `model` from a caller of `tier` goes: the tier's

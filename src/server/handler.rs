@@ -113,10 +113,7 @@ async fn route(
     // Authenticate, and shed what cannot be served, before reading the body.
     let caller = generation.gateway.authenticate(req.headers())?;
     let tier = topology.tier(caller.tier.as_deref());
-    notes.fields.tier = match &caller.tier {
-        Some(own) => Some(own.clone()),
-        None => tier.map(Arc::from),
-    };
+    notes.fields.tier = topology.tier_shared(caller.tier.as_ref());
     let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
     let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
     let (parts, body) = req.into_parts();
