@@ -16,8 +16,9 @@
 #      (1: the replicas schedule by priority and the pool sends each
 #      request's level as `priority`; default 0), MAX_INFLIGHT (per replica,
 #      default 16, the replicas' batch size; `none`: no limit and no queue in
-#      llmlb, the replicas queue), OUTPUT_LEN (tokens per answer, `N` or
-#      `MIN..MAX`, default 128 as in the demo).
+#      llmlb, the replicas queue), MAX_PREFILLING (the pool's
+#      `max_prefilling`; default unset), OUTPUT_LEN (tokens per answer, `N`
+#      or `MIN..MAX`, default 128 as in the demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=$1 FLEET=$2 SEED=$3
@@ -38,6 +39,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 base=$(( 20000 + (RANDOM % 2000) * 8 ))
 limit="max_inflight = ${MAX_INFLIGHT:-16}"
 [[ ${MAX_INFLIGHT:-16} == none ]] && limit=""
+[[ -n ${MAX_PREFILLING:-} ]] && limit="$limit
+max_prefilling = $MAX_PREFILLING"
 send_priority=false sim_priority=()
 if [[ ${SEND_PRIORITY:-0} == 1 ]]; then send_priority=true sim_priority=(--priority-scheduling); fi
 "$LLMLB" replica-sim --replicas 2 --port "$base" --max-num-seqs 16 \

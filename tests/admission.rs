@@ -93,6 +93,52 @@ async fn high_priority_is_dispatched_before_earlier_low_priority() {
 }
 
 #[tokio::test]
+async fn max_prefilling_holds_requests_in_the_queue_until_a_first_token() {
+    let up = Upstream::start("a", Mode::FirstHeld).await;
+    let cfg = config(&up.url(), "max_prefilling = 2", "[gateway]\nauth = true")
+        .replace("max_inflight = 1", "max_inflight = 8");
+    let lb = start_llmlb(&cfg).await;
+    let a = spawn_call(lb.addr, tagged("low-a", Some(FREE_KEY)));
+    until("low-a dispatched", || up.requests() == 1).await;
+    let b = spawn_call(lb.addr, tagged("low-b", Some(FREE_KEY)));
+    until("low-b dispatched", || up.requests() == 2).await;
+    // Slots are free (8) but two prompts are before their first token.
+    let c = spawn_call(lb.addr, tagged("low-c", Some(FREE_KEY)));
+    until("low-c queued", || queue_depths(&lb) == vec![0, 1]).await;
+    let high = spawn_call(lb.addr, tagged("high", Some(PAID_KEY)));
+    until("high queued", || queue_depths(&lb) == vec![1, 1]).await;
+    assert_eq!(up.requests(), 2, "nothing past the prefill bound");
+
+    // low-a's first token frees one prefill slot while low-a still runs:
+    // the paid request goes next, then low-c after the next first token.
+    up.release_one();
+    until("high dispatched", || up.requests() == 3).await;
+    assert_eq!(user_of(&up.last_seen()), "high");
+    assert_eq!(queue_depths(&lb), vec![0, 1]);
+    up.release_one();
+    until("low-c dispatched", || up.requests() == 4).await;
+    assert_eq!(user_of(&up.last_seen()), "low-c");
+
+    let ends = tokio::spawn({
+        let release = up.release.clone();
+        let open = up.open_streams.clone();
+        async move {
+            while open.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                release.notify_one();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    });
+    for h in [a, b, c, high] {
+        let (status, _, body) = h.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.ends_with(b"data: [DONE]\n\n"));
+    }
+    ends.await.unwrap();
+    lb.shutdown().await;
+}
+
+#[tokio::test]
 async fn aging_promotes_a_low_request_that_waited_too_long() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let lb = start_llmlb(&config(

@@ -140,6 +140,10 @@ pub struct PoolConfig {
     /// queue; unset means no limit and no queue.
     #[serde(default)]
     pub max_inflight: Option<u32>,
+    /// Requests per replica sent but not yet at their first token; further
+    /// ones wait in the pool's queue (needs `max_inflight`). Unset: no bound.
+    #[serde(default)]
+    pub max_prefilling: Option<u32>,
     #[serde(default)]
     pub queue: QueueConfig,
     /// Prefix-affinity routing.

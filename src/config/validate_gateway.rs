@@ -152,6 +152,20 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
                 );
             }
         }
+        if let Some(p) = pool.max_prefilling {
+            let limited = pool.max_inflight.is_some()
+                || (!pool.replicas.is_empty()
+                    && pool.replicas.iter().all(|r| r.max_inflight.is_some()));
+            if p == 0 {
+                push(out, &format!("{key}.max_prefilling"), "must be at least 1");
+            } else if !limited {
+                push(
+                    out,
+                    &format!("{key}.max_prefilling"),
+                    "needs max_inflight: the requests it holds back wait in the pool's queue, which max_inflight turns on",
+                );
+            }
+        }
         let q = &pool.queue;
         if q.max_depth == 0 {
             push(out, &format!("{key}.queue.max_depth"), "must be at least 1");
@@ -196,6 +210,24 @@ mod tests {
         let c = parse(&text).unwrap();
         assert_eq!(c.priorities.len(), 2);
         assert_eq!(c.pools[0].max_inflight, Some(4));
+    }
+
+    #[test]
+    fn max_prefilling_is_positive_and_needs_max_inflight() {
+        let ok = parse(&POOL.replace("max_inflight = 4", "max_inflight = 4\nmax_prefilling = 2"));
+        assert_eq!(ok.unwrap().pools[0].max_prefilling, Some(2));
+        let zero = POOL.replace("max_inflight = 4", "max_inflight = 4\nmax_prefilling = 0");
+        let issues = parse(&zero).unwrap_err();
+        assert_eq!(issues[0].key, "pools[0].max_prefilling");
+        assert!(issues[0].reason.contains("at least 1"), "{:?}", issues[0]);
+        let unlimited = POOL.replace("max_inflight = 4", "max_prefilling = 2");
+        let issues = parse(&unlimited).unwrap_err();
+        assert_eq!(issues[0].key, "pools[0].max_prefilling");
+        assert!(
+            issues[0].reason.contains("needs max_inflight"),
+            "{:?}",
+            issues[0]
+        );
     }
 
     #[test]

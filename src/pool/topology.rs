@@ -13,7 +13,7 @@ use crate::balancing::{self, BalancerParams};
 use crate::config::{Config, Fairness, PoolConfig, UpstreamTlsConfig};
 use crate::net::Prober;
 use crate::net::UpstreamTls;
-use crate::replica::Replica;
+use crate::replica::{PrefillHook, Replica};
 use crate::routing::{RouteBranch, Router};
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
@@ -241,7 +241,11 @@ fn build_pool(
                     .iter()
                     .find(|r| r.authority == authority && r.scheme == scheme && r.name == name)
             });
-            if let Some(kept) = same.filter(|r| r.weight == rc.weight && r.max_inflight == limit) {
+            if let Some(kept) = same.filter(|r| {
+                r.weight == rc.weight
+                    && r.max_inflight == limit
+                    && r.max_prefilling == pc.max_prefilling
+            }) {
                 return Arc::clone(kept);
             }
             let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
@@ -251,6 +255,7 @@ fn build_pool(
             let replica = Replica::new(name, authority, rc.weight, gauge)
                 .with_scheme(scheme)
                 .with_limit(limit)
+                .with_prefill_limit(pc.max_prefilling)
                 .with_fleet_cap(fleet_cap);
             // A new weight or limit: the requests running there still count.
             Arc::new(match same {
@@ -318,7 +323,10 @@ pub fn queue_capacity(replicas: &[Arc<Replica>], now_ms: u64) -> usize {
     replicas
         .iter()
         .filter(|r| r.is_eligible_at(now_ms))
-        .map(|r| r.limit().map_or(usize::MAX / 1024, |l| l as usize))
+        .map(|r| {
+            r.open_slots_limit()
+                .map_or(usize::MAX / 1024, |l| l as usize)
+        })
         .sum()
 }
 
@@ -375,6 +383,19 @@ fn queue_for(
         Some(a) => a.queue.replace(params, capacity),
         None => PoolQueue::new(params, capacity),
     };
+    if pc.max_prefilling.is_some() {
+        // A request past its first token frees a prefill slot: the queue
+        // grants again (its capacity counts the bound).
+        let weak = Arc::downgrade(&queue);
+        let hook = Arc::new(PrefillHook(Box::new(move || {
+            if let Some(q) = weak.upgrade() {
+                q.poke();
+            }
+        })));
+        for r in replicas {
+            r.on_prefill_done(Arc::clone(&hook));
+        }
+    }
     Some(Admission::new(
         queue,
         pc.queue.timeout,

@@ -27,5 +27,5 @@ pub use health::{ActiveHealth, Transition};
 pub use learned::{LearnedRates, Rates};
 pub use restart::RestartWatch;
 pub use snapshot::{EngineTiming, LoadSnapshot};
-pub use state::{InFlightGuard, Replica, ReplicaId};
+pub use state::{InFlightGuard, PrefillHook, Replica, ReplicaId};
 pub use view::{KvRoom, ReplicaView, ScrapedLoad};

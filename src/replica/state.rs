@@ -43,6 +43,9 @@ pub struct Replica {
     pub weight: u32,
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
+    /// Requests sent here whose first token has not come, at most
+    /// (`max_prefilling`); the rest wait in the pool's queue.
+    pub max_prefilling: Option<u32>,
     /// In-flight requests and outstanding tokens, shared with the replica's
     /// successor when a reload changes its weight or limit.
     counts: Arc<Counts>,
@@ -70,6 +73,19 @@ pub struct Replica {
     in_flight_gauge: IntGauge,
     /// Its metric series, looked up once (see [`Replica::series`]).
     series: OnceLock<ReplicaSeries>,
+    /// Called when a request here passes its first token, under
+    /// `max_prefilling`: the pool's queue looks again.
+    prefill_hook: ArcSwapOption<PrefillHook>,
+}
+
+/// What a replica calls when a request's prefill ends and a prefill slot
+/// may have freed.
+pub struct PrefillHook(pub Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for PrefillHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrefillHook")
+    }
 }
 
 impl Replica {
@@ -88,6 +104,7 @@ impl Replica {
             scheme,
             weight,
             max_inflight: None,
+            max_prefilling: None,
             counts: Arc::default(),
             dispatched_since_scrape: AtomicU64::new(0),
             completed_since_scrape: AtomicU64::new(0),
@@ -101,6 +118,7 @@ impl Replica {
             refuses_stream_options: AtomicBool::new(false),
             in_flight_gauge,
             series: OnceLock::new(),
+            prefill_hook: ArcSwapOption::empty(),
         }
     }
 
@@ -175,6 +193,47 @@ impl Replica {
         self
     }
 
+    /// Sets the bound on requests before their first token (builder style).
+    pub fn with_prefill_limit(mut self, max_prefilling: Option<u32>) -> Replica {
+        self.max_prefilling = max_prefilling;
+        self
+    }
+
+    /// What to call when a request here passes its first token while
+    /// `max_prefilling` holds others back (replaced at each reload).
+    pub fn on_prefill_done(&self, hook: Arc<PrefillHook>) {
+        self.prefill_hook.store(Some(hook));
+    }
+
+    /// The requests this process may have here before their first token:
+    /// `max_prefilling`, or under a fleet store the part of it that this
+    /// instance's lease is of `max_inflight`, rounded up (so each instance
+    /// holding a slot may prefill one). `None`: no bound.
+    pub fn prefill_limit(&self) -> Option<u64> {
+        let k = u64::from(self.max_prefilling?);
+        let share = self.counts.fleet_cap.load(Ordering::Acquire);
+        match self.max_inflight {
+            Some(limit) if share < limit => {
+                Some((k * u64::from(share)).div_ceil(u64::from(limit.max(1))))
+            }
+            _ => Some(k),
+        }
+    }
+
+    /// The requests this process may run here at once now: its limit, and
+    /// under `max_prefilling` no more than those past their first token
+    /// plus the prefill bound. `None`: no limit.
+    pub fn open_slots_limit(&self) -> Option<u64> {
+        let limit = self.limit().map(u64::from);
+        match (limit, self.prefill_limit()) {
+            (Some(l), Some(p)) => {
+                let decoding = self.in_flight().saturating_sub(self.prefilling());
+                Some(l.min(decoding + p))
+            }
+            (l, _) => l,
+        }
+    }
+
     /// The requests this process may run here at once: `max_inflight`,
     /// or less when several llmlb instances share it (`[fleet]`: this
     /// instance's lease of it). `None`: no limit.
@@ -211,10 +270,12 @@ impl Replica {
         self
     }
 
-    /// Whether the replica is under its concurrency limit (always, without one).
+    /// Whether the replica is under its concurrency limit and its prefill
+    /// bound (always, without them).
     pub fn has_free_slot(&self) -> bool {
         self.limit()
             .is_none_or(|limit| self.in_flight() < u64::from(limit))
+            && self.prefill_limit().is_none_or(|p| self.prefilling() < p)
     }
 
     /// Counts one more request in flight until the guard is dropped.
@@ -236,13 +297,18 @@ impl Replica {
 
     /// Like [`Replica::acquire_tokens`], but only when the replica is under
     /// its `max_inflight`: the check and the increment are one atomic step,
-    /// so two requests racing for the last slot cannot both take it.
+    /// so two requests racing for the last slot cannot both take it. The
+    /// prefill bound is checked apart (two racing requests may both pass
+    /// it by one; it bounds bursts, not memory).
     pub fn try_acquire_tokens(
         self: &Arc<Self>,
         prompt_tokens: u64,
         output_tokens: u64,
     ) -> Option<InFlightGuard> {
         let limit = self.limit().map_or(u64::MAX, u64::from);
+        if self.prefill_limit().is_some_and(|p| self.prefilling() >= p) {
+            return None;
+        }
         self.counts
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -295,6 +361,17 @@ impl Replica {
         self.completed_since_scrape.store(0, Ordering::Relaxed);
         self.tokens_since_scrape.store(0, Ordering::Relaxed);
         restarted
+    }
+
+    /// A request here passed its first token: under `max_prefilling`, the
+    /// requests waiting for this replica look again.
+    fn prefill_ended(&self) {
+        if self.max_prefilling.is_some() {
+            self.counts.freed.notify_waiters();
+            if let Some(hook) = self.prefill_hook.load().as_deref() {
+                (hook.0)();
+            }
+        }
     }
 
     /// How many restarts the scrapes have shown (carried across reloads).
@@ -444,6 +521,7 @@ impl InFlightGuard {
             counts
                 .decoding_output
                 .fetch_add(self.output_left, Ordering::Relaxed);
+            self.replica.prefill_ended();
         }
         let p = std::mem::take(&mut self.prompt_left);
         if p > 0 {
@@ -569,6 +647,55 @@ mod tests {
         drop(a);
         assert_eq!(next.in_flight(), 1);
         assert!(next.try_acquire_tokens(1, 1).is_some());
+    }
+
+    #[test]
+    fn max_prefilling_bounds_requests_before_their_first_token() {
+        let r = Arc::new(
+            Replica::new(
+                "r".into(),
+                "127.0.0.1:1".parse().unwrap(),
+                1,
+                IntGauge::new("g", "g").unwrap(),
+            )
+            .with_limit(Some(16))
+            .with_prefill_limit(Some(4)),
+        );
+        let pokes = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&pokes);
+        r.on_prefill_done(Arc::new(PrefillHook(Box::new(move || {
+            seen.fetch_add(1, Ordering::Relaxed);
+        }))));
+        let mut held: Vec<_> = (0..4)
+            .map(|_| r.try_acquire_tokens(1, 1).unwrap())
+            .collect();
+        assert!(!r.has_free_slot() && r.try_acquire_tokens(1, 1).is_none());
+        assert_eq!(r.open_slots_limit(), Some(4), "none decoding: 0 + 4");
+        held[0].prefill_done();
+        held[0].prefill_done();
+        assert_eq!(pokes.load(Ordering::Relaxed), 1, "one poke per first token");
+        assert!(r.has_free_slot());
+        assert_eq!(r.open_slots_limit(), Some(5), "one decoding: 1 + 4");
+        held.push(r.try_acquire_tokens(1, 1).unwrap());
+
+        // Under a fleet store: the part of 4 that the lease is of 16,
+        // rounded up; no slot, no prefill.
+        for (cap, part) in [
+            (u32::MAX, 4),
+            (16, 4),
+            (8, 2),
+            (5, 2),
+            (3, 1),
+            (1, 1),
+            (0, 0),
+        ] {
+            r.set_fleet_cap(cap);
+            assert_eq!(r.prefill_limit(), Some(part), "lease {cap}");
+        }
+        r.set_fleet_cap(16);
+        assert_eq!(r.open_slots_limit(), Some(5));
+        drop(held);
+        assert_eq!((r.in_flight(), r.prefilling()), (0, 0));
     }
 
     #[test]

@@ -10,6 +10,9 @@ pub enum Mode {
     Json,
     /// 200 SSE: one chunk at once, the rest only after `release()`.
     StreamHeld,
+    /// 200 SSE head at once; the first chunk after one `release()`, the
+    /// end after another (a prompt still prefilling until released).
+    FirstHeld,
     /// Never answers (headers never come).
     Hang,
     /// Answers with this status and an error body.
@@ -196,6 +199,23 @@ impl Shared {
                 std::future::pending::<()>().await;
                 drop(guard);
                 unreachable!()
+            }
+            Mode::FirstHeld => {
+                let (tx, rx) = mpsc::channel::<Bytes>(16);
+                let me = self.clone();
+                self.open_streams.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    me.release.notified().await;
+                    let first = format!("data: {{\"replica\":\"{}\",\"n\":1}}\n\n", me.name);
+                    let _ = tx.send(Bytes::from(first)).await;
+                    me.release.notified().await;
+                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                    me.open_streams.fetch_sub(1, Ordering::SeqCst);
+                });
+                let mut resp = Response::new(ChannelBody::Channel(rx));
+                resp.headers_mut()
+                    .insert("content-type", "text/event-stream".parse().unwrap());
+                resp
             }
             Mode::StreamHeld => {
                 let (tx, rx) = mpsc::channel::<Bytes>(16);

@@ -58,6 +58,7 @@ impl Sim<'_> {
         let out_delay = streaming + self.half_delay();
         self.slots[at].tokens += out.tokens.len() as u64;
         self.out.output_tokens += out.tokens.len() as u64;
+        let mut prefill_freed = false;
         for t in &out.tokens {
             let i = t.id as usize;
             let loaded = self.loaded(i).then(|| self.split[i].kv_at);
@@ -93,6 +94,8 @@ impl Sim<'_> {
                     }
                     if let Some(g) = &mut l.guard {
                         g.prefill_done();
+                        // Under `max_prefilling` a prefill slot freed.
+                        prefill_freed |= g.replica().max_prefilling.is_some();
                     }
                     let pool = self.decider.pool();
                     if let Some(g) = &l.guard {
@@ -106,6 +109,7 @@ impl Sim<'_> {
                 g.produced(1);
             }
         }
+        self.slot_freed |= prefill_freed;
         self.out.preemptions += out.preempted.len() as u64;
         for f in &out.finished {
             let i = f.id as usize;

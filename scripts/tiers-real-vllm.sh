@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# `[[pools]] send_priority` on a real vLLM: one CPU replica of
-# ../shared/vllm-cpu started with `--scheduling-policy priority` and a small
-# batch (MAX_NUM_SEQS), so requests queue in the replica; one llmlb in front
-# of it without `max_inflight` (no queue in llmlb), a paid and a free tier;
-# the same paid and free load with `send_priority` off, on, off, on. Prints
-# each tier's time to first token per run.
+# A paid and a free tier through one llmlb in front of one real vLLM CPU
+# replica of ../shared/vllm-cpu (started with `--scheduling-policy priority`
+# and a small batch, MAX_NUM_SEQS), the same load once per pool variant.
+# Prints each tier's time to first token per run.
 #
-# Usage: scripts/send-priority-real-vllm.sh
+# Usage: scripts/tiers-real-vllm.sh
 # Env:   LLMLB (default target/release/llmlb), FREE and PAID (requests per
 #        second, default 14 and 2), SECS (seconds of load, 20), SEQS (the
 #        replica's max_num_seqs, 2), PORT (18000), CORE (0), LLMLB_SHARED (the
-#        shared directory, default ../shared beside the checkout).
+#        shared directory, default ../shared beside the checkout),
+#        INPUT_LEN (256), OUTPUT_LEN (64), VARIANTS (the pool's extra TOML
+#        lines per run, runs separated by `;`, lines by `\n`; default
+#        `send_priority` off, on, off, on: requests queue in the replica).
+#        E.g. the prefill bound behind llmlb's own queue:
+#        SEQS=8 VARIANTS='max_inflight = 8;max_inflight = 8\nmax_prefilling = 2;max_inflight = 8;max_inflight = 8\nmax_prefilling = 2'
 # Needs ../shared/vllm-cpu installed (its README). Every load is bounded in
 # requests and by a 120 s timeout; the replica is stopped on exit.
 set -euo pipefail
@@ -18,6 +21,8 @@ cd "$(dirname "$0")/.."
 LLMLB=$(realpath "${LLMLB:-target/release/llmlb}")
 FREE=${FREE:-14} PAID=${PAID:-2} SECS=${SECS:-20} SEQS=${SEQS:-2}
 PORT=${PORT:-18000} CORE=${CORE:-0}
+INPUT_LEN=${INPUT_LEN:-256} OUTPUT_LEN=${OUTPUT_LEN:-64}
+VARIANTS=${VARIANTS:-send_priority = false;send_priority = true;send_priority = false;send_priority = true}
 VLLM=$(realpath "${LLMLB_SHARED:-../shared}/vllm-cpu/setup_and_serve.sh")
 work=$(mktemp -d /tmp/llmlb-send-priority.XXXXXX)
 lb=""
@@ -29,7 +34,9 @@ cleanup() {
 trap cleanup EXIT
 EXTRA_ARGS='--scheduling-policy priority' MAX_NUM_SEQS=$SEQS PORT=$PORT CORE=$CORE "$VLLM" serve >/dev/null
 
-for send in false true false true; do
+IFS=';' read -r -a variants <<<"$VARIANTS"
+for variant in "${variants[@]}"; do
+  pool=$(printf '%b' "$variant")
   cat >"$work/llmlb.toml" <<EOT
 [server]
 listen = "127.0.0.1:0"
@@ -46,7 +53,7 @@ priority = "low"
 [[pools]]
 name = "p"
 models = ["tiny-llama"]
-send_priority = $send
+$pool
 [[pools.replicas]]
 url = "http://127.0.0.1:$PORT"
 EOT
@@ -56,7 +63,7 @@ EOT
   addr=$(grep -m1 -o '"addr":"[^"]*"' "$work/lb.log" | cut -d'"' -f4)
   tier() { # name rate
     "$LLMLB" bench --target "http://$addr" --model tiny-llama --workload random \
-      --input-len 256 --output-len 64 --rate "$2" \
+      --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --rate "$2" \
       --requests "$(python3 -c "print(int($2 * $SECS))")" --duration 120s --timeout 120s \
       --header "x-llmlb-tier:$1" --seed 7 --no-progress --out "$work/$1.json" >"$work/$1.txt" 2>&1
   }
@@ -65,13 +72,13 @@ EOT
   tier paid "$PAID" &
   p=$!
   wait $f $p
-  python3 - "$work" "$send" <<'PY'
+  python3 - "$work" "$variant" <<'PY'
 import json, sys
-work, send = sys.argv[1:]
+work, variant = sys.argv[1:]
 for t in ["paid", "free"]:
     r = json.load(open(f"{work}/{t}.json"))
     ttft = r["ttft_ms"]
-    print(f"send_priority={send} {t}: completed={r['completed']} failed={r['failed']} "
+    print(f"[{variant}] {t}: completed={r['completed']} failed={r['failed']} "
           f"ttft_p50_ms={ttft['p50']:.0f} ttft_p99_ms={ttft['p99']:.0f}")
 PY
   kill "$lb"
