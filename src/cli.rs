@@ -158,7 +158,8 @@ fn check(path: &Path) -> ExitCode {
                     ),
                 }
                 let priority = config::priority_hint(c.tiers.len(), p);
-                for hint in config::prefix_hints(p).into_iter().chain(priority) {
+                let hints = config::prefix_hints(p).into_iter().chain(priority);
+                for hint in hints.chain(config::prefill_hint(p)) {
                     println!("    hint: {hint}");
                 }
             }

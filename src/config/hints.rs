@@ -33,6 +33,20 @@ pub fn priority_hint(tiers: usize, pool: &PoolConfig) -> Option<String> {
     })
 }
 
+/// A hint for a pool whose `max_prefilling` is not below any replica's
+/// `max_inflight`: the bound then never holds a request back.
+pub fn prefill_hint(pool: &PoolConfig) -> Option<String> {
+    let bound = pool.max_prefilling?;
+    let limits = pool
+        .replicas
+        .iter()
+        .map(|r| r.max_inflight.or(pool.max_inflight));
+    let largest = limits.flatten().max()?;
+    (bound >= largest).then(|| {
+        format!("max_prefilling = {bound} is not below max_inflight ({largest}): it never holds a request back (docs/ADMISSION.md#prefill-bound)")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +65,17 @@ mod tests {
         let sends = pool("send_priority = true");
         assert!(priority_hint(0, &sends).unwrap().contains("[[tiers]]"));
         assert_eq!(priority_hint(2, &sends), None);
+    }
+
+    #[test]
+    fn a_prefill_bound_at_or_above_the_limit_does_nothing() {
+        assert_eq!(prefill_hint(&pool("max_inflight = 8")), None);
+        assert_eq!(
+            prefill_hint(&pool("max_inflight = 8\nmax_prefilling = 4")),
+            None
+        );
+        let idle = prefill_hint(&pool("max_inflight = 8\nmax_prefilling = 8")).unwrap();
+        assert!(idle.contains("never holds"), "{idle}");
     }
 
     #[test]
