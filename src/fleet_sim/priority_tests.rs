@@ -67,13 +67,18 @@ fn p99(v: &serde_json::Value, policy: &str, tier: &str) -> f64 {
 /// `seed`: per tier (paid, free), the p99 TTFT (seconds) through one and
 /// through three.
 fn p99s(seed: u64) -> [(f64, f64); 2] {
+    p99s_of(PRIORITY_DEMO, seed)
+}
+
+/// [`p99s`] with another config.
+fn p99s_of(config_text: &str, seed: u64) -> [(f64, f64); 2] {
     // One directory per call: the tests run at once.
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("llmlb-prio-{}-{seed}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (config, out) = (dir.join("llmlb.toml"), dir.join("out.json"));
-    std::fs::write(&config, PRIORITY_DEMO).unwrap();
+    std::fs::write(&config, config_text).unwrap();
     let seed = seed.to_string();
     let argv = [
         "llmlb",
@@ -153,6 +158,31 @@ fn three_instances_price_the_paid_share_with_the_fleets_rate() {
         assert!(
             paid_three <= 1.10 * paid_one,
             "seed {seed}: paid p99 {paid_three:.3} s, {paid_one:.3} s"
+        );
+    }
+}
+
+#[test]
+fn a_prefill_bound_lowers_the_paid_tail_through_one_instance_and_three() {
+    // Measured (paid p99 through one instance, without → with
+    // `max_prefilling = 4`): seeds 7–11 1.64 → 1.58, 1.90 → 1.66, 1.92 →
+    // 1.59, 1.87 → 1.61, 2.10 → 1.57 s; three ÷ one with it 1.02, 0.99,
+    // 0.96, 0.89, 0.99 (docs/lab/fleet-instances.md, "A prefill bound").
+    let bounded = PRIORITY_DEMO.replace(
+        "max_inflight = 16\n",
+        "max_inflight = 16\nmax_prefilling = 4\n",
+    );
+    assert_ne!(bounded, PRIORITY_DEMO);
+    for seed in 7..=11 {
+        let [(free_one, _), _] = p99s(seed);
+        let [(one, three), _] = p99s_of(&bounded, seed);
+        assert!(
+            one < free_one,
+            "seed {seed}: paid p99 {one:.3} s with the bound, {free_one:.3} s without"
+        );
+        assert!(
+            three <= 1.10 * one,
+            "seed {seed}: paid p99 {three:.3} s through three instances, {one:.3} s through one"
         );
     }
 }
