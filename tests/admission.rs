@@ -108,6 +108,14 @@ async fn max_prefilling_holds_requests_in_the_queue_until_a_first_token() {
     let high = spawn_call(lb.addr, tagged("high", Some(PAID_KEY)));
     until("high queued", || queue_depths(&lb) == vec![1, 1]).await;
     assert_eq!(up.requests(), 2, "nothing past the prefill bound");
+    let (_, text) = admin_get(lb.admin_addr, "/admin/replicas").await;
+    let replicas: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let r = replica_entry(&replicas, &up.addr.to_string());
+    assert_eq!(
+        (&r["prefilling"], &r["prefill_limit"]),
+        (&2.into(), &2.into()),
+        "{r}"
+    );
 
     // low-a's first token frees one prefill slot while low-a still runs:
     // the paid request goes next, then low-c after the next first token.

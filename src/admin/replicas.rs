@@ -69,6 +69,10 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
         // `max_inflight`, and this instance's share of it under a fleet store.
         "max_inflight": r.max_inflight,
         "limit": r.limit(),
+        // Requests sent here not yet at their first byte, and the bound on
+        // them (`max_prefilling`, this instance's part under a fleet store).
+        "prefilling": r.prefilling(),
+        "prefill_limit": r.prefill_limit(),
         "outstanding_tokens": r.outstanding_tokens(),
         "health": {
             "active": if r.health.checks() == 0 { "unchecked" } else if r.health.is_up() { "up" } else { "down" },
