@@ -159,7 +159,8 @@ fn check(path: &Path) -> ExitCode {
                 }
                 let priority = config::priority_hint(c.tiers.len(), p);
                 let hints = config::prefix_hints(p).into_iter().chain(priority);
-                for hint in hints.chain(config::prefill_hint(p)) {
+                let objectives = c.priorities.iter().any(|l| l.ttft_objective.is_some());
+                for hint in hints.chain(config::prefill_hints(objectives, p)) {
                     println!("    hint: {hint}");
                 }
             }

@@ -33,18 +33,25 @@ pub fn priority_hint(tiers: usize, pool: &PoolConfig) -> Option<String> {
     })
 }
 
-/// A hint for a pool whose `max_prefilling` is not below any replica's
-/// `max_inflight`: the bound then never holds a request back.
-pub fn prefill_hint(pool: &PoolConfig) -> Option<String> {
-    let bound = pool.max_prefilling?;
+/// Hints for a pool with `max_prefilling`: one not below any replica's
+/// `max_inflight` never holds a request back; beside a `ttft_objective`,
+/// deadline admission does not count the wait for a prefill slot.
+pub fn prefill_hints(objectives: bool, pool: &PoolConfig) -> Vec<String> {
+    let Some(bound) = pool.max_prefilling else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
     let limits = pool
         .replicas
         .iter()
         .map(|r| r.max_inflight.or(pool.max_inflight));
-    let largest = limits.flatten().max()?;
-    (bound >= largest).then(|| {
-        format!("max_prefilling = {bound} is not below max_inflight ({largest}): it never holds a request back (docs/ADMISSION.md#prefill-bound)")
-    })
+    if let Some(largest) = limits.flatten().max().filter(|l| bound >= *l) {
+        out.push(format!("max_prefilling = {bound} is not below max_inflight ({largest}): it never holds a request back (docs/ADMISSION.md#prefill-bound)"));
+    }
+    if objectives {
+        out.push("max_prefilling with a ttft_objective: deadline admission does not count the wait for a prefill slot, so admitted requests can miss the objective (docs/ADMISSION.md#prefill-bound)".to_string());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -69,13 +76,19 @@ mod tests {
 
     #[test]
     fn a_prefill_bound_at_or_above_the_limit_does_nothing() {
-        assert_eq!(prefill_hint(&pool("max_inflight = 8")), None);
-        assert_eq!(
-            prefill_hint(&pool("max_inflight = 8\nmax_prefilling = 4")),
-            None
+        assert!(prefill_hints(true, &pool("max_inflight = 8")).is_empty());
+        let bounded = pool("max_inflight = 8\nmax_prefilling = 4");
+        assert!(prefill_hints(false, &bounded).is_empty());
+        let idle = prefill_hints(false, &pool("max_inflight = 8\nmax_prefilling = 8"));
+        assert!(
+            idle.len() == 1 && idle[0].contains("never holds"),
+            "{idle:?}"
         );
-        let idle = prefill_hint(&pool("max_inflight = 8\nmax_prefilling = 8")).unwrap();
-        assert!(idle.contains("never holds"), "{idle}");
+        let deadline = prefill_hints(true, &bounded);
+        assert!(
+            deadline.len() == 1 && deadline[0].contains("ttft_objective"),
+            "{deadline:?}"
+        );
     }
 
     #[test]

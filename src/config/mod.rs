@@ -34,7 +34,7 @@ pub use discovery::{DiscoveryConfig, ReplicaNames};
 pub use duration::format as format_duration;
 pub use fleet::FleetConfig;
 pub use gateway::*;
-pub use hints::{prefill_hint, prefix_hints, priority_hint};
+pub use hints::{prefill_hints, prefix_hints, priority_hint};
 pub use routing::*;
 pub use schema::*;
 pub use server::{ServerConfig, TlsConfig};
