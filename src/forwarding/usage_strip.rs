@@ -11,14 +11,14 @@
 //! as a slice of the same buffer when none of them is the usage event (vLLM
 //! sends one event per chunk, so this is the usual case); an unfinished
 //! event waits for its rest. Only an event that mentions `"usage"` is
-//! parsed, and the search for it and for the blank lines is `memchr`'s
-//! (one pass over the bytes, no per-byte comparison loop). Removing the
-//! event copies the rest of the chunk once. At the end of the stream,
-//! whatever is left passes as it is.
+//! read ([`super::usage_event`]), and the search for it and for the blank
+//! lines is `memchr`'s (one pass over the bytes, no per-byte comparison
+//! loop). Removing the event copies the rest of the chunk once. At the end
+//! of the stream, whatever is left passes as it is.
 
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+
+use super::usage_event::is_usage_only;
 
 // The key every usage event carries.
 use crate::net::USAGE_KEY;
@@ -122,28 +122,6 @@ fn event_end(buf: &[u8]) -> Option<usize> {
         Some(b'\r') if buf.get(i + 2) == Some(&b'\n') => Some(i + 3),
         _ => None,
     })
-}
-
-/// An event whose single `data:` line is a chunk with no choices and a usage
-/// object: the one `include_usage` adds.
-fn is_usage_only(event: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Chunk {
-        choices: Option<Vec<IgnoredAny>>,
-        usage: Option<IgnoredAny>,
-    }
-    if USAGE_KEY.find(event).is_none() {
-        return false;
-    }
-    let text = event.trim_ascii();
-    let Some(json) = text.strip_prefix(b"data:") else {
-        return false;
-    };
-    if memchr::memchr(b'\n', json).is_some() {
-        return false;
-    }
-    serde_json::from_slice::<Chunk>(json.trim_ascii())
-        .is_ok_and(|c| c.choices.is_some_and(|v| v.is_empty()) && c.usage.is_some())
 }
 
 #[cfg(test)]
