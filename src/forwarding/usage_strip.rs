@@ -11,10 +11,13 @@
 //! as a slice of the same buffer when none of them is the usage event (vLLM
 //! sends one event per chunk, so this is the usual case); an unfinished
 //! event waits for its rest. Only an event that mentions `"usage"` is
-//! read ([`super::usage_event`]), and the search for it and for the blank
-//! lines is `memchr`'s (one pass over the bytes, no per-byte comparison
-//! loop). Removing the event copies the rest of the chunk once. At the end
-//! of the stream, whatever is left passes as it is.
+//! read ([`super::usage_event`]); the searches for it and for the blank
+//! lines are `memchr`'s, and the events are not walked one by one: the
+//! blank lines are looked for back from each hit and from the chunk's end
+//! (a chunk that ends with its event's blank line, the usual case, costs
+//! one look at its last bytes). Removing the event copies the rest of the
+//! chunk once. At the end of the stream,
+//! whatever is left passes as it is.
 
 use bytes::{Bytes, BytesMut};
 
@@ -55,26 +58,34 @@ impl UsageStrip {
             self.carry.extend_from_slice(&chunk);
             self.carry.split().freeze()
         };
-        // One walk over the events, from one blank line to the next: the
-        // ones that mention "usage" are looked at as it passes them, and
-        // where it stops the unfinished event begins. (A "usage" key holds
-        // no line break, so a hit never spans two events.)
+        // The events that mention "usage" are looked at, each found from
+        // the last blank line before its hit, and the unfinished event
+        // begins after the last blank line. (A "usage" key holds no line
+        // break, so a hit never spans two events.)
         let search = |from: usize| USAGE_KEY.find(&buf[from..]).map(|i| i + from);
         let mut hit = if searched { usage_at } else { search(0) };
         let first = hit;
-        let (mut start, mut usage) = (0, None);
-        while let Some(len) = event_end(&buf[start..]) {
-            let end = start + len;
-            if usage.is_none() && hit.is_some_and(|h| h < end) {
-                if is_usage_only(&buf[start..end]) {
+        // Where an event ends: the events before it are looked at.
+        let mut from = 0;
+        let (mut usage, mut unfinished) = (None, None);
+        while let Some(h) = hit {
+            match event_around(&buf, from, h) {
+                Ok((start, end)) if is_usage_only(&buf[start..end]) => {
                     usage = Some((start, end));
-                } else {
+                    from = end;
+                    break;
+                }
+                Ok((_, end)) => {
+                    from = end;
                     hit = search(end);
                 }
+                Err(last) => {
+                    unfinished = Some(last);
+                    break;
+                }
             }
-            start = end;
         }
-        let complete = start;
+        let complete = unfinished.unwrap_or_else(|| last_event_end(&buf, from));
         if complete < buf.len() {
             self.carry.extend_from_slice(&buf[complete..]);
         }
@@ -116,12 +127,57 @@ impl UsageStrip {
 
 /// The length of the first complete event in `buf`, its blank line included
 /// (`\n\n`, or `\n\r\n`).
+///
+/// The events of a buffer are what a walk from its start finds, one
+/// `event_end` after another; the functions below find the same ends
+/// without walking every event (a `memchr` call each).
 fn event_end(buf: &[u8]) -> Option<usize> {
     memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1) {
         Some(b'\n') => Some(i + 2),
         Some(b'\r') if buf.get(i + 2) == Some(&b'\n') => Some(i + 3),
         _ => None,
     })
+}
+
+/// An event's end at or before `at`, at or after `from` (an event's end
+/// itself): the last `\n\n` before `at`, when the byte before it is
+/// neither `\n` nor `\r`, else `from`. Such a blank line ends an event:
+/// a walk that reaches its first `\n` stops after its second, and no
+/// step of the walk ends between the two (that takes a `\n` or a `\r`
+/// before the first).
+fn resume_point(buf: &[u8], from: usize, at: usize) -> usize {
+    let last_blank = memchr::memrchr_iter(b'\n', &buf[from..at])
+        .map(|i| from + i)
+        .find(|&i| i > from && buf[i - 1] == b'\n');
+    match last_blank {
+        Some(i) if i - 1 == from || !matches!(buf[i - 2], b'\n' | b'\r') => i + 1,
+        _ => from,
+    }
+}
+
+/// The complete event holding byte `at`, found from `from` (an event's
+/// end at or before `at`): `Err` with the last event's end when `at` is
+/// in the unfinished rest.
+fn event_around(buf: &[u8], from: usize, at: usize) -> Result<(usize, usize), usize> {
+    let mut start = resume_point(buf, from, at);
+    loop {
+        match event_end(&buf[start..]) {
+            Some(len) if start + len > at => return Ok((start, start + len)),
+            Some(len) => start += len,
+            None => return Err(start),
+        }
+    }
+}
+
+/// The end of the last complete event, found from `from` (an event's end).
+fn last_event_end(buf: &[u8], from: usize) -> usize {
+    let mut end = resume_point(buf, from, buf.len());
+    while end < buf.len()
+        && let Some(len) = event_end(&buf[end..])
+    {
+        end += len;
+    }
+    end
 }
 
 #[cfg(test)]
@@ -146,6 +202,41 @@ mod tests {
         text.extend_from_slice(&s.flush());
         let usage = usage.map(|u| String::from_utf8(u.to_vec()).unwrap());
         (String::from_utf8(text).unwrap(), usage)
+    }
+
+    /// The ends every event by event walk finds, from the buffer's start.
+    fn walked(buf: &[u8]) -> Vec<usize> {
+        let mut ends = vec![0];
+        while let Some(len) = event_end(&buf[*ends.last().unwrap()..]) {
+            ends.push(ends.last().unwrap() + len);
+        }
+        ends
+    }
+
+    /// Found without walking every event, the events are the walk's: on
+    /// every buffer of up to eight bytes from `\n`, `\r` and `x`, from
+    /// every event's end, around every byte.
+    #[test]
+    fn events_found_from_a_blank_line_are_the_walks() {
+        let mut buf = Vec::new();
+        for len in 0..=8u32 {
+            for n in 0..3usize.pow(len) {
+                buf.clear();
+                buf.extend((0..len).map(|i| b"\n\rx"[n / 3usize.pow(i) % 3]));
+                let ends = walked(&buf);
+                let last = *ends.last().unwrap();
+                for &from in &ends {
+                    assert_eq!(last_event_end(&buf, from), last, "{buf:?} from {from}");
+                    for at in from..buf.len() {
+                        let around = match ends.iter().position(|&e| e > at) {
+                            Some(k) => Ok((ends[k - 1], ends[k])),
+                            None => Err(last),
+                        };
+                        assert_eq!(event_around(&buf, from, at), around, "{buf:?} {from} {at}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
