@@ -71,8 +71,23 @@ fn names_other_header(option: &str) -> bool {
 ///
 /// A message has a handful of headers and usually no hop-by-hop one but
 /// `Connection`: the names are scanned, and only those present are removed
-/// (a removal by name hashes it, a scan compares a few).
+/// (a removal by name hashes it, a scan compares a few). One scan finds the
+/// first, counts the others and sees whether `Connection` is there (its
+/// options are read only then, a lone `keep-alive` or `close` without
+/// splitting it); each removal after the first scans again,
+/// so the headers are removed in the order a scan after each removal
+/// finds them, as before.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let mut hop = headers.keys().filter(|k| is_hop_by_hop(k));
+    let Some(first) = hop.next() else {
+        return;
+    };
+    let (mut connection, mut count) = (*first == header::CONNECTION, 1);
+    for name in hop {
+        connection |= *name == header::CONNECTION;
+        count += 1;
+    }
+    let first = first.clone();
     let options = || {
         headers
             .get_all(header::CONNECTION)
@@ -81,7 +96,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .map(str::trim)
     };
-    if options().any(names_other_header) {
+    // A value that is only `keep-alive` or `close` (the usual ones) names
+    // nothing, without splitting it.
+    let names_other = |v: &http::HeaderValue| {
+        let b = v.as_bytes();
+        !(b.eq_ignore_ascii_case(b"keep-alive") || b.eq_ignore_ascii_case(b"close"))
+            && v.to_str()
+                .is_ok_and(|v| v.split(',').map(str::trim).any(names_other_header))
+    };
+    if connection && headers.get_all(header::CONNECTION).iter().any(names_other) {
         let named: Vec<HeaderName> = options()
             .filter(|o| names_other_header(o))
             .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
@@ -89,9 +112,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         for name in named {
             headers.remove(name);
         }
+        // The names removed may have been hop-by-hop ones: scan again.
+        while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
+            headers.remove(name);
+        }
+        return;
     }
-    while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
-        headers.remove(name);
+    headers.remove(first);
+    for _ in 1..count {
+        if let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
+            headers.remove(name);
+        }
     }
 }
 
@@ -123,6 +154,59 @@ mod tests {
             ("x-custom", "kept"),
         ]);
         assert_eq!(left, vec!["authorization", "x-custom"]);
+    }
+
+    /// The headers left, in the map's order, are those a new scan after
+    /// each removal leaves (a removal moves the last entry into its place).
+    #[test]
+    fn the_headers_left_keep_the_order_of_one_removal_per_scan() {
+        let lists: [&[(&str, &str)]; 3] = [
+            &[
+                ("te", "trailers"),
+                ("a", "1"),
+                ("connection", "keep-alive"),
+                ("b", "2"),
+                ("upgrade", "h2c"),
+                ("c", "3"),
+                ("keep-alive", "timeout=5"),
+                ("d", "4"),
+            ],
+            &[("a", "1"), ("connection", "close"), ("b", "2"), ("c", "3")],
+            &[
+                ("connection", "x-a, te"),
+                ("x-a", "1"),
+                ("te", "t"),
+                ("b", "2"),
+                ("c", "3"),
+            ],
+        ];
+        for list in lists {
+            let mut h = HeaderMap::new();
+            for (name, value) in list {
+                h.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    http::HeaderValue::from_static(value),
+                );
+            }
+            // The names `Connection` gives, then one hop-by-hop name a scan.
+            let mut rescanned = h.clone();
+            let named: Vec<String> = h
+                .get_all("connection")
+                .iter()
+                .flat_map(|v| v.to_str().unwrap().split(','))
+                .map(|o| o.trim().to_owned())
+                .filter(|o| names_other_header(o))
+                .collect();
+            for name in named {
+                rescanned.remove(name.as_str());
+            }
+            while let Some(name) = rescanned.keys().find(|k| is_hop_by_hop(k)).cloned() {
+                rescanned.remove(name);
+            }
+            strip_hop_by_hop(&mut h);
+            let order = |m: &HeaderMap| m.keys().map(|k| k.to_string()).collect::<Vec<_>>();
+            assert_eq!(order(&h), order(&rescanned), "{list:?}");
+        }
     }
 
     #[test]
