@@ -163,8 +163,14 @@ pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Insta
 
 const TARGET: &str = "llmlb::access";
 
+/// Milliseconds from whole hundredths, the float the line writes.
+fn as_ms(hundredths: u64) -> f64 {
+    hundredths as f64 / 100.0
+}
+
 /// The access line's fields, each `None` when off in
-/// `[telemetry.access_log] fields` or unknown for this request.
+/// `[telemetry.access_log] fields` or unknown for this request. The spans
+/// (`..._ms`) are in whole hundredths of a millisecond.
 struct Fields<'a> {
     request_id: Option<&'a str>,
     client: Option<SocketAddr>,
@@ -178,17 +184,17 @@ struct Fields<'a> {
     branch: Option<&'static str>,
     status: Option<u16>,
     attempts: Option<u32>,
-    ttft_ms: Option<f64>,
-    duration_ms: Option<f64>,
+    ttft_ms: Option<u64>,
+    duration_ms: Option<u64>,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     outcome: Option<&'static str>,
     error: Option<&'static str>,
     error_message: Option<&'a str>,
-    ttfb_ms: Option<f64>,
+    ttfb_ms: Option<u64>,
     tier: Option<&'a str>,
-    queue_ms: Option<f64>,
+    queue_ms: Option<u64>,
 }
 
 impl<'a> Fields<'a> {
@@ -198,7 +204,7 @@ impl<'a> Fields<'a> {
             v.filter(|_| on)
         }
         // Milliseconds in whole hundredths.
-        let span_ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0;
+        let span_ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 100.0).round() as u64;
         let ms = |t: Instant| span_ms(t.duration_since(r.start.start));
         let d = r.dispatched.as_ref();
         let u = ended.usage.unwrap_or_default();
@@ -247,17 +253,17 @@ impl<'a> Fields<'a> {
         l.str(b"branch", self.branch);
         l.u64(b"status", self.status.map(u64::from));
         l.u64(b"attempts", self.attempts.map(u64::from));
-        l.f64(b"ttft_ms", self.ttft_ms);
-        l.f64(b"duration_ms", self.duration_ms);
+        l.hundredths(b"ttft_ms", self.ttft_ms);
+        l.hundredths(b"duration_ms", self.duration_ms);
         l.u64(b"prompt_tokens", self.prompt_tokens);
         l.u64(b"completion_tokens", self.completion_tokens);
         l.u64(b"cached_tokens", self.cached_tokens);
         l.str(b"outcome", self.outcome);
         l.str(b"error", self.error);
         l.str(b"error_message", self.error_message);
-        l.f64(b"ttfb_ms", self.ttfb_ms);
+        l.hundredths(b"ttfb_ms", self.ttfb_ms);
         l.str(b"tier", self.tier);
-        l.f64(b"queue_ms", self.queue_ms);
+        l.hundredths(b"queue_ms", self.queue_ms);
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).
@@ -276,17 +282,17 @@ impl<'a> Fields<'a> {
             branch = self.branch,
             status = self.status,
             attempts = self.attempts,
-            ttft_ms = self.ttft_ms,
-            duration_ms = self.duration_ms,
+            ttft_ms = self.ttft_ms.map(as_ms),
+            duration_ms = self.duration_ms.map(as_ms),
             prompt_tokens = self.prompt_tokens,
             completion_tokens = self.completion_tokens,
             cached_tokens = self.cached_tokens,
             outcome = self.outcome,
             error = self.error,
             error_message = self.error_message,
-            ttfb_ms = self.ttfb_ms,
+            ttfb_ms = self.ttfb_ms.map(as_ms),
             tier = self.tier,
-            queue_ms = self.queue_ms,
+            queue_ms = self.queue_ms.map(as_ms),
             "request"
         );
     }

@@ -193,6 +193,36 @@ impl<'a> Line<'a> {
             }
         }
     }
+    /// Milliseconds in whole hundredths (`Some(n)`: `n / 100` ms), written
+    /// as [`Self::f64`] writes the float `n as f64 / 100.0`; in text from
+    /// the integer's digits, without the float's round trip.
+    pub fn hundredths<const N: usize>(&mut self, name: &[u8; N], value: Option<u64>) {
+        let Some(n) = value else { return };
+        self.key(name);
+        match self.format {
+            LogFormat::Text if n < HUNDREDTHS_BOUND => write_hundredths(self.buf, n),
+            LogFormat::Text => debug_f64(self.buf, n as f64 / 100.0),
+            LogFormat::Json => {
+                let _ = serde_json::to_writer(&mut *self.buf, &(n as f64 / 100.0));
+            }
+        }
+    }
+}
+
+/// A number of hundredths below this is written from its digits (see
+/// [`debug_f64`]).
+const HUNDREDTHS_BOUND: u64 = 1_000_000_000_000_000;
+
+/// `n / 100` as `Debug` writes the float nearest to it, for `n` below
+/// [`HUNDREDTHS_BOUND`]: the whole part, a point, the hundredths with a
+/// trailing zero cut (`12.5`, `12.05`, `0.0`).
+fn write_hundredths(buf: &mut Vec<u8>, n: u64) {
+    buf.extend_from_slice(itoa::Buffer::new().format(n / 100).as_bytes());
+    let (tens, ones) = ((n / 10 % 10) as u8, (n % 10) as u8);
+    buf.extend_from_slice(&[b'.', b'0' + tens]);
+    if ones != 0 {
+        buf.push(b'0' + ones);
+    }
 }
 
 /// `{:?}` of a float. A value that is a number of hundredths (the access
@@ -204,16 +234,10 @@ impl<'a> Line<'a> {
 fn debug_f64(buf: &mut Vec<u8>, v: f64) {
     let hundredths = (v.abs() * 100.0).round();
     if v != 0.0 && hundredths < 1e15 && hundredths / 100.0 == v.abs() {
-        let n = hundredths as u64;
         if v < 0.0 {
             buf.push(b'-');
         }
-        buf.extend_from_slice(itoa::Buffer::new().format(n / 100).as_bytes());
-        let (tens, ones) = ((n / 10 % 10) as u8, (n % 10) as u8);
-        buf.extend_from_slice(&[b'.', b'0' + tens]);
-        if ones != 0 {
-            buf.push(b'0' + ones);
-        }
+        write_hundredths(buf, hundredths as u64);
     } else {
         let _ = write!(Bytes(buf), "{v:?}");
     }
@@ -512,6 +536,29 @@ mod tests {
             let mut buf = Vec::new();
             debug_f64(&mut buf, v);
             assert_eq!(String::from_utf8(buf).unwrap(), format!("{v:?}"));
+        }
+    }
+
+    /// A span in hundredths is written as its float would be, in both
+    /// formats.
+    #[test]
+    fn hundredths_are_written_as_their_float() {
+        let mut cases = vec![0, 1, 9, 10, 11, 99, 100, 101, 105, 1234, 1_000_000];
+        cases.extend([HUNDREDTHS_BOUND - 1, HUNDREDTHS_BOUND, 1 << 53, u64::MAX]);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(x % 10_000_000);
+            cases.push(x % HUNDREDTHS_BOUND);
+        }
+        for n in cases {
+            for format in [LogFormat::Text, LogFormat::Json] {
+                let ours = direct(format, |l| l.hundredths(b"ms", Some(n)));
+                let float = direct(format, |l| l.f64(b"ms", Some(n as f64 / 100.0)));
+                assert_eq!(without_time(&ours), without_time(&float), "{n}");
+            }
         }
     }
 
