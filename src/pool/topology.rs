@@ -10,7 +10,7 @@ use super::{Pool, Resolution};
 use crate::admission::fair::{FairParams, Share};
 use crate::admission::{Admission, AdmissionMetrics, Level, PoolQueue, QueueParams};
 use crate::balancing::{self, BalancerParams};
-use crate::config::{Config, Fairness, PoolConfig, UpstreamTlsConfig};
+use crate::config::{Config, Fairness, PoolConfig, ReplicaConfig, UpstreamTlsConfig};
 use crate::net::Prober;
 use crate::net::UpstreamTls;
 use crate::replica::{PrefillHook, Replica};
@@ -217,6 +217,49 @@ impl Topology {
     }
 }
 
+/// The replica `rc` of pool `pc`: the old pool's own when nothing that
+/// shapes it changed, else a new one that carries the old one's counts.
+fn replica_of(
+    config: &Config,
+    pc: &PoolConfig,
+    rc: &ReplicaConfig,
+    metrics: &Metrics,
+    old: Option<&Pool>,
+) -> Arc<Replica> {
+    let url: http::Uri = rc
+        .url
+        .parse()
+        .expect("replica URL checked by config validation");
+    let authority = url.authority().cloned().expect("checked: URL has a host");
+    let scheme = url.scheme().cloned().expect("checked: URL has a scheme");
+    let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
+    let limit = rc.max_inflight.or(pc.max_inflight);
+    let same = old.and_then(|p| {
+        p.replicas
+            .iter()
+            .find(|r| r.authority == authority && r.scheme == scheme && r.name == name)
+    });
+    if let Some(kept) = same.filter(|r| {
+        r.weight == rc.weight && r.max_inflight == limit && r.max_prefilling == pc.max_prefilling
+    }) {
+        return Arc::clone(kept);
+    }
+    let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
+    // With a fleet store, a new replica has no slot here until the
+    // store grants this instance a share of its limit.
+    let fleet_cap = if config.fleet.is_some() { 0 } else { u32::MAX };
+    let replica = Replica::new(name, authority, rc.weight, gauge)
+        .with_scheme(scheme)
+        .with_limit(limit)
+        .with_prefill_limit(pc.max_prefilling)
+        .with_fleet_cap(fleet_cap);
+    // A new weight or limit: the requests running there still count.
+    Arc::new(match same {
+        Some(previous) => replica.carrying_counts_of(previous),
+        None => replica,
+    })
+}
+
 fn build_pool(
     config: &Config,
     pc: &PoolConfig,
@@ -227,42 +270,7 @@ fn build_pool(
     let replicas: Vec<Arc<Replica>> = pc
         .replicas
         .iter()
-        .map(|rc| {
-            let url: http::Uri = rc
-                .url
-                .parse()
-                .expect("replica URL checked by config validation");
-            let authority = url.authority().cloned().expect("checked: URL has a host");
-            let scheme = url.scheme().cloned().expect("checked: URL has a scheme");
-            let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
-            let limit = rc.max_inflight.or(pc.max_inflight);
-            let same = old.and_then(|p| {
-                p.replicas
-                    .iter()
-                    .find(|r| r.authority == authority && r.scheme == scheme && r.name == name)
-            });
-            if let Some(kept) = same.filter(|r| {
-                r.weight == rc.weight
-                    && r.max_inflight == limit
-                    && r.max_prefilling == pc.max_prefilling
-            }) {
-                return Arc::clone(kept);
-            }
-            let gauge = metrics.in_flight.with_label_values(&[&pc.name, &name]);
-            // With a fleet store, a new replica has no slot here until the
-            // store grants this instance a share of its limit.
-            let fleet_cap = if config.fleet.is_some() { 0 } else { u32::MAX };
-            let replica = Replica::new(name, authority, rc.weight, gauge)
-                .with_scheme(scheme)
-                .with_limit(limit)
-                .with_prefill_limit(pc.max_prefilling)
-                .with_fleet_cap(fleet_cap);
-            // A new weight or limit: the requests running there still count.
-            Arc::new(match same {
-                Some(previous) => replica.carrying_counts_of(previous),
-                None => replica,
-            })
-        })
+        .map(|rc| replica_of(config, pc, rc, metrics, old))
         .collect();
     let old_queue = old.and_then(|p| p.admission.as_ref());
     let admission = queue_for(config, pc, &replicas, admission_metrics, old_queue);
