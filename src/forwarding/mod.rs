@@ -14,7 +14,6 @@ mod outbound;
 mod prefill;
 mod recent;
 mod stream_usage;
-mod usage_event;
 mod usage_strip;
 
 pub use body::ProxyBody;

@@ -11,7 +11,7 @@
 //! as a slice of the same buffer when none of them is the usage event (vLLM
 //! sends one event per chunk, so this is the usual case); an unfinished
 //! event waits for its rest. Only an event that mentions `"usage"` is
-//! read ([`super::usage_event`]); the searches for it and for the blank
+//! parsed (`serde_json`); the searches for it and for the blank
 //! lines are `memchr`'s, and the events are not walked one by one: the
 //! blank lines are looked for back from each hit and from the chunk's end
 //! (a chunk that ends with its event's blank line, the usual case, costs
@@ -20,8 +20,8 @@
 //! whatever is left passes as it is.
 
 use bytes::{Bytes, BytesMut};
-
-use super::usage_event::is_usage_only;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 // The key every usage event carries.
 use crate::net::USAGE_KEY;
@@ -178,6 +178,26 @@ fn last_event_end(buf: &[u8], from: usize) -> usize {
         end += len;
     }
     end
+}
+
+/// An event whose single `data:` line is a chunk with no choices and a usage
+/// object: the one `include_usage` adds. The caller has found `"usage"`
+/// in it.
+fn is_usage_only(event: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Chunk {
+        choices: Option<Vec<IgnoredAny>>,
+        usage: Option<IgnoredAny>,
+    }
+    let text = event.trim_ascii();
+    let Some(json) = text.strip_prefix(b"data:") else {
+        return false;
+    };
+    if memchr::memchr(b'\n', json).is_some() {
+        return false;
+    }
+    serde_json::from_slice::<Chunk>(json.trim_ascii())
+        .is_ok_and(|c| c.choices.is_some_and(|v| v.is_empty()) && c.usage.is_some())
 }
 
 #[cfg(test)]
