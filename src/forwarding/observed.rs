@@ -105,7 +105,7 @@ fn ends_stream(data: &[u8]) -> bool {
 }
 
 /// Whether an SSE frame carries generated text (a non-empty `content`,
-/// `reasoning_content` or `text` string). Looked for event by event: the
+/// `reasoning_content`, `reasoning` or `text` string). Looked for event by event: the
 /// first usually has it, where a search of each key through the whole
 /// frame cost a pass over it per key (a key holds no line break, so it is
 /// never cut between two events).
@@ -126,12 +126,15 @@ pub fn has_content(frame: &[u8]) -> bool {
 /// [`has_content`] within one event.
 fn event_has_content(frame: &[u8]) -> bool {
     use memchr::memmem::Finder;
-    static KEYS: std::sync::LazyLock<[Finder<'static>; 4]> = std::sync::LazyLock::new(|| {
+    // `content":"` without its opening quote: `reasoning_content` too.
+    static KEYS: std::sync::LazyLock<[Finder<'static>; 6]> = std::sync::LazyLock::new(|| {
         [
-            &b"\"content\":\""[..],
+            &b"content\":\""[..],
             b"\"text\":\"",
-            b"\"content\": \"",
+            b"content\": \"",
             b"\"text\": \"",
+            b"\"reasoning\":\"",
+            b"\"reasoning\": \"",
         ]
         .map(Finder::new)
     });
@@ -227,6 +230,13 @@ mod tests {
             br#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#
         ));
         assert!(has_content(br#"data: {"choices":[{"text":" w"}]}"#));
+        // A reasoning model's first tokens are its first content.
+        assert!(has_content(
+            br#"data: {"choices":[{"delta":{"reasoning_content":"Let"}}]}"#
+        ));
+        assert!(has_content(
+            br#"data: {"choices":[{"delta":{"reasoning": "Let"}}]}"#
+        ));
         assert!(!has_content(
             br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
         ));
