@@ -71,8 +71,9 @@ pub enum Chunk {
         /// A generated token: a completions choice's `text` (empty too: vLLM
         /// streams one chunk per step, with empty text while the tokens so
         /// far do not complete a character), or non-empty chat
-        /// `delta.content` or `delta.reasoning_content` (the first chat
-        /// chunk carries only the role, with empty content).
+        /// `delta.content`, `delta.reasoning_content` or `delta.reasoning`,
+        /// or a tool call's delta (the first chat chunk carries only the
+        /// role, with empty content).
         content: bool,
         completion_tokens: Option<u64>,
         /// `usage.prompt_tokens`: the prompt length in the server's tokenizer.
@@ -105,6 +106,11 @@ struct WireDelta {
     content: Option<String>,
     #[serde(default)]
     reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+    /// A tool call's deltas are generated output too.
+    #[serde(default)]
+    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -135,9 +141,12 @@ pub fn classify(data: &str) -> Chunk {
     let non_empty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
     let content = wire.choices.iter().any(|c| {
         c.text.is_some()
-            || c.delta
-                .as_ref()
-                .is_some_and(|d| non_empty(&d.content) || non_empty(&d.reasoning_content))
+            || c.delta.as_ref().is_some_and(|d| {
+                non_empty(&d.content)
+                    || non_empty(&d.reasoning_content)
+                    || non_empty(&d.reasoning)
+                    || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+            })
     });
     let usage = wire.usage.as_ref();
     Chunk::Data {
@@ -226,6 +235,19 @@ mod tests {
             }
         );
         let err = r#"{"error":{"message":"boom","type":"server_error","param":null,"code":"x"}}"#;
+        for generated in [
+            r#"{"choices":[{"delta":{"reasoning":"Let"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"c1","index":0,"function":{"name":"f","arguments":""}}]}}]}"#,
+        ] {
+            assert!(
+                matches!(classify(generated), Chunk::Data { content: true, .. }),
+                "{generated}"
+            );
+        }
+        assert!(matches!(
+            classify(r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#),
+            Chunk::Data { content: false, .. }
+        ));
         assert_eq!(classify(err), Chunk::Error("boom".into()));
         assert!(matches!(classify("{not json"), Chunk::Error(_)));
     }

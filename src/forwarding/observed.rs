@@ -105,7 +105,7 @@ fn ends_stream(data: &[u8]) -> bool {
 }
 
 /// Whether an SSE frame carries generated text (a non-empty `content`,
-/// `reasoning_content`, `reasoning` or `text` string). Looked for event by event: the
+/// `reasoning_content`, `reasoning` or `text` string, or a tool call). Looked for event by event: the
 /// first usually has it, where a search of each key through the whole
 /// frame cost a pass over it per key (a key holds no line break, so it is
 /// never cut between two events).
@@ -138,11 +138,16 @@ fn event_has_content(frame: &[u8]) -> bool {
         ]
         .map(Finder::new)
     });
+    // A tool call's first delta (its id and function name) is generated
+    // output too.
+    static TOOL_CALL: std::sync::LazyLock<[Finder<'static>; 2]> = std::sync::LazyLock::new(|| {
+        [&b"\"tool_calls\":[{"[..], b"\"tool_calls\": [{"].map(Finder::new)
+    });
     KEYS.iter().any(|key| {
         let len = key.needle().len();
         key.find_iter(frame)
             .any(|i| frame.get(i + len).is_some_and(|&c| c != b'"'))
-    })
+    }) || TOOL_CALL.iter().any(|key| key.find(frame).is_some())
 }
 
 #[cfg(test)]
@@ -236,6 +241,12 @@ mod tests {
         ));
         assert!(has_content(
             br#"data: {"choices":[{"delta":{"reasoning": "Let"}}]}"#
+        ));
+        assert!(has_content(
+            br#"data: {"choices":[{"delta":{"tool_calls":[{"id":"c1","type":"function","index":0,"function":{"name":"f","arguments":""}}]}}]}"#
+        ));
+        assert!(!has_content(
+            br#"data: {"choices":[{"delta":{"tool_calls":[]}}]}"#
         ));
         assert!(!has_content(
             br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
