@@ -73,10 +73,9 @@ fn names_other_header(option: &str) -> bool {
 /// `Connection`: the names are scanned, and only those present are removed
 /// (a removal by name hashes it, a scan compares a few). One scan finds the
 /// first, counts the others and sees whether `Connection` is there (its
-/// options are read only then, a lone `keep-alive` or `close` without
-/// splitting it); each removal after the first scans again,
+/// options are read only then); each removal after the first scans again,
 /// so the headers are removed in the order a scan after each removal
-/// finds them, as before.
+/// finds them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut hop = headers.keys().filter(|k| is_hop_by_hop(k));
     let Some(first) = hop.next() else {
@@ -88,42 +87,40 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         count += 1;
     }
     let first = first.clone();
-    let options = || {
-        headers
+    // The headers `Connection` names besides its own options (rarely any).
+    let named: Vec<HeaderName> = match connection {
+        true => headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-    };
-    // A value that is only `keep-alive` or `close` (the usual ones) names
-    // nothing, without splitting it.
-    let names_other = |v: &http::HeaderValue| {
-        let b = v.as_bytes();
-        !(b.eq_ignore_ascii_case(b"keep-alive") || b.eq_ignore_ascii_case(b"close"))
-            && v.to_str()
-                .is_ok_and(|v| v.split(',').map(str::trim).any(names_other_header))
-    };
-    if connection && headers.get_all(header::CONNECTION).iter().any(names_other) {
-        let named: Vec<HeaderName> = options()
             .filter(|o| names_other_header(o))
             .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-        // The names removed may have been hop-by-hop ones: scan again.
-        while let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
-            headers.remove(name);
+            .collect(),
+        false => Vec::new(),
+    };
+    if named.is_empty() {
+        headers.remove(first);
+        for _ in 1..count {
+            if let Some(name) = next_hop_by_hop(headers) {
+                headers.remove(name);
+            }
         }
         return;
     }
-    headers.remove(first);
-    for _ in 1..count {
-        if let Some(name) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
-            headers.remove(name);
-        }
+    for name in named {
+        headers.remove(name);
     }
+    // The names removed may have been hop-by-hop ones: scan until none is left.
+    while let Some(name) = next_hop_by_hop(headers) {
+        headers.remove(name);
+    }
+}
+
+/// The first hop-by-hop header name in the map's order.
+fn next_hop_by_hop(headers: &HeaderMap) -> Option<HeaderName> {
+    headers.keys().find(|k| is_hop_by_hop(k)).cloned()
 }
 
 #[cfg(test)]
@@ -200,7 +197,7 @@ mod tests {
             for name in named {
                 rescanned.remove(name.as_str());
             }
-            while let Some(name) = rescanned.keys().find(|k| is_hop_by_hop(k)).cloned() {
+            while let Some(name) = next_hop_by_hop(&rescanned) {
                 rescanned.remove(name);
             }
             strip_hop_by_hop(&mut h);

@@ -169,15 +169,10 @@ fn event_around(buf: &[u8], from: usize, at: usize) -> Result<(usize, usize), us
     }
 }
 
-/// The end of the last complete event, found from `from` (an event's end).
+/// The end of the last complete event, found from `from` (an event's end):
+/// no complete event holds the byte past the buffer's end.
 fn last_event_end(buf: &[u8], from: usize) -> usize {
-    let mut end = resume_point(buf, from, buf.len());
-    while end < buf.len()
-        && let Some(len) = event_end(&buf[end..])
-    {
-        end += len;
-    }
-    end
+    event_around(buf, from, buf.len()).map_or_else(|end| end, |(_, end)| end)
 }
 
 /// An event whose single `data:` line is a chunk with no choices and a usage
