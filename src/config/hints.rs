@@ -41,11 +41,8 @@ pub fn prefill_hints(objectives: bool, pool: &PoolConfig) -> Vec<String> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    let limits = pool
-        .replicas
-        .iter()
-        .map(|r| r.max_inflight.or(pool.max_inflight));
-    if let Some(largest) = limits.flatten().max().filter(|l| bound >= *l) {
+    let limits = pool.replicas.iter().filter_map(|r| pool.limit_of(r));
+    if let Some(largest) = limits.max().filter(|l| bound >= *l) {
         out.push(format!("max_prefilling = {bound} is not below max_inflight ({largest}): it never holds a request back (docs/ADMISSION.md#prefill-bound)"));
     }
     if objectives {

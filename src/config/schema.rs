@@ -209,6 +209,12 @@ impl PoolConfig {
                 || self.prefix.mode != super::routing::PrefixMode::Off
         })
     }
+
+    /// `replica`'s concurrency limit: its own `max_inflight`, else the
+    /// pool's (`None`: no limit).
+    pub fn limit_of(&self, replica: &ReplicaConfig) -> Option<u32> {
+        replica.max_inflight.or(self.max_inflight)
+    }
 }
 
 fn default_balancer() -> BalancerKind {

@@ -233,7 +233,7 @@ fn replica_of(
     let authority = url.authority().cloned().expect("checked: URL has a host");
     let scheme = url.scheme().cloned().expect("checked: URL has a scheme");
     let name = rc.name.clone().unwrap_or_else(|| authority.to_string());
-    let limit = rc.max_inflight.or(pc.max_inflight);
+    let limit = pc.limit_of(rc);
     let same = old.and_then(|p| {
         p.replicas
             .iter()

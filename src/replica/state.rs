@@ -275,7 +275,13 @@ impl Replica {
     pub fn has_free_slot(&self) -> bool {
         self.limit()
             .is_none_or(|limit| self.in_flight() < u64::from(limit))
-            && self.prefill_limit().is_none_or(|p| self.prefilling() < p)
+            && !self.prefill_full()
+    }
+
+    /// Whether `max_prefilling` of this process's requests here are before
+    /// their first token (never, without the bound).
+    fn prefill_full(&self) -> bool {
+        self.prefill_limit().is_some_and(|p| self.prefilling() >= p)
     }
 
     /// Counts one more request in flight until the guard is dropped.
@@ -306,7 +312,7 @@ impl Replica {
         output_tokens: u64,
     ) -> Option<InFlightGuard> {
         let limit = self.limit().map_or(u64::MAX, u64::from);
-        if self.prefill_limit().is_some_and(|p| self.prefilling() >= p) {
+        if self.prefill_full() {
             return None;
         }
         self.counts
