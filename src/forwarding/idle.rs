@@ -97,6 +97,17 @@ mod tests {
         .await
     }
 
+    /// The timer (of 200 ms, just touched) is not expired 199 ms from now
+    /// and fires at 200 ms; returns the instant it was called.
+    async fn fires_200ms_after_now(timer: &mut IdleTimer) -> Instant {
+        let last = Instant::now();
+        tokio::time::advance(Duration::from_millis(199)).await;
+        assert!(!expired(timer).await, "one ms before the deadline");
+        fired(timer).await;
+        assert_eq!(Instant::now() - last, Duration::from_millis(200));
+        last
+    }
+
     #[tokio::test(start_paused = true)]
     async fn fires_a_timeout_after_the_last_frame_and_not_before() {
         let start = Instant::now();
@@ -107,11 +118,7 @@ mod tests {
             assert!(!expired(&mut timer).await);
             timer.touch();
         }
-        let last = Instant::now();
-        tokio::time::advance(Duration::from_millis(199)).await;
-        assert!(!expired(&mut timer).await, "one ms before the deadline");
-        fired(&mut timer).await;
-        assert_eq!(Instant::now() - last, Duration::from_millis(200));
+        let last = fires_200ms_after_now(&mut timer).await;
         assert_eq!(last - start, Duration::from_millis(600));
     }
 
@@ -122,11 +129,7 @@ mod tests {
         let mut timer = IdleTimer::new(Duration::from_millis(200));
         tokio::time::advance(Duration::from_millis(150)).await;
         timer.touch();
-        let last = Instant::now();
-        tokio::time::advance(Duration::from_millis(199)).await;
-        assert!(!expired(&mut timer).await, "one ms before the deadline");
-        fired(&mut timer).await;
-        assert_eq!(Instant::now() - last, Duration::from_millis(200));
+        fires_200ms_after_now(&mut timer).await;
     }
 
     #[tokio::test(start_paused = true)]

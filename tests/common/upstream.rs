@@ -212,10 +212,7 @@ impl Shared {
                     let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
                     me.open_streams.fetch_sub(1, Ordering::SeqCst);
                 });
-                let mut resp = Response::new(ChannelBody::Channel(rx));
-                resp.headers_mut()
-                    .insert("content-type", "text/event-stream".parse().unwrap());
-                resp
+                ChannelBody::event_stream(rx)
             }
             Mode::StreamHeld => {
                 let (tx, rx) = mpsc::channel::<Bytes>(16);
@@ -236,10 +233,7 @@ impl Shared {
                     }
                     me.open_streams.fetch_sub(1, Ordering::SeqCst);
                 });
-                let mut resp = Response::new(ChannelBody::Channel(rx));
-                resp.headers_mut()
-                    .insert("content-type", "text/event-stream".parse().unwrap());
-                resp
+                ChannelBody::event_stream(rx)
             }
         }
     }
@@ -261,6 +255,14 @@ pub enum ChannelBody {
 }
 
 impl ChannelBody {
+    /// A 200 SSE answer whose events come from `rx`.
+    fn event_stream(rx: mpsc::Receiver<Bytes>) -> Response<ChannelBody> {
+        let mut resp = Response::new(ChannelBody::Channel(rx));
+        resp.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        resp
+    }
+
     fn fixed(status: StatusCode, content_type: &str, body: String) -> Response<ChannelBody> {
         let mut resp = Response::new(ChannelBody::Fixed(Some(Bytes::from(body))));
         *resp.status_mut() = status;
