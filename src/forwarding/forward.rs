@@ -67,6 +67,7 @@ pub async fn forward(
     let asked_usage = req.body.with_usage.take();
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
+    let mut headers = Upstream(Some(headers));
     let mut tried: Vec<ReplicaId> = Vec::new();
     let max_attempts = pool.retries + 1;
     let mut slot_deadline: Option<tokio::time::Instant> = None;
@@ -90,8 +91,18 @@ pub async fn forward(
         if let Some(a) = &req.route.adapter {
             guard.run_adapter(a);
         }
-        let (attempt, sent, strip_usage) =
-            send_with_usage(&req, replica, &headers, asked_usage.as_ref(), n as usize).await?;
+        // A replica not tried yet may take the request again: only then does
+        // this attempt send a copy of the headers.
+        let retry = n < max_attempts && tried.len() < pool.replicas.len();
+        let (attempt, sent, strip_usage) = send_with_usage(
+            &req,
+            replica,
+            &mut headers,
+            retry,
+            asked_usage.as_ref(),
+            n as usize,
+        )
+        .await?;
         let resp = match sent {
             Err(_elapsed) => return Err(timed_out(&req, replica, attempt.as_ref(), seq)),
             Ok(Err(err)) => {
@@ -198,24 +209,28 @@ fn dispatch(
 /// to that generated nothing: the same replica gets the body as the client
 /// sent it (and keeps getting it if that one is taken). Returns the
 /// attempt's span, what the send gave, and whether the answer carries a
-/// usage event llmlb asked for (to strip).
+/// usage event llmlb asked for (to strip). `retry`: another replica may
+/// take the request after this attempt.
 async fn send_with_usage(
     req: &ForwardRequest<'_>,
     replica: &Replica,
-    headers: &HeaderMap,
+    headers: &mut Upstream,
+    retry: bool,
     asked_usage: Option<&Bytes>,
     n: usize,
 ) -> Result<(Option<StageSpan>, Sent, bool), ForwardError> {
     let with_usage = asked_usage.filter(|_| !replica.refuses_stream_options());
     let body = with_usage.unwrap_or(&req.body.body);
-    let (attempt, sent) = send_once(req, replica, headers, body, n).await?;
+    let first = headers.for_send(retry || with_usage.is_some());
+    let (attempt, sent) = send_once(req, replica, first, body, n).await?;
     match sent {
         Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
             drop(resp);
             if let Some(a) = attempt {
                 a.set("http.response.status_code", 400);
             }
-            let (attempt, again) = send_once(req, replica, headers, &req.body.body, n).await?;
+            let again = headers.for_send(retry);
+            let (attempt, again) = send_once(req, replica, again, &req.body.body, n).await?;
             if let Ok(Ok(r)) = &again
                 && r.status() != StatusCode::BAD_REQUEST
                 && replica.note_refuses_stream_options()
@@ -364,6 +379,22 @@ fn prepare_upstream_headers(
     }
 }
 
+/// The headers every attempt sends. A hyper request owns its map, so a
+/// send that another may follow gets a copy; the last one takes the map.
+struct Upstream(Option<HeaderMap>);
+
+impl Upstream {
+    /// The map for one send: a copy when `again` (another send may follow),
+    /// else the map itself.
+    fn for_send(&mut self, again: bool) -> HeaderMap {
+        let map = match again {
+            true => self.0.clone(),
+            false => self.0.take(),
+        };
+        map.expect("no send follows the last one")
+    }
+}
+
 /// What one send gives back: a timeout, a transport error, or the head.
 type Sent = Result<
     Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
@@ -376,7 +407,7 @@ type Sent = Result<
 async fn send_once(
     req: &ForwardRequest<'_>,
     replica: &Replica,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     body: &Bytes,
     n: usize,
 ) -> Result<(Option<StageSpan>, Sent), ForwardError> {
@@ -393,7 +424,7 @@ fn build_request(
     method: &Method,
     replica: &Replica,
     path_and_query: &PathAndQuery,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     body: &Bytes,
 ) -> Result<Request<Full<Bytes>>, ForwardError> {
     let uri = replica
@@ -402,7 +433,7 @@ fn build_request(
     let mut req = Request::new(Full::new(body.clone()));
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri;
-    *req.headers_mut() = headers.clone();
+    *req.headers_mut() = headers;
     req.headers_mut().insert(header::HOST, replica.host.clone());
     Ok(req)
 }
