@@ -57,9 +57,10 @@ pub struct ForwardRequest<'a> {
 
 /// Sends the request to a replica the decision allows, moving to another
 /// only when the connection was never made, and hands back the answer as
-/// it streams.
+/// it streams. The request is borrowed: the caller's future holds it, and
+/// this one does not hold a second copy.
 pub async fn forward(
-    mut req: ForwardRequest<'_>,
+    req: &mut ForwardRequest<'_>,
 ) -> Result<Response<Box<ProxyBody>>, ForwardError> {
     let pool = req.pool;
     // Streams are asked for their token count (`stream_usage`); the usage
@@ -72,7 +73,7 @@ pub async fn forward(
     let max_attempts = pool.retries + 1;
     let mut slot_deadline: Option<tokio::time::Instant> = None;
     loop {
-        let Some((replica, pick)) = next_pick(&req, &tried, &mut slot_deadline).await? else {
+        let Some((replica, pick)) = next_pick(req, &tried, &mut slot_deadline).await? else {
             continue;
         };
         let replica = &replica;
@@ -87,7 +88,7 @@ pub async fn forward(
         pool.record_branch(pick.branch, req.metrics);
         tried.push(replica.id);
         let n = tried.len() as u32;
-        let (expected, seq) = dispatch(&mut req, replica, pick.branch, n);
+        let (expected, seq) = dispatch(req, replica, pick.branch, n);
         if let Some(a) = &req.route.adapter {
             guard.run_adapter(a);
         }
@@ -95,7 +96,7 @@ pub async fn forward(
         // this attempt send a copy of the headers.
         let retry = n < max_attempts && tried.len() < pool.replicas.len();
         let (attempt, sent, strip_usage) = send_with_usage(
-            &req,
+            req,
             replica,
             &mut headers,
             retry,
@@ -104,9 +105,9 @@ pub async fn forward(
         )
         .await?;
         let resp = match sent {
-            Err(_elapsed) => return Err(timed_out(&req, replica, attempt.as_ref(), seq)),
+            Err(_elapsed) => return Err(timed_out(req, replica, attempt.as_ref(), seq)),
             Ok(Err(err)) => {
-                let not_sent = attempt_failed(&req, replica, attempt.as_ref(), seq, &err);
+                let not_sent = attempt_failed(req, replica, attempt.as_ref(), seq, &err);
                 drop(guard);
                 if !not_sent || n >= max_attempts {
                     return Err(ForwardError::UpstreamUnavailable {
@@ -118,8 +119,8 @@ pub async fn forward(
             }
             Ok(Ok(resp)) => resp,
         };
-        answered(&req, replica, attempt, seq, resp.status());
-        let mut resp = stream_back(resp, &req, replica, guard, expected, strip_usage);
+        answered(req, replica, attempt, seq, resp.status());
+        let mut resp = stream_back(resp, req, replica, guard, expected, strip_usage);
         resp.body_mut().dispatched_to(super::Dispatched {
             replica: Arc::clone(&replica.series(&pool.name, req.metrics).replica),
             branch: pick.branch.as_str(),

@@ -41,15 +41,15 @@ impl Caller {
         if key.requests_per_minute.is_none() && key.tokens_per_minute.is_none() {
             return Ok(RateHeaders::default());
         }
-        match shared
-            .charge(
-                &key.id,
-                key.requests_per_minute,
-                key.tokens_per_minute,
-                tokens,
-            )
-            .await
-        {
+        // The round trip's future is kilobytes: on the heap, so that the
+        // future of every request, charged here or not, does not carry it.
+        let charged = Box::pin(shared.charge(
+            &key.id,
+            key.requests_per_minute,
+            key.tokens_per_minute,
+            tokens,
+        ));
+        match charged.await {
             Ok(SharedCharge::Admitted { requests, tokens }) => {
                 let _ = self.ledger.set(Ledger::Shared);
                 Ok(RateHeaders { requests, tokens })

@@ -41,49 +41,56 @@ pub fn handle(
     handle_counted(state, peer, req, request_id, unanswered)
 }
 
-async fn handle_counted(
+#[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice
+fn handle_counted(
     state: Arc<AppState>,
     peer: SocketAddr,
     req: Request<Incoming>,
     request_id: HeaderValue,
     mut unanswered: Unanswered,
-) -> Response<ScopedBody> {
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let mut rate = RateHeaders::default();
-    let access = unanswered.start.as_ref().expect("not answered yet");
-    let ctx = RequestCtx {
-        state: &state,
-        peer,
-        request_id: &request_id,
-        trace: access.trace(),
-    };
-    let notes = Notes {
-        rate: &mut rate,
-        fields: &mut unanswered.fields,
-    };
-    let routed = route(&ctx, req, notes).await;
-    let (mut resp, scope, refusal) = match routed {
-        Ok((resp, scope)) => (resp, scope, None),
-        Err(err) => {
-            tracing::debug!(
-                request_id = request_id.to_str().unwrap_or(""),
-                code = err.code(),
-                error = %err.log_message(),
-                "request refused"
-            );
-            let refusal = Refusal::of(&err);
-            (
-                err.into_response().map(Either::Right),
-                Scope::default(),
-                Some(refusal),
-            )
-        }
-    };
-    let (access, fields) = unanswered.answered();
-    super::limit_headers::apply(&rate, resp.headers_mut());
-    resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
-    surface::apply_cors(&state, origin.as_ref(), resp.headers_mut());
-    scope::respond(&state, access, fields, refusal, scope, resp)
+) -> impl Future<Output = Response<ScopedBody>> {
+    // A function returning an `async` block, not an `async fn`: an
+    // `async fn`'s future holds each argument taken by value twice (as
+    // passed and as moved into its body), and this future is copied to the
+    // heap on every request. The same for the steps below.
+    async move {
+        let origin = req.headers().get(header::ORIGIN).cloned();
+        let mut rate = RateHeaders::default();
+        let access = unanswered.start.as_ref().expect("not answered yet");
+        let ctx = RequestCtx {
+            state: &state,
+            peer,
+            request_id: &request_id,
+            trace: access.trace(),
+        };
+        let notes = Notes {
+            rate: &mut rate,
+            fields: &mut unanswered.fields,
+        };
+        let routed = route(&ctx, req, notes).await;
+        let (mut resp, scope, refusal) = match routed {
+            Ok((resp, scope)) => (resp, scope, None),
+            Err(err) => {
+                tracing::debug!(
+                    request_id = request_id.to_str().unwrap_or(""),
+                    code = err.code(),
+                    error = %err.log_message(),
+                    "request refused"
+                );
+                let refusal = Refusal::of(&err);
+                (
+                    err.into_response().map(Either::Right),
+                    Scope::default(),
+                    Some(refusal),
+                )
+            }
+        };
+        let (access, fields) = unanswered.answered();
+        super::limit_headers::apply(&rate, resp.headers_mut());
+        resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
+        surface::apply_cors(&state, origin.as_ref(), resp.headers_mut());
+        scope::respond(&state, access, fields, refusal, scope, resp)
+    }
 }
 
 /// What the request path writes down for the answer and the record as it
@@ -97,66 +104,70 @@ struct Notes<'a> {
 /// [`super::send`]); the rate-limit charge refunds itself on any early
 /// return. What the request holds until its answer ends comes back as its
 /// [`Scope`].
-async fn route(
+#[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice
+fn route(
     ctx: &RequestCtx<'_>,
     req: Request<Incoming>,
     notes: Notes<'_>,
-) -> Result<(Response<AnswerBody>, Scope), ApiError> {
-    let state = ctx.state;
-    if let Some(answer) = stages::answer_locally(state, &req).await {
-        return answer.map(|resp| (resp.map(Either::Right), Scope::default()));
+) -> impl Future<Output = Result<(Response<AnswerBody>, Scope), ApiError>> {
+    // Not an `async fn`: its arguments are kept once (see `handle_counted`).
+    async move {
+        let state = ctx.state;
+        if let Some(answer) = stages::answer_locally(state, &req).await {
+            return answer.map(|resp| (resp.map(Either::Right), Scope::default()));
+        }
+        // One generation for the whole request: its gateway, config and
+        // topology always belong together, whatever reloads meanwhile.
+        let generation = state.generation();
+        let (config, topology) = (&generation.config, &generation.topology);
+        // Authenticate, and shed what cannot be served, before reading the body.
+        let caller = generation.gateway.authenticate(req.headers())?;
+        let tier = topology.tier(caller.tier.as_deref());
+        notes.fields.tier = topology.tier_shared(caller.tier.as_ref());
+        let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
+        let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
+        let (parts, body) = req.into_parts();
+        let (bytes, _held) =
+            stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
+        let meta = surface::extract_meta(&parts.headers, &bytes)?.for_endpoint(parts.uri.path());
+        notes.fields.model = Some(meta.model.clone());
+        notes.fields.stream = Some(meta.stream);
+        let first = stages::resolve_pool(topology, &meta.model, tier).await?;
+        notes.fields.pool = Some(first.pool.name.clone());
+        let pending = stages::enter_pending(state, first.pool, early_pending)?;
+        let mut estimate = stages::Estimate::of(first.pool, &meta).await;
+        let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
+        let tenant = match &*tenant {
+            "" => (generation.gateway).tenant_of_user(&caller, meta.user.as_deref()),
+            _ => tenant,
+        };
+        let queued = first.pool.admission.is_some().then(Instant::now);
+        let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
+        notes.fields.queued = queued.filter(|_| permit.is_some()).map(|t| t.elapsed());
+        let current = state.topology();
+        let admitted = Admitted {
+            topology: &current,
+            resolved: stages::after_queue(&current, first, permit.is_some()),
+            meta: &meta,
+            parts,
+            bytes: &bytes,
+            tier,
+            level: caller.level,
+            strip_key: config.gateway.auth || caller.key.is_some(),
+            expose_replica: config.server.replica_header,
+        };
+        let resp = dispatch(ctx, admitted, &mut estimate, permit.as_mut(), notes.fields).await?;
+        charge.commit();
+        let settlement = Settlement {
+            caller,
+            estimated: estimate.total,
+            metrics: state.admission_metrics.clone(),
+        };
+        Ok((
+            resp.map(Either::Left),
+            Scope::routed(pending, permit, settlement),
+        ))
     }
-    // One generation for the whole request: its gateway, config and
-    // topology always belong together, whatever reloads meanwhile.
-    let generation = state.generation();
-    let (config, topology) = (&generation.config, &generation.topology);
-    // Authenticate, and shed what cannot be served, before reading the body.
-    let caller = generation.gateway.authenticate(req.headers())?;
-    let tier = topology.tier(caller.tier.as_deref());
-    notes.fields.tier = topology.tier_shared(caller.tier.as_ref());
-    let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
-    let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
-    let (parts, body) = req.into_parts();
-    let (bytes, _held) =
-        stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
-    let meta = surface::extract_meta(&parts.headers, &bytes)?.for_endpoint(parts.uri.path());
-    notes.fields.model = Some(meta.model.clone());
-    notes.fields.stream = Some(meta.stream);
-    let first = stages::resolve_pool(topology, &meta.model, tier).await?;
-    notes.fields.pool = Some(first.pool.name.clone());
-    let pending = stages::enter_pending(state, first.pool, early_pending)?;
-    let mut estimate = stages::Estimate::of(first.pool, &meta).await;
-    let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
-    let tenant = match &*tenant {
-        "" => (generation.gateway).tenant_of_user(&caller, meta.user.as_deref()),
-        _ => tenant,
-    };
-    let queued = first.pool.admission.is_some().then(Instant::now);
-    let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
-    notes.fields.queued = queued.filter(|_| permit.is_some()).map(|t| t.elapsed());
-    let current = state.topology();
-    let admitted = Admitted {
-        topology: &current,
-        resolved: stages::after_queue(&current, first, permit.is_some()),
-        meta: &meta,
-        parts,
-        bytes: &bytes,
-        tier,
-        level: caller.level,
-        strip_key: config.gateway.auth || caller.key.is_some(),
-        expose_replica: config.server.replica_header,
-    };
-    let resp = dispatch(ctx, admitted, &mut estimate, permit.as_mut(), notes.fields).await?;
-    charge.commit();
-    let settlement = Settlement {
-        caller,
-        estimated: estimate.total,
-        metrics: state.admission_metrics.clone(),
-    };
-    Ok((
-        resp.map(Either::Left),
-        Scope::routed(pending, permit, settlement),
-    ))
 }
 
 /// A request through the gateway and its pool's queue, on its way to a
@@ -178,65 +189,74 @@ struct Admitted<'a> {
 
 /// Routes an admitted request within its pool, runs a disaggregated
 /// pool's prefill step and forwards it, noting the route in `fields`.
-async fn dispatch(
+#[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice
+fn dispatch(
     ctx: &RequestCtx<'_>,
     a: Admitted<'_>,
     estimate: &mut stages::Estimate,
     permit: Option<&mut Permit>,
     fields: &mut RouteFields,
-) -> Result<Response<Box<ProxyBody>>, ApiError> {
-    let (meta, pool) = (a.meta, a.resolved.pool);
-    let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
-    let tokens = estimate.tokens_for(pool, meta).await;
-    let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
-    let (decision, body) = send::route_within(
-        ctx.state,
-        &a.resolved,
-        meta,
-        tokens,
-        &a.parts,
-        a.tier,
-        a.level,
-        a.bytes,
-    )?;
-    note_decision(fields, pool, &decision, routing);
-    let model = a.resolved.rewrite.unwrap_or(&meta.model);
-    let step = disaggregate::Step {
-        topology: a.topology,
-        pool,
-        decision: &decision,
-        meta,
-        tokens,
-        parts: &a.parts,
-        tier: a.tier,
-        model,
-        info: crate::balancing::RequestInfo {
+) -> impl Future<Output = Result<Response<Box<ProxyBody>>, ApiError>> {
+    // Not an `async fn`: its arguments are kept once (see `handle_counted`).
+    async move {
+        let (meta, pool) = (a.meta, a.resolved.pool);
+        let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
+        let tokens = estimate.tokens_for(pool, meta).await;
+        let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
+        let (decision, body) = send::route_within(
+            ctx.state,
+            &a.resolved,
+            meta,
+            tokens,
+            &a.parts,
+            a.tier,
+            a.level,
+            a.bytes,
+        )?;
+        note_decision(fields, pool, &decision, routing);
+        let model = a.resolved.rewrite.unwrap_or(&meta.model);
+        let step = disaggregate::Step {
+            topology: a.topology,
+            pool,
+            decision: &decision,
+            meta,
+            tokens,
+            parts: &a.parts,
+            tier: a.tier,
             model,
-            prompt_tokens,
-            max_tokens,
+            info: crate::balancing::RequestInfo {
+                model,
+                prompt_tokens,
+                max_tokens,
+                user: meta.user.as_deref(),
+            },
+            strip_key: a.strip_key,
+        };
+        // A disaggregated pool's step is a future of kilobytes: on the heap,
+        // and only for such a pool, so that the others' stays small.
+        let (split, body) = match pool.disaggregation {
+            Some(_) => Box::pin(disaggregate::prefill_step(ctx, step, body)).await?,
+            None => (None, body),
+        };
+        if let Some(s) = &split {
+            note_split(fields, s);
+        }
+        let out = send::Outgoing {
+            parts: a.parts,
+            body,
+            model,
             user: meta.user.as_deref(),
-        },
-        strip_key: a.strip_key,
-    };
-    let (split, body) = disaggregate::prefill_step(ctx, step, body).await?;
-    if let Some(s) = &split {
-        note_split(fields, s);
+            estimate,
+            strip_key: a.strip_key,
+            expose_replica: a.expose_replica,
+        };
+        let decode_sent = Instant::now();
+        let resp = send::send(ctx, pool, &decision, out, permit, &mut fields.progress).await?;
+        if let Some(s) = &split {
+            s.decoded(ctx, pool, decode_sent);
+        }
+        Ok(resp)
     }
-    let out = send::Outgoing {
-        parts: a.parts,
-        body,
-        model,
-        user: meta.user.as_deref(),
-        estimate,
-        strip_key: a.strip_key,
-        expose_replica: a.expose_replica,
-    };
-    let decode_sent = Instant::now();
-    let resp = send::send(ctx, pool, &decision, out, permit, &mut fields.progress).await?;
-    if let Some(s) = &split {
-        s.decoded(ctx, pool, decode_sent);
-    }
-    Ok(resp)
 }
 
 /// The routing decision within `pool`, in the request's record and on its

@@ -123,23 +123,50 @@ pub struct Outgoing<'a> {
 /// request's record). A canary version is tagged on the answer; a
 /// successful answer marks the queue permit served so the queue learns its
 /// drain rate from it.
-pub async fn send(
-    ctx: &RequestCtx<'_>,
-    pool: &Arc<Pool>,
-    decision: &Decision,
-    out: Outgoing<'_>,
-    permit: Option<&mut Permit>,
-    progress: &mut Progress,
-) -> Result<Response<Box<ProxyBody>>, ApiError> {
+pub fn send<'a>(
+    ctx: &'a RequestCtx<'_>,
+    pool: &'a Arc<Pool>,
+    decision: &'a Decision,
+    out: Outgoing<'a>,
+    permit: Option<&'a mut Permit>,
+    progress: &'a mut Progress,
+) -> impl Future<Output = Result<Response<Box<ProxyBody>>, ApiError>> {
+    // Not an `async fn`: the request is taken apart before the future is
+    // made, which then holds what leaves once.
+    let mut request = forward_request(ctx, pool, decision, out, progress);
+    async move {
+        let mut resp = forward(&mut request).await?;
+        // A replica answered: the time this request holds its queue slot
+        // teaches the queue its drain rate (failures and refusals do not).
+        if let Some(p) = permit.filter(|_| resp.status().is_success()) {
+            p.served();
+        }
+        if let Some(v) = &decision.version
+            && let Ok(v) = HeaderValue::from_str(v)
+        {
+            resp.headers_mut().insert("x-llmlb-version", v);
+        }
+        Ok(resp)
+    }
+}
+
+/// What [`forward`] needs of the request as it leaves.
+fn forward_request<'a>(
+    ctx: &'a RequestCtx<'_>,
+    pool: &'a Arc<Pool>,
+    decision: &'a Decision,
+    out: Outgoing<'a>,
+    progress: &'a mut Progress,
+) -> ForwardRequest<'a> {
     let Outgoing { parts, body, .. } = out;
     let path_and_query = parts
         .uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let mut resp = forward(ForwardRequest {
+    ForwardRequest {
         pool,
-        method: parts.method.clone(),
+        method: parts.method,
         path_and_query,
         headers: upstream_headers(parts.headers, out.strip_key, pool),
         body,
@@ -157,19 +184,7 @@ pub async fn send(
         recent: &ctx.state.recent_dispatches,
         trace: ctx.trace,
         progress,
-    })
-    .await?;
-    // A replica answered: the time this request holds its queue slot
-    // teaches the queue its drain rate (failures and refusals do not).
-    if let Some(p) = permit.filter(|_| resp.status().is_success()) {
-        p.served();
     }
-    if let Some(v) = &decision.version
-        && let Ok(v) = HeaderValue::from_str(v)
-    {
-        resp.headers_mut().insert("x-llmlb-version", v);
-    }
-    Ok(resp)
 }
 
 /// The client's headers as the replica gets them: hop-by-hop headers and
