@@ -46,6 +46,8 @@ use crate::telemetry::clock::now_millis;
 #[derive(Debug)]
 pub struct Pool {
     pub name: String,
+    /// `name` needs no quoting in the access line (checked once here).
+    pub name_plain: bool,
     pub models: Vec<String>,
     pub balancer: Box<dyn Balancer>,
     pub replicas: Vec<Arc<Replica>>,

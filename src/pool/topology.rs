@@ -278,6 +278,7 @@ fn build_pool(
     let tls = upstream_tls(pc);
     Pool {
         name: pc.name.clone(),
+        name_plain: crate::telemetry::log_line::is_plain(&pc.name),
         models: pc.models.clone(),
         balancer: balancing::build(pc.balancer, BalancerParams::from_pool(pc)),
         replicas,

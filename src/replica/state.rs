@@ -32,6 +32,8 @@ pub struct Replica {
     pub id: ReplicaId,
     /// Label for metrics and logs (`host:port` unless configured).
     pub name: String,
+    /// `name` needs no quoting in the access line (checked once here).
+    pub name_plain: bool,
     /// `host:port` used to build upstream URIs.
     pub authority: http::uri::Authority,
     /// `http` or `https`, from the replica's URL.
@@ -98,6 +100,7 @@ impl Replica {
         let scheme = http::uri::Scheme::HTTP;
         Replica {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            name_plain: crate::telemetry::log_line::is_plain(&name),
             name,
             host: host_header(&authority, &scheme),
             authority,

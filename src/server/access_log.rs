@@ -29,6 +29,8 @@ use http::{Method, Request, Uri};
 /// strings: most requests never need them as text before their line.
 pub struct AccessStart {
     request_id: HeaderValue,
+    /// The id needs no quoting in the access line (llmlb made it).
+    pub(super) id_plain: bool,
     client: SocketAddr,
     method: Method,
     uri: Uri,
@@ -55,6 +57,7 @@ impl AccessStart {
         });
         AccessStart {
             request_id: request_id.clone(),
+            id_plain: false,
             client,
             method: req.method().clone(),
             uri: req.uri().clone(),
@@ -173,6 +176,11 @@ fn as_ms(hundredths: u64) -> f64 {
 /// (`..._ms`) are in whole hundredths of a millisecond.
 struct Fields<'a> {
     request_id: Option<&'a str>,
+    /// `request_id`, `pool`, `replica` need no quoting: llmlb made the id,
+    /// the config's names were checked when it was loaded.
+    id_plain: bool,
+    pool_plain: bool,
+    replica_plain: bool,
     client: Option<SocketAddr>,
     method: Option<&'a str>,
     path: Option<&'a str>,
@@ -209,15 +217,19 @@ impl<'a> Fields<'a> {
         let d = r.dispatched.as_ref();
         let u = ended.usage.unwrap_or_default();
         let e = r.refusal.as_ref();
+        let replica = r.fields.progress.replica.as_deref();
         Fields {
             request_id: keep(on(0), Some(r.start.request_id())),
+            id_plain: r.start.id_plain,
+            pool_plain: r.fields.pool_plain,
+            replica_plain: replica.is_some_and(|r| r.name_plain),
             client: keep(on(1), Some(r.start.client)),
             method: keep(on(2), Some(r.start.method.as_str())),
             path: keep(on(3), Some(r.start.uri.path())),
             model: keep(on(4), r.fields.model.as_deref()),
             stream: keep(on(5), r.fields.stream),
             pool: keep(on(6), r.fields.pool.as_deref()),
-            replica: keep(on(7), r.replica()),
+            replica: keep(on(7), replica.map(|r| r.name.as_str())),
             route: keep(on(8), r.fields.route.as_deref()),
             branch: keep(on(9), d.map(|d| d.branch)),
             status: keep(on(10), Some(r.status)),
@@ -239,18 +251,20 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Straight into the log's buffer, in `trace`'s order and form.
+    /// Straight into the log's buffer, in `trace`'s order and form. A
+    /// method is a token (never quoted), the branch, outcome and error
+    /// llmlb's own words: plain, not checked.
     fn write(&self, l: &mut crate::telemetry::log_line::Line<'_>) {
-        l.str(b"request_id", self.request_id);
+        l.text(b"request_id", self.request_id, self.id_plain);
         l.addr(b"client", self.client);
-        l.str(b"method", self.method);
+        l.text(b"method", self.method, true);
         l.str(b"path", self.path);
         l.str(b"model", self.model);
         l.bool(b"stream", self.stream);
-        l.str(b"pool", self.pool);
-        l.str(b"replica", self.replica);
+        l.text(b"pool", self.pool, self.pool_plain);
+        l.text(b"replica", self.replica, self.replica_plain);
         l.str(b"route", self.route);
-        l.str(b"branch", self.branch);
+        l.text(b"branch", self.branch, true);
         l.u64(b"status", self.status.map(u64::from));
         l.u64(b"attempts", self.attempts.map(u64::from));
         l.hundredths(b"ttft_ms", self.ttft_ms);
@@ -258,8 +272,8 @@ impl<'a> Fields<'a> {
         l.u64(b"prompt_tokens", self.prompt_tokens);
         l.u64(b"completion_tokens", self.completion_tokens);
         l.u64(b"cached_tokens", self.cached_tokens);
-        l.str(b"outcome", self.outcome);
-        l.str(b"error", self.error);
+        l.text(b"outcome", self.outcome, true);
+        l.text(b"error", self.error, true);
         l.str(b"error_message", self.error_message);
         l.hundredths(b"ttfb_ms", self.ttfb_ms);
         l.str(b"tier", self.tier);

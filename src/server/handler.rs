@@ -34,9 +34,10 @@ pub fn handle(
     req: Request<Incoming>,
 ) -> impl Future<Output = Response<ScopedBody>> + Send {
     let start = Instant::now();
-    let request_id = request_id(req.headers());
-    let access =
+    let (request_id, made) = request_id(req.headers());
+    let mut access =
         access_log::AccessStart::new(&req, peer, &request_id, start, state.traces.as_ref());
+    access.id_plain = made;
     let unanswered = Unanswered::new(&state, access);
     handle_counted(state, peer, req, request_id, unanswered)
 }
@@ -134,6 +135,7 @@ fn route(
         notes.fields.stream = Some(meta.stream);
         let first = stages::resolve_pool(topology, &meta.model, tier).await?;
         notes.fields.pool = Some(first.pool.name.clone());
+        notes.fields.pool_plain = first.pool.name_plain;
         let pending = stages::enter_pending(state, first.pool, early_pending)?;
         let mut estimate = stages::Estimate::of(first.pool, &meta).await;
         let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
@@ -269,6 +271,7 @@ fn note_decision(
 ) {
     if fields.pool.as_deref() != Some(pool.name.as_str()) {
         fields.pool = Some(pool.name.clone());
+        fields.pool_plain = pool.name_plain;
     }
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());
     fields.version = decision.version.clone();
@@ -296,18 +299,18 @@ fn note_split(fields: &mut RouteFields, split: &disaggregate::Split) {
 
 /// The client's `x-request-id` when it is sane, else a fresh version-4
 /// UUID drawn from the thread's RNG (no system call per request) and
-/// formatted on the stack.
-fn request_id(headers: &http::HeaderMap) -> HeaderValue {
-    headers
+/// formatted on the stack; `true` when llmlb made it.
+fn request_id(headers: &http::HeaderMap) -> (HeaderValue, bool) {
+    if let Some(sent) = headers
         .get(REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 200)
-        .cloned()
-        .unwrap_or_else(|| {
-            let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
-            let mut buf = uuid::Uuid::encode_buffer();
-            HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf))
-                .expect("uuid is a valid header")
-        })
+    {
+        return (sent.clone(), false);
+    }
+    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    let mut buf = uuid::Uuid::encode_buffer();
+    let made = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf));
+    (made.expect("uuid is a valid header"), true)
 }
 
 #[cfg(test)]
@@ -317,13 +320,17 @@ mod tests {
     #[test]
     fn request_ids_are_fresh_version_4_uuids_unless_the_client_sent_one() {
         let empty = http::HeaderMap::new();
-        let a = request_id(&empty);
-        let b = request_id(&empty);
+        let (a, made) = request_id(&empty);
+        assert!(made);
+        let (b, _) = request_id(&empty);
         assert_ne!(a, b);
         let parsed = uuid::Uuid::parse_str(a.to_str().unwrap()).unwrap();
         assert_eq!(parsed.get_version_num(), 4);
         let mut sent = http::HeaderMap::new();
         sent.insert(REQUEST_ID, HeaderValue::from_static("abc-1"));
-        assert_eq!(request_id(&sent), "abc-1");
+        assert_eq!(
+            request_id(&sent),
+            (HeaderValue::from_static("abc-1"), false)
+        );
     }
 }

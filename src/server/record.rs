@@ -106,6 +106,9 @@ pub struct RouteFields {
     pub model: Option<String>,
     pub stream: Option<bool>,
     pub pool: Option<String>,
+    /// `pool` needs no quoting in the access line (the pool's
+    /// `name_plain`).
+    pub pool_plain: bool,
     /// The routing stage's branches, `+`-joined.
     pub route: Option<String>,
     /// The canary version the request was sent to.

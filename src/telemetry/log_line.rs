@@ -145,6 +145,23 @@ impl<'a> Line<'a> {
         }
     }
 
+    /// A string field known [`is_plain`] when `plain` (a name the config
+    /// fixed and checked once, a text llmlb made): copied between quotes
+    /// without looking at its characters, in text and JSON alike (both
+    /// quote such a string as it is); otherwise as [`Self::str`] writes it.
+    pub fn text<const N: usize>(&mut self, name: &[u8; N], value: Option<&str>, plain: bool) {
+        let Some(v) = value else { return };
+        if !plain {
+            return self.str(name, value);
+        }
+        debug_assert!(is_plain(v), "{v:?} is not plain");
+        self.key(name);
+        self.buf.reserve(v.len() + 2);
+        self.buf.push(b'"');
+        self.buf.extend_from_slice(v.as_bytes());
+        self.buf.push(b'"');
+    }
+
     /// A socket address as a quoted string, as `Display` writes it (its
     /// characters never need quoting). An IPv4 address is written digit by
     /// digit (`Display` goes through the formatting machinery, about 1.3 k
@@ -326,14 +343,19 @@ impl fmt::Write for Bytes<'_> {
     }
 }
 
-/// `{:?}` of a string: printable ASCII without `"` or `\` is copied between
-/// quotes, anything else goes through `Debug`.
-fn debug_str(buf: &mut Vec<u8>, s: &str) {
+/// Whether `s` is printable ASCII without `"` or `\\`: what `Debug` and a
+/// JSON string both write between quotes as it is.
+pub fn is_plain(s: &str) -> bool {
     // A fold without an early exit: the compiler checks many bytes at once.
-    let plain = s.bytes().fold(true, |plain, b| {
+    s.bytes().fold(true, |plain, b| {
         plain & (b' '..=b'~').contains(&b) & (b != b'"') & (b != b'\\')
-    });
-    if plain {
+    })
+}
+
+/// `{:?}` of a string: a [plain](is_plain) one is copied between quotes,
+/// anything else goes through `Debug`.
+fn debug_str(buf: &mut Vec<u8>, s: &str) {
+    if is_plain(s) {
         buf.push(b'"');
         buf.extend_from_slice(s.as_bytes());
         buf.push(b'"');
@@ -602,6 +624,33 @@ mod tests {
                 message: Some(message),
                 ..full
             });
+        }
+    }
+
+    #[test]
+    fn a_plain_text_is_written_as_a_checked_string() {
+        for v in [
+            "instant",
+            "127.0.0.1:8000",
+            "",
+            " ~!#$%&'()*+,-./:;<=>?@[]^_`{|}",
+        ] {
+            assert!(is_plain(v), "{v:?}");
+            for format in [LogFormat::Text, LogFormat::Json] {
+                let checked = direct(format, |l| l.str(b"pool", Some(v)));
+                let plain = direct(format, |l| l.text(b"pool", Some(v), true));
+                assert_eq!(without_time(&plain), without_time(&checked));
+                let unknown = direct(format, |l| l.text(b"pool", Some(v), false));
+                assert_eq!(without_time(&unknown), without_time(&checked));
+            }
+        }
+        for v in ["a\"b", "back\\slash", "tab\t", "\u{7f}", "\u{e9}"] {
+            assert!(!is_plain(v), "{v:?}");
+            for format in [LogFormat::Text, LogFormat::Json] {
+                let checked = direct(format, |l| l.str(b"pool", Some(v)));
+                let unknown = direct(format, |l| l.text(b"pool", Some(v), false));
+                assert_eq!(without_time(&unknown), without_time(&checked));
+            }
         }
     }
 }
