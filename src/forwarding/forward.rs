@@ -366,18 +366,53 @@ fn prepare_upstream_headers(
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
     if let Some(ip) = client_ip {
-        let mut value = Vec::with_capacity(64);
         let prev = headers.get(FORWARDED_FOR);
-        if let Some(prev) = prev.filter(|v| !v.is_empty() && v.to_str().is_ok()) {
-            value.extend_from_slice(prev.as_bytes());
-            value.extend_from_slice(b", ");
-        }
-        write_ip(ip, &mut value);
-        // The buffer becomes the value's, without a second copy.
-        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        let value = match prev.filter(|v| !v.is_empty() && v.to_str().is_ok()) {
+            Some(prev) => forwarded_for(prev.as_bytes(), ip),
+            None => client_address(ip),
+        };
+        if let Some(v) = value {
             headers.insert(FORWARDED_FOR, v);
         }
     }
+}
+
+/// `ip` after `prev` and `, ` (when `prev` is not empty), as a header value.
+fn forwarded_for(prev: &[u8], ip: IpAddr) -> Option<HeaderValue> {
+    let mut value = Vec::with_capacity(64);
+    if !prev.is_empty() {
+        value.extend_from_slice(prev);
+        value.extend_from_slice(b", ");
+    }
+    write_ip(ip, &mut value);
+    // The buffer becomes the value's, without a second copy.
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+thread_local! {
+    /// The last client address this thread wrote as `X-Forwarded-For`.
+    static LAST_CLIENT: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `ip` alone as a header value. The last one made on this thread is kept:
+/// a connection's requests (and often its client's next connections) come
+/// from one address, so most requests share its bytes (a count) instead of
+/// writing the address into a new allocation.
+fn client_address(ip: IpAddr) -> Option<HeaderValue> {
+    LAST_CLIENT.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return forwarded_for(b"", ip);
+        };
+        if let Some((at, value)) = last.as_ref()
+            && *at == ip
+        {
+            return Some(value.clone());
+        }
+        let value = forwarded_for(b"", ip)?;
+        *last = Some((ip, value.clone()));
+        Some(value)
+    })
 }
 
 /// The headers every attempt sends. A hyper request owns its map, so a
@@ -487,4 +522,42 @@ fn count_upstream_error(metrics: &Metrics, pool: &Pool, replica: &Replica, kind:
         .upstream_errors
         .with_label_values(&[&pool.name, &replica.name, kind])
         .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_address_is_forwarded_after_what_the_client_sent() {
+        let id = HeaderValue::from_static("r1");
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "::1".parse().unwrap());
+        let cases = [
+            (a, None),
+            (a, None),
+            (b, None),
+            (a, Some("1.2.3.4")),
+            (a, None),
+            (b, Some("")),
+            (b, None),
+            (a, Some("\u{e9}")),
+        ];
+        for (ip, sent) in cases {
+            let mut headers = HeaderMap::new();
+            if let Some(s) = sent {
+                headers.insert(
+                    FORWARDED_FOR,
+                    HeaderValue::from_bytes(s.as_bytes()).unwrap(),
+                );
+            }
+            prepare_upstream_headers(&mut headers, &id, Some(ip));
+            let want = match sent {
+                Some(s) if !s.is_empty() && s.is_ascii() => format!("{s}, {ip}"),
+                _ => ip.to_string(),
+            };
+            assert_eq!(headers[FORWARDED_FOR], want.as_str());
+            assert_eq!(headers.get_all(FORWARDED_FOR).iter().count(), 1);
+            assert_eq!(headers[REQUEST_ID], "r1");
+        }
+    }
 }
