@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::AppState;
-use super::record::{Ended, Record};
+use super::record::{Ended, Record, Spans};
 pub use crate::net::Usage;
 use crate::telemetry::ModelSeries;
 use crate::telemetry::trace::{RequestTrace, Tracing};
@@ -79,7 +79,13 @@ impl AccessStart {
 
 /// Ends the request's span with what the record knows; `error`: the
 /// span's status is an error.
-pub(super) fn end_trace(trace: RequestTrace, r: &Record, ended: &Ended, error: bool) {
+pub(super) fn end_trace(
+    trace: RequestTrace,
+    r: &Record,
+    ended: &Ended,
+    spans: &Spans,
+    error: bool,
+) {
     if let Some(model) = &r.fields.model {
         trace.set("gen_ai.request.model", model.clone());
     }
@@ -95,8 +101,8 @@ pub(super) fn end_trace(trace: RequestTrace, r: &Record, ended: &Ended, error: b
     if let Some(e) = &r.refusal {
         trace.set("error.type", e.code);
     }
-    if let Some(t) = ended.first_content {
-        let ms = t.duration_since(r.start.start).as_secs_f64() * 1000.0;
+    if let Some(t) = spans.first_content {
+        let ms = t.as_secs_f64() * 1000.0;
         trace.set("llmlb.ttft_ms", ms);
     }
     let u = ended.usage.unwrap_or_default();
@@ -111,7 +117,7 @@ pub(super) fn end_trace(trace: RequestTrace, r: &Record, ended: &Ended, error: b
 
 /// Per-model metrics for a request that reached a pool, under the record's
 /// status `label`.
-pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
+pub(super) fn record_model(r: &Record, label: &str, ended: &Ended, spans: &Spans) {
     let (Some(pool), Some(model)) = (&r.fields.pool, &r.fields.model) else {
         return;
     };
@@ -120,10 +126,10 @@ pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
     let stream = r.fields.stream == Some(true);
     let u = ended.usage.unwrap_or_default();
     let cached = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
-    let ttft = ended
+    let ttft = spans
         .first_content
         .filter(|_| r.status < 400)
-        .map(|t| t.duration_since(r.start.start).as_secs_f64());
+        .map(|t| t.as_secs_f64());
     let series = match &r.fields.progress.replica {
         Some(replica) => replica.series(pool, metrics).model(model, stream),
         None => std::sync::Arc::new(ModelSeries::new(model, stream)),
@@ -148,7 +154,7 @@ pub(super) fn record_model(r: &Record, label: &str, ended: &Ended) {
 
 /// Writes the record's line (sampled; failures and broken answers always),
 /// when the access log is on.
-pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Instant) {
+pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, spans: &Spans) {
     if !tracing::enabled!(target: "llmlb::access", tracing::Level::INFO) {
         return;
     }
@@ -158,7 +164,7 @@ pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, end: Insta
     if !log.enabled || !(failed || log.sample >= 1.0 || rand::random::<f64>() < log.sample) {
         return;
     }
-    let f = Fields::of(r, ended, end, log.field_mask());
+    let f = Fields::of(r, ended, spans, log.field_mask());
     if !crate::telemetry::log_line::write(TARGET, "request", |line| f.write(line)) {
         f.trace();
     }
@@ -206,14 +212,13 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn of(r: &'a Record, ended: &Ended, end: Instant, mask: u32) -> Self {
+    fn of(r: &'a Record, ended: &Ended, spans: &Spans, mask: u32) -> Self {
         let on = |i: usize| mask & (1 << i) != 0;
         fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
             v.filter(|_| on)
         }
         // Milliseconds in whole hundredths.
         let span_ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 100.0).round() as u64;
-        let ms = |t: Instant| span_ms(t.duration_since(r.start.start));
         let d = r.dispatched.as_ref();
         let u = ended.usage.unwrap_or_default();
         let e = r.refusal.as_ref();
@@ -234,8 +239,8 @@ impl<'a> Fields<'a> {
             branch: keep(on(9), d.map(|d| d.branch)),
             status: keep(on(10), Some(r.status)),
             attempts: keep(on(11), Some(r.fields.progress.attempts).filter(|&n| n > 0)),
-            ttft_ms: keep(on(12), ended.first_content.map(ms)),
-            duration_ms: keep(on(13), Some(ms(end))),
+            ttft_ms: keep(on(12), spans.first_content.map(span_ms)),
+            duration_ms: keep(on(13), Some(span_ms(spans.total))),
             prompt_tokens: keep(on(14), u.prompt_tokens),
             completion_tokens: keep(on(15), u.completion_tokens),
             cached_tokens: keep(
@@ -245,7 +250,10 @@ impl<'a> Fields<'a> {
             outcome: keep(on(17), Some(ended.outcome.as_str())),
             error: keep(on(18), e.map(|e| e.code)),
             error_message: keep(on(18), e.map(|e| e.message.as_str())),
-            ttfb_ms: keep(on(19), ended.first_byte.filter(|_| d.is_some()).map(ms)),
+            ttfb_ms: keep(
+                on(19),
+                spans.first_byte.filter(|_| d.is_some()).map(span_ms),
+            ),
             tier: keep(on(20), r.fields.tier.as_deref()),
             queue_ms: keep(on(21), r.fields.queued.map(span_ms)),
         }

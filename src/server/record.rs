@@ -26,7 +26,7 @@
 //! response existed.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::AppState;
 use super::access_log::{AccessStart, Usage};
@@ -164,6 +164,27 @@ pub struct Ended {
     pub usage: Option<Usage>,
 }
 
+/// The request's spans from its start, each read once for the metrics,
+/// the trace and the access line.
+pub(super) struct Spans {
+    pub total: Duration,
+    /// To the first body byte handed on.
+    pub first_byte: Option<Duration>,
+    /// To the first generated content.
+    pub first_content: Option<Duration>,
+}
+
+impl Spans {
+    fn of(start: Instant, end: Instant, ended: &Ended) -> Spans {
+        let since = |t: Instant| t.duration_since(start);
+        Spans {
+            total: since(end),
+            first_byte: ended.first_byte.map(since),
+            first_content: ended.first_content.map(since),
+        }
+    }
+}
+
 /// One request's record, finished once.
 pub struct Record {
     state: Arc<AppState>,
@@ -202,22 +223,20 @@ impl Record {
 
     /// Writes every signal about the request, once.
     pub fn finish(mut self, ended: Ended) {
-        let end = Instant::now();
+        let spans = Spans::of(self.start.start, Instant::now(), &ended);
         let label = Label::of(ended.outcome, self.status);
         let label = label.as_str();
         let state = Arc::clone(&self.state);
         let metrics: &Metrics = &state.metrics;
         let pool = self.fields.pool.as_deref().unwrap_or("");
-        let duration = end.duration_since(self.start.start).as_secs_f64();
+        let duration = spans.total.as_secs_f64();
         match &self.fields.progress.replica {
             Some(replica) => {
                 let series = replica.series(pool, metrics);
                 series.finished(label);
                 series.duration().observe(duration);
-                if let Some(t) = ended.first_byte.filter(|_| self.dispatched.is_some()) {
-                    series
-                        .first_byte()
-                        .observe(t.duration_since(self.start.start).as_secs_f64());
+                if let Some(t) = spans.first_byte.filter(|_| self.dispatched.is_some()) {
+                    series.first_byte().observe(t.as_secs_f64());
                 }
             }
             None => {
@@ -244,11 +263,11 @@ impl Record {
                 .routing_metrics
                 .record_version(pool, version, label, error, duration);
         }
-        super::access_log::record_model(&self, label, &ended);
+        super::access_log::record_model(&self, label, &ended, &spans);
         if let Some(trace) = self.start.trace.take() {
-            super::access_log::end_trace(trace, &self, &ended, error);
+            super::access_log::end_trace(trace, &self, &ended, &spans, error);
         }
-        super::access_log::write_line(&state, &self, &ended, end);
+        super::access_log::write_line(&state, &self, &ended, &spans);
     }
 
     pub(super) fn state(&self) -> &AppState {
