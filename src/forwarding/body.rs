@@ -130,6 +130,11 @@ impl ProxyBody {
         self.dispatched.as_ref()
     }
 
+    /// The replica's answer is an event stream (its `Content-Type`).
+    pub fn is_sse(&self) -> bool {
+        self.sse
+    }
+
     /// Set when the replica's stream breaks.
     pub fn broken(&self) -> &StreamBroken {
         &self.report.broken

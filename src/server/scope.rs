@@ -104,11 +104,16 @@ pub fn respond(
     resp: Response<AnswerBody>,
 ) -> Response<ScopedBody> {
     let (parts, body) = resp.into_parts();
-    let sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse = match &body {
+        // A replica's answer: its body read the same header when it was
+        // made (`forwarding::stream_back`), and nothing changes it since.
+        Either::Left(replica) => replica.is_sse(),
+        Either::Right(_) => parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream")),
+    };
     let length = parts
         .headers
         .get(header::CONTENT_LENGTH)
