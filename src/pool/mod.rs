@@ -48,6 +48,8 @@ pub struct Pool {
     pub name: String,
     /// `name` needs no quoting in the access line (checked once here).
     pub name_plain: bool,
+    /// `name` shared: a request's record keeps it without a copy.
+    pub shared_name: Arc<str>,
     pub models: Vec<String>,
     pub balancer: Box<dyn Balancer>,
     pub replicas: Vec<Arc<Replica>>,

@@ -279,6 +279,7 @@ fn build_pool(
     Pool {
         name: pc.name.clone(),
         name_plain: crate::telemetry::log_line::is_plain(&pc.name),
+        shared_name: Arc::from(pc.name.as_str()),
         models: pc.models.clone(),
         balancer: balancing::build(pc.balancer, BalancerParams::from_pool(pc)),
         replicas,

@@ -90,7 +90,7 @@ pub(super) fn end_trace(
         trace.set("gen_ai.request.model", model.clone());
     }
     if let Some(pool) = &r.fields.pool {
-        trace.set("llmlb.pool", pool.clone());
+        trace.set("llmlb.pool", pool.to_string());
     }
     if let Some(replica) = r.replica() {
         trace.set("llmlb.replica", replica.to_owned());

@@ -134,7 +134,7 @@ fn route(
         notes.fields.model = Some(meta.model.clone());
         notes.fields.stream = Some(meta.stream);
         let first = stages::resolve_pool(topology, &meta.model, tier).await?;
-        notes.fields.pool = Some(first.pool.name.clone());
+        notes.fields.pool = Some(Arc::clone(&first.pool.shared_name));
         notes.fields.pool_plain = first.pool.name_plain;
         let pending = stages::enter_pending(state, first.pool, early_pending)?;
         let mut estimate = stages::Estimate::of(first.pool, &meta).await;
@@ -270,7 +270,7 @@ fn note_decision(
     span: Option<StageSpan>,
 ) {
     if fields.pool.as_deref() != Some(pool.name.as_str()) {
-        fields.pool = Some(pool.name.clone());
+        fields.pool = Some(Arc::clone(&pool.shared_name));
         fields.pool_plain = pool.name_plain;
     }
     fields.route = Some(decision.route_label()).filter(|l| !l.is_empty());

@@ -105,7 +105,7 @@ impl Label {
 pub struct RouteFields {
     pub model: Option<String>,
     pub stream: Option<bool>,
-    pub pool: Option<String>,
+    pub pool: Option<Arc<str>>,
     /// `pool` needs no quoting in the access line (the pool's
     /// `name_plain`).
     pub pool_plain: bool,
