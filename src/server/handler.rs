@@ -88,7 +88,10 @@ fn handle_counted(
         };
         let (access, fields) = unanswered.answered();
         super::limit_headers::apply(&rate, resp.headers_mut());
-        resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
+        // A replica's answer has it already (`forwarding::stream_back`).
+        if !matches!(resp.body(), Either::Left(_)) {
+            resp.headers_mut().entry(REQUEST_ID).or_insert(request_id);
+        }
         surface::apply_cors(&state, origin.as_ref(), resp.headers_mut());
         scope::respond(&state, access, fields, refusal, scope, resp)
     }
