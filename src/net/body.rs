@@ -38,6 +38,20 @@ where
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    read_declared(declared, body, limit).await
+}
+
+/// [`read_body`] for a caller that has read the declared `Content-Length`
+/// (`declared`, when there is a valid one) already.
+pub async fn read_declared<B>(
+    declared: Option<u64>,
+    body: B,
+    limit: usize,
+) -> Result<Bytes, ReadError>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ReadError::TooLarge { limit });
     }

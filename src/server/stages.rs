@@ -22,7 +22,7 @@ use crate::admission::estimate::Placement;
 use crate::admission::{Claim, Permit};
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
-use crate::net::{ResponseBody, read_body};
+use crate::net::{ResponseBody, read_declared};
 use crate::pool::{Pool, Resolution, Topology, placement_ttft};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
@@ -131,11 +131,13 @@ pub async fn read_within_budget<'s>(
     body: Incoming,
 ) -> Result<(Bytes, Reservation<'s>), ApiError> {
     let mut held = state.body_budget.empty();
-    let declared = content_length(headers).map_or(0, |n| n.min(server.max_body_bytes));
-    if !held.grow(declared, server.max_buffered_bytes) {
+    // The declared length, read once for the reservation and the read.
+    let declared = content_length(headers);
+    let reserve = declared.map_or(0, |n| n.min(server.max_body_bytes));
+    if !held.grow(reserve, server.max_buffered_bytes) {
         return Err(ApiError::ServerBusy);
     }
-    let read = read_body(headers, body, server.max_body_bytes);
+    let read = read_declared(declared.map(|n| n as u64), body, server.max_body_bytes);
     let bytes = tokio::time::timeout(server.body_timeout, read)
         .await
         .map_err(|_| {
