@@ -93,7 +93,8 @@ impl Pool {
 
     /// A request to `replica` got an answer that says it is alive.
     pub fn record_success(&self, replica: &Replica) {
-        replica.outlier.on_success(now_millis(), &self.outlier);
+        // The clock is read only for a replica ejected before (rare).
+        replica.outlier.on_success_at(now_millis, &self.outlier);
     }
 
     /// Counts a balancer decision by branch; the stale-metrics fallback is

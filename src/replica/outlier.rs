@@ -59,10 +59,16 @@ impl Outlier {
 
     /// A request got a good answer.
     pub fn on_success(&self, now_ms: u64, cfg: &OutlierConfig) {
+        self.on_success_at(|| now_ms, cfg);
+    }
+
+    /// [`Self::on_success`] reading the time (`now_ms`) only when it
+    /// matters: for a replica ejected before, whose count may be forgiven.
+    pub fn on_success_at(&self, now_ms: impl FnOnce() -> u64, cfg: &OutlierConfig) {
         self.consecutive.store(0, Ordering::Relaxed);
         let until = self.ejected_until_ms.load(Ordering::Relaxed);
         if self.ejections.load(Ordering::Relaxed) > 0
-            && now_ms >= until.saturating_add(cfg.cooldown.as_millis() as u64)
+            && now_ms() >= until.saturating_add(cfg.cooldown.as_millis() as u64)
         {
             self.ejections.store(0, Ordering::Relaxed);
         }
@@ -167,6 +173,28 @@ mod tests {
         o.on_success(15_000, &c); // readmitted, not yet a full cooldown of good service
         assert_eq!(o.ejection_count(), 1);
         o.on_success(20_000, &c);
+        assert_eq!(o.ejection_count(), 0);
+    }
+
+    #[test]
+    fn success_reads_the_clock_only_after_an_ejection() {
+        let o = Outlier::default();
+        let c = cfg();
+        o.on_failure(0, &c, || true);
+        o.on_success_at(|| unreachable!("never ejected: no clock"), &c);
+        for _ in 0..3 {
+            o.on_failure(0, &c, || true);
+        }
+        assert_eq!(o.ejection_count(), 1);
+        let mut read = false;
+        o.on_success_at(
+            || {
+                read = true;
+                20_000
+            },
+            &c,
+        );
+        assert!(read);
         assert_eq!(o.ejection_count(), 0);
     }
 
