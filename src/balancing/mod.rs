@@ -133,12 +133,34 @@ pub fn pick(
     req: &RequestInfo<'_>,
     replicas: &[ReplicaView],
 ) -> Result<Pick, Branch> {
-    match replicas.len() {
-        0 => Err(Branch::NoHealthy),
-        1 => Ok(Pick {
+    match without_balancer(replicas.len()) {
+        Some(decided) => decided,
+        None => balancer.pick(req, replicas).ok_or(Branch::NoHealthy),
+    }
+}
+
+/// [`pick`] among `n` replicas whose views `views` makes only when the
+/// balancer weighs them (two or more).
+pub fn pick_among(
+    balancer: &dyn Balancer,
+    req: &RequestInfo<'_>,
+    n: usize,
+    views: impl FnOnce() -> Vec<ReplicaView>,
+) -> Result<Pick, Branch> {
+    match without_balancer(n) {
+        Some(decided) => decided,
+        None => balancer.pick(req, &views()).ok_or(Branch::NoHealthy),
+    }
+}
+
+/// The pick among `n` replicas when the balancer has nothing to weigh.
+fn without_balancer(n: usize) -> Option<Result<Pick, Branch>> {
+    match n {
+        0 => Some(Err(Branch::NoHealthy)),
+        1 => Some(Ok(Pick {
             index: 0,
             branch: Branch::Single,
-        }),
-        _ => balancer.pick(req, replicas).ok_or(Branch::NoHealthy),
+        })),
+        _ => None,
     }
 }

@@ -68,18 +68,21 @@ pub fn choose(
     }
 }
 
-/// The pool's balancer's pick among `candidates`, their load read at `now_ms`.
+/// The pool's balancer's pick among `candidates`, their load read at
+/// `now_ms` (only when there are two or more to weigh).
 fn pick_from(
     pool: &Pool,
     info: &RequestInfo<'_>,
     candidates: &[Arc<Replica>],
     now_ms: u64,
 ) -> Result<(Arc<Replica>, Pick), Branch> {
-    let views: Vec<ReplicaView> = candidates
-        .iter()
-        .map(|r| ReplicaView::at(r, now_ms))
-        .collect();
-    let pick = balancing::pick(pool.balancer.as_ref(), info, &views)?;
+    let views = || -> Vec<ReplicaView> {
+        candidates
+            .iter()
+            .map(|r| ReplicaView::at(r, now_ms))
+            .collect()
+    };
+    let pick = balancing::pick_among(pool.balancer.as_ref(), info, candidates.len(), views)?;
     Ok((Arc::clone(&candidates[pick.index]), pick))
 }
 
@@ -122,5 +125,32 @@ mod tests {
             choose(pool, &route, &all, &info, 1),
             Choice::NoReplica(_)
         ));
+    }
+
+    /// Views are made only for a balancer that weighs two or more.
+    #[test]
+    fn a_lone_candidate_is_picked_without_its_view() {
+        let t = pool_of("", 2);
+        let pool = &t.pools[0];
+        let info = RequestInfo {
+            model: "m",
+            prompt_tokens: 1,
+            max_tokens: None,
+            user: None,
+        };
+        let b = pool.balancer.as_ref();
+        let none = balancing::pick_among(b, &info, 0, || unreachable!("no view"));
+        assert_eq!(none.unwrap_err(), Branch::NoHealthy);
+        let one = balancing::pick_among(b, &info, 1, || unreachable!("no view")).unwrap();
+        assert_eq!((one.index, one.branch), (0, Branch::Single));
+        let views: Vec<ReplicaView> = pool
+            .replicas
+            .iter()
+            .map(|r| ReplicaView::at(r, 1))
+            .collect();
+        let two = balancing::pick_among(b, &info, 2, || views.clone()).unwrap();
+        let same = balancing::pick(b, &info, &views).unwrap();
+        assert!(two.index < 2);
+        assert_eq!(two.branch, same.branch);
     }
 }
