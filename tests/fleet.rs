@@ -399,3 +399,100 @@ async fn a_slot_given_back_goes_to_the_waiter_that_goes_first() {
         lb.shutdown().await;
     }
 }
+
+/// Until `lb`'s status shows the store answering and `n` instances, within
+/// `within`.
+async fn store_up_with(lb: std::net::SocketAddr, n: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let (_, body) = admin_get(lb, "/admin/status").await;
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let listed = doc["fleet"]["instances"].as_array().map_or(0, |a| a.len());
+        if doc["fleet"]["store_up"] == true && listed == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Twelve streams through `lbs` in turn, the replica releasing one every
+/// 15 ms: the most it held at once (each stream must succeed).
+async fn limited_run(lbs: &[&llmlb::daemon::Running], up: &Upstream) -> usize {
+    let tasks: Vec<_> = (0..12)
+        .map(|i| tokio::spawn(stream(lbs[i % lbs.len()].addr)))
+        .collect();
+    let peak = release_and_watch(up, Duration::from_millis(15), || {
+        tasks.iter().all(|t| t.is_finished())
+    })
+    .await;
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    peak
+}
+
+#[tokio::test]
+async fn instances_reach_the_store_through_a_sentinel_and_follow_its_failover() {
+    let test = "fleet through a sentinel";
+    let Some(mut master) = RedisServer::start(test).await else {
+        return;
+    };
+    let Some(replica) = RedisServer::start_replica(test, master.port).await else {
+        return;
+    };
+    let Some(sentinel) = Sentinel::start(test, master.port, 300).await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let cfg = config(&sentinel.url(), &up.url(), 2);
+    let (a, b) = (start_llmlb(&cfg).await, start_llmlb(&cfg).await);
+    assert!(store_up_with(a.admin_addr, 2, Duration::from_secs(10)).await);
+    let peak = limited_run(&[&a, &b], &up).await;
+    assert!(
+        (1..=2).contains(&peak),
+        "the replica held {peak} streams at once"
+    );
+
+    // The master goes; the Sentinel promotes its replica and both
+    // instances find it there.
+    master.stop();
+    let promoted = async {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", sentinel.port)).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        loop {
+            let addr: Vec<String> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("main")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if addr.get(1) == Some(&replica.port.to_string()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), promoted)
+        .await
+        .expect("the sentinel promotes the replica");
+    for lb in [&a, &b] {
+        assert!(
+            store_up_with(lb.admin_addr, 2, Duration::from_secs(20)).await,
+            "an instance reconnects to the promoted master"
+        );
+    }
+    let peak = limited_run(&[&a, &b], &up).await;
+    assert!(
+        peak <= 2,
+        "after the failover the replica held {peak} streams at once"
+    );
+    // Both noticed the old master go, and answer from the new one.
+    for lb in [&a, &b] {
+        let text = metrics_text(lb.admin_addr).await;
+        assert_eq!(metric_value(&text, "llmlb_fleet_store_up", &[]), 1.0);
+        assert!(metric_value(&text, "llmlb_fleet_store_errors_total", &[]) >= 1.0);
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}

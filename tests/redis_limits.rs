@@ -1,5 +1,6 @@
 //! Per-key rate limits shared by two llmlb instances through a real
-//! `redis-server`, and the local fallback when Redis goes away.
+//! `redis-server` (named directly or by a Redis Sentinel), and the local
+//! fallback when Redis goes away.
 //!
 //! Needs `redis-server` on the PATH (`.ci/run` installs it). Without it the
 //! test prints why it did not run, unless `LLMLB_REQUIRE_REDIS` is set (CI
@@ -10,7 +11,7 @@ mod common;
 use common::*;
 use http::StatusCode;
 
-fn config(redis: &RedisServer, upstream: &str) -> String {
+fn config(url: &str, upstream: &str) -> String {
     let key = llmlb::gateway::keys::hash_key("sk-shared");
     format!(
         "limits = {{ backend = \"redis\", url = \"{url}\", timeout = \"200ms\" }}\n\
@@ -18,7 +19,6 @@ fn config(redis: &RedisServer, upstream: &str) -> String {
          [[keys]]\nsha256 = \"{key}\"\ntenant = \"acme\"\ntier = \"t\"\nrequests_per_minute = 4\n\
          {}",
         one_pool("round_robin", &[(upstream, 1)], ""),
-        url = redis.url(),
     )
 }
 
@@ -36,8 +36,8 @@ async fn two_instances_share_one_budget_and_fall_back_when_redis_dies() {
         return;
     };
     let up = Upstream::start("a", Mode::Json).await;
-    let a = start_llmlb(&config(&redis, &up.url())).await;
-    let b = start_llmlb(&config(&redis, &up.url())).await;
+    let a = start_llmlb(&config(&redis.url(), &up.url())).await;
+    let b = start_llmlb(&config(&redis.url(), &up.url())).await;
 
     // 4 requests per minute for the key, whichever instance serves them.
     let mut remaining = Vec::new();
@@ -74,6 +74,30 @@ async fn two_instances_share_one_budget_and_fall_back_when_redis_dies() {
         "{text}"
     );
     assert_eq!(metric_value(&text, "llmlb_rate_limit_backend_up", &[]), 0.0);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_budget_is_shared_through_the_master_a_sentinel_names() {
+    let Some(redis) = RedisServer::start("redis_limits sentinel").await else {
+        return;
+    };
+    let Some(sentinel) = Sentinel::start("redis_limits sentinel", redis.port, 5_000).await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::Json).await;
+    let a = start_llmlb(&config(&sentinel.url(), &up.url())).await;
+    let b = start_llmlb(&config(&sentinel.url(), &up.url())).await;
+    let mut statuses = Vec::new();
+    for lb in [a.addr, b.addr, a.addr, b.addr, a.addr, b.addr] {
+        statuses.push(send(lb).await.0);
+    }
+    let ok = StatusCode::OK;
+    let full = StatusCode::TOO_MANY_REQUESTS;
+    assert_eq!(statuses, [ok, ok, ok, ok, full, full], "one budget of 4");
+    let text = metrics_text(b.admin_addr).await;
+    assert_eq!(metric_value(&text, "llmlb_rate_limit_backend_up", &[]), 1.0);
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -65,15 +65,15 @@ fn default_true() -> bool {
 /// The `[fleet]` rules; `fleet` is the section's value.
 pub(super) fn validate(fleet: &FleetConfig, out: &mut Vec<ConfigIssue>) {
     match fleet.store.split_once("://") {
-        Some(("redis", rest)) if !rest.is_empty() => {
-            if redis::Client::open(fleet.store.as_str()).is_err() {
-                push(out, "fleet.store", "not a valid redis:// URL");
+        Some(("redis" | super::store_url::SENTINEL_SCHEME, rest)) if !rest.is_empty() => {
+            if let Err(e) = super::StoreUrl::parse(&fleet.store) {
+                push(out, "fleet.store", &format!("not a valid store URL: {e}"));
             }
         }
         _ => push(
             out,
             "fleet.store",
-            "must be a redis://host:port[/db] URL (Redis or Valkey)",
+            "must be a redis://host:port[/db] URL (Redis or Valkey), or redis+sentinel://host:port[,host:port...]/master[/db]",
         ),
     }
     if fleet.key_prefix.is_empty() {
@@ -128,5 +128,18 @@ mod tests {
         ))
         .unwrap_err();
         assert!(issues[0].key.starts_with("fleet"), "{issues:?}");
+    }
+
+    #[test]
+    fn a_sentinel_url_names_the_store_and_a_bad_one_names_the_key() {
+        let ok = "redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2/main/2";
+        let c = parse(&format!("[fleet]\nstore = \"{ok}\"\n{POOL}")).unwrap();
+        assert_eq!(c.fleet.unwrap().store, ok);
+        let issues = parse(&format!(
+            "[fleet]\nstore = \"redis+sentinel://10.0.0.1:26379\"\n{POOL}"
+        ))
+        .unwrap_err();
+        assert_eq!(issues[0].key, "fleet.store", "{issues:?}");
+        assert!(issues[0].reason.contains("master"), "{issues:?}");
     }
 }

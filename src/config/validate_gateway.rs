@@ -81,7 +81,7 @@ pub fn validate(config: &Config, out: &mut Vec<ConfigIssue>) {
         match &config.limits.url {
             None => push(out, "limits.url", "required with backend = \"redis\""),
             Some(url) => {
-                if let Err(e) = redis::Client::open(url.as_str()) {
+                if let Err(e) = super::StoreUrl::parse(url) {
                     push(
                         out,
                         "limits.url",

@@ -21,6 +21,8 @@
 //!   whose waiter goes first takes them at once.
 //! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
 //!   stream, folded by every instance into its `cache`/`hash` index.
+//! - **The store** ([`client`]): one Redis or Valkey server, or the master
+//!   Redis Sentinel names, found again at each connection.
 //! - **Failure**: when the store is down, slow or out of reach, each
 //!   instance runs out its leases, then uses its share of each replica's
 //!   limit (`max_inflight ÷` the live instances it last saw, at least 1),
@@ -29,6 +31,7 @@
 //! The module sits at the bottom of the layers (it reads `config` and
 //! `telemetry` only); the daemon wires it to the replicas.
 
+mod client;
 pub mod lease;
 mod metrics;
 pub mod prefixes;
@@ -37,6 +40,7 @@ pub mod script;
 mod store;
 mod wake;
 
+pub use client::StoreClient;
 pub use lease::Phase;
 pub use metrics::FleetMetrics;
 pub use prefixes::{PrefixOutbox, PrefixRecord};

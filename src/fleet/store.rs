@@ -16,6 +16,7 @@ use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
+use super::client::StoreClient;
 use super::lease::{Grant, Leases, Phase};
 use super::metrics::FleetMetrics;
 use super::queues::QueueReport;
@@ -89,7 +90,7 @@ pub struct Fleet {
     id: String,
     name: String,
     started: u64,
-    client: redis::Client,
+    client: Arc<StoreClient>,
     conn: ArcSwapOption<MultiplexedConnection>,
     last_connect: Mutex<Option<Instant>>,
     connecting: tokio::sync::Mutex<()>,
@@ -132,7 +133,7 @@ impl Fleet {
     /// The handle; connects on the first refresh. `None` when the URL does
     /// not parse (validation refuses such a config first).
     pub fn new(config: &FleetConfig, metrics: &FleetMetrics) -> Option<Arc<Fleet>> {
-        let client = redis::Client::open(config.store.as_str()).ok()?;
+        let client = Arc::new(StoreClient::open(&config.store).ok()?);
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let name = config.name.clone().unwrap_or_else(|| {
             let host = dns_lookup::get_hostname().unwrap_or_else(|_| "llmlb".into());
@@ -206,7 +207,7 @@ impl Fleet {
             *last = Some(Instant::now());
         }
         let bound = self.config.timeout * 2;
-        let conn = tokio::time::timeout(bound, self.client.get_multiplexed_async_connection())
+        let conn = tokio::time::timeout(bound, self.client.connect())
             .await
             .map_err(|_| FleetError::Timeout(bound))??;
         self.conn.store(Some(Arc::new(conn.clone())));
@@ -434,7 +435,7 @@ impl Fleet {
         A: Fn(&[Demand], &Exchange),
     {
         let wakes = super::wake::listen(
-            self.client.clone(),
+            Arc::clone(&self.client),
             self.key("wake"),
             self.id.clone(),
             self.config.refresh,

@@ -13,16 +13,19 @@
 //! costs one interval, as before. The subscription is made again at most
 //! once per refresh interval after it failed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
+use super::client::StoreClient;
+
 /// Listens on `channel` until `shutdown`, waking this instance's refresh
 /// loop ([`super::nudge`]) on every message not sent by `me`; `wakes`
 /// counts them.
 pub(super) async fn listen(
-    client: redis::Client,
+    client: Arc<StoreClient>,
     channel: String,
     me: String,
     retry: Duration,
@@ -31,10 +34,9 @@ pub(super) async fn listen(
 ) {
     loop {
         let session = async {
-            let mut pubsub = tokio::time::timeout(
-                retry.max(Duration::from_millis(100)),
-                client.get_async_pubsub(),
-            )
+            let mut pubsub = tokio::time::timeout(retry.max(Duration::from_millis(100)), async {
+                client.client().await?.get_async_pubsub().await
+            })
             .await
             .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connect timed out")))??;
             pubsub.subscribe(&channel).await?;

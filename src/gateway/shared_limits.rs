@@ -29,6 +29,7 @@ use super::lua::{ADJUST, TAKE};
 use super::rate_limit::BucketStatus;
 use crate::config::LimitsConfig;
 pub use crate::config::redact_url;
+use crate::fleet::StoreClient;
 use crate::telemetry::clock::now_millis;
 
 /// Shared limiter metrics, registered once per process.
@@ -87,7 +88,7 @@ pub struct SharedLimits {
     url: String,
     /// `url` with its password replaced, for logs.
     shown: String,
-    client: redis::Client,
+    client: StoreClient,
     conn: ArcSwapOption<MultiplexedConnection>,
     last_connect_ms: AtomicU64,
     timeout: Duration,
@@ -121,7 +122,7 @@ impl SharedLimits {
     /// Builds the limiter; connects lazily on first use.
     pub fn new(config: &LimitsConfig, metrics: &SharedLimitMetrics) -> Option<Arc<SharedLimits>> {
         let url = config.url.clone()?;
-        let client = redis::Client::open(url.as_str()).ok()?;
+        let client = StoreClient::open(&url).ok()?;
         Some(Arc::new(SharedLimits {
             shown: redact_url(&url),
             url,
@@ -154,12 +155,9 @@ impl SharedLimits {
             return Err(SharedError::NotConnected);
         }
         self.last_connect_ms.store(now, Ordering::Relaxed);
-        let conn = tokio::time::timeout(
-            self.timeout * 4,
-            self.client.get_multiplexed_async_connection(),
-        )
-        .await
-        .map_err(|_| SharedError::Timeout(self.timeout * 4))??;
+        let conn = tokio::time::timeout(self.timeout * 4, self.client.connect())
+            .await
+            .map_err(|_| SharedError::Timeout(self.timeout * 4))??;
         self.conn.store(Some(Arc::new(conn.clone())));
         tracing::info!(url = %self.shown, "connected to the shared rate-limit backend");
         Ok(conn)

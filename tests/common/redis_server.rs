@@ -1,6 +1,7 @@
-//! A real `redis-server` on a loopback port for the tests that need one.
-//! Without the binary such a test says why it did not run, unless
-//! `LLMLB_REQUIRE_REDIS` is set (CI sets it), when that is a failure.
+//! A real `redis-server` on a loopback port for the tests that need one, and
+//! a Redis Sentinel watching one. Without the binary such a test says why
+//! it did not run, unless `LLMLB_REQUIRE_REDIS` is set (CI sets it), when
+//! that is a failure.
 
 use std::process::{Command, Stdio};
 
@@ -10,30 +11,75 @@ use super::*;
 pub struct RedisServer {
     child: Option<ChildGuard>,
     pub port: u16,
+    /// `--replicaof 127.0.0.1 PORT`: a replica of another server.
+    replica_of: Option<u16>,
+}
+
+/// Whether `redis-server` can run here (see the module docs).
+fn redis_installed(test: &str) -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("LLMLB_REQUIRE_REDIS").is_none(),
+            "LLMLB_REQUIRE_REDIS is set but redis-server is not installed"
+        );
+        eprintln!("{test}: redis-server not installed; test not run");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until the server on `port` answers PING.
+async fn answers_ping(port: u16) {
+    tokio::time::timeout(Duration::from_secs(10), async move {
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                if s.write_all(b"PING\r\n").await.is_ok() {
+                    let mut buf = [0u8; 7];
+                    if s.read_exact(&mut buf).await.is_ok() && &buf == b"+PONG\r\n" {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("redis-server answers PING");
 }
 
 impl RedisServer {
     /// A fresh server on a free port; `None` when redis-server is missing.
     pub async fn start(test: &str) -> Option<RedisServer> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
-            assert!(
-                std::env::var_os("LLMLB_REQUIRE_REDIS").is_none(),
-                "LLMLB_REQUIRE_REDIS is set but redis-server is not installed"
-            );
-            eprintln!("{test}: redis-server not installed; test not run");
+        Self::start_as(test, None).await
+    }
+
+    /// A fresh server that replicates the one on `master`'s port.
+    pub async fn start_replica(test: &str, master: u16) -> Option<RedisServer> {
+        Self::start_as(test, Some(master)).await
+    }
+
+    async fn start_as(test: &str, replica_of: Option<u16>) -> Option<RedisServer> {
+        if !redis_installed(test) {
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = RedisServer { child: None, port };
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            replica_of,
+        };
         server.restart().await;
         Some(server)
     }
@@ -50,30 +96,75 @@ impl RedisServer {
     /// Starts it (again) on the same port and waits until it answers PING.
     pub async fn restart(&mut self) {
         self.stop();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"]);
+        if let Some(master) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
+        }
         self.child = Some(ChildGuard(
-            Command::new("redis-server")
-                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
+            cmd.stdout(Stdio::null())
                 .spawn()
                 .expect("start redis-server"),
         ));
-        let port = self.port;
-        tokio::time::timeout(Duration::from_secs(10), async move {
-            loop {
-                if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)).await {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    if s.write_all(b"PING\r\n").await.is_ok() {
-                        let mut buf = [0u8; 7];
-                        if s.read_exact(&mut buf).await.is_ok() && &buf == b"+PONG\r\n" {
-                            return;
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        answers_ping(self.port).await;
+    }
+}
+
+/// A Redis Sentinel (`redis-server --sentinel`) watching the master on
+/// `master`'s port under the name `main`, quorum 1, calling it down after
+/// `down_after_ms` without an answer; stopped when this drops.
+pub struct Sentinel {
+    _child: ChildGuard,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Sentinel {
+    pub async fn start(test: &str, master: u16, down_after_ms: u64) -> Option<Sentinel> {
+        if !redis_installed(test) {
+            return None;
+        }
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("llmlb-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor main 127.0.0.1 {master} 1\n\
+                 sentinel down-after-milliseconds main {down_after_ms}\n\
+                 sentinel failover-timeout main 2000\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = ChildGuard(
+            Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start redis-server --sentinel"),
+        );
+        answers_ping(port).await;
+        Some(Sentinel {
+            _child: child,
+            port,
+            dir,
         })
-        .await
-        .expect("redis-server answers PING");
+    }
+
+    /// The store URL naming the master this Sentinel watches.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/main", self.port)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
