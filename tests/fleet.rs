@@ -496,3 +496,40 @@ async fn instances_reach_the_store_through_a_sentinel_and_follow_its_failover() 
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn three_instances_keep_the_limit_on_a_redis_cluster() {
+    let Some(cluster) = RedisCluster::start("fleet on a cluster").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let cfg = config(&cluster.url(), &up.url(), 2);
+    let (a, b, c) = (
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+        start_llmlb(&cfg).await,
+    );
+    assert!(store_up_with(a.admin_addr, 3, Duration::from_secs(10)).await);
+    let peak = limited_run(&[&a, &b, &c], &up).await;
+    assert!(
+        (1..=2).contains(&peak),
+        "the replica held {peak} streams at once"
+    );
+    // The fleet's keys sit under the prefix's hash tag (one slot).
+    let nodes: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let live: i64 = redis::cmd("ZCARD")
+        .arg("{llmlb:fleet:}instances")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(live, 3);
+    for lb in [a, b, c] {
+        lb.shutdown().await;
+    }
+}

@@ -101,3 +101,24 @@ async fn a_budget_is_shared_through_the_master_a_sentinel_names() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_budget_is_shared_through_a_redis_cluster() {
+    let Some(cluster) = RedisCluster::start("redis_limits cluster").await else {
+        return;
+    };
+    let up = Upstream::start("a", Mode::Json).await;
+    let a = start_llmlb(&config(&cluster.url(), &up.url())).await;
+    let b = start_llmlb(&config(&cluster.url(), &up.url())).await;
+    let mut statuses = Vec::new();
+    for lb in [a.addr, b.addr, a.addr, b.addr, a.addr, b.addr] {
+        statuses.push(send(lb).await.0);
+    }
+    let ok = StatusCode::OK;
+    let full = StatusCode::TOO_MANY_REQUESTS;
+    assert_eq!(statuses, [ok, ok, ok, ok, full, full], "one budget of 4");
+    let text = metrics_text(b.admin_addr).await;
+    assert_eq!(metric_value(&text, "llmlb_rate_limit_backend_up", &[]), 1.0);
+    a.shutdown().await;
+    b.shutdown().await;
+}

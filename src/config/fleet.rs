@@ -65,7 +65,10 @@ fn default_true() -> bool {
 /// The `[fleet]` rules; `fleet` is the section's value.
 pub(super) fn validate(fleet: &FleetConfig, out: &mut Vec<ConfigIssue>) {
     match fleet.store.split_once("://") {
-        Some(("redis" | super::store_url::SENTINEL_SCHEME, rest)) if !rest.is_empty() => {
+        Some((
+            "redis" | super::store_url::SENTINEL_SCHEME | super::store_url::CLUSTER_SCHEME,
+            rest,
+        )) if !rest.is_empty() => {
             if let Err(e) = super::StoreUrl::parse(&fleet.store) {
                 push(out, "fleet.store", &format!("not a valid store URL: {e}"));
             }
@@ -73,7 +76,7 @@ pub(super) fn validate(fleet: &FleetConfig, out: &mut Vec<ConfigIssue>) {
         _ => push(
             out,
             "fleet.store",
-            "must be a redis://host:port[/db] URL (Redis or Valkey), or redis+sentinel://host:port[,host:port...]/master[/db]",
+            "must be a redis://host:port[/db] URL (Redis or Valkey), redis+sentinel://host:port[,host:port...]/master[/db] or redis+cluster://host:port[,host:port...]",
         ),
     }
     if fleet.key_prefix.is_empty() {
@@ -131,7 +134,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sentinel_url_names_the_store_and_a_bad_one_names_the_key() {
+    fn sentinel_and_cluster_urls_name_the_store_and_a_bad_one_names_the_key() {
         let ok = "redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2/main/2";
         let c = parse(&format!("[fleet]\nstore = \"{ok}\"\n{POOL}")).unwrap();
         assert_eq!(c.fleet.unwrap().store, ok);
@@ -141,5 +144,12 @@ mod tests {
         .unwrap_err();
         assert_eq!(issues[0].key, "fleet.store", "{issues:?}");
         assert!(issues[0].reason.contains("master"), "{issues:?}");
+        let cluster = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000";
+        assert!(parse(&format!("[fleet]\nstore = \"{cluster}\"\n{POOL}")).is_ok());
+        let issues = parse(&format!(
+            "[fleet]\nstore = \"redis+cluster://10.0.0.1\"\n{POOL}"
+        ))
+        .unwrap_err();
+        assert_eq!(issues[0].key, "fleet.store", "{issues:?}");
     }
 }

@@ -1,12 +1,16 @@
 //! What a store URL names (`[fleet] store`, `[limits] url`): one Redis or
-//! Valkey server (any URL the Redis client reads: `redis://`,
-//! `rediss://`, `redis+unix://`), or the master a group of Redis
-//! Sentinels names (`redis+sentinel://`). `net::store` connects to it.
+//! Valkey server (any URL the Redis client reads: `redis://`, `rediss://`,
+//! `redis+unix://`), a Redis Cluster (`redis+cluster://`), or the master a
+//! group of Redis Sentinels names (`redis+sentinel://`).
+//! `fleet::StoreClient` connects to it.
 
 use redis::RedisConnectionInfo;
 
 /// The scheme of a Sentinel-named master.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel";
+
+/// The scheme of a Redis Cluster.
+pub const CLUSTER_SCHEME: &str = "redis+cluster";
 
 /// The port a Sentinel listens on unless the URL names one.
 const SENTINEL_PORT: u16 = 26379;
@@ -18,6 +22,10 @@ pub enum StoreUrl {
     Direct(String),
     /// `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]`.
     Sentinel(SentinelUrl),
+    /// `redis+cluster://[[user]:password@]host:port[,host:port...]`: some
+    /// nodes of a Redis Cluster (`redis://` URLs, the credentials on each);
+    /// the client learns the rest from them.
+    Cluster(Vec<String>),
 }
 
 impl StoreUrl {
@@ -25,6 +33,7 @@ impl StoreUrl {
     pub fn parse(url: &str) -> Result<StoreUrl, String> {
         match url.split_once("://") {
             Some((SENTINEL_SCHEME, rest)) => SentinelUrl::parse(rest).map(StoreUrl::Sentinel),
+            Some((CLUSTER_SCHEME, rest)) => cluster_nodes(rest).map(StoreUrl::Cluster),
             _ => redis::Client::open(url)
                 .map(|_| StoreUrl::Direct(url.to_string()))
                 .map_err(|e| e.to_string()),
@@ -84,6 +93,28 @@ impl SentinelUrl {
             master,
         })
     }
+}
+
+/// The `redis://` URL of each node a `redis+cluster://` URL lists.
+fn cluster_nodes(rest: &str) -> Result<Vec<String>, String> {
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains('/') {
+        return Err("a cluster has no database or path: redis+cluster://HOST:PORT[,...]".into());
+    }
+    let (creds, hosts) = match authority.rsplit_once('@') {
+        Some((c, h)) => (format!("{c}@"), h),
+        None => (String::new(), authority),
+    };
+    hosts
+        .split(',')
+        .map(|node| {
+            let url = format!("redis://{creds}{node}");
+            match node.rsplit_once(':').map(|(_, p)| p.parse::<u16>()) {
+                Some(Ok(_)) if redis::Client::open(url.as_str()).is_ok() => Ok(url),
+                _ => Err(format!("cluster node {node:?} is not HOST:PORT")),
+            }
+        })
+        .collect()
 }
 
 /// `redis://host:port` for one `host[:port]` of the list.
@@ -157,6 +188,19 @@ mod tests {
             );
         }
         assert!(StoreUrl::parse("redis+sentinel://127.0.0.1/m").is_ok());
+        match StoreUrl::parse("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7001/") {
+            Ok(StoreUrl::Cluster(nodes)) => assert_eq!(
+                nodes,
+                ["redis://:pw@10.0.0.1:7000", "redis://:pw@10.0.0.2:7001"]
+            ),
+            other => panic!("{other:?}"),
+        }
+        for bad in ["10.0.0.1", "10.0.0.1:7000/0", "10.0.0.1:7000,,", ""] {
+            assert!(
+                StoreUrl::parse(&format!("redis+cluster://{bad}")).is_err(),
+                "{bad}"
+            );
+        }
         assert!(StoreUrl::parse("redis://127.0.0.1:6379/0").is_ok());
         assert!(StoreUrl::parse("http://127.0.0.1").is_err());
     }

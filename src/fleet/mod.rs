@@ -21,8 +21,9 @@
 //!   whose waiter goes first takes them at once.
 //! - **One prefix view** ([`prefixes`]): dispatch records on a Redis
 //!   stream, folded by every instance into its `cache`/`hash` index.
-//! - **The store** ([`client`]): one Redis or Valkey server, or the master
-//!   Redis Sentinel names, found again at each connection.
+//! - **The store** ([`client`]): one Redis or Valkey server, the master
+//!   Redis Sentinel names (found again at each connection), or a Redis
+//!   Cluster (every fleet key under one hash tag).
 //! - **Failure**: when the store is down, slow or out of reach, each
 //!   instance runs out its leases, then uses its share of each replica's
 //!   limit (`max_inflight ÷` the live instances it last saw, at least 1),
@@ -40,7 +41,7 @@ pub mod script;
 mod store;
 mod wake;
 
-pub use client::StoreClient;
+pub use client::{StoreClient, StoreConn};
 pub use lease::Phase;
 pub use metrics::FleetMetrics;
 pub use prefixes::{PrefixOutbox, PrefixRecord};

@@ -111,7 +111,7 @@ impl Fleet {
     ) where
         F: Fn(&PrefixRecord),
     {
-        let stream = format!("{}dispatch", self.config().key_prefix);
+        let stream = self.key("dispatch");
         let mut last_id = "0-0".to_string();
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -13,10 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwapOption;
-use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
-use super::client::StoreClient;
+use super::client::{StoreClient, StoreConn};
 use super::lease::{Grant, Leases, Phase};
 use super::metrics::FleetMetrics;
 use super::queues::QueueReport;
@@ -91,7 +90,9 @@ pub struct Fleet {
     name: String,
     started: u64,
     client: Arc<StoreClient>,
-    conn: ArcSwapOption<MultiplexedConnection>,
+    conn: ArcSwapOption<StoreConn>,
+    /// `key_prefix`, under one hash tag on a cluster.
+    prefix: String,
     last_connect: Mutex<Option<Instant>>,
     connecting: tokio::sync::Mutex<()>,
     script: redis::Script,
@@ -134,6 +135,7 @@ impl Fleet {
     /// not parse (validation refuses such a config first).
     pub fn new(config: &FleetConfig, metrics: &FleetMetrics) -> Option<Arc<Fleet>> {
         let client = Arc::new(StoreClient::open(&config.store).ok()?);
+        let prefix = client.slot_prefix(&config.key_prefix);
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let name = config.name.clone().unwrap_or_else(|| {
             let host = dns_lookup::get_hostname().unwrap_or_else(|_| "llmlb".into());
@@ -149,6 +151,7 @@ impl Fleet {
                 .map_or(0, |d| d.as_secs()),
             client,
             conn: ArcSwapOption::empty(),
+            prefix,
             last_connect: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             script: redis::Script::new(LEASE),
@@ -184,13 +187,13 @@ impl Fleet {
         &self.config == config
     }
 
-    fn key(&self, name: &str) -> String {
-        format!("{}{name}", self.config.key_prefix)
+    pub(super) fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
     }
 
     /// The connection, made again when the last one failed (at most once
     /// per refresh interval).
-    pub(crate) async fn connection(&self) -> Result<MultiplexedConnection, FleetError> {
+    pub(crate) async fn connection(&self) -> Result<StoreConn, FleetError> {
         if let Some(c) = self.conn.load_full() {
             return Ok((*c).clone());
         }
@@ -512,6 +515,9 @@ impl Fleet {
     /// this one gave slots back ([`super::wake`]). A failure only costs
     /// them an interval.
     async fn wake(&self) {
+        if self.client.is_cluster() {
+            return;
+        }
         let Ok(mut conn) = self.connection().await else {
             return;
         };

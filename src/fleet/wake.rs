@@ -32,6 +32,11 @@ pub(super) async fn listen(
     wakes: prometheus::IntCounter,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    if client.is_cluster() {
+        // No channel on a cluster: refreshes keep their interval.
+        let _ = shutdown.changed().await;
+        return;
+    }
     loop {
         let session = async {
             let mut pubsub = tokio::time::timeout(retry.max(Duration::from_millis(100)), async {

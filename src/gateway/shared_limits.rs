@@ -22,14 +22,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use prometheus::{IntCounter, IntGaugeVec, Registry};
-use redis::aio::MultiplexedConnection;
 
 use super::LimitKind;
 use super::lua::{ADJUST, TAKE};
 use super::rate_limit::BucketStatus;
 use crate::config::LimitsConfig;
 pub use crate::config::redact_url;
-use crate::fleet::StoreClient;
+use crate::fleet::{StoreClient, StoreConn};
 use crate::telemetry::clock::now_millis;
 
 /// Shared limiter metrics, registered once per process.
@@ -89,7 +88,7 @@ pub struct SharedLimits {
     /// `url` with its password replaced, for logs.
     shown: String,
     client: StoreClient,
-    conn: ArcSwapOption<MultiplexedConnection>,
+    conn: ArcSwapOption<StoreConn>,
     last_connect_ms: AtomicU64,
     timeout: Duration,
     prefix: String,
@@ -145,7 +144,7 @@ impl SharedLimits {
             && config.key_prefix == self.prefix
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, SharedError> {
+    async fn connection(&self) -> Result<StoreConn, SharedError> {
         if let Some(c) = self.conn.load_full() {
             return Ok((*c).clone());
         }
@@ -172,11 +171,18 @@ impl SharedLimits {
         self.metrics.fallbacks.inc();
     }
 
+    /// The key's request and token buckets; on a cluster under one hash tag
+    /// (the script that charges both needs them in one slot).
     fn keys(&self, key_id: &str) -> (String, String) {
-        (
-            format!("{}{key_id}:req", self.prefix),
-            format!("{}{key_id}:tok", self.prefix),
-        )
+        let p = &self.prefix;
+        if self.client.is_cluster() {
+            (
+                format!("{{{p}{key_id}}}:req"),
+                format!("{{{p}{key_id}}}:tok"),
+            )
+        } else {
+            (format!("{p}{key_id}:req"), format!("{p}{key_id}:tok"))
+        }
     }
 
     /// Charges one request and `tokens` against the key's shared buckets.

@@ -168,3 +168,96 @@ impl Drop for Sentinel {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A Redis Cluster of three masters on loopback (`--cluster-enabled`,
+/// joined with `redis-cli --cluster create`), stopped when this drops.
+pub struct RedisCluster {
+    _nodes: Vec<ChildGuard>,
+    pub ports: Vec<u16>,
+    dir: std::path::PathBuf,
+}
+
+impl RedisCluster {
+    pub async fn start(test: &str) -> Option<RedisCluster> {
+        if !redis_installed(test) {
+            return None;
+        }
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let dir =
+            std::env::temp_dir().join(format!("llmlb-cluster-{}-{}", std::process::id(), ports[0]));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut nodes = Vec::new();
+        for &port in &ports {
+            nodes.push(ChildGuard(
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes"])
+                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("start redis-server"),
+            ));
+        }
+        for &port in &ports {
+            answers_ping(port).await;
+        }
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(created.success(), "redis-cli --cluster create");
+        let cluster = RedisCluster {
+            _nodes: nodes,
+            ports,
+            dir,
+        };
+        cluster.until_ok().await;
+        Some(cluster)
+    }
+
+    /// Waits until every node says the cluster is up.
+    async fn until_ok(&self) {
+        for &port in &self.ports {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    let info: String = redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    if info.contains("cluster_state:ok") {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the cluster comes up");
+        }
+    }
+
+    /// The store URL listing the cluster's nodes.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
