@@ -61,16 +61,7 @@ async fn three_instances_keep_one_replica_under_its_limit() {
         start_llmlb(&cfg).await,
         start_llmlb(&cfg).await,
     ];
-    let tasks: Vec<_> = (0..12)
-        .map(|i| tokio::spawn(stream(lbs[i % 3].addr)))
-        .collect();
-    let peak = release_and_watch(&up, Duration::from_millis(15), || {
-        tasks.iter().all(|t| t.is_finished())
-    })
-    .await;
-    for t in tasks {
-        assert_eq!(t.await.unwrap(), StatusCode::OK);
-    }
+    let peak = limited_run(&[&lbs[0], &lbs[1], &lbs[2]], &up).await;
     assert_eq!(up.requests(), 12);
     assert!(peak <= 2, "the replica held {peak} streams at once");
     assert!(peak >= 1);
@@ -516,13 +507,7 @@ async fn three_instances_keep_the_limit_on_a_redis_cluster() {
         "the replica held {peak} streams at once"
     );
     // The fleet's keys sit under the prefix's hash tag (one slot).
-    let nodes: Vec<String> = cluster
-        .ports
-        .iter()
-        .map(|p| format!("redis://127.0.0.1:{p}"))
-        .collect();
-    let client = redis::cluster::ClusterClient::new(nodes).unwrap();
-    let mut conn = client.get_async_connection().await.unwrap();
+    let mut conn = cluster.connect().await;
     let live: i64 = redis::cmd("ZCARD")
         .arg("{llmlb:fleet:}instances")
         .query_async(&mut conn)

@@ -78,17 +78,12 @@ async fn two_instances_share_one_budget_and_fall_back_when_redis_dies() {
     b.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_budget_is_shared_through_the_master_a_sentinel_names() {
-    let Some(redis) = RedisServer::start("redis_limits sentinel").await else {
-        return;
-    };
-    let Some(sentinel) = Sentinel::start("redis_limits sentinel", redis.port, 5_000).await else {
-        return;
-    };
+/// Two instances with the store at `url`: six requests in turn, one
+/// budget of 4 between them, the backend up.
+async fn one_budget_through(url: &str) {
     let up = Upstream::start("a", Mode::Json).await;
-    let a = start_llmlb(&config(&sentinel.url(), &up.url())).await;
-    let b = start_llmlb(&config(&sentinel.url(), &up.url())).await;
+    let a = start_llmlb(&config(url, &up.url())).await;
+    let b = start_llmlb(&config(url, &up.url())).await;
     let mut statuses = Vec::new();
     for lb in [a.addr, b.addr, a.addr, b.addr, a.addr, b.addr] {
         statuses.push(send(lb).await.0);
@@ -103,22 +98,20 @@ async fn a_budget_is_shared_through_the_master_a_sentinel_names() {
 }
 
 #[tokio::test]
+async fn a_budget_is_shared_through_the_master_a_sentinel_names() {
+    let Some(redis) = RedisServer::start("redis_limits sentinel").await else {
+        return;
+    };
+    let Some(sentinel) = Sentinel::start("redis_limits sentinel", redis.port, 5_000).await else {
+        return;
+    };
+    one_budget_through(&sentinel.url()).await;
+}
+
+#[tokio::test]
 async fn a_budget_is_shared_through_a_redis_cluster() {
     let Some(cluster) = RedisCluster::start("redis_limits cluster").await else {
         return;
     };
-    let up = Upstream::start("a", Mode::Json).await;
-    let a = start_llmlb(&config(&cluster.url(), &up.url())).await;
-    let b = start_llmlb(&config(&cluster.url(), &up.url())).await;
-    let mut statuses = Vec::new();
-    for lb in [a.addr, b.addr, a.addr, b.addr, a.addr, b.addr] {
-        statuses.push(send(lb).await.0);
-    }
-    let ok = StatusCode::OK;
-    let full = StatusCode::TOO_MANY_REQUESTS;
-    assert_eq!(statuses, [ok, ok, ok, ok, full, full], "one budget of 4");
-    let text = metrics_text(b.admin_addr).await;
-    assert_eq!(metric_value(&text, "llmlb_rate_limit_backend_up", &[]), 1.0);
-    a.shutdown().await;
-    b.shutdown().await;
+    one_budget_through(&cluster.url()).await;
 }

@@ -204,20 +204,19 @@ impl RedisCluster {
         for &port in &ports {
             answers_ping(port).await;
         }
-        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let created = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .status()
-            .expect("run redis-cli --cluster create");
-        assert!(created.success(), "redis-cli --cluster create");
         let cluster = RedisCluster {
             _nodes: nodes,
             ports,
             dir,
         };
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(cluster.nodes())
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(created.success(), "redis-cli --cluster create");
         cluster.until_ok().await;
         Some(cluster)
     }
@@ -245,14 +244,24 @@ impl RedisCluster {
         }
     }
 
-    /// The store URL listing the cluster's nodes.
-    pub fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .ports
+    /// `host:port` of each node.
+    fn nodes(&self) -> Vec<String> {
+        self.ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+            .collect()
+    }
+
+    /// The store URL listing the cluster's nodes.
+    pub fn url(&self) -> String {
+        format!("redis+cluster://{}", self.nodes().join(","))
+    }
+
+    /// A connection to the cluster (commands go to the node of their key).
+    pub async fn connect(&self) -> redis::cluster_async::ClusterConnection {
+        let urls = self.nodes().into_iter().map(|n| format!("redis://{n}"));
+        let client = redis::cluster::ClusterClient::new(urls.collect::<Vec<_>>()).unwrap();
+        client.get_async_connection().await.unwrap()
     }
 }
 
