@@ -15,7 +15,10 @@
 #   (for figures: flock /tmp/llmlb-vllm.lock quiet bash scripts/calibrate-fidelity.sh OUTDIR)
 # Writes OUTDIR/profile.toml, calibration.json, vllm.jsonl, sim.jsonl,
 # table.md and times.txt. Environment: PORT (18000), SIM_PORT (18100),
-# LLMLB (target/release/llmlb), VLLM_START_WAIT (seconds, 900).
+# LLMLB (target/release/llmlb), VLLM_START_WAIT (seconds, 900), REPEAT (3:
+# every cell is run three times, round the cells, and the table gives each
+# cell's median, so that one slow spell of this shared machine does not
+# decide a cell).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +26,7 @@ OUT="${1:?usage: calibrate-fidelity.sh OUTDIR}"
 PORT="${PORT:-18000}"
 SIM_PORT="${SIM_PORT:-18100}"
 LLMLB="${LLMLB:-$ROOT/target/release/llmlb}"
+REPEAT="${REPEAT:-3}"
 REPLICA="$ROOT/scripts/vllm_replica.py"
 mkdir -p "$OUT"
 SIM_PID=""
@@ -51,7 +55,7 @@ echo "calibrate: $(echo "$t1 - $t0" | bc) s wall, load $(load)" | tee -a "$OUT/t
 # group: each run reports their CPU time (cpu_ms).
 PGID="$(ps -o pgid= -p "$(cat "${VLLMCPU_DIR:-$HOME/.cache/llmlb-vllm-cpu}/vllm-$PORT.pid")" | tr -d ' ' || echo 0)"
 taskset -c 1 python3 "$ROOT/scripts/sim_fidelity.py" --url "http://127.0.0.1:$PORT" \
-  --label vLLM --cpu-group "${PGID:-0}" > "$OUT/vllm.jsonl"
+  --label vLLM --repeat "$REPEAT" --cpu-group "${PGID:-0}" > "$OUT/vllm.jsonl"
 echo "fidelity on vLLM done, load $(load)" | tee -a "$OUT/times.txt"
 python3 "$REPLICA" stop --port "$PORT"
 
@@ -63,7 +67,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 taskset -c 1 python3 "$ROOT/scripts/sim_fidelity.py" --url "http://127.0.0.1:$SIM_PORT" \
-  --label sim > "$OUT/sim.jsonl"
+  --label sim --repeat "$REPEAT" > "$OUT/sim.jsonl"
 echo "fidelity on replica-sim done, load $(load)" | tee -a "$OUT/times.txt"
 kill "$SIM_PID"; wait "$SIM_PID" 2>/dev/null || true; SIM_PID=""
 

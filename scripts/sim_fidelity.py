@@ -20,6 +20,7 @@ Usage:
   scripts/sim_fidelity.py --url http://127.0.0.1:18000 --model tiny-llama --label vllm > vllm.jsonl
   scripts/sim_fidelity.py --url http://127.0.0.1:18100 --model tiny-llama --label sim  > sim.jsonl
   scripts/sim_fidelity.py --table vllm.jsonl sim.jsonl
+  (--repeat N runs every cell N times; the table gives each cell's median)
   scripts/sim_fidelity.py --url ... --calibrate      # step-time probes for a profile
   scripts/sim_fidelity.py --fit calibration.jsonl    # cost constants fitted to the probes
 
@@ -246,13 +247,24 @@ def outside(key, real, sim):
 def table(files):
     rows = {}
     labels = []
+    runs = {}
     for f in files:
         label = f
         for line in open(f):
             r = json.loads(line)
             label = r.get("label", f)
-            rows.setdefault((r["scenario"], r["concurrency"]), {})[label] = r
+            runs.setdefault((r["scenario"], r["concurrency"], label), []).append(r)
         labels.append(label)
+    # With --repeat, each cell's figure is the median over its runs.
+    for (sc, conc, label), rs in runs.items():
+        merged = {}
+        for key in {k for r in rs for k in r}:
+            vals = [r[key] for r in rs if isinstance(r.get(key), (int, float))]
+            merged[key] = statistics.median(vals) if vals else rs[0].get(key)
+        rows.setdefault((sc, conc), {})[label] = merged
+    repeats = max(len(rs) for rs in runs.values())
+    if repeats > 1:
+        print(f"Each figure is the median over {repeats} runs of its cell.\n")
     latency = [("TTFT p50", "ttft_p50_ms"), ("TTFT p99", "ttft_p99_ms"),
                ("server TTFT mean", "server_ttft_mean_ms"),
                ("ITL p50", "itl_p50_ms"), ("ITL p99", "itl_p99_ms"),
@@ -381,6 +393,8 @@ def main():
     ap.add_argument("--keep-alive", action="store_true",
                     help="reuse one connection per concurrent client (as a proxy does) "
                          "instead of a new connection per request")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every cell this many times; --table reports each cell's median")
     ap.add_argument("--cpu-group", type=int, default=0,
                     help="process group whose processes' CPU time each run reports (cpu_ms)")
     a = ap.parse_args()
@@ -420,15 +434,19 @@ def main():
             r.update(label=a.label, probe="decode-long")
             print(json.dumps(r), flush=True)
         return
-    for scenario in a.scenarios.split(","):
-        for conc in (int(c) for c in a.concurrency.split(",")):
-            n = {1: 16}.get(conc, 4 * conc)
-            r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt,
-                    a.seed + conc, a.cpu_group, a.keep_alive)
-            r["keep_alive"] = a.keep_alive
-            salt += 137
-            r["label"] = a.label
-            print(json.dumps(r), flush=True)
+    # Repeats go round all the cells, so that a slow spell of the machine
+    # falls on different cells each time.
+    for repeat in range(a.repeat):
+        for scenario in a.scenarios.split(","):
+            for conc in (int(c) for c in a.concurrency.split(",")):
+                n = {1: 16}.get(conc, 4 * conc)
+                r = run(a.url, a.model, scenario, conc, n, a.prompt_len, a.max_tokens, salt,
+                        a.seed + conc + 1000 * repeat, a.cpu_group, a.keep_alive)
+                r["keep_alive"] = a.keep_alive
+                salt += 137
+                r["label"] = a.label
+                r["repeat"] = repeat
+                print(json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@
 //!
 //! Simulated time is `elapsed real time × time_scale`, with one refinement:
 //! while the engine stays busy, each step starts exactly when the previous
-//! one ended in simulated time, even if the timer woke the driver a little
-//! late (tokio timers have a one-millisecond resolution, coarse next to a
-//! 2 ms step). Lateness therefore delays a delivery by under a millisecond
-//! but never accumulates: throughput and mean inter-token latency follow the
-//! cost model exactly. A request arriving while a step is in flight is
+//! one ended in simulated time, even if the driver woke a little late (it
+//! waits through [`Wake`], to a fraction of a millisecond on a running
+//! clock). Lateness therefore delays a delivery but never accumulates:
+//! throughput and mean inter-token latency follow the cost model exactly. A request arriving while a step is in flight is
 //! stamped no later than that step's end, the earliest it could be scheduled.
 //!
 //! A disaggregated request (its prompt computed by a prefill replica,
@@ -38,6 +37,7 @@ use tokio::time::Instant;
 use super::engine::{AddError, Engine, EngineStats, Finished, NewRequest, StepOutcome};
 use super::faults::Faults;
 use super::role::RoleConfig;
+use super::wake::Wake;
 use crate::kv_events::KvEvent;
 use crate::kv_events::publisher::Publisher;
 
@@ -99,6 +99,9 @@ pub struct Driver {
     /// Requests whose KV cache is on its way, with the simulated time it
     /// arrives.
     pub arriving: Vec<(f64, Arriving)>,
+    /// How the loop waits for a step's end (to a fraction of a millisecond
+    /// on a running clock).
+    pub wake: Wake,
 }
 
 /// An add waiting for its request's KV cache.
@@ -139,7 +142,7 @@ impl Driver {
                     }
                     None => break,
                 },
-                _ = sleep_until(arrival_due), if arrival_due.is_some() => {
+                _ = self.wake.until(arrival_due), if arrival_due.is_some() => {
                     let now = self.clock.now();
                     let arrival = in_flight.as_ref().map_or(now, |o| now.min(o.end));
                     let (due, later) = std::mem::take(&mut self.arriving)
@@ -151,7 +154,7 @@ impl Driver {
                         self.add(a, arrival, &mut subscribers);
                     }
                 }
-                _ = sleep_until(deadline), if deadline.is_some() => {
+                _ = self.wake.until(deadline), if deadline.is_some() => {
                     let out = in_flight.take().expect("a step is in flight");
                     last_end = out.end;
                     resume_at = Some(out.end);
@@ -165,7 +168,7 @@ impl Driver {
                         self.deliver(out, &mut subscribers);
                     }
                 }
-                _ = sleep_until(streamed_due), if streamed_due.is_some() => {
+                _ = self.wake.until(streamed_due), if streamed_due.is_some() => {
                     let now = self.clock.now();
                     while let Some((at, _)) = streaming.front() {
                         if *at > now + 1e-6 {
@@ -280,9 +283,3 @@ impl Driver {
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}

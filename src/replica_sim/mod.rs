@@ -33,6 +33,7 @@ pub mod role;
 mod server;
 mod stream;
 pub mod text;
+mod wake;
 
 pub use config::{ConfigError, FaultConfig, SimConfig};
 pub use role::{Role, RoleConfig};
@@ -176,6 +177,7 @@ fn spawn_inner(
         kv_events,
         transfer: config.disaggregation.clone(),
         arriving: Vec::new(),
+        wake: wake::Wake::for_current_clock(),
     };
     let tokenizer = config
         .tokenizer()
