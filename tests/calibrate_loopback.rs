@@ -22,6 +22,7 @@ fn args(addr: std::net::SocketAddr, output: &std::path::Path) -> CalibrateArgs {
         max_model_len: None,
         block_size: None,
         num_blocks: None,
+        rounds: 1,
         requests: 1000,
         time_limit: Duration::from_secs(120),
         timeout: Duration::from_secs(60),

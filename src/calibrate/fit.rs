@@ -68,6 +68,45 @@ pub struct Measured {
     pub throughput: f64,
 }
 
+impl Measured {
+    /// One probe sent in several rounds, as one: each figure is its median
+    /// over the rounds that answered, requests and failures are summed.
+    /// `None` for no round.
+    pub fn merge(rounds: &[Measured]) -> Option<Measured> {
+        let first = rounds.first()?;
+        let answered: Vec<&Measured> = rounds.iter().filter(|m| m.ok > 0).collect();
+        let med = |f: &dyn Fn(&Measured) -> Option<f64>| {
+            median(answered.iter().filter_map(|m| f(m)).collect())
+        };
+        Some(Measured {
+            ok: rounds.iter().map(|m| m.ok).sum(),
+            failed: rounds.iter().map(|m| m.failed).sum(),
+            error: rounds.iter().find_map(|m| m.error.clone()),
+            wall: med(&|m| Some(m.wall)).unwrap_or(first.wall),
+            ttft_p50: med(&|m| m.ttft_p50),
+            itl_p50: med(&|m| m.itl_p50),
+            server_ttft_mean: med(&|m| m.server_ttft_mean),
+            server_itl_mean: med(&|m| m.server_itl_mean),
+            throughput: med(&|m| Some(m.throughput)).unwrap_or(0.0),
+            ..first.clone()
+        })
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    Some(if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProbeKind {
@@ -348,6 +387,40 @@ mod tests {
             server_itl_mean: None,
             throughput: 0.0,
         }
+    }
+
+    #[test]
+    fn rounds_merge_to_each_figures_median() {
+        let round = |ttft: f64, throughput: f64, ok: usize| Measured {
+            ttft_p50: Some(ttft),
+            throughput,
+            ok,
+            failed: 4 - ok,
+            error: (ok < 4).then(|| "reset".to_string()),
+            ..probe(ProbeKind::Prefill, 1, 256, 2)
+        };
+        // The slow spell (0.100 s) of the second round does not decide.
+        let m = Measured::merge(&[
+            round(0.012, 300.0, 4),
+            round(0.100, 90.0, 4),
+            round(0.013, 280.0, 3),
+        ])
+        .unwrap();
+        assert_eq!(m.ttft_p50, Some(0.013));
+        assert_eq!(m.throughput, 280.0);
+        assert_eq!((m.ok, m.failed), (11, 1));
+        assert_eq!(m.error.as_deref(), Some("reset"));
+        assert_eq!((m.kind, m.prompt_len), (ProbeKind::Prefill, 256));
+        // A round that answered nothing has no say; two rounds give the mean.
+        let m = Measured::merge(&[
+            round(0.012, 300.0, 4),
+            round(0.5, 0.0, 0),
+            round(0.014, 320.0, 4),
+        ])
+        .unwrap();
+        assert!((m.ttft_p50.unwrap() - 0.013).abs() < 1e-12);
+        assert_eq!(m.throughput, 310.0);
+        assert!(Measured::merge(&[]).is_none());
     }
 
     #[test]

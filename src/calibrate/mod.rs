@@ -7,8 +7,9 @@
 //! serving requests (its running and waiting counts) unless forced, sends
 //! the probes of [`probes::plan`] (single prefills of growing length, decode
 //! batches of growing size, a burst of one-token requests, decodes over a
-//! long context) with a progress line, within a bound on requests and on
-//! time, fits the step-time model ([`fit`]), and writes a complete profile
+//! long context) with a progress line, in three rounds by default (each
+//! probe's figures are its median over them), within a bound on requests
+//! and on time, fits the step-time model ([`fit`]), and writes a complete profile
 //! file: the host, model, engine version and date in its `[fitted]` table,
 //! the fitted-against-measured table in its header comment.
 //!
@@ -72,8 +73,13 @@ pub struct CalibrateArgs {
     /// KV blocks, null block included. [default: `vllm:cache_config_info`'s]
     #[arg(long)]
     pub num_blocks: Option<usize>,
-    /// Most probe requests to send.
-    #[arg(long, default_value_t = 1000)]
+    /// Times the plan is sent, one whole round after another. Each probe's
+    /// figures are its median over the rounds, so that a slow spell of a
+    /// shared machine moves one round of a probe, not the fit.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub rounds: u32,
+    /// Most probe requests to send, all rounds together.
+    #[arg(long, default_value_t = 2000)]
     pub requests: usize,
     /// Longest the probes may take; groups not sent by then are skipped.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
@@ -186,40 +192,8 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, CalibrateError> {
         .map_err(|e| CalibrateError::Target(e.to_string()))?,
     );
 
-    let planned: usize = plan.iter().map(|g| g.requests).sum();
-    let total = planned.min(args.requests);
-    let progress = Progress::new(total, plan.len(), args.time_limit);
     let start = Instant::now();
-    let deadline = start + args.time_limit;
-    let mut rng = SplitMix::new(args.seed ^ 0x00ca_11b7);
-    let mut measured = Vec::new();
-    let mut sent = 0;
-    let mut skipped = 0;
-    for (i, g) in plan.iter().enumerate() {
-        if sent + g.requests > args.requests || Instant::now() >= deadline {
-            skipped += 1;
-            continue;
-        }
-        progress.group(i, g);
-        let m = probes::run_group(&client, &replica, g, &mut rng, deadline, &|| {
-            progress.done()
-        })
-        .await;
-        sent += m.ok + m.failed;
-        if m.failed > 0 {
-            progress.note(&format!(
-                "{} at batch {}: {} of {} requests failed ({})",
-                g.kind.label(),
-                g.concurrency,
-                m.failed,
-                m.ok + m.failed,
-                m.error.as_deref().unwrap_or("no message")
-            ));
-        }
-        measured.push(m);
-        probes::settle().await;
-    }
-    progress.finish();
+    let (measured, sent, skipped) = send_rounds(args, &client, &replica, &plan).await;
     let seconds = start.elapsed().as_secs_f64();
     let after = replica.metrics().await.ok();
     let ours: usize = measured.iter().map(|m| m.ok).sum();
@@ -282,6 +256,53 @@ pub async fn run(args: &CalibrateArgs) -> Result<Calibration, CalibrateError> {
         })?;
     }
     Ok(cal)
+}
+
+/// Sends the plan `args.rounds` times, within the bounds on requests and
+/// time, and returns each probe's rounds merged ([`Measured::merge`]), the
+/// requests sent, and the probes no round of which was sent.
+async fn send_rounds(
+    args: &CalibrateArgs,
+    client: &Arc<BenchClient>,
+    replica: &replica::Replica,
+    plan: &[probes::Group],
+) -> (Vec<Measured>, usize, usize) {
+    let rounds = args.rounds.max(1) as usize;
+    let planned: usize = plan.iter().map(|g| g.requests).sum::<usize>() * rounds;
+    let progress = Progress::new(planned.min(args.requests), plan.len() * rounds, args.time_limit);
+    let deadline = Instant::now() + args.time_limit;
+    let mut rng = SplitMix::new(args.seed ^ 0x00ca_11b7);
+    let mut by_probe: Vec<Vec<Measured>> = vec![Vec::new(); plan.len()];
+    let mut sent = 0;
+    for round in 0..rounds {
+        for (i, g) in plan.iter().enumerate() {
+            if sent + g.requests > args.requests || Instant::now() >= deadline {
+                continue;
+            }
+            progress.group(round * plan.len() + i, g);
+            let m = probes::run_group(client, replica, g, &mut rng, deadline, &|| {
+                progress.done()
+            })
+            .await;
+            sent += m.ok + m.failed;
+            if m.failed > 0 {
+                progress.note(&format!(
+                    "{} at batch {}: {} of {} requests failed ({})",
+                    g.kind.label(),
+                    g.concurrency,
+                    m.failed,
+                    m.ok + m.failed,
+                    m.error.as_deref().unwrap_or("no message")
+                ));
+            }
+            by_probe[i].push(m);
+            probes::settle().await;
+        }
+    }
+    progress.finish();
+    let skipped = by_probe.iter().filter(|r| r.is_empty()).count();
+    let measured = by_probe.iter().filter_map(|r| Measured::merge(r)).collect();
+    (measured, sent, skipped)
 }
 
 /// The summary printed after a run: the table, and what to look at.
