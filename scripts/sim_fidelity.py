@@ -249,10 +249,11 @@ def table(files):
     labels = []
     runs = {}
     for f in files:
-        label = f
-        for line in open(f):
-            r = json.loads(line)
-            label = r.get("label", f)
+        lines = [json.loads(line) for line in open(f)]
+        label = lines[0].get("label", f) if lines else f
+        if label in labels:  # two runs of one replica: tell them by file
+            label = f"{label} ({f})"
+        for r in lines:
             runs.setdefault((r["scenario"], r["concurrency"], label), []).append(r)
         labels.append(label)
     # With --repeat, each cell's figure is the median over its runs.
@@ -299,6 +300,11 @@ def table(files):
             print(f"| {sc} | {conc} | " + " | ".join(cells) + " |")
         print()
     if len(labels) == 2:
+        cells = [(by, key) for by in rows.values() for key in WITHIN_20]
+        within = sum(1 for by, key in cells
+                     if not outside(key, *(by.get(l, {}).get(key) for l in labels)))
+        print(f"Within 20 %: {within} of {len(cells)} cells (TTFT p50 and p99, ITL p50, "
+              "output tok/s).\n")
         print(f"Outside the targets (bold above): {len(misses)} cells" + (":" if misses else "."))
         for m in misses:
             print(f"- {m}")
