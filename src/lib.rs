@@ -6,6 +6,9 @@
 //! TOML file; [`telemetry`] and [`admin`] make it observable.
 
 #![forbid(unsafe_code)]
+// The crate is the binary's library: its docs are read with private items
+// (`cargo doc --document-private-items`), where these links resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod admin;
 pub mod admission;

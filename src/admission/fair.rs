@@ -11,7 +11,7 @@
 //! lifted to the lowest counter among the tenants waiting (to the last
 //! counter that left the backlog when nobody waits), so time spent idle is
 //! not banked as credit. A lone tenant gets every slot; the one exception to
-//! work conservation is the short hold of [`anticipate`]: a slot freed by a
+//! work conservation is the short hold of [`anticipate()`]: a slot freed by a
 //! tenant that would go first, but has nothing waiting, is kept for that
 //! tenant's next request for a few milliseconds while others wait.
 //!
@@ -195,7 +195,7 @@ pub struct FairLevel<W> {
     floor: f64,
     /// Each tenant's weighted tokens charged (the virtual token counters).
     counters: Box<dyn ServiceCounters>,
-    /// Slots held for a tenant's next request, and until when ([`anticipate`]).
+    /// Slots held for a tenant's next request, and until when ([`anticipate()`]).
     holds: Vec<(Arc<str>, f64)>,
 }
 

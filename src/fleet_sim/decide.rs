@@ -4,7 +4,7 @@
 //! then [`routing::choose`](crate::pool::choose) (eligibility, the
 //! decision's allowed and preferred sets, free slots, the balancer's pick).
 //! Replica state lives in the real [`Replica`] structs: the event loop holds
-//! real in-flight guards and stores scraped [`LoadSnapshot`]s in them, so the
+//! real in-flight guards and stores scraped [`LoadSnapshot`](crate::replica::LoadSnapshot)s in them, so the
 //! balancers and the router read what the proxy would know.
 //!
 //! A policy overrides every pool's balancer and prefix mode; `config` keeps

@@ -3,7 +3,7 @@
 //! - **Trace** (Mooncake JSONL: `timestamp` ms, `input_length`,
 //!   `output_length`, `hash_ids`): each hash id names a block of 512 prompt
 //!   tokens and everything before it. Block `h` becomes 512 deterministic
-//!   token ids drawn from a generator seeded by `h` ([`fill_prompt`]), so two
+//!   token ids drawn from a generator seeded by `h` ([`SimWorkload::fill_prompt`]), so two
 //!   requests that share k leading ids share exactly their first k × 512
 //!   tokens, for the engine's prefix cache and for the router's prefix modes
 //!   alike (both are handed the same ids: the router as

@@ -10,7 +10,7 @@
 //! of the body, where vLLM puts it in both JSON answers and the final
 //! stream chunk; `forwarding::Observed`). Fields and sampling come from
 //! `[telemetry.access_log]`; failed requests are always logged. This file
-//! also writes the record's per-model metrics ([`ModelMetrics`]) and ends
+//! also writes the record's per-model metrics ([`ModelMetrics`](crate::telemetry::ModelMetrics)) and ends
 //! its trace span.
 
 use std::net::SocketAddr;

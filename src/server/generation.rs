@@ -48,7 +48,7 @@ impl Live {
     }
 
     /// Holds off other writers until the returned guard is dropped; read
-    /// the current generation after taking it, then [`Live::store`].
+    /// the current generation after taking it, then [`Writer::store`].
     pub fn write(&self) -> Writer<'_> {
         let guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         Writer {

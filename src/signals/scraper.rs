@@ -4,7 +4,7 @@
 //!
 //! A good scrape replaces the replica's [`LoadSnapshot`] whole and restarts
 //! its since-scrape counts; a scrape whose prefix-cache counter went down
-//! is a replica restart ([`super::restart`]), logged and counted in
+//! is a replica restart ([`crate::replica::restart`]), logged and counted in
 //! `llmlb_replica_restarts_total`. A failed one (timeout, refused, non-2xx, no known
 //! metric in the page) is counted in `llmlb_scrape_errors_total` and leaves
 //! the old snapshot to age: once older than `scrape.staleness` the balancers

@@ -3,7 +3,7 @@
 //!
 //! `tracing`'s formatter visits an event's fields through trait objects,
 //! quotes each string through `Debug`, and formats the line into a buffer
-//! of its own before handing it to the writer. [`write`] writes the same
+//! of its own before handing it to the writer. [`write()`] writes the same
 //! bytes, the same timestamp, level, target, message and fields in the same
 //! order (text or JSON, as `--log-format` chose), into one reused buffer per
 //! thread, and appends it to the batched log ([`super::logging`]). It is

@@ -3,7 +3,7 @@
 //!
 //! Lines are written off the threads that log them, in batches: each event
 //! is formatted where it happens and appended to one in-memory buffer
-//! ([`Batched`]); one writer thread, woken by the first line of a batch,
+//! ([`BatchWriter`]); one writer thread, woken by the first line of a batch,
 //! waits [`BATCH_DELAY`] for more and writes them all with one `write`. An
 //! access-log line costs a request a format and a copy under a lock: no
 //! system call, no thread wake-up and no allocation of its own (a channel
