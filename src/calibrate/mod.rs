@@ -269,7 +269,11 @@ async fn send_rounds(
 ) -> (Vec<Measured>, usize, usize) {
     let rounds = args.rounds.max(1) as usize;
     let planned: usize = plan.iter().map(|g| g.requests).sum::<usize>() * rounds;
-    let progress = Progress::new(planned.min(args.requests), plan.len() * rounds, args.time_limit);
+    let progress = Progress::new(
+        planned.min(args.requests),
+        plan.len() * rounds,
+        args.time_limit,
+    );
     let deadline = Instant::now() + args.time_limit;
     let mut rng = SplitMix::new(args.seed ^ 0x00ca_11b7);
     let mut by_probe: Vec<Vec<Measured>> = vec![Vec::new(); plan.len()];
@@ -280,10 +284,8 @@ async fn send_rounds(
                 continue;
             }
             progress.group(round * plan.len() + i, g);
-            let m = probes::run_group(client, replica, g, &mut rng, deadline, &|| {
-                progress.done()
-            })
-            .await;
+            let m = probes::run_group(client, replica, g, &mut rng, deadline, &|| progress.done())
+                .await;
             sent += m.ok + m.failed;
             if m.failed > 0 {
                 progress.note(&format!(

@@ -282,4 +282,3 @@ impl Driver {
         self.stats.store(Arc::new(self.engine.stats().clone()));
     }
 }
-
