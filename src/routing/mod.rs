@@ -1,8 +1,9 @@
 //! Routing: which pool, and which of its replicas, may serve a request.
 //!
-//! The live topology (the pool stack's `Topology`, above this module) is built from a validated config and published through
-//! an `ArcSwap`, so a reload replaces it whole without stopping traffic. Model
-//! names resolve to pools (the pool stack's `model_map`, with aliases and a default pool, and
+//! The live topology (the pool stack's `Topology`, above this module) is
+//! built from a validated config and published through an `ArcSwap`, so a
+//! reload replaces it whole without stopping traffic. Model names resolve to
+//! pools (the pool stack's `model_map`, with aliases and a default pool, and
 //! tier pools from [`tiers`]); each pool's [`Router`] then narrows the
 //! replicas step by step (canary version ([`canary`]), tier ([`tiers`]),
 //! session or `hash` affinity ([`affinity`]), cache scoring) into a
