@@ -172,8 +172,8 @@ impl ProxyBody {
             Err(other) => return Some(other),
         };
         let filtered = strip.filter(data, usage_at);
-        if let Some(event) = filtered.usage {
-            self.observer.kept(&event);
+        if let Some(usage) = filtered.usage {
+            self.observer.kept(usage);
         }
         if filtered.pass.is_empty() {
             return None;

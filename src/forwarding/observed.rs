@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use crate::net::{Usage, UsageScan, find_usage};
+use crate::net::{Usage, UsageScan};
 
 /// An answer as it went by, so far.
 #[derive(Debug, Default, Clone, Copy)]
@@ -86,10 +86,11 @@ impl Observer {
         self.seen.sent = self.usage.usage();
     }
 
-    /// The usage event kept from the client (the first one only).
-    pub fn kept(&mut self, event: &[u8]) {
+    /// The `usage` of the usage event kept from the client, as its parse
+    /// read it (the first event only).
+    pub fn kept(&mut self, usage: Option<Usage>) {
         if !std::mem::replace(&mut self.kept, true) {
-            self.seen.kept = find_usage(event);
+            self.seen.kept = usage;
         }
     }
 
@@ -153,7 +154,7 @@ fn event_has_content(frame: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::USAGE_KEY;
+    use crate::net::{USAGE_KEY, find_usage};
 
     fn feed(sse: bool, frames: &[&str]) -> Observed {
         let mut o = Observer::new(sse);
@@ -183,13 +184,17 @@ mod tests {
         let mut o = Observer::new(true);
         let sent = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n";
         o.frame(sent.as_bytes(), USAGE_KEY.find(sent.as_bytes()));
-        o.kept(br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#);
-        o.kept(br#"data: {"choices":[],"usage":{"total_tokens":99}}"#);
+        o.kept(find_usage(br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#));
+        o.kept(find_usage(
+            br#"data: {"choices":[],"usage":{"total_tokens":99}}"#,
+        ));
         let (usage, total) = o.observed().usage();
         assert_eq!(total, Some(5));
         assert_eq!(usage.and_then(|u| u.completion_tokens), Some(1));
         let mut only_kept = Observer::new(true);
-        only_kept.kept(br#"data: {"choices":[],"usage":{"completion_tokens":2}}"#);
+        only_kept.kept(find_usage(
+            br#"data: {"choices":[],"usage":{"completion_tokens":2}}"#,
+        ));
         assert_eq!(
             only_kept
                 .observed()

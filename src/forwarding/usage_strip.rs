@@ -11,7 +11,8 @@
 //! as a slice of the same buffer when none of them is the usage event (vLLM
 //! sends one event per chunk, so this is the usual case); an unfinished
 //! event waits for its rest. Only an event that mentions `"usage"` is
-//! parsed (`serde_json`); the searches for it and for the blank
+//! parsed (`serde_json`), and that one parse also gives the removed
+//! event's `usage` for accounting; the searches for it and for the blank
 //! lines are `memchr`'s, and the events are not walked one by one: the
 //! blank lines are looked for back from each hit and from the chunk's end
 //! (a chunk that ends with its event's blank line, the usual case, costs
@@ -22,9 +23,10 @@
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 
 // The key every usage event carries.
-use crate::net::USAGE_KEY;
+use crate::net::{USAGE_KEY, Usage, usage_value};
 
 #[derive(Debug, Default)]
 pub struct UsageStrip {
@@ -37,8 +39,9 @@ pub struct UsageStrip {
 pub struct Filtered {
     /// For the client (may be empty).
     pub pass: Bytes,
-    /// The removed usage event.
-    pub usage: Option<Bytes>,
+    /// The removed usage event's `usage` (`Some(None)`: an event was
+    /// removed, its `usage` is not an object that reads as one).
+    pub usage: Option<Option<Usage>>,
     /// Where the first `"usage"` is in `pass` (`None`: not in it), known
     /// from the walk: the forwarding body does not search `pass` again.
     pub usage_in_pass: Option<usize>,
@@ -70,8 +73,8 @@ impl UsageStrip {
         let (mut usage, mut unfinished) = (None, None);
         while let Some(h) = hit {
             match event_around(&buf, from, h) {
-                Ok((start, end)) if is_usage_only(&buf[start..end]) => {
-                    usage = Some((start, end));
+                Ok((start, end)) if let Some(read) = usage_only(&buf[start..end]) => {
+                    usage = Some((start, end, read));
                     from = end;
                     break;
                 }
@@ -91,7 +94,7 @@ impl UsageStrip {
         }
         // A hit before `complete` ends before it: the blank line that ends
         // an event is not part of a key.
-        let Some((start, end)) = usage else {
+        let Some((start, end, read)) = usage else {
             return Filtered {
                 pass: buf.slice(..complete),
                 usage: None,
@@ -114,7 +117,7 @@ impl UsageStrip {
         };
         Filtered {
             pass,
-            usage: Some(buf.slice(start..end)),
+            usage: Some(read),
             usage_in_pass,
         }
     }
@@ -176,23 +179,25 @@ fn last_event_end(buf: &[u8], from: usize) -> usize {
 }
 
 /// An event whose single `data:` line is a chunk with no choices and a usage
-/// object: the one `include_usage` adds. The caller has found `"usage"`
-/// in it.
-fn is_usage_only(event: &[u8]) -> bool {
+/// object, the one `include_usage` adds: its `usage` as [`usage_value`]
+/// reads it, from the same parse (`None`: not such an event). The caller
+/// has found `"usage"` in it.
+fn usage_only(event: &[u8]) -> Option<Option<Usage>> {
     #[derive(Deserialize)]
-    struct Chunk {
+    struct Chunk<'a> {
         choices: Option<Vec<IgnoredAny>>,
-        usage: Option<IgnoredAny>,
+        #[serde(borrow)]
+        usage: Option<&'a RawValue>,
     }
-    let text = event.trim_ascii();
-    let Some(json) = text.strip_prefix(b"data:") else {
-        return false;
-    };
+    let json = event.trim_ascii().strip_prefix(b"data:")?;
     if memchr::memchr(b'\n', json).is_some() {
-        return false;
+        return None;
     }
-    serde_json::from_slice::<Chunk>(json.trim_ascii())
-        .is_ok_and(|c| c.choices.is_some_and(|v| v.is_empty()) && c.usage.is_some())
+    let chunk = serde_json::from_slice::<Chunk>(json.trim_ascii()).ok()?;
+    let usage = chunk
+        .usage
+        .filter(|_| chunk.choices.is_some_and(|v| v.is_empty()))?;
+    Some(usage_value(usage.get().as_bytes()))
 }
 
 #[cfg(test)]
@@ -204,7 +209,13 @@ mod tests {
     const USAGE: &str = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
 
-    fn run(chunks: &[&str]) -> (String, Option<String>) {
+    /// What the filter says of a removed event: its usage, as
+    /// `find_usage` reads it from the event.
+    fn removed(event: &str) -> Option<Option<Usage>> {
+        Some(crate::net::find_usage(event.as_bytes()))
+    }
+
+    fn run(chunks: &[&str]) -> (String, Option<Option<Usage>>) {
         let mut s = UsageStrip::default();
         let mut text = Vec::new();
         let mut usage = None;
@@ -215,7 +226,6 @@ mod tests {
             usage = usage.or(f.usage);
         }
         text.extend_from_slice(&s.flush());
-        let usage = usage.map(|u| String::from_utf8(u.to_vec()).unwrap());
         (String::from_utf8(text).unwrap(), usage)
     }
 
@@ -254,11 +264,61 @@ mod tests {
         }
     }
 
+    /// One parse tells the usage event and reads its `usage`: the verdict
+    /// of the check that ignored the value, and the usage `find_usage`
+    /// reads from the event, on values and events of every kind.
+    #[test]
+    fn the_usage_event_and_its_usage_come_from_one_parse() {
+        #[derive(Deserialize)]
+        struct Ignored {
+            choices: Option<Vec<IgnoredAny>>,
+            usage: Option<IgnoredAny>,
+        }
+        let is_usage_only = |event: &str| {
+            let json = event.trim().strip_prefix("data:")?;
+            let c: Ignored = serde_json::from_str(json.trim()).ok()?;
+            let only = !json.contains('\n') && c.choices.is_some_and(|v| v.is_empty());
+            (only && c.usage.is_some()).then_some(())
+        };
+        let values = [
+            r#"{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}"#,
+            r#"{ "prompt_tokens" : 3 , "prompt_tokens_details" : {"cached_tokens": 2} }"#,
+            r#"{"prompt_tokens_details":null,"completion_tokens":1}"#,
+            r#"{"prompt_tokens":"3"}"#,
+            r#"{"prompt_tokens":1.5}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":2}"#,
+            r#"{"x":{"y":[1,{}]},"total_tokens":9}"#,
+            r#"{"prompt_\u0074okens":4}"#,
+            "{}",
+            "null",
+            "5",
+            r#""usage""#,
+            "[1,2]",
+        ];
+        let events = [
+            r#"data: {"id":"c","choices":[],"usage":V}"#,
+            r#"data:{"usage":V , "choices":[]}"#,
+            r#"data: {"choices":[{}],"usage":V}"#,
+            r#"data: {"usage":V}"#,
+            r#"data: {"choices":[],"usage":V,}"#,
+            "data: {\"choices\":[],\n\"usage\":V}",
+            r#"{"choices":[],"usage":V}"#,
+        ];
+        for value in values {
+            for event in events {
+                let event = format!("{}\n\n", event.replace('V', value));
+                let expected =
+                    is_usage_only(&event).map(|()| crate::net::find_usage(event.as_bytes()));
+                assert_eq!(usage_only(event.as_bytes()), expected, "{event}");
+            }
+        }
+    }
+
     #[test]
     fn removes_the_usage_event_only() {
         let (text, usage) = run(&[TOKEN, TOKEN, USAGE, DONE]);
         assert_eq!(text, format!("{TOKEN}{TOKEN}{DONE}"));
-        assert_eq!(usage.as_deref(), Some(USAGE));
+        assert_eq!(usage, removed(USAGE));
     }
 
     #[test]
@@ -268,13 +328,10 @@ mod tests {
             let (a, b) = all.split_at(cut);
             let (text, usage) = run(&[a, b]);
             assert_eq!(text, format!("{TOKEN}{DONE}"), "cut at {cut}");
-            assert_eq!(usage.as_deref(), Some(USAGE), "cut at {cut}");
+            assert_eq!(usage, removed(USAGE), "cut at {cut}");
         }
         let (text, usage) = run(&[&all]);
-        assert_eq!(
-            (text, usage.as_deref()),
-            (format!("{TOKEN}{DONE}"), Some(USAGE))
-        );
+        assert_eq!((text, usage), (format!("{TOKEN}{DONE}"), removed(USAGE)));
     }
 
     /// Wherever the stream is cut, what the filter says of "usage" in the
@@ -291,7 +348,7 @@ mod tests {
         ] {
             for a in 0..=all.len() {
                 let (text, usage) = run(&[&all[..a], &all[a..]]);
-                assert_eq!(usage.as_deref(), Some(USAGE), "cut at {a}");
+                assert_eq!(usage, removed(USAGE), "cut at {a}");
                 // Only usage events are taken out (one a chunk at most).
                 assert!(text.len() < all.len(), "cut at {a}");
                 assert_eq!(
@@ -308,9 +365,9 @@ mod tests {
         let chunk = format!("{TOKEN}{TOKEN}{USAGE}{TOKEN}{USAGE}{DONE}data: {{");
         let (text, usage) = run(&[&chunk]);
         assert_eq!(text, format!("{TOKEN}{TOKEN}{TOKEN}{USAGE}{DONE}data: {{"));
-        assert_eq!(usage.as_deref(), Some(USAGE));
+        assert_eq!(usage, removed(USAGE));
         let (text, usage) = run(&[&format!("{USAGE}{DONE}")]);
-        assert_eq!((text, usage.as_deref()), (DONE.to_string(), Some(USAGE)));
+        assert_eq!((text, usage), (DONE.to_string(), removed(USAGE)));
     }
 
     #[test]

@@ -220,7 +220,14 @@ fn skip_space(bytes: &[u8]) -> &[u8] {
 pub fn find_usage(bytes: &[u8]) -> Option<Usage> {
     // The last match, found forwards: the forward searcher is the vectorised one.
     let at = USAGE_KEY.find_iter(bytes).last()?;
-    match object_after(&bytes[at + USAGE_KEY.needle().len()..]) {
+    usage_value(&bytes[at + USAGE_KEY.needle().len()..])
+}
+
+/// A `usage` key's value, as a parse of its event or body found it: the
+/// object read as [`find_usage`] reads the one after a key (`None` when
+/// the value is not an object that reads as a [`Usage`]).
+pub fn usage_value(value: &[u8]) -> Option<Usage> {
+    match object_after(value) {
         Object::Read(usage) => usage,
         Object::Open => None,
     }
