@@ -105,50 +105,33 @@ fn ends_stream(data: &[u8]) -> bool {
     data.trim_ascii_end().ends_with(b"data: [DONE]")
 }
 
-/// Whether an SSE frame carries generated text (a non-empty `content`,
-/// `reasoning_content`, `reasoning` or `text` string, or a tool call). Looked for event by event: the
-/// first usually has it, where a search of each key through the whole
-/// frame cost a pass over it per key (a key holds no line break, so it is
-/// never cut between two events).
+/// Whether an SSE frame carries generated text: a non-empty `content`,
+/// `reasoning_content`, `reasoning` or `text` string, or a tool call's first
+/// delta (its id and function name are generated output too).
+///
+/// Each key is looked for where it ends, at a colon: one `memchr` scan
+/// of the frame, which stops at the first content (usually in the first
+/// event), where a search of each key cost a pass per key. Every colon
+/// is looked at: the `data:` of each event, a colon in a string, each
+/// key's own.
 pub fn has_content(frame: &[u8]) -> bool {
-    // Its searcher built once, as building one costs more than a search
-    // of a short frame.
-    static BLANK_LINE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\n\n"));
-    let mut start = 0;
-    let ends = BLANK_LINE.find_iter(frame).map(|i| i + 2);
-    ends.chain(std::iter::once(frame.len())).any(|end| {
-        let event = &frame[start..end.max(start)];
-        start = end;
-        event_has_content(event)
-    })
+    memchr::memchr_iter(b':', frame).any(|colon| content_at(frame, colon))
 }
 
-/// [`has_content`] within one event.
-fn event_has_content(frame: &[u8]) -> bool {
-    use memchr::memmem::Finder;
-    // `content":"` without its opening quote: `reasoning_content` too.
-    static KEYS: std::sync::LazyLock<[Finder<'static>; 6]> = std::sync::LazyLock::new(|| {
-        [
-            &b"content\":\""[..],
-            b"\"text\":\"",
-            b"content\": \"",
-            b"\"text\": \"",
-            b"\"reasoning\":\"",
-            b"\"reasoning\": \"",
-        ]
-        .map(Finder::new)
-    });
-    // A tool call's first delta (its id and function name) is generated
-    // output too.
-    static TOOL_CALL: std::sync::LazyLock<[Finder<'static>; 2]> = std::sync::LazyLock::new(|| {
-        [&b"\"tool_calls\":[{"[..], b"\"tool_calls\": [{"].map(Finder::new)
-    });
-    KEYS.iter().any(|key| {
-        let len = key.needle().len();
-        key.find_iter(frame)
-            .any(|i| frame.get(i + len).is_some_and(|&c| c != b'"'))
-    }) || TOOL_CALL.iter().any(|key| key.find(frame).is_some())
+/// Whether the colon at `colon` ends a content key (`content`, which
+/// `reasoning_content` ends with too, `"text`, `"reasoning`) whose value
+/// is a non-empty string, or `"tool_calls` followed by an array that
+/// opens an object; one space may follow the colon.
+fn content_at(frame: &[u8], colon: usize) -> bool {
+    let Some(key) = frame[..colon].strip_suffix(b"\"") else {
+        return false;
+    };
+    let after = &frame[colon + 1..];
+    let value = after.strip_prefix(b" ").unwrap_or(after);
+    if key.ends_with(b"content") || key.ends_with(b"\"text") || key.ends_with(b"\"reasoning") {
+        return value.first() == Some(&b'"') && value.get(1).is_some_and(|&c| c != b'"');
+    }
+    key.ends_with(b"\"tool_calls") && value.starts_with(b"[{")
 }
 
 #[cfg(test)]
@@ -205,13 +188,38 @@ mod tests {
         );
     }
 
+    /// Content as a search of the frame for each key finds it (how it
+    /// was told before the colon scan).
+    fn searched_content(frame: &[u8]) -> bool {
+        let keys: [&[u8]; 6] = [
+            b"content\":\"",
+            b"\"text\":\"",
+            b"content\": \"",
+            b"\"text\": \"",
+            b"\"reasoning\":\"",
+            b"\"reasoning\": \"",
+        ];
+        let tool_calls: [&[u8]; 2] = [b"\"tool_calls\":[{", b"\"tool_calls\": [{"];
+        keys.iter().any(|key| {
+            memchr::memmem::find_iter(frame, key)
+                .any(|i| frame.get(i + key.len()).is_some_and(|&c| c != b'"'))
+        }) || tool_calls
+            .iter()
+            .any(|key| memchr::memmem::find(frame, key).is_some())
+    }
+
+    /// The colon scan finds content where a search for each key does: on
+    /// every frame of up to three events below, and each of their cuts.
     #[test]
-    fn content_found_event_by_event_is_content_found_in_the_whole_frame() {
+    fn content_found_at_colons_is_content_found_by_searching_each_key() {
         let events = [
             "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
             "data: {\"choices\":[{\"delta\":{\"content\": \"hi\"}}]}\n\n",
             "data: {\"choices\":[{\"text\":\"\"}]}\r\n\r\n",
-            "data: {\"choices\":[{\"text\":\" w\"}]}\n\n\n",
+            "data: {\"choices\":[{\"text\":\" w:\"}]}\n\n\n",
+            "data: {\"choices\":[{\"delta\":{\"reasoning\":  \"x\",\"tool_calls\":[]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\": [{\"id\":\"c\"}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"a\"}}]}\n\n",
             ": keep-alive\n\n",
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}",
             "data: {\"choices\":[{\"text\":",
@@ -220,8 +228,15 @@ mod tests {
             for b in events {
                 for c in events {
                     let frame = format!("{a}{b}{c}");
-                    let whole = event_has_content(frame.as_bytes());
-                    assert_eq!(has_content(frame.as_bytes()), whole, "{frame:?}");
+                    for end in 0..=frame.len() {
+                        let cut = &frame.as_bytes()[..end];
+                        assert_eq!(
+                            has_content(cut),
+                            searched_content(cut),
+                            "{:?}",
+                            &frame[..end]
+                        );
+                    }
                 }
             }
         }
