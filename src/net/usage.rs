@@ -90,19 +90,21 @@ enum Object {
 
 /// The value after the `"usage"` key that `after` starts behind.
 fn object_after(after: &[u8]) -> Object {
-    let object = match value_start(after) {
-        Ok(object) => object,
-        Err(value) => return value,
-    };
-    // The usual flat object holds no brace but its own: read up to the
-    // first `}` without counting braces first. Where that reads, counting
-    // would have closed the object at the same `}`.
-    if let Some(close) = memchr::memchr(b'}', object)
-        && let Some(usage) = flat_usage(&object[..=close])
-    {
+    if let Some((usage, _)) = flat_after(after) {
         return Object::Read(usage);
     }
-    counted(object)
+    value_start(after).map_or_else(|value| value, counted)
+}
+
+/// The value after the key as the usual flat object, and the length of
+/// `after` up to its `}`. It holds no brace but its own: it is read up to
+/// the first `}` without counting braces first. Where that reads, counting
+/// would have closed the object at the same `}`.
+fn flat_after(after: &[u8]) -> Option<(Option<Usage>, usize)> {
+    let object = value_start(after).ok()?;
+    let close = memchr::memchr(b'}', object)?;
+    let usage = flat_usage(&object[..=close])?;
+    Some((usage, after.len() - object.len() + close + 1))
 }
 
 /// `after` from the `{` that opens the value, or what the value is when it
@@ -266,13 +268,27 @@ impl UsageScan {
 
     fn read(&mut self, bytes: &[u8], first: Option<usize>) {
         let key = USAGE_KEY.needle().len();
-        let Some(first) = first else {
+        let Some(mut at) = first else {
             self.keep_cut_key(bytes);
             return;
         };
-        let last = first
+        // A flat object holds no key but its own counts: the next
+        // `"usage"` is after its `}`, and the search for the last one goes
+        // on from there (a JSON answer's object is followed by a brace).
+        while let Some((usage, len)) = flat_after(&bytes[at + key..]) {
+            let end = at + key + len;
+            match USAGE_KEY.find(&bytes[end..]) {
+                Some(next) => at = end + next,
+                None => {
+                    self.usage = usage;
+                    self.keep_cut_key(bytes);
+                    return;
+                }
+            }
+        }
+        let last = at
             + USAGE_KEY
-                .find_iter(&bytes[first + 1..])
+                .find_iter(&bytes[at + 1..])
                 .last()
                 .map_or(0, |i| i + 1);
         match object_after(&bytes[last + key..]) {
@@ -470,12 +486,14 @@ data: [DONE]"#;
     /// the whole of it.
     #[test]
     fn the_scan_reads_across_any_cut_what_the_whole_body_says() {
-        let bodies: [&[u8]; 5] = [
+        let bodies: [&[u8]; 7] = [
             br#"{"id":"x","choices":[{"text":"a \"usage\" b"}],"usage":{"prompt_tokens":5,"total_tokens":9,"completion_tokens":4},"kv":null}"#,
             b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":2}}\n\ndata: [DONE]\n\n",
             b"data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":null}\n\n",
             br#"{"no":"usage here"}"#,
             br#"{"usage": {"prompt_tokens":7, "x":{"y":1}}}"#,
+            br#"{"usage":{"total_tokens":1},"x":{"usage":{"total_tokens":2}},"usage":null}"#,
+            br#"{"usage":{"total_tokens":1},"x":{"usage":{"total_tokens":2, "y":{}}}}"#,
         ];
         for body in bodies {
             let whole = find_usage(body);
