@@ -276,3 +276,24 @@ async fn a_bad_stream_gets_its_400_and_the_field_stays() {
     assert!(String::from_utf8_lossy(&up.last_seen().body).contains("stream_options"));
     lb.shutdown().await;
 }
+
+/// A replica that took the field answers a later stream with a 400: that
+/// one is the client's, sent once (no copy of the headers was kept for a
+/// second send), and the stream after it is re-sent without the field
+/// again when it gets a 400.
+#[tokio::test]
+async fn a_400_from_a_replica_that_took_the_field_goes_to_the_client() {
+    let (up, lb) = one_replica(Mode::Json, "", "").await;
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.requests(), 1);
+    up.set_mode(Mode::Status(400));
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(up.requests(), 2, "sent once");
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT_STREAM)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(up.requests(), 4, "sent again as the client sent it");
+    assert_eq!(String::from_utf8_lossy(&up.last_seen().body), CHAT_STREAM);
+    lb.shutdown().await;
+}

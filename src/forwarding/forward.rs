@@ -208,7 +208,10 @@ fn dispatch(
 /// Sends attempt `n`: the body with `stream_options` added when llmlb asks
 /// the stream for its usage, unless this replica refused it before. A 400
 /// to that generated nothing: the same replica gets the body as the client
-/// sent it (and keeps getting it if that one is taken). Returns the
+/// sent it (and keeps getting it if that one is taken). A replica whose
+/// last answer to the field was not a 400 is not expected to refuse it:
+/// no copy of the headers is kept for that second send, and a 400 goes
+/// to the client (the next stream keeps a copy again). Returns the
 /// attempt's span, what the send gave, and whether the answer carries a
 /// usage event llmlb asked for (to strip). `retry`: another replica may
 /// take the request after this attempt.
@@ -221,11 +224,15 @@ async fn send_with_usage(
     n: usize,
 ) -> Result<(Option<StageSpan>, Sent, bool), ForwardError> {
     let with_usage = asked_usage.filter(|_| !replica.refuses_stream_options());
+    let may_refuse = with_usage.is_some() && !replica.takes_stream_options();
     let body = with_usage.unwrap_or(&req.body.body);
-    let first = headers.for_send(retry || with_usage.is_some());
+    let first = headers.for_send(retry || may_refuse);
     let (attempt, sent) = send_once(req, replica, first, body, n).await?;
+    if let (Some(_), Ok(Ok(resp))) = (with_usage, &sent) {
+        replica.note_takes_stream_options(resp.status() != StatusCode::BAD_REQUEST);
+    }
     match sent {
-        Ok(Ok(resp)) if with_usage.is_some() && resp.status() == StatusCode::BAD_REQUEST => {
+        Ok(Ok(resp)) if may_refuse && resp.status() == StatusCode::BAD_REQUEST => {
             drop(resp);
             if let Some(a) = attempt {
                 a.set("http.response.status_code", 400);

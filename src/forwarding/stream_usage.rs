@@ -10,7 +10,10 @@
 //! replica, and when that is taken, stops adding the field for that
 //! replica (`forward.rs`; its streams' tokens are then counted from the
 //! events). A request that is bad for another reason gets its 400 twice,
-//! the second one reaching the client.
+//! the second one reaching the client, except from a replica whose last
+//! answer to the field was not a 400: that one is not expected to refuse
+//! it, so no copy of the request's headers is kept for a second send, and
+//! the first 400 reaches the client.
 //!
 //! The body is rewritten without re-serialising it when the client sent no
 //! `stream_options`: the member is inserted right after the opening brace

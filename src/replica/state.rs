@@ -72,6 +72,10 @@ pub struct Replica {
     /// The replica answered 400 to a stream llmlb had added
     /// `stream_options` to and took it without: llmlb stops adding it.
     refuses_stream_options: AtomicBool,
+    /// Its last answer to a stream llmlb had added `stream_options` to was
+    /// not a 400: the next such stream keeps no copy of its headers for a
+    /// send without the field.
+    takes_stream_options: AtomicBool,
     in_flight_gauge: IntGauge,
     /// Its metric series, looked up once (see [`Replica::series`]).
     series: OnceLock<ReplicaSeries>,
@@ -119,6 +123,7 @@ impl Replica {
             adapters: Default::default(),
             draining: AtomicBool::new(false),
             refuses_stream_options: AtomicBool::new(false),
+            takes_stream_options: AtomicBool::new(false),
             in_flight_gauge,
             series: OnceLock::new(),
             prefill_hook: ArcSwapOption::empty(),
@@ -438,6 +443,20 @@ impl Replica {
     /// Notes that the replica refuses `stream_options`; true the first time.
     pub fn note_refuses_stream_options(&self) -> bool {
         !self.refuses_stream_options.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the replica's last answer to a stream with the
+    /// `stream_options` llmlb added was not a 400.
+    pub fn takes_stream_options(&self) -> bool {
+        self.takes_stream_options.load(Ordering::Relaxed)
+    }
+
+    /// Notes how the replica answered a stream with the `stream_options`
+    /// llmlb added: `took` when not with a 400.
+    pub fn note_takes_stream_options(&self, took: bool) {
+        if self.takes_stream_options() != took {
+            self.takes_stream_options.store(took, Ordering::Relaxed);
+        }
     }
 
     /// Whether the replica is currently set aside by either kind of health.
