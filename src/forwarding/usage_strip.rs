@@ -193,7 +193,14 @@ fn usage_only(event: &[u8]) -> Option<Option<Usage>> {
     if memchr::memchr(b'\n', json).is_some() {
         return None;
     }
-    let chunk = serde_json::from_slice::<Chunk>(json.trim_ascii()).ok()?;
+    let json = json.trim_ascii();
+    // As text when it is UTF-8 (the parse then checks no string again),
+    // else as bytes (only the strings it reads must be UTF-8).
+    let chunk: Chunk = match std::str::from_utf8(json) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(json),
+    }
+    .ok()?;
     let usage = chunk
         .usage
         .filter(|_| chunk.choices.is_some_and(|v| v.is_empty()))?;
@@ -312,6 +319,23 @@ mod tests {
                 assert_eq!(usage_only(event.as_bytes()), expected, "{event}");
             }
         }
+    }
+
+    /// An event that is not UTF-8 is read as bytes, as before: a byte that
+    /// is not UTF-8 in a string the parse skips does not keep it from
+    /// being the usage event.
+    #[test]
+    fn an_event_that_is_not_utf8_reads_as_bytes() {
+        let event = b"data: {\"id\":\"\xff\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n";
+        let usage = Usage {
+            prompt_tokens: Some(1),
+            ..Usage::default()
+        };
+        assert_eq!(usage_only(event), Some(Some(usage)));
+        assert_eq!(
+            usage_only(b"data: {\"choices\":[\xff],\"usage\":{}}\n\n"),
+            None
+        );
     }
 
     #[test]

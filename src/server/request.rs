@@ -481,7 +481,21 @@ fn parse(body: &[u8]) -> Result<Wire<'_>, ApiError> {
             "request body must be a JSON object".into(),
         ));
     }
-    let mut de = serde_json::Deserializer::from_slice(body);
+    // Read as text when the body is UTF-8, the usual case: the parse then
+    // checks no string's encoding again (a check per string cost more than
+    // one over the body). Otherwise as bytes, as before: only the strings
+    // it reads must be UTF-8, and its error says where one is not.
+    match std::str::from_utf8(body) {
+        Ok(text) => read_wire(serde_json::Deserializer::from_str(text), body),
+        Err(_) => read_wire(serde_json::Deserializer::from_slice(body), body),
+    }
+}
+
+/// [`parse`]'s read of the object, from text or bytes.
+fn read_wire<'a, R: serde_json::de::Read<'a>>(
+    mut de: serde_json::Deserializer<R>,
+    body: &[u8],
+) -> Result<Wire<'a>, ApiError> {
     // The path to a bad field is tracked only when there is one: tracking it
     // on every request costs an allocation per key.
     let wire = match Wire::deserialize(&mut de) {
@@ -640,6 +654,20 @@ mod tests {
         ] {
             assert_eq!(options(other), StreamOptions::Other, "{other}");
         }
+    }
+
+    /// A body that is not UTF-8 is read as bytes, as before: a byte that is
+    /// not UTF-8 in a string llmlb skips is no error, in one it reads the
+    /// error says where.
+    #[test]
+    fn a_body_that_is_not_utf8_reads_as_bytes() {
+        let m = extract(b"{\"model\":\"m\",\"prompt\":\"a\",\"x\":\"\xff\"}").unwrap();
+        assert_eq!((m.model.as_str(), m.prompt_text.as_str()), ("m", "a"));
+        let Err(ApiError::BadRequest(error)) = extract(b"{\"model\":\"m\",\"prompt\":\"\xff\"}")
+        else {
+            panic!("a prompt that is not UTF-8 is refused");
+        };
+        assert!(error.contains("column"), "{error}");
     }
 
     #[test]
