@@ -69,11 +69,12 @@ pub async fn forward(
     let mut headers = std::mem::take(&mut req.headers);
     prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
     let mut headers = Upstream(Some(headers));
-    let mut tried: Vec<ReplicaId> = Vec::new();
+    let mut tried = Tried::default();
     let max_attempts = pool.retries + 1;
     let mut slot_deadline: Option<tokio::time::Instant> = None;
     loop {
-        let Some((replica, pick)) = next_pick(req, &tried, &mut slot_deadline).await? else {
+        let Some((replica, pick)) = next_pick(req, tried.as_slice(), &mut slot_deadline).await?
+        else {
             continue;
         };
         let replica = &replica;
@@ -94,7 +95,7 @@ pub async fn forward(
         }
         // A replica not tried yet may take the request again: only then does
         // this attempt send a copy of the headers.
-        let retry = n < max_attempts && tried.len() < pool.replicas.len();
+        let retry = n < max_attempts && (n as usize) < pool.replicas.len();
         let (attempt, sent, strip_usage) = send_with_usage(
             req,
             replica,
@@ -129,6 +130,43 @@ pub async fn forward(
             kind: req.route.kind_label(),
         });
         return Ok(resp);
+    }
+}
+
+/// The replicas a request was sent to, in order: the first few on the
+/// stack (a request is sent once or twice; a `Vec` allocated for each one
+/// showed in its profile), any more after them in a `Vec`.
+#[derive(Default)]
+struct Tried {
+    few: [ReplicaId; 4],
+    len: usize,
+    more: Vec<ReplicaId>,
+}
+
+impl Tried {
+    fn push(&mut self, id: ReplicaId) {
+        match self.few.get_mut(self.len) {
+            Some(slot) => *slot = id,
+            None => {
+                if self.more.is_empty() {
+                    self.more.extend_from_slice(&self.few);
+                }
+                self.more.push(id);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// How many, as a count of attempts.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_slice(&self) -> &[ReplicaId] {
+        match self.more.is_empty() {
+            true => &self.few[..self.len],
+            false => &self.more,
+        }
     }
 }
 
@@ -534,6 +572,19 @@ fn count_upstream_error(metrics: &Metrics, pool: &Pool, replica: &Replica, kind:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past the few on the stack the ids go on in a `Vec`, in order.
+    #[test]
+    fn tried_keeps_every_replica_in_order() {
+        let mut tried = Tried::default();
+        assert!(tried.as_slice().is_empty());
+        for id in 0..9 {
+            tried.push(id * 10);
+            let want: Vec<ReplicaId> = (0..=id).map(|i| i * 10).collect();
+            assert_eq!(tried.as_slice(), want.as_slice());
+            assert_eq!(tried.len(), want.len());
+        }
+    }
 
     #[test]
     fn the_client_address_is_forwarded_after_what_the_client_sent() {
