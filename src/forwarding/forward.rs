@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -410,14 +410,25 @@ fn prepare_upstream_headers(
     // sets Content-Length from the body.
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
-    if let Some(ip) = client_ip {
-        let prev = headers.get(FORWARDED_FOR);
-        let value = match prev.filter(|v| !v.is_empty() && v.to_str().is_ok()) {
-            Some(prev) => forwarded_for(prev.as_bytes(), ip),
-            None => client_address(ip),
-        };
-        if let Some(v) = value {
-            headers.insert(FORWARDED_FOR, v);
+    let Some(ip) = client_ip else {
+        return;
+    };
+    // One lookup of the name for the client's value and the new one.
+    match headers.entry(FORWARDED_FOR) {
+        Entry::Occupied(mut e) => {
+            let prev = Some(e.get()).filter(|v| !v.is_empty() && v.to_str().is_ok());
+            let value = match prev {
+                Some(prev) => forwarded_for(prev.as_bytes(), ip),
+                None => client_address(ip),
+            };
+            if let Some(v) = value {
+                e.insert(v);
+            }
+        }
+        Entry::Vacant(e) => {
+            if let Some(v) = client_address(ip) {
+                e.insert(v);
+            }
         }
     }
 }
