@@ -32,19 +32,20 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    /// Applies the request's edits to `sent`: `rewrite` names the model the
+    /// Applies the request's edits to `sent` (a request to `path`, the URI's
+    /// path without its query): `rewrite` names the model the
     /// replicas serve (an alias resolved), `usage` is `Some` with the
     /// client's `stream_options` when the request streams and its pool asks
     /// streams for their usage, `priority` is `Some` with the level to send
     /// when the pool sends it (chat and text completions only).
     pub fn edit(
         sent: &Bytes,
-        path_and_query: &str,
+        path: &str,
         rewrite: Option<&str>,
         usage: Option<StreamOptions>,
         priority: Option<u32>,
     ) -> Result<Outbound, RouteError> {
-        let priority = priority.filter(|_| completion_path(path_and_query));
+        let priority = priority.filter(|_| completion_path(path));
         // A client's own `priority` is replaced, so it needs the parse.
         let theirs = priority.is_some() && memchr::memmem::find(sent, b"\"priority\"").is_some();
         if rewrite.is_none() && !theirs {
@@ -53,7 +54,7 @@ impl Outbound {
                 None => sent.clone(),
             };
             return Ok(Outbound {
-                with_usage: usage.and_then(|o| ask_for_usage(path_and_query, &body, o)),
+                with_usage: usage.and_then(|o| ask_for_usage(path, &body, o)),
                 body,
             });
         }
@@ -68,11 +69,11 @@ impl Outbound {
         let body = Bytes::from(serde_json::to_vec(&map).map_err(RouteError::Rewrite)?);
         let with_usage = match usage {
             // The client's own options are merged into the one parse.
-            Some(StreamOptions::Other) if completion_path(path_and_query) => {
+            Some(StreamOptions::Other) if completion_path(path) => {
                 merge_into(&mut map);
                 serde_json::to_vec(&map).ok().map(Bytes::from)
             }
-            Some(options) => ask_for_usage(path_and_query, &body, options),
+            Some(options) => ask_for_usage(path, &body, options),
             None => None,
         };
         Ok(Outbound { body, with_usage })

@@ -62,8 +62,8 @@ impl<'de> Deserialize<'de> for StreamOptions {
 /// The body to forward when llmlb must ask for usage itself, or `None` when
 /// the body goes as sent (not a stream, not a completion path, or the client
 /// asked for usage already).
-pub fn ask_for_usage(path_and_query: &str, body: &Bytes, options: StreamOptions) -> Option<Bytes> {
-    if !completion_path(path_and_query) {
+pub fn ask_for_usage(path: &str, body: &Bytes, options: StreamOptions) -> Option<Bytes> {
+    if !completion_path(path) {
         return None;
     }
     match options {
@@ -93,10 +93,10 @@ pub fn insert_first_member(body: &Bytes, parts: &[&[u8]]) -> Option<Bytes> {
     Some(out.freeze())
 }
 
-/// Whether the path takes `stream_options` (chat and text completions).
-pub fn completion_path(path_and_query: &str) -> bool {
-    let path = path_and_query.split('?').next().unwrap_or("");
-    path.ends_with("/chat/completions") || path.ends_with("/completions")
+/// Whether the path (the URI's, without its query) takes `stream_options`
+/// (chat and text completions: `/chat/completions` ends the same way).
+pub fn completion_path(path: &str) -> bool {
+    path.ends_with("/completions")
 }
 
 /// Sets `stream_options.include_usage = true` in a body that has
@@ -138,6 +138,8 @@ mod tests {
         if read.stream != Some(true) {
             return None;
         }
+        // The request's path, as its URI gives it (`Uri::path`).
+        let path = path.split('?').next().unwrap_or("");
         ask_for_usage(path, &Bytes::from(body.to_string()), read.stream_options)
             .map(|b| String::from_utf8(b.to_vec()).unwrap())
     }

@@ -82,12 +82,11 @@ pub fn route_within(
 ) -> Result<(Decision, Outbound), ApiError> {
     let pool = resolved.pool;
     let headers = &parts.headers;
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
     let priority = pool
         .send_priority
         .then(|| u32::try_from(level).unwrap_or(u32::MAX));
-    let body = Outbound::edit(bytes, path_and_query, resolved.rewrite, usage, priority)?;
+    let body = Outbound::edit(bytes, parts.uri.path(), resolved.rewrite, usage, priority)?;
     let model = resolved.rewrite.unwrap_or(&meta.model);
     let input = route_input(&pool.router, meta, model, headers, tier, tokens);
     let decision = pool
