@@ -5,6 +5,7 @@
 //! caller's buckets and one counter; the response body that observes the
 //! usage lives at the edge (`server::scope`).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::AdmissionMetrics;
@@ -16,7 +17,8 @@ pub struct Settlement {
     pub caller: Caller,
     /// Tokens charged up front (prompt estimate plus output allowance).
     pub estimated: u64,
-    pub metrics: AdmissionMetrics,
+    /// The process's, shared (a request holds a count, not a copy).
+    pub metrics: Arc<AdmissionMetrics>,
 }
 
 impl Settlement {

@@ -166,7 +166,7 @@ fn route(
         let settlement = Settlement {
             caller,
             estimated: estimate.total,
-            metrics: state.admission_metrics.clone(),
+            metrics: Arc::clone(&state.admission_metrics),
         };
         Ok((
             resp.map(Either::Left),

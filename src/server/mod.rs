@@ -43,7 +43,9 @@ pub struct AppState {
     /// Config, topology and gateway, swapped together (see [`generation`]).
     pub live: generation::Live,
     pub metrics: Arc<Metrics>,
-    pub admission_metrics: AdmissionMetrics,
+    /// Shared: each request's [`crate::admission::Settlement`] holds a
+    /// count of it, not a copy of its eight metric families.
+    pub admission_metrics: Arc<AdmissionMetrics>,
     /// `/readyz` answers 503 (SIGTERM received; the listener may still accept).
     pub draining: AtomicBool,
     /// The client listener has stopped accepting: new requests that still
@@ -130,7 +132,7 @@ impl AppState {
                 gateway: Arc::new(gateway),
             }),
             metrics,
-            admission_metrics,
+            admission_metrics: Arc::new(admission_metrics),
             draining: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             reload_metrics,
