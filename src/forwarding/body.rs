@@ -278,11 +278,16 @@ impl ProxyBody {
                         this.account(data, at);
                         at
                     });
-                    this.idle.touch();
                     // A body of known length ends with its last byte: hyper
                     // stops polling there, so this is where the answer is
                     // complete (not a client that went away).
                     let last = this.inner.is_end_stream();
+                    // The idle timeout counts from the last frame; after
+                    // the answer's last there is nothing to wait for (an
+                    // answer that arrives whole reads no clock here).
+                    if !last {
+                        this.idle.touch();
+                    }
                     let mut out = this.outgoing(frame, usage_at);
                     if last {
                         let rest = this.leftover();
