@@ -15,6 +15,10 @@
 #   to `examples/hyper_floor` named `...-answer`, `...-pooled` or
 #   `...-inline` (the bare proxy on llmlb's HTTP stack; `answer` for the
 #   json and sse cases only, it sends nothing upstream).
+#   Build llmlb on its own (`cargo build --release --bin llmlb`) and the
+#   floor apart (`--example hyper_floor`): built together, llmlb gets the
+#   example's dev-dependency features, tokio's `test-util` among them, whose
+#   clock reads take a lock (0.5-2.8 k more instructions a request).
 # Env:   CG_CASES  "json sse stream" (default all three):
 #          json    the instant nginx backend's JSON answer (249 bytes)
 #          sse     its 16-event SSE answer, which arrives in one read
