@@ -36,6 +36,8 @@ def fleet_sim(args, workload, rate, policies, seed):
            "--policies", policies, "--seed", str(seed), "--jobs", "1"]
     if args.config:
         cmd += ["--config", args.config]
+    if args.arrival_jitter:
+        cmd += ["--arrival-jitter", args.arrival_jitter]
     if workload == "trace":
         cmd += ["--trace", args.trace, "--length-scale", str(args.length_scale),
                 "--max-requests", str(args.trace_requests), "--rate-scale", str(rate)]
@@ -117,14 +119,21 @@ def main():
     ap.add_argument("--trace-saturation", type=float)
     ap.add_argument("--shared-saturation", type=float)
     ap.add_argument("--multiples", default="0.5,1,2,4")
-    ap.add_argument("--seeds", default="1")
+    ap.add_argument("--seeds", default="1", help="comma-separated, or a range such as 1-16")
+    ap.add_argument("--arrival-jitter", default=None,
+                    help="fleet-sim's --arrival-jitter (e.g. 20ms): the seed then sets the "
+                         "trace's arrivals too, so seeds give a spread")
     ap.add_argument("--find-saturation", action="store_true")
     ap.add_argument("--trace-probe", type=float, default=1.0)
     ap.add_argument("--shared-probe", type=float, default=4.0)
     ap.add_argument("--probe-steps", type=int, default=6)
     args = ap.parse_args()
     args.multiples = [float(m) for m in args.multiples.split(",")]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    if "-" in args.seeds:
+        first, last = args.seeds.split("-")
+        args.seeds = list(range(int(first), int(last) + 1))
+    else:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
     if not os.path.exists(args.llmlb):
         sys.exit(f"{args.llmlb} not found: run `cargo build --release` first")
     if args.find_saturation:
