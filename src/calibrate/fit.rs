@@ -99,12 +99,7 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
         return None;
     }
     xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    Some(if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    })
+    Some(crate::bench::stats::percentile(&xs, 50.0))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
