@@ -86,14 +86,8 @@ fn run(requests: mpsc::Receiver<Request>) {
     let mut pending: Vec<Request> = Vec::new();
     loop {
         let now = std::time::Instant::now();
-        let mut i = 0;
-        while i < pending.len() {
-            if pending[i].0 <= now {
-                let (_, tx) = pending.swap_remove(i);
-                let _ = tx.send(());
-            } else {
-                i += 1;
-            }
+        for (_, tx) in pending.extract_if(.., |(at, tx)| *at <= now || tx.is_closed()) {
+            let _ = tx.send(());
         }
         let next = pending.iter().map(|r| r.0).min();
         let got = match next {
@@ -107,10 +101,7 @@ fn run(requests: mpsc::Receiver<Request>) {
                 Err(_) => return,
             },
         };
-        if let Some(r) = got {
-            pending.retain(|p| !p.1.is_closed());
-            pending.push(r);
-        }
+        pending.extend(got);
     }
 }
 
