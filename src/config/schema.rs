@@ -238,7 +238,8 @@ pub struct TimeoutConfig {
     /// From sending the request until the replica's response headers arrive.
     #[serde(with = "super::duration")]
     pub first_byte: Duration,
-    /// Longest silence between two body chunks of a response.
+    /// Longest silence between two body chunks of a response (the response
+    /// ends within an eighth of it after that).
     #[serde(with = "super::duration")]
     pub idle: Duration,
     /// How long an idle keep-alive connection to a replica is kept for
