@@ -175,6 +175,15 @@ fn event_around(buf: &[u8], from: usize, at: usize) -> Result<(usize, usize), us
 /// The end of the last complete event, found from `from` (an event's end):
 /// no complete event holds the byte past the buffer's end.
 fn last_event_end(buf: &[u8], from: usize) -> usize {
+    // The usual chunk ends with its event's blank line after the event's
+    // last character: that ends the last event, nothing to look for.
+    if let [.., before, b'\n', b'\n'] = buf[from..] {
+        if !matches!(before, b'\n' | b'\r') {
+            return buf.len();
+        }
+    } else if buf[from..] == *b"\n\n" {
+        return buf.len();
+    }
     event_around(buf, from, buf.len()).map_or_else(|end| end, |(_, end)| end)
 }
 

@@ -252,10 +252,27 @@ pub struct UsageScan {
     open: Vec<u8>,
 }
 
+/// Whether `bytes` ends with a byte that a start of the key (all of it but
+/// its last byte, `"usage`) ends with.
+#[inline]
+fn ends_in_key_start(bytes: &[u8]) -> bool {
+    matches!(bytes.last(), Some(b'"' | b'u' | b's' | b'a' | b'g' | b'e'))
+}
+
 impl UsageScan {
     /// The next frame; `first`: where the first `"usage"` is in `frame`
     /// (`None`: not in it), when the caller has searched already.
+    #[inline]
     pub fn push(&mut self, frame: &[u8], first: Option<usize>) {
+        // The usual frame: no key in it, none cut before it, and it ends
+        // with a byte no start of the key ends with (`}`, a line break).
+        if first.is_none() && self.open.is_empty() && !ends_in_key_start(frame) {
+            return;
+        }
+        self.push_cut(frame, first);
+    }
+
+    fn push_cut(&mut self, frame: &[u8], first: Option<usize>) {
         if !self.open.is_empty() {
             let mut joined = std::mem::take(&mut self.open);
             joined.extend_from_slice(frame);
@@ -309,10 +326,7 @@ impl UsageScan {
         let needle = USAGE_KEY.needle();
         // A frame usually ends with a byte no start of the key ends with
         // (`}`, a line break): one look instead of a comparison per length.
-        if !bytes
-            .last()
-            .is_some_and(|b| needle[..needle.len() - 1].contains(b))
-        {
+        if !ends_in_key_start(bytes) {
             return;
         }
         if let Some(n) = (1..needle.len())
@@ -332,6 +346,16 @@ impl UsageScan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bytes_a_cut_key_may_end_with_are_those_of_its_starts() {
+        let needle = USAGE_KEY.needle();
+        for b in 0..=u8::MAX {
+            let start = needle[..needle.len() - 1].contains(&b);
+            assert_eq!(ends_in_key_start(&[b]), start, "{}", b as char);
+        }
+        assert!(!ends_in_key_start(b""));
+    }
 
     /// Usage objects in the flat shape and around it: every key with
     /// every kind of value, spaced, doubled, misplaced commas.
