@@ -40,6 +40,11 @@ pub trait Watch<B>: Send + Unpin + 'static {
     /// watcher that reads what the body itself found in it.
     fn data(&mut self, _body: &B, _data: &Bytes, _at_end: bool) {}
 
+    /// The inner body just before its end is told (once, and before the
+    /// inner body is dropped when the body is): for a watcher that reads
+    /// what the body found at its end rather than after every frame.
+    fn last_look(&mut self, _body: &B) {}
+
     /// The body's end, called once.
     fn end(&mut self, how: End);
 }
@@ -50,6 +55,10 @@ pub trait Watch<B>: Send + Unpin + 'static {
 impl<B, W: Watch<B>> Watch<B> for Box<W> {
     fn data(&mut self, body: &B, data: &Bytes, at_end: bool) {
         (**self).data(body, data, at_end);
+    }
+
+    fn last_look(&mut self, body: &B) {
+        (**self).last_look(body);
     }
 
     fn end(&mut self, how: End) {
@@ -106,6 +115,15 @@ impl<W: Watch<B>, B: Body + Unpin> Watched<W, B> {
     pub fn watch_mut(&mut self) -> &mut W {
         &mut self.watch.watch
     }
+
+    /// Tells the watcher the body's end (once), after its last look at
+    /// the inner body.
+    fn end(&mut self, how: End) {
+        if !self.watch.done {
+            self.watch.watch.last_look(&self.inner);
+            self.watch.end(how);
+        }
+    }
 }
 
 impl<W: Watch<B>, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
@@ -128,8 +146,8 @@ impl<W: Watch<B>, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
                         .data(&this.inner, data, this.inner.is_end_stream());
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.watch.end(End::Failed),
-            Poll::Ready(None) => this.watch.end(End::Complete),
+            Poll::Ready(Some(Err(_))) => this.end(End::Failed),
+            Poll::Ready(None) => this.end(End::Complete),
             Poll::Pending => {}
         }
         polled
@@ -145,10 +163,14 @@ impl<W: Watch<B>, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
 }
 
 impl<W: Watch<B>, B: Body + Unpin> Drop for Watched<W, B> {
-    /// Notes whether the inner body was at its end; the fields then drop in
-    /// order (the inner body, then the watcher's end).
+    /// Notes whether the inner body was at its end and gives the watcher
+    /// its last look; the fields then drop in order (the inner body, then
+    /// the watcher's end).
     fn drop(&mut self) {
         self.watch.at_end = self.inner.is_end_stream();
+        if !self.watch.done {
+            self.watch.watch.last_look(&self.inner);
+        }
     }
 }
 

@@ -542,7 +542,16 @@ impl InFlightGuard {
     }
 
     /// The replica has started answering: the prompt is prefilled.
+    #[inline]
     pub fn prefill_done(&mut self) {
+        // Every frame after the first: nothing left to move.
+        if self.prefilled && self.prompt_left == 0 {
+            return;
+        }
+        self.end_prefill();
+    }
+
+    fn end_prefill(&mut self) {
         if !std::mem::replace(&mut self.prefilled, true) {
             let counts = &self.replica.counts;
             counts.prefilling.fetch_sub(1, Ordering::Relaxed);

@@ -12,7 +12,7 @@
 //! byte, the first generated content, a stream's closing `data: [DONE]` and
 //! the replica's `usage` (in the body, or in the usage event llmlb kept from
 //! the client) as frames pass, and the scope takes that
-//! `forwarding::Observed` with each frame; a body llmlb made is observed by
+//! `forwarding::Observed` when the answer ends; a body llmlb made is observed by
 //! the scope's own `forwarding::Observer`. The settlement and the record
 //! read the same usage. The end-of-answer work runs exactly once, when the
 //! body ends, fails or is dropped (the client went away).
@@ -31,9 +31,9 @@
 //! record. A body of declared length finishes its record with its last
 //! byte, as a server may drop it without polling its end; so does a stream
 //! whose `data: [DONE]` went by (a client may close on it before the
-//! stream's last, empty chunk). Cost per frame: a length add and a copy of
-//! the forwarding body's [`Observed`] (a few words); no body bytes are
-//! kept.
+//! stream's last, empty chunk). Cost per frame: a length add and a look
+//! at the forwarding body's `done` flag; its [`Observed`] is copied once,
+//! at the end. No body bytes are kept.
 
 use bytes::Bytes;
 use http::Response;
@@ -215,15 +215,27 @@ impl Watch<AnswerBody> for Scoped {
         if self.record.is_none() && self.scope.settlement.is_none() {
             return;
         }
-        match body {
-            Either::Left(replica) => self.answer = *replica.observed(),
+        // The replica's answer is read from its body when it ends (below);
+        // a body llmlb made is observed here.
+        let done = match body {
+            Either::Left(replica) => replica.observed().done,
             Either::Right(_) => {
                 self.own.frame(data, USAGE_KEY.find(data));
                 self.answer = *self.own.observed();
+                self.answer.done
             }
-        }
-        if at_end || self.delivered() {
+        };
+        if at_end || done || self.length.is_some_and(|n| self.seen >= n) {
+            self.last_look(body);
             self.finish(End::Complete);
+        }
+    }
+
+    /// The replica's answer as its body observed it, taken once at the end
+    /// (the body goes before the end is told when it is dropped).
+    fn last_look(&mut self, body: &AnswerBody) {
+        if let Either::Left(replica) = body {
+            self.answer = *replica.observed();
         }
     }
 
