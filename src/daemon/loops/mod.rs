@@ -3,12 +3,12 @@
 //! step with the live topology.
 //!
 //! [`supervise`] is started by the daemon with a handle on the live topology,
-//! the metrics and its shutdown signal (never from a constructor). Every
-//! tick it compares the loops that run with the loops
-//! the current topology asks for (a reload may add or remove replicas or
-//! change a pool's settings), stops the extra ones, starts the missing ones,
-//! refreshes the per-replica eligibility gauge and removes the gauges of
-//! replicas that left ([`series`]). On shutdown it stops every
+//! the metrics and its shutdown signal (never from a constructor). When the
+//! topology was swapped since its last tick it compares the loops that run
+//! with the loops the new topology asks for (a reload may add or remove
+//! replicas or change a pool's settings), stops the extra ones, starts the
+//! missing ones and removes the gauges of replicas that left ([`series`]);
+//! every tick it refreshes the per-replica eligibility gauge. On shutdown it stops every
 //! loop and waits for them.
 
 pub mod fleet;
@@ -65,15 +65,29 @@ pub async fn supervise(
     let mut series = series::Series::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The topology last reconciled and whether the tick before changed it:
+    // a topology is not changed in place (a reload or a discovery swaps in
+    // a new one), so the loops and the gone replicas' series are looked at
+    // when it is swapped, and once more the tick after (a loop stopped at
+    // the swap may still have written a gone replica's series).
+    let mut last: Option<Arc<Topology>> = None;
+    let mut swapped = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stopped(&mut shutdown) => break,
         }
         let topo = topology();
-        reconcile(&topo, &mut loops, &metrics, &kv_metrics);
+        let swap = !last.as_ref().is_some_and(|t| Arc::ptr_eq(t, &topo));
+        if swap {
+            reconcile(&topo, &mut loops, &metrics, &kv_metrics);
+        }
         refresh_gauges(&topo, &metrics, &kv_metrics);
-        series.forget_gone(&topo, &metrics, &kv_metrics);
+        if swap || swapped {
+            series.forget_gone(&topo, &metrics, &kv_metrics);
+        }
+        swapped = swap;
+        last = Some(topo);
     }
     for (_, l) in loops.drain() {
         let _ = l.stop.send(true);
