@@ -242,7 +242,7 @@ impl Target<'_> {
         let exchange = async {
             let resp = self
                 .client
-                .request(req)
+                .request_once(req)
                 .await
                 .map_err(|e| error_chain(&e))?;
             let status = resp.status().as_u16();

@@ -23,13 +23,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use super::Dispatched;
 use super::idle::IdleTimer;
 use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
-use crate::net::{BoxError, USAGE_KEY, usage_tokens_after};
+use crate::net::{BoxError, USAGE_KEY, UpstreamBody, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
 use crate::routing::{Expected, StreamBroken};
@@ -52,7 +51,7 @@ pub struct BreakReport {
 }
 
 pub struct ProxyBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     idle: IdleTimer,
     /// Released at end of stream.
     guard: Option<InFlightGuard>,
@@ -78,7 +77,7 @@ pub struct ProxyBody {
 
 impl ProxyBody {
     pub fn new(
-        inner: Incoming,
+        inner: UpstreamBody,
         idle_timeout: Duration,
         guard: InFlightGuard,
         report: BreakReport,

@@ -17,6 +17,7 @@ use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::{Outcome, RecentDispatches};
 use crate::balancing::{Branch, Pick, RequestInfo};
+use crate::net::UpstreamBody;
 use crate::pool::{Choice, choose};
 use crate::pool::{Failure, Pool};
 use crate::replica::{Replica, ReplicaId};
@@ -321,7 +322,7 @@ fn attempt_failed(
     replica: &Replica,
     attempt: Option<&StageSpan>,
     seq: u64,
-    err: &hyper_util::client::legacy::Error,
+    err: &crate::net::UpstreamError,
 ) -> bool {
     let pool = req.pool;
     let not_sent = err.is_connect();
@@ -489,7 +490,7 @@ impl Upstream {
 
 /// What one send gives back: a timeout, a transport error, or the head.
 type Sent = Result<
-    Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+    Result<Response<UpstreamBody>, crate::net::UpstreamError>,
     tokio::time::error::Elapsed,
 >;
 
@@ -508,7 +509,11 @@ async fn send_once(
         .trace
         .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
     let pool = req.pool;
-    let sent = tokio::time::timeout(pool.timeouts.first_byte, pool.client.request(upstream)).await;
+    let sent = tokio::time::timeout(
+        pool.timeouts.first_byte,
+        pool.client.request(&replica.conns, upstream),
+    )
+    .await;
     Ok((attempt, sent))
 }
 
@@ -531,7 +536,7 @@ fn build_request(
 }
 
 fn stream_back(
-    resp: Response<hyper::body::Incoming>,
+    resp: Response<UpstreamBody>,
     req: &ForwardRequest<'_>,
     replica: &Arc<Replica>,
     guard: crate::replica::InFlightGuard,

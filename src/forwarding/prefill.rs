@@ -273,7 +273,7 @@ async fn send(
     upstream
         .headers_mut()
         .insert(header::HOST, replica.host.clone());
-    let resp = pool.client.request(upstream).await.map_err(|e| {
+    let resp = pool.client.request(&replica.conns, upstream).await.map_err(|e| {
         if e.is_connect() {
             Sent::Connect
         } else {

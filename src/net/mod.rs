@@ -31,7 +31,9 @@ pub use body::{
 pub use guarded::{End, Guarded, Watch, Watched};
 pub use probe::{ProbeError, Prober};
 pub use shutdown::{sleep_or_stop, stopped};
-pub use upstream::{UpstreamClient, client, error_chain, tls_client};
+pub use upstream::{
+    IdleConns, UpstreamBody, UpstreamClient, UpstreamError, client, error_chain, tls_client,
+};
 pub use upstream_tls::UpstreamTls;
 pub use usage::{
     Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_tokens, usage_tokens_after, usage_value,

@@ -1,19 +1,67 @@
-//! The pooled keep-alive HTTP/1.1 client used to reach replicas, over TCP or
-//! TLS by the replica's scheme (see `tls.rs`).
+//! The keep-alive HTTP/1.1 client used to reach replicas, over TCP or TLS
+//! by the replica's scheme (see `upstream_tls.rs`).
+//!
+//! Each replica keeps its own idle connections ([`IdleConns`], held by the
+//! replica), so a request finds one without a lookup by host: it takes the
+//! most recently returned one (or connects), sends on it, and the answer's
+//! body ([`UpstreamBody`]) returns it when the replica's answer has been
+//! read to its end. A connection whose answer is not read to the end (the
+//! client went away, a timeout) is closed, which is how a replica learns
+//! to stop generating. Each connection is driven by a task of its own.
+//!
+//! A connection idle for longer than the pool's `upstream_idle` is not used
+//! again (closed when next looked at), so a request never goes out on a
+//! connection the replica is about to close. A connection found closed
+//! before the request was written to it is left for another (or a new
+//! one): nothing was sent, so nothing can be generated twice.
 
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use tower_service::Service;
 
+use super::BoxError;
 use super::upstream_tls::UpstreamTls;
 use crate::config::TimeoutConfig;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// Idle connections kept per replica, at most.
+const MAX_IDLE: usize = 1024;
+
+/// Tells clients apart: a replica's idle connections are used only by the
+/// client that made them (a reload that changes a pool's TLS settings
+/// makes a new client).
+static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// A pool's client to its replicas: the connector (TCP with `TCP_NODELAY`
+/// and the pool's connect timeout, TLS for `https://`) and the idle
+/// timeout; the idle connections are the replicas'.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    connector: HttpsConnector<HttpConnector>,
+    id: u64,
+    idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamClient")
+            .field("idle_timeout", &self.idle_timeout)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A client trusting the built-in roots; see [`tls_client`].
 pub fn client(timeouts: &TimeoutConfig) -> UpstreamClient {
@@ -28,19 +76,245 @@ pub fn tls_client(timeouts: &TimeoutConfig, tls: &UpstreamTls) -> UpstreamClient
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeouts.connect));
     connector.set_keepalive(Some(Duration::from_secs(60)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(timeouts.upstream_idle)
-        // A pooled connection found closed before the request was written
-        // is retried on a fresh connection by the client itself: nothing
-        // was sent, so nothing can be generated twice.
-        .retry_canceled_requests(true)
-        .pool_max_idle_per_host(1024)
-        .build(tls.connector(connector))
+    UpstreamClient {
+        connector: tls.connector(connector),
+        id: NEXT_CLIENT.fetch_add(1, Ordering::Relaxed),
+        idle_timeout: timeouts.upstream_idle,
+    }
 }
 
-/// The client's error with its causes (`client error (Connect): invalid
-/// peer certificate: UnknownIssuer`): hyper-util's own message names only
-/// the stage that failed.
+/// A replica's idle connections, most recently returned last.
+#[derive(Clone, Default)]
+pub struct IdleConns(Arc<Mutex<Vec<Idle>>>);
+
+impl std::fmt::Debug for IdleConns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdleConns")
+    }
+}
+
+struct Idle {
+    sender: Sender,
+    client: u64,
+    since: Instant,
+}
+
+impl IdleConns {
+    /// How many are kept now (closed ones included until looked at).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recent usable connection of `client`; the stale and closed
+    /// ones above it are dropped.
+    fn take(&self, client: &UpstreamClient) -> Option<Sender> {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while let Some(c) = idle.pop() {
+            let fresh = now.saturating_duration_since(c.since) < client.idle_timeout;
+            if c.client == client.id && fresh && !c.sender.is_closed() {
+                return Some(c.sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, sender: Sender, client: u64) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle {
+                sender,
+                client,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+/// Why a request got no answer head.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection was made (refused, unreachable, TLS, connect timeout):
+    /// the request was not sent.
+    #[error("connect")]
+    Connect(#[source] BoxError),
+    /// The connection failed after the request was handed to it: it may
+    /// have reached the replica.
+    #[error("request")]
+    Request(#[source] hyper::Error),
+}
+
+impl UpstreamError {
+    /// The request provably never left llmlb.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+impl UpstreamClient {
+    /// Sends `req` (its URI the replica's absolute URL, a `Host` header
+    /// set) on one of `conns` or a new connection, and gives the answer's
+    /// head; its body returns the connection to `conns` at its end.
+    pub async fn request(
+        &self,
+        conns: &IdleConns,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        // Connected by the absolute URL, sent in origin form.
+        let target = std::mem::take(req.uri_mut());
+        *req.uri_mut() = match target.path_and_query() {
+            Some(pq) => Uri::from(pq.clone()),
+            None => Uri::from_static("/"),
+        };
+        loop {
+            let (mut sender, pooled) = match conns.take(self) {
+                Some(sender) => (sender, true),
+                None => (self.connect(&target).await?, false),
+            };
+            // A returned connection may still be finishing its last answer.
+            if let Err(e) = sender.ready().await {
+                match pooled {
+                    true => continue,
+                    // Closed before anything was written to it.
+                    false => return Err(UpstreamError::Connect(e.into())),
+                }
+            }
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(self.answer(resp, sender, conns)),
+                Err(mut e) => match e.take_message() {
+                    // Closed before the request was written: another.
+                    Some(unsent) if pooled => req = unsent,
+                    _ => return Err(UpstreamError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// [`Self::request`] for a caller that keeps no connections (a check
+    /// that sends a few requests).
+    pub async fn request_once(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        self.request(&IdleConns::default(), req).await
+    }
+
+    async fn connect(&self, target: &Uri) -> Result<Sender, UpstreamError> {
+        let io = self
+            .connector
+            .clone()
+            .call(target.clone())
+            .await
+            .map_err(UpstreamError::Connect)?;
+        let (sender, conn) = http1::handshake(io)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn answer(
+        &self,
+        resp: Response<Incoming>,
+        sender: Sender,
+        conns: &IdleConns,
+    ) -> Response<UpstreamBody> {
+        resp.map(|inner| {
+            let mut body = UpstreamBody {
+                inner,
+                back: Some(Back {
+                    sender,
+                    conns: conns.clone(),
+                    client: self.id,
+                }),
+            };
+            // No body to read (a 204, a HEAD): free at once.
+            if body.inner.is_end_stream() {
+                body.give_back();
+            }
+            body
+        })
+    }
+}
+
+/// Where a connection goes when its answer has been read.
+struct Back {
+    sender: Sender,
+    conns: IdleConns,
+    client: u64,
+}
+
+/// A replica's answer body; read to its end, it returns its connection
+/// for the next request to the replica (dropped before, it closes it).
+pub struct UpstreamBody {
+    inner: Incoming,
+    back: Option<Back>,
+}
+
+impl UpstreamBody {
+    fn give_back(&mut self) {
+        if let Some(b) = self.back.take() {
+            b.conns.put(b.sender, b.client);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.give_back(),
+            Poll::Ready(None) => this.give_back(),
+            Poll::Ready(Some(Err(_))) => this.back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    /// Read to its end without a poll past its last frame: the connection
+    /// can still serve.
+    fn drop(&mut self) {
+        if self.back.is_some() && self.inner.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
+/// The client's error with its causes (`connect: invalid peer certificate:
+/// UnknownIssuer`): the error's own message names only the stage that
+/// failed.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();

@@ -42,6 +42,8 @@ pub struct Replica {
     /// that is the scheme's default (what hyper would derive from the URI,
     /// made once instead of per request).
     pub host: http::HeaderValue,
+    /// Its idle keep-alive connections, for the next requests to it.
+    pub conns: crate::net::IdleConns,
     pub weight: u32,
     /// Concurrency limit when the pool queues (`max_inflight`).
     pub max_inflight: Option<u32>,
@@ -107,6 +109,7 @@ impl Replica {
             name_plain: crate::telemetry::log_line::is_plain(&name),
             name,
             host: host_header(&authority, &scheme),
+            conns: Default::default(),
             authority,
             scheme,
             weight,
