@@ -489,10 +489,8 @@ impl Upstream {
 }
 
 /// What one send gives back: a timeout, a transport error, or the head.
-type Sent = Result<
-    Result<Response<UpstreamBody>, crate::net::UpstreamError>,
-    tokio::time::error::Elapsed,
->;
+type Sent =
+    Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, tokio::time::error::Elapsed>;
 
 /// Sends `body` to `replica` as attempt number `n` (its own trace span,
 /// whose context goes with the request), waiting at most the pool's

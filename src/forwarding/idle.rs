@@ -82,7 +82,8 @@ impl IdleTimer {
                     true => Instant::now(),
                     false => self.made,
                 };
-                self.sleep.insert(Box::pin(tokio::time::sleep_until(from + tick)))
+                self.sleep
+                    .insert(Box::pin(tokio::time::sleep_until(from + tick)))
             }
         };
         while sleep.as_mut().poll(cx).is_ready() {
@@ -146,7 +147,10 @@ mod tests {
     fn within_a_tick_after(fired: Duration, last_frame: u64) {
         let silence = fired - Duration::from_millis(last_frame);
         assert!(silence >= TIMEOUT, "fired after {silence:?} of silence");
-        assert!(silence <= TIMEOUT + TIMEOUT / TICKS, "fired after {silence:?} of silence");
+        assert!(
+            silence <= TIMEOUT + TIMEOUT / TICKS,
+            "fired after {silence:?} of silence"
+        );
     }
 
     #[tokio::test(start_paused = true)]

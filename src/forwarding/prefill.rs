@@ -273,13 +273,17 @@ async fn send(
     upstream
         .headers_mut()
         .insert(header::HOST, replica.host.clone());
-    let resp = pool.client.request(&replica.conns, upstream).await.map_err(|e| {
-        if e.is_connect() {
-            Sent::Connect
-        } else {
-            Sent::Reset
-        }
-    })?;
+    let resp = pool
+        .client
+        .request(&replica.conns, upstream)
+        .await
+        .map_err(|e| {
+            if e.is_connect() {
+                Sent::Connect
+            } else {
+                Sent::Reset
+            }
+        })?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
         .collect()

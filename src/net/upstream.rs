@@ -253,6 +253,7 @@ impl UpstreamClient {
 }
 
 /// Where a connection goes when its answer has been read.
+#[derive(Debug)]
 struct Back {
     sender: Sender,
     conns: IdleConns,
@@ -261,6 +262,7 @@ struct Back {
 
 /// A replica's answer body; read to its end, it returns its connection
 /// for the next request to the replica (dropped before, it closes it).
+#[derive(Debug)]
 pub struct UpstreamBody {
     inner: Incoming,
     back: Option<Back>,
@@ -332,6 +334,137 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::net::TcpListener;
+
+    /// A loopback server answering `ok` to every request; counts the
+    /// connections it accepted. `close`: it closes each after its answer.
+    async fn server(close: bool) -> (Uri, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let service = hyper::service::service_fn(move |_req| async move {
+                    let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+                    if close {
+                        resp.headers_mut()
+                            .insert(http::header::CONNECTION, "close".parse().unwrap());
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let io = hyper_util::rt::TokioIo::new(tcp);
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(io, service),
+                );
+            }
+        });
+        (
+            format!("http://{addr}/v1/models").parse().unwrap(),
+            accepted,
+        )
+    }
+
+    fn get(uri: &Uri) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::default());
+        *req.uri_mut() = uri.clone();
+        let host = uri.authority().unwrap().as_str().parse().unwrap();
+        req.headers_mut().insert(http::header::HOST, host);
+        req
+    }
+
+    fn client_with_idle(idle: Duration) -> UpstreamClient {
+        let timeouts = TimeoutConfig {
+            upstream_idle: idle,
+            ..TimeoutConfig::default()
+        };
+        client(&timeouts)
+    }
+
+    async fn read(resp: Response<UpstreamBody>) -> Bytes {
+        resp.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn an_answer_read_to_its_end_returns_its_connection_for_the_next() {
+        let (uri, accepted) = server(false).await;
+        let (client, conns) = (
+            client_with_idle(Duration::from_secs(4)),
+            IdleConns::default(),
+        );
+        for _ in 0..3 {
+            let resp = client.request(&conns, get(&uri)).await.unwrap();
+            assert!(conns.is_empty(), "lent while its answer is read");
+            assert_eq!(read(resp).await, "ok");
+            assert_eq!(conns.len(), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_dropped_unread_closes_its_connection() {
+        let (uri, accepted) = server(false).await;
+        let (client, conns) = (
+            client_with_idle(Duration::from_secs(4)),
+            IdleConns::default(),
+        );
+        let resp = client.request(&conns, get(&uri)).await.unwrap();
+        drop(resp);
+        assert!(conns.is_empty());
+        assert_eq!(
+            read(client.request(&conns, get(&uri)).await.unwrap()).await,
+            "ok"
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_timeout_is_not_used_again() {
+        let (uri, accepted) = server(false).await;
+        let (client, conns) = (
+            client_with_idle(Duration::from_millis(50)),
+            IdleConns::default(),
+        );
+        read(client.request(&conns, get(&uri)).await.unwrap()).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        read(client.request(&conns, get(&uri)).await.unwrap()).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // Another client's connections are not taken either.
+        let other = client_with_idle(Duration::from_secs(4));
+        read(other.request(&conns, get(&uri)).await.unwrap()).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// A server that closes each connection after its answer: every
+    /// request still gets its answer, each on a new connection.
+    #[tokio::test]
+    async fn a_connection_the_replica_closed_is_replaced_without_an_error() {
+        let (uri, accepted) = server(true).await;
+        let (client, conns) = (
+            client_with_idle(Duration::from_secs(4)),
+            IdleConns::default(),
+        );
+        for _ in 0..5 {
+            let resp = client.request(&conns, get(&uri)).await.unwrap();
+            assert_eq!(read(resp).await, "ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_connect_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(listener);
+        let client = client_with_idle(Duration::from_secs(4));
+        let err = client.request_once(get(&uri)).await.unwrap_err();
+        assert!(err.is_connect(), "{err:?}");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("client error (Connect)")]
