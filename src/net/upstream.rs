@@ -180,7 +180,9 @@ impl UpstreamClient {
         loop {
             let (mut sender, pooled) = match conns.take(self) {
                 Some(sender) => (sender, true),
-                None => (self.connect(&target).await?, false),
+                // On the heap: the connector's future is kilobytes, and
+                // this one is moved by value into the caller's timeout.
+                None => (Box::pin(self.connect(&target)).await?, false),
             };
             // A returned connection may still be finishing its last answer.
             if let Err(e) = sender.ready().await {
@@ -452,6 +454,17 @@ mod tests {
             assert_eq!(read(resp).await, "ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    /// The request's future is moved by value into its caller's timeout:
+    /// the connector's future (kilobytes) is kept out of it.
+    #[test]
+    fn a_request_future_is_small() {
+        let client = client_with_idle(Duration::from_secs(4));
+        let conns = IdleConns::default();
+        let request = client.request(&conns, Request::new(Full::default()));
+        let size = std::mem::size_of_val(&request);
+        assert!(size < 1536, "{size} bytes");
     }
 
     #[tokio::test]
