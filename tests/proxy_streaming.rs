@@ -39,6 +39,36 @@ async fn first_sse_chunk_arrives_while_upstream_holds_the_rest() {
     lb.shutdown().await;
 }
 
+/// Answers read to their end leave their replica connection for the next
+/// request; a stream the client dropped closes its own, and the next
+/// request gets a new one.
+#[tokio::test]
+async fn answers_read_to_their_end_share_one_replica_connection() {
+    let conns =
+        |up: &Upstream| -> Vec<usize> { up.seen.lock().unwrap().iter().map(|s| s.conn).collect() };
+    let up = Upstream::start("a", Mode::Json).await;
+    let lb = start_llmlb(&cfg(&[(&up.url(), 1)], "round_robin")).await;
+    for _ in 0..5 {
+        let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+        assert_eq!(status, 200);
+    }
+    let first = conns(&up);
+    assert!(first.iter().all(|&c| c == first[0]), "{first:?}");
+    up.set_mode(Mode::StreamHeld);
+    let (conn, body) = held_stream(lb.addr).await;
+    drop(body);
+    conn.close();
+    up.wait_closed(1, Duration::from_secs(1)).await;
+    up.set_mode(Mode::Json);
+    let (status, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
+    assert_eq!(status, 200);
+    let all = conns(&up);
+    assert_eq!(all.len(), 7);
+    assert_eq!(all[5], first[0], "the stream went on the same connection");
+    assert_ne!(all[6], all[5], "the dropped stream's connection was closed");
+    lb.shutdown().await;
+}
+
 #[tokio::test]
 async fn client_disconnect_mid_stream_closes_upstream_and_releases_load() {
     let up = Upstream::start("a", Mode::StreamHeld).await;

@@ -28,7 +28,9 @@ use super::Dispatched;
 use super::idle::IdleTimer;
 use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
-use crate::net::{BoxError, USAGE_KEY, UpstreamBody, usage_tokens_after};
+use hyper::body::Incoming;
+
+use crate::net::{BoxError, Lent, USAGE_KEY, UpstreamBody, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
 use crate::routing::{Expected, StreamBroken};
@@ -51,7 +53,9 @@ pub struct BreakReport {
 }
 
 pub struct ProxyBody {
-    inner: UpstreamBody,
+    inner: Incoming,
+    /// The connection the answer came on, given back at its end.
+    lent: Lent,
     idle: IdleTimer,
     /// Released at end of stream.
     guard: Option<InFlightGuard>,
@@ -83,8 +87,10 @@ impl ProxyBody {
         report: BreakReport,
         sse: bool,
     ) -> ProxyBody {
+        let (inner, lent) = inner.into_parts();
         ProxyBody {
             inner,
+            lent,
             idle: IdleTimer::new(idle_timeout),
             guard: Some(guard),
             expected: None,
@@ -201,6 +207,8 @@ impl ProxyBody {
         kind: &str,
         message: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // Not read to its end: its connection is not used again.
+        self.lent.close();
         let r = &self.report;
         r.metrics
             .upstream_errors
@@ -298,6 +306,7 @@ impl ProxyBody {
                     }
                     let mut out = this.outgoing(frame, usage_at);
                     if last {
+                        this.lent.give_back();
                         let rest = this.leftover();
                         if rest.is_some() {
                             // Joined: the frame is not the one searched.
@@ -317,6 +326,7 @@ impl ProxyBody {
                     return this.fail("stream", format!("replica stream broke: {e}"));
                 }
                 Poll::Ready(None) => {
+                    this.lent.give_back();
                     let rest = this.leftover();
                     this.finish();
                     return Poll::Ready(rest.map(Ok));

@@ -239,15 +239,15 @@ impl UpstreamClient {
         resp.map(|inner| {
             let mut body = UpstreamBody {
                 inner,
-                back: Some(Back {
+                lent: Lent(Some(Back {
                     sender,
                     conns: conns.clone(),
                     client: self.id,
-                }),
+                })),
             };
             // No body to read (a 204, a HEAD): free at once.
             if body.inner.is_end_stream() {
-                body.give_back();
+                body.lent.give_back();
             }
             body
         })
@@ -267,14 +267,35 @@ struct Back {
 #[derive(Debug)]
 pub struct UpstreamBody {
     inner: Incoming,
-    back: Option<Back>,
+    lent: Lent,
+}
+
+/// An answer's connection, lent until the answer has been read: given
+/// back, it serves the replica's next request; dropped, it closes (the
+/// replica stops its work on an answer not read to its end).
+#[derive(Debug)]
+pub struct Lent(Option<Back>);
+
+impl Lent {
+    /// The answer was read to its end.
+    pub fn give_back(&mut self) {
+        if let Some(b) = self.0.take() {
+            b.conns.put(b.sender, b.client);
+        }
+    }
+
+    /// The answer failed: the connection is not used again.
+    pub fn close(&mut self) {
+        self.0 = None;
+    }
 }
 
 impl UpstreamBody {
-    fn give_back(&mut self) {
-        if let Some(b) = self.back.take() {
-            b.conns.put(b.sender, b.client);
-        }
+    /// The replica's body and its lent connection, for a body of the
+    /// caller's own that reads the answer and gives the connection back
+    /// at its end.
+    pub fn into_parts(self) -> (Incoming, Lent) {
+        (self.inner, self.lent)
     }
 }
 
@@ -289,9 +310,9 @@ impl Body for UpstreamBody {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.give_back(),
-            Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Err(_))) => this.back = None,
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.lent.give_back(),
+            Poll::Ready(None) => this.lent.give_back(),
+            Poll::Ready(Some(Err(_))) => this.lent.close(),
             _ => {}
         }
         polled
@@ -303,16 +324,6 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-impl Drop for UpstreamBody {
-    /// Read to its end without a poll past its last frame: the connection
-    /// can still serve.
-    fn drop(&mut self) {
-        if self.back.is_some() && self.inner.is_end_stream() {
-            self.give_back();
-        }
     }
 }
 

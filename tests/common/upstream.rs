@@ -28,6 +28,8 @@ pub struct Seen {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub path: String,
+    /// Which connection it came on (in the order they were accepted).
+    pub conn: usize,
 }
 
 pub struct Upstream {
@@ -41,6 +43,8 @@ pub struct Upstream {
     pub release: Arc<Notify>,
     /// Streams currently held open.
     pub open_streams: Arc<AtomicUsize>,
+    /// Connections accepted.
+    pub accepted: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -56,18 +60,21 @@ impl Upstream {
             closed_notify: Arc::default(),
             release: Arc::default(),
             open_streams: Arc::default(),
+            accepted: Arc::default(),
         };
         let shared = up.shared();
+        let accepted = Arc::clone(&up.accepted);
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
+                let conn = accepted.fetch_add(1, Ordering::SeqCst);
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(shared.answer(req).await) }
+                        async move { Ok::<_, Infallible>(shared.answer(req, conn).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
@@ -154,7 +161,7 @@ struct Shared {
 }
 
 impl Shared {
-    async fn answer(&self, req: Request<Incoming>) -> Response<ChannelBody> {
+    async fn answer(&self, req: Request<Incoming>, conn: usize) -> Response<ChannelBody> {
         // Active health checks (on by default) get vLLM's answer whatever
         // the mode, and are not counted among the requests the replica saw.
         if req.method() == http::Method::GET && req.uri().path() == "/health" {
@@ -170,6 +177,7 @@ impl Shared {
             headers: parts.headers,
             body,
             path: parts.uri.path().to_string(),
+            conn,
         });
         let mut mode = self.mode.lock().unwrap().clone();
         if let Mode::NoStreamOptions = mode {
