@@ -63,14 +63,20 @@ impl IdleTimer {
 
     /// Whether nothing came for the timeout; otherwise `cx` is woken when
     /// that may have happened.
+    #[inline]
     pub fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let same_waker = self
             .registered
             .as_ref()
             .is_some_and(|w| w.will_wake(cx.waker()));
+        // Registered with this waker: only an elapsed tick has anything to do.
         if same_waker && self.sleep.as_ref().is_some_and(|s| !s.is_elapsed()) {
             return false;
         }
+        self.tick_or_expire(cx, same_waker)
+    }
+
+    fn tick_or_expire(&mut self, cx: &mut Context<'_>, same_waker: bool) -> bool {
         let tick = self.tick();
         let sleep = match &mut self.sleep {
             Some(sleep) => sleep,

@@ -68,7 +68,20 @@ impl Observer {
 
     /// A frame handed on to the client; `usage_at`: where the first
     /// `"usage"` is in it (`None`: not in it).
+    #[inline]
     pub fn frame(&mut self, data: &[u8], usage_at: Option<usize>) {
+        // A frame of a stream under way (its first content went by), with
+        // no `usage` in it or cut before it: only its end is looked at.
+        if self.seen.first_content.is_some() && usage_at.is_none() && self.usage.is_idle(data) {
+            if self.sse && ends_stream(data) {
+                self.seen.done = true;
+            }
+            return;
+        }
+        self.frame_with_usage(data, usage_at);
+    }
+
+    fn frame_with_usage(&mut self, data: &[u8], usage_at: Option<usize>) {
         if !data.is_empty() {
             let seen = &mut self.seen;
             if seen.first_content.is_none() {

@@ -51,7 +51,21 @@ impl UsageStrip {
     /// `chunk`'s complete events, the usage event taken out. `usage_at` is
     /// where the caller found the first `"usage"` in `chunk` (`None`: not
     /// in it), so that the first search is not made twice.
+    #[inline]
     pub fn filter(&mut self, chunk: Bytes, usage_at: Option<usize>) -> Filtered {
+        // The usual chunk: nothing carried, no `"usage"`, and it ends with
+        // its event's blank line. It passes whole.
+        if self.carry.is_empty() && usage_at.is_none() && ends_an_event(&chunk) {
+            return Filtered {
+                pass: chunk,
+                usage: None,
+                usage_in_pass: None,
+            };
+        }
+        self.filter_events(chunk, usage_at)
+    }
+
+    fn filter_events(&mut self, chunk: Bytes, usage_at: Option<usize>) -> Filtered {
         // Without a carried start, the events are the chunk's own bytes and
         // the caller's search holds for them.
         let searched = self.carry.is_empty();
@@ -175,16 +189,21 @@ fn event_around(buf: &[u8], from: usize, at: usize) -> Result<(usize, usize), us
 /// The end of the last complete event, found from `from` (an event's end):
 /// no complete event holds the byte past the buffer's end.
 fn last_event_end(buf: &[u8], from: usize) -> usize {
-    // The usual chunk ends with its event's blank line after the event's
-    // last character: that ends the last event, nothing to look for.
-    if let [.., before, b'\n', b'\n'] = buf[from..] {
-        if !matches!(before, b'\n' | b'\r') {
-            return buf.len();
-        }
-    } else if buf[from..] == *b"\n\n" {
+    if ends_an_event(&buf[from..]) {
         return buf.len();
     }
     event_around(buf, from, buf.len()).map_or_else(|end| end, |(_, end)| end)
+}
+
+/// Whether `buf` (from an event's end) ends where an event ends: the usual
+/// chunk ends with its event's blank line after the event's last
+/// character, which ends its last event without a look further back.
+#[inline]
+fn ends_an_event(buf: &[u8]) -> bool {
+    match buf {
+        [.., before, b'\n', b'\n'] => !matches!(before, b'\n' | b'\r'),
+        _ => buf == b"\n\n",
+    }
 }
 
 /// An event whose single `data:` line is a chunk with no choices and a usage

@@ -35,10 +35,11 @@ pub enum End {
 
 /// What a [`Watched`] body reports to, `B` the body it watches.
 pub trait Watch<B>: Send + Unpin + 'static {
-    /// A data frame on its way to the client; `at_end`: the inner body says
-    /// nothing follows it. `body` is the inner body after the frame, for a
-    /// watcher that reads what the body itself found in it.
-    fn data(&mut self, _body: &B, _data: &Bytes, _at_end: bool) {}
+    /// A data frame on its way to the client. `body` is the inner body
+    /// after the frame, for a watcher that reads what the body itself found
+    /// in it or whether it says nothing follows (`is_end_stream`, asked
+    /// only by a watcher that needs it: it is a call down the whole chain).
+    fn data(&mut self, _body: &B, _data: &Bytes) {}
 
     /// The inner body just before its end is told (once, and before the
     /// inner body is dropped when the body is): for a watcher that reads
@@ -53,8 +54,8 @@ pub trait Watch<B>: Send + Unpin + 'static {
 /// with its body as a pointer, where hyper and the layers above move the
 /// response by value a few times per request.
 impl<B, W: Watch<B>> Watch<B> for Box<W> {
-    fn data(&mut self, body: &B, data: &Bytes, at_end: bool) {
-        (**self).data(body, data, at_end);
+    fn data(&mut self, body: &B, data: &Bytes) {
+        (**self).data(body, data);
     }
 
     fn last_look(&mut self, body: &B) {
@@ -141,9 +142,7 @@ impl<W: Watch<B>, B: Body<Data = Bytes> + Unpin> Body for Watched<W, B> {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.watch
-                        .watch
-                        .data(&this.inner, data, this.inner.is_end_stream());
+                    this.watch.watch.data(&this.inner, data);
                 }
             }
             Poll::Ready(Some(Err(_))) => this.end(End::Failed),

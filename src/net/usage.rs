@@ -264,12 +264,17 @@ impl UsageScan {
     /// (`None`: not in it), when the caller has searched already.
     #[inline]
     pub fn push(&mut self, frame: &[u8], first: Option<usize>) {
-        // The usual frame: no key in it, none cut before it, and it ends
-        // with a byte no start of the key ends with (`}`, a line break).
-        if first.is_none() && self.open.is_empty() && !ends_in_key_start(frame) {
-            return;
+        if first.is_some() || !self.is_idle(frame) {
+            self.push_cut(frame, first);
         }
-        self.push_cut(frame, first);
+    }
+
+    /// Whether `frame`, holding no `"usage"`, leaves the scan as it is:
+    /// no key was cut before it and it ends with a byte no start of the
+    /// key ends with (`}`, a line break: the usual frame).
+    #[inline]
+    pub fn is_idle(&self, frame: &[u8]) -> bool {
+        self.open.is_empty() && !ends_in_key_start(frame)
     }
 
     fn push_cut(&mut self, frame: &[u8], first: Option<usize>) {

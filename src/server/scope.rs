@@ -210,7 +210,7 @@ impl Scoped {
 }
 
 impl Watch<AnswerBody> for Scoped {
-    fn data(&mut self, body: &AnswerBody, data: &Bytes, at_end: bool) {
+    fn data(&mut self, body: &AnswerBody, data: &Bytes) {
         self.seen += data.len() as u64;
         if self.record.is_none() && self.scope.settlement.is_none() {
             return;
@@ -225,7 +225,7 @@ impl Watch<AnswerBody> for Scoped {
                 self.answer.done
             }
         };
-        if at_end || done || self.length.is_some_and(|n| self.seen >= n) {
+        if done || self.length.is_some_and(|n| self.seen >= n) || body.is_end_stream() {
             self.last_look(body);
             self.finish(End::Complete);
         }
