@@ -10,8 +10,9 @@
 //! to stop generating. Each connection is driven by a task of its own.
 //!
 //! A connection idle for longer than the pool's `upstream_idle` is not used
-//! again (closed when next looked at), so a request never goes out on a
-//! connection the replica is about to close. A connection found closed
+//! again, so a request never goes out on a connection the replica is about
+//! to close: it is closed when a request looks at it or when a connection
+//! returned after it finds it past its time. A connection found closed
 //! before the request was written to it is left for another (or a new
 //! one): nothing was sent, so nothing can be generated twice.
 
@@ -127,16 +128,25 @@ impl IdleConns {
         None
     }
 
-    fn put(&self, sender: Sender, client: u64) {
+    /// Keeps `sender` for the next request, and closes the connections
+    /// idle past `timeout` (the oldest: the list is in the order they were
+    /// returned), so a burst's connections do not stay open after it.
+    fn put(&self, sender: Sender, client: u64, timeout: Duration) {
         if sender.is_closed() {
             return;
         }
+        let now = Instant::now();
+        let stale = |c: &Idle| now.saturating_duration_since(c.since) >= timeout;
         let mut idle = self.lock();
+        if idle.first().is_some_and(stale) {
+            let n = idle.partition_point(stale);
+            idle.drain(..n);
+        }
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
                 sender,
                 client,
-                since: Instant::now(),
+                since: now,
             });
         }
     }
@@ -243,6 +253,7 @@ impl UpstreamClient {
                     sender,
                     conns: conns.clone(),
                     client: self.id,
+                    idle_timeout: self.idle_timeout,
                 })),
             };
             // No body to read (a 204, a HEAD): free at once.
@@ -260,6 +271,7 @@ struct Back {
     sender: Sender,
     conns: IdleConns,
     client: u64,
+    idle_timeout: Duration,
 }
 
 /// A replica's answer body; read to its end, it returns its connection
@@ -280,7 +292,7 @@ impl Lent {
     /// The answer was read to its end.
     pub fn give_back(&mut self) {
         if let Some(b) = self.0.take() {
-            b.conns.put(b.sender, b.client);
+            b.conns.put(b.sender, b.client, b.idle_timeout);
         }
     }
 
@@ -449,6 +461,31 @@ mod tests {
         let other = client_with_idle(Duration::from_secs(4));
         read(other.request(&conns, get(&uri)).await.unwrap()).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    /// Connections left idle by a burst are closed when a later one is
+    /// returned past the idle timeout, not kept open: the burst's three go
+    /// idle, the newest serves a request at 120 ms (fresh) and again at
+    /// 240 ms, when the other two (idle since 0) are past 200 ms.
+    #[tokio::test]
+    async fn a_return_closes_the_connections_idle_past_the_timeout() {
+        let (uri, accepted) = server(false).await;
+        let (client, conns) = (
+            client_with_idle(Duration::from_millis(200)),
+            IdleConns::default(),
+        );
+        let burst =
+            futures_util::future::join_all((0..3).map(|_| client.request(&conns, get(&uri))));
+        for resp in burst.await {
+            read(resp.unwrap()).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(conns.len(), 3);
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            read(client.request(&conns, get(&uri)).await.unwrap()).await;
+        }
+        assert_eq!(conns.len(), 1, "the stale ones closed, the last one kept");
     }
 
     /// A server that closes each connection after its answer: every
