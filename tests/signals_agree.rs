@@ -504,12 +504,23 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
     }
     let mut problems = Vec::new();
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    // A client that gave up at once may have closed its connection before
+    // its request was written: llmlb never saw a request, and it has no
+    // line, span or count.
+    let unsent = |p: &Plan| {
+        !by_id.contains_key(p.id.as_str())
+            && matches!(seen[&p.id], Seen::LeftBeforeHead)
+            && matches!(p.leave, Leave::After(d) if d < Duration::from_millis(20))
+    };
+    let heard = n - plans.iter().filter(|p| unsent(p)).count();
     for p in &plans {
         let Some(found) = by_id.get(p.id.as_str()) else {
-            problems.push(format!(
-                "{}: no access line ({p:?}, client {:?})",
-                p.id, seen[&p.id]
-            ));
+            if !unsent(p) {
+                problems.push(format!(
+                    "{}: no access line ({p:?}, client {:?})",
+                    p.id, seen[&p.id]
+                ));
+            }
             continue;
         };
         if found.len() != 1 {
@@ -560,7 +571,7 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
             fault.name()
         );
     }
-    assert_eq!(lines.len(), n, "one access line per request");
+    assert_eq!(lines.len(), heard, "one access line per request");
 
     // The metric totals are the lines' totals, and the lines are the requests.
     let mut want_requests: BTreeMap<Vec<String>, f64> = BTreeMap::new();
@@ -587,8 +598,8 @@ async fn the_log_the_metrics_the_span_and_the_client_agree_on_every_request() {
         "llmlb_requests_total by pool, replica, status"
     );
     let total = |name: &str| sums(&text, name, &[]).values().sum::<f64>();
-    assert_eq!(total("llmlb_requests_total"), n as f64);
-    assert_eq!(total("llmlb_request_duration_seconds_count"), n as f64);
+    assert_eq!(total("llmlb_requests_total"), heard as f64);
+    assert_eq!(total("llmlb_request_duration_seconds_count"), heard as f64);
     assert_eq!(total("llmlb_time_to_first_byte_seconds_count"), ttfb);
     assert_eq!(total("llmlb_retries_total"), retries);
     assert_eq!(total("llmlb_rejections_total"), refused);
