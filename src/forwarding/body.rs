@@ -23,13 +23,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 
 use super::Dispatched;
 use super::idle::IdleTimer;
 use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
-use hyper::body::Incoming;
-
 use crate::net::{BoxError, Lent, USAGE_KEY, UpstreamBody, usage_tokens_after};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
@@ -194,7 +193,10 @@ impl ProxyBody {
         (!rest.is_empty()).then(|| Frame::data(rest))
     }
 
+    /// The answer ended: its connection goes back for the next request
+    /// (unless a failure closed it first), its guards are released.
     fn finish(&mut self) {
+        self.lent.give_back();
         self.ended = true;
         self.guard = None;
         self.expected = None;
@@ -306,7 +308,6 @@ impl ProxyBody {
                     }
                     let mut out = this.outgoing(frame, usage_at);
                     if last {
-                        this.lent.give_back();
                         let rest = this.leftover();
                         if rest.is_some() {
                             // Joined: the frame is not the one searched.
@@ -326,7 +327,6 @@ impl ProxyBody {
                     return this.fail("stream", format!("replica stream broke: {e}"));
                 }
                 Poll::Ready(None) => {
-                    this.lent.give_back();
                     let rest = this.leftover();
                     this.finish();
                     return Poll::Ready(rest.map(Ok));

@@ -100,6 +100,13 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Idle for `timeout` or longer at `now`: not used again.
+    fn stale(&self, now: Instant, timeout: Duration) -> bool {
+        now.saturating_duration_since(self.since) >= timeout
+    }
+}
+
 impl IdleConns {
     /// How many are kept now (closed ones included until looked at).
     pub fn len(&self) -> usize {
@@ -120,8 +127,8 @@ impl IdleConns {
         let now = Instant::now();
         let mut idle = self.lock();
         while let Some(c) = idle.pop() {
-            let fresh = now.saturating_duration_since(c.since) < client.idle_timeout;
-            if c.client == client.id && fresh && !c.sender.is_closed() {
+            if c.client == client.id && !c.stale(now, client.idle_timeout) && !c.sender.is_closed()
+            {
                 return Some(c.sender);
             }
         }
@@ -136,7 +143,7 @@ impl IdleConns {
             return;
         }
         let now = Instant::now();
-        let stale = |c: &Idle| now.saturating_duration_since(c.since) >= timeout;
+        let stale = |c: &Idle| c.stale(now, timeout);
         let mut idle = self.lock();
         if idle.first().is_some_and(stale) {
             let n = idle.partition_point(stale);
@@ -413,6 +420,11 @@ mod tests {
         resp.into_body().collect().await.unwrap().to_bytes()
     }
 
+    /// A GET of `uri` through `client` and `conns`, read to its end.
+    async fn fetch(client: &UpstreamClient, conns: &IdleConns, uri: &Uri) -> Bytes {
+        read(client.request(conns, get(uri)).await.unwrap()).await
+    }
+
     #[tokio::test]
     async fn an_answer_read_to_its_end_returns_its_connection_for_the_next() {
         let (uri, accepted) = server(false).await;
@@ -439,10 +451,7 @@ mod tests {
         let resp = client.request(&conns, get(&uri)).await.unwrap();
         drop(resp);
         assert!(conns.is_empty());
-        assert_eq!(
-            read(client.request(&conns, get(&uri)).await.unwrap()).await,
-            "ok"
-        );
+        assert_eq!(fetch(&client, &conns, &uri).await, "ok");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
@@ -453,13 +462,13 @@ mod tests {
             client_with_idle(Duration::from_millis(50)),
             IdleConns::default(),
         );
-        read(client.request(&conns, get(&uri)).await.unwrap()).await;
+        fetch(&client, &conns, &uri).await;
         tokio::time::sleep(Duration::from_millis(120)).await;
-        read(client.request(&conns, get(&uri)).await.unwrap()).await;
+        fetch(&client, &conns, &uri).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
         // Another client's connections are not taken either.
         let other = client_with_idle(Duration::from_secs(4));
-        read(other.request(&conns, get(&uri)).await.unwrap()).await;
+        fetch(&other, &conns, &uri).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
 
@@ -483,7 +492,7 @@ mod tests {
         assert_eq!(conns.len(), 3);
         for _ in 0..2 {
             tokio::time::sleep(Duration::from_millis(120)).await;
-            read(client.request(&conns, get(&uri)).await.unwrap()).await;
+            fetch(&client, &conns, &uri).await;
         }
         assert_eq!(conns.len(), 1, "the stale ones closed, the last one kept");
     }
@@ -498,8 +507,7 @@ mod tests {
             IdleConns::default(),
         );
         for _ in 0..5 {
-            let resp = client.request(&conns, get(&uri)).await.unwrap();
-            assert_eq!(read(resp).await, "ok");
+            assert_eq!(fetch(&client, &conns, &uri).await, "ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
