@@ -70,25 +70,29 @@ fn names_other_header(option: &str) -> bool {
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 ///
 /// A message has a handful of headers and usually no hop-by-hop one but
-/// `Connection`: the names are scanned, and only those present are removed
-/// (a removal by name hashes it, a scan compares a few). One scan finds the
-/// first, counts the others and sees whether `Connection` is there (its
-/// options are read only then); each removal after the first scans again,
-/// so the headers are removed in the order a scan after each removal
-/// finds them.
+/// `Connection: keep-alive` (or `close`): the headers are scanned, and only
+/// those present are removed (a removal by name hashes it, a scan compares
+/// a few). One scan finds the first, counts the others and sees whether a
+/// `Connection` value may name other headers (its options are split only
+/// then); each removal after the first scans again, so the headers are
+/// removed in the order a scan after each removal finds them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let mut hop = headers.keys().filter(|k| is_hop_by_hop(k));
-    let Some(first) = hop.next() else {
+    let (mut first, mut count, mut names_others) = (None, 0, false);
+    let mut last: Option<&HeaderName> = None;
+    // A name's values come one after another.
+    for (name, value) in headers.iter().filter(|(k, _)| is_hop_by_hop(k)) {
+        names_others |= *name == header::CONNECTION && !names_nothing(value.as_bytes());
+        if last != Some(name) {
+            first.get_or_insert(name);
+            count += 1;
+            last = Some(name);
+        }
+    }
+    let Some(first) = first.cloned() else {
         return;
     };
-    let (mut connection, mut count) = (*first == header::CONNECTION, 1);
-    for name in hop {
-        connection |= *name == header::CONNECTION;
-        count += 1;
-    }
-    let first = first.clone();
     // The headers `Connection` names besides its own options (rarely any).
-    let named: Vec<HeaderName> = match connection {
+    let named: Vec<HeaderName> = match names_others {
         true => headers
             .get_all(header::CONNECTION)
             .iter()
@@ -116,6 +120,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     while let Some(name) = next_hop_by_hop(headers) {
         headers.remove(name);
     }
+}
+
+/// Whether a `Connection` value is one option that names no header (the
+/// usual `keep-alive` or `close`), seen without splitting it.
+fn names_nothing(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
 }
 
 /// The first hop-by-hop header name in the map's order.
@@ -151,6 +162,16 @@ mod tests {
             ("x-custom", "kept"),
         ]);
         assert_eq!(left, vec!["authorization", "x-custom"]);
+        // A second `Connection` value may name a header when the first names none.
+        let left = left_after_strip(&[
+            ("connection", " Keep-Alive "),
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+            ("x-custom", "kept"),
+        ]);
+        assert_eq!(left, vec!["x-custom"]);
+        assert!(names_nothing(b"CLOSE") && names_nothing(b" keep-alive"));
+        assert!(!names_nothing(b"keep-alive, x-a") && !names_nothing(b"upgrade"));
     }
 
     /// The headers left, in the map's order, are those a new scan after

@@ -3,7 +3,7 @@
 //! known bytes, reading a request body whole under a size limit, and the
 //! OpenAI-style JSON error body.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::{HeaderMap, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Limited};
@@ -43,6 +43,14 @@ where
 
 /// [`read_body`] for a caller that has read the declared `Content-Length`
 /// (`declared`, when there is a valid one) already.
+///
+/// A body with a declared length is done once that many bytes are in: the
+/// HTTP framing ends it there, so its end is not waited for. hyper hands
+/// the end of a request body over one turn of the connection after its
+/// last bytes; not waiting for it lets a small request's read finish in
+/// the poll that finds its bytes (no timer armed around it, no second
+/// wake-up of the connection's task). A body that ends before its
+/// declared length is what it is (hyper reports such a body broken).
 pub async fn read_declared<B>(
     declared: Option<u64>,
     body: B,
@@ -52,9 +60,52 @@ where
     B: http_body::Body,
     B::Error: Into<BoxError>,
 {
-    if declared.is_some_and(|n| n > limit as u64) {
+    let Some(expected) = declared else {
+        return read_to_end(body, limit).await;
+    };
+    if expected > limit as u64 {
         return Err(ReadError::TooLarge { limit });
     }
+    let expected = expected as usize;
+    let mut body = std::pin::pin!(body);
+    let mut first = Bytes::new();
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut received = 0;
+    while received < expected {
+        let data = match body.frame().await {
+            None => break,
+            Some(Err(e)) => return Err(ReadError::Broken(e.into().to_string())),
+            Some(Ok(frame)) => match frame.into_data() {
+                // `Bytes` (hyper's) hands itself over without a copy.
+                Ok(mut data) => data.copy_to_bytes(data.remaining()),
+                Err(_trailers) => continue,
+            },
+        };
+        received += data.len();
+        if received > limit {
+            return Err(ReadError::TooLarge { limit });
+        }
+        // One chunk (the usual small request) is kept as it came.
+        match &mut joined {
+            Some(buf) => buf.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut buf = bytes::BytesMut::with_capacity(expected.max(received));
+                buf.extend_from_slice(&first);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(joined.map_or(first, bytes::BytesMut::freeze))
+}
+
+/// A body without a declared length, read to its end under `limit`.
+async fn read_to_end<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ReadError::TooLarge { limit }),
@@ -90,4 +141,72 @@ pub fn json_error(
         header::HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream::{self, StreamExt};
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use std::convert::Infallible;
+
+    /// A body of `chunks` that never ends after them.
+    fn unending(chunks: &[&'static str]) -> impl http_body::Body<Data = Bytes, Error = Infallible> {
+        let frames = chunks
+            .iter()
+            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect::<Vec<_>>();
+        StreamBody::new(stream::iter(frames).chain(stream::pending()))
+    }
+
+    /// A body of `chunks` that ends after them.
+    fn ending(chunks: &[&'static str]) -> impl http_body::Body<Data = Bytes, Error = Infallible> {
+        let frames = chunks
+            .iter()
+            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect::<Vec<_>>();
+        StreamBody::new(stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_declared_body_is_done_at_its_length_without_its_end() {
+        let one = read_declared(Some(5), unending(&["hello"]), 64)
+            .await
+            .unwrap();
+        assert_eq!(&one[..], b"hello");
+        let joined = read_declared(Some(11), unending(&["hello", " ", "world"]), 64)
+            .await
+            .unwrap();
+        assert_eq!(&joined[..], b"hello world");
+        let empty = read_declared(Some(0), unending(&[]), 64).await.unwrap();
+        assert!(empty.is_empty());
+    }
+
+    #[tokio::test]
+    async fn limits_hold_with_and_without_a_declared_length() {
+        let declared = read_declared(Some(100), unending(&["x"]), 10).await;
+        assert!(matches!(declared, Err(ReadError::TooLarge { limit: 10 })));
+        // A body longer than it declared is refused past the limit all the same.
+        let lying = read_declared(Some(8), ending(&["0123456789ab"]), 10).await;
+        assert!(matches!(lying, Err(ReadError::TooLarge { limit: 10 })));
+        let unknown = read_declared(None, ending(&["0123456", "789ab"]), 10).await;
+        assert!(matches!(unknown, Err(ReadError::TooLarge { limit: 10 })));
+        let fits = read_declared(None, ending(&["01234", "56789"]), 10)
+            .await
+            .unwrap();
+        assert_eq!(&fits[..], b"0123456789");
+    }
+
+    #[tokio::test]
+    async fn a_short_or_broken_body_is_reported_as_it_came() {
+        let short = read_declared(Some(10), ending(&["abc"]), 64).await.unwrap();
+        assert_eq!(&short[..], b"abc");
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"ab"))),
+            Err(std::io::Error::other("reset")),
+        ];
+        let broken = read_declared(Some(10), StreamBody::new(stream::iter(frames)), 64).await;
+        assert!(matches!(broken, Err(ReadError::Broken(m)) if m.contains("reset")));
+    }
 }

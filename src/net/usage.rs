@@ -154,19 +154,9 @@ fn flat_usage(json: &[u8]) -> Option<Option<Usage>> {
     if rest == b"}" {
         return Some(Some(usage));
     }
-    // Each key with its closing quote: a key is one of these when the
-    // member starts with it (no name holds a quote or a backslash, so the
-    // key ends where it would end read up to its first quote).
-    const KEYS: [&[u8]; 4] = [
-        b"prompt_tokens\"",
-        b"completion_tokens\"",
-        b"total_tokens\"",
-        b"prompt_tokens_details\"",
-    ];
     loop {
         let member = rest.strip_prefix(b"\"")?;
-        let (slot, after) =
-            (0..KEYS.len()).find_map(|i| Some((i, member.strip_prefix(KEYS[i])?)))?;
+        let (slot, after) = usage_key(member)?;
         let after = skip_space(after);
         let (value, after) = count_or_null(skip_space(after.strip_prefix(b":")?))?;
         let field = match slot {
@@ -186,6 +176,24 @@ fn flat_usage(json: &[u8]) -> Option<Option<Usage>> {
             [b',', more @ ..] => rest = skip_space(more),
             _ => return None,
         }
+    }
+}
+
+/// Which of the usage object's keys `member` starts with (its slot: the
+/// three counts, then `prompt_tokens_details`), and what follows the key.
+/// Each key is matched with its closing quote (no name holds a quote or a
+/// backslash, so the key ends where it would end read up to its first
+/// quote); its first byte picks the one to compare.
+fn usage_key(member: &[u8]) -> Option<(usize, &[u8])> {
+    match member.first()? {
+        b'p' => match member.strip_prefix(b"prompt_tokens") {
+            Some([b'"', after @ ..]) => Some((0, after)),
+            Some(more) => Some((3, more.strip_prefix(b"_details\"")?)),
+            None => None,
+        },
+        b'c' => Some((1, member.strip_prefix(b"completion_tokens\"")?)),
+        b't' => Some((2, member.strip_prefix(b"total_tokens\"")?)),
+        _ => None,
     }
 }
 

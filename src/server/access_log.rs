@@ -20,6 +20,7 @@ use super::AppState;
 use super::record::{Ended, Record, Spans};
 pub use crate::net::Usage;
 use crate::telemetry::ModelSeries;
+use crate::telemetry::log_line::log_key;
 use crate::telemetry::trace::{RequestTrace, Tracing};
 use http::header::HeaderValue;
 use http::{Method, Request, Uri};
@@ -263,29 +264,29 @@ impl<'a> Fields<'a> {
     /// method is a token (never quoted), the branch, outcome and error
     /// llmlb's own words: plain, not checked.
     fn write(&self, l: &mut crate::telemetry::log_line::Line<'_>) {
-        l.text(b"request_id", self.request_id, self.id_plain);
-        l.addr(b"client", self.client);
-        l.text(b"method", self.method, true);
-        l.str(b"path", self.path);
-        l.str(b"model", self.model);
-        l.bool(b"stream", self.stream);
-        l.text(b"pool", self.pool, self.pool_plain);
-        l.text(b"replica", self.replica, self.replica_plain);
-        l.str(b"route", self.route);
-        l.text(b"branch", self.branch, true);
-        l.u64(b"status", self.status.map(u64::from));
-        l.u64(b"attempts", self.attempts.map(u64::from));
-        l.hundredths(b"ttft_ms", self.ttft_ms);
-        l.hundredths(b"duration_ms", self.duration_ms);
-        l.u64(b"prompt_tokens", self.prompt_tokens);
-        l.u64(b"completion_tokens", self.completion_tokens);
-        l.u64(b"cached_tokens", self.cached_tokens);
-        l.text(b"outcome", self.outcome, true);
-        l.text(b"error", self.error, true);
-        l.str(b"error_message", self.error_message);
-        l.hundredths(b"ttfb_ms", self.ttfb_ms);
-        l.str(b"tier", self.tier);
-        l.hundredths(b"queue_ms", self.queue_ms);
+        l.text(log_key!("request_id"), self.request_id, self.id_plain);
+        l.addr(log_key!("client"), self.client);
+        l.text(log_key!("method"), self.method, true);
+        l.str(log_key!("path"), self.path);
+        l.str(log_key!("model"), self.model);
+        l.bool(log_key!("stream"), self.stream);
+        l.text(log_key!("pool"), self.pool, self.pool_plain);
+        l.text(log_key!("replica"), self.replica, self.replica_plain);
+        l.str(log_key!("route"), self.route);
+        l.text(log_key!("branch"), self.branch, true);
+        l.u64(log_key!("status"), self.status.map(u64::from));
+        l.u64(log_key!("attempts"), self.attempts.map(u64::from));
+        l.hundredths(log_key!("ttft_ms"), self.ttft_ms);
+        l.hundredths(log_key!("duration_ms"), self.duration_ms);
+        l.u64(log_key!("prompt_tokens"), self.prompt_tokens);
+        l.u64(log_key!("completion_tokens"), self.completion_tokens);
+        l.u64(log_key!("cached_tokens"), self.cached_tokens);
+        l.text(log_key!("outcome"), self.outcome, true);
+        l.text(log_key!("error"), self.error, true);
+        l.str(log_key!("error_message"), self.error_message);
+        l.hundredths(log_key!("ttfb_ms"), self.ttfb_ms);
+        l.str(log_key!("tier"), self.tier);
+        l.hundredths(log_key!("queue_ms"), self.queue_ms);
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).

@@ -73,6 +73,46 @@ fn format_line(
     line.end(target);
 }
 
+/// A field's name as each format writes it before the value: ` name=`
+/// (text) and `,"name":` (JSON). Made at compile time by [`log_key!`],
+/// which also checks that the name is an identifier (what `tracing`
+/// takes, written in JSON between quotes as it is).
+pub struct Key<const T: usize, const J: usize> {
+    text: [u8; T],
+    json: [u8; J],
+}
+
+impl<const T: usize, const J: usize> Key<T, J> {
+    /// The key of `name`; `T` and `J` are its length plus 2 and plus 4.
+    pub const fn new(name: &str) -> Self {
+        let n = name.as_bytes();
+        assert!(T == n.len() + 2 && J == n.len() + 4, "key lengths");
+        let (mut text, mut json) = ([0; T], [0; J]);
+        (text[0], text[T - 1]) = (b' ', b'=');
+        (json[0], json[1], json[J - 2], json[J - 1]) = (b',', b'"', b'"', b':');
+        let mut i = 0;
+        while i < n.len() {
+            assert!(
+                n[i].is_ascii_alphanumeric() || n[i] == b'_',
+                "a field name is an identifier"
+            );
+            (text[i + 1], json[i + 2]) = (n[i], n[i]);
+            i += 1;
+        }
+        Key { text, json }
+    }
+}
+
+/// The [`Key`] of a field name, made at compile time: `log_key!("status")`.
+macro_rules! log_key {
+    ($name:literal) => {{
+        const KEY: $crate::telemetry::log_line::Key<{ $name.len() + 2 }, { $name.len() + 4 }> =
+            $crate::telemetry::log_line::Key::new($name);
+        &KEY
+    }};
+}
+pub(crate) use log_key;
+
 /// One line being written: add fields in the order the event declares
 /// them; a `None` value is left out, as `tracing` leaves it out.
 pub struct Line<'a> {
@@ -111,32 +151,18 @@ impl<'a> Line<'a> {
         self.buf.push(b'\n');
     }
 
-    /// A field's name and what goes before its value. The name's length is
-    /// known where it is written: its copy is a few moves, not a `memcpy`
-    /// call. A name is a Rust identifier (what `tracing` takes), written in
-    /// JSON between quotes as it is.
-    fn key<const N: usize>(&mut self, name: &[u8; N]) {
-        debug_assert!(
-            name.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_'),
-            "a field name is an identifier"
-        );
-        self.buf.reserve(N + 4);
+    /// A field's name and what goes before its value, as made at compile
+    /// time ([`log_key!`]): one copy of known length.
+    #[inline]
+    fn key<const T: usize, const J: usize>(&mut self, key: &Key<T, J>) {
         match self.format {
-            LogFormat::Text => {
-                self.buf.push(b' ');
-                self.buf.extend_from_slice(name);
-                self.buf.push(b'=');
-            }
-            LogFormat::Json => {
-                self.buf.extend_from_slice(b",\"");
-                self.buf.extend_from_slice(name);
-                self.buf.extend_from_slice(b"\":");
-            }
+            LogFormat::Text => self.buf.extend_from_slice(&key.text),
+            LogFormat::Json => self.buf.extend_from_slice(&key.json),
         }
     }
 
     /// A string field: quoted as `Debug` quotes it (text) or as a JSON string.
-    pub fn str<const N: usize>(&mut self, name: &[u8; N], value: Option<&str>) {
+    pub fn str<const T: usize, const J: usize>(&mut self, name: &Key<T, J>, value: Option<&str>) {
         let Some(v) = value else { return };
         self.key(name);
         match self.format {
@@ -149,7 +175,12 @@ impl<'a> Line<'a> {
     /// fixed and checked once, a text llmlb made): copied between quotes
     /// without looking at its characters, in text and JSON alike (both
     /// quote such a string as it is); otherwise as [`Self::str`] writes it.
-    pub fn text<const N: usize>(&mut self, name: &[u8; N], value: Option<&str>, plain: bool) {
+    pub fn text<const T: usize, const J: usize>(
+        &mut self,
+        name: &Key<T, J>,
+        value: Option<&str>,
+        plain: bool,
+    ) {
         let Some(v) = value else { return };
         if !plain {
             return self.str(name, value);
@@ -166,7 +197,11 @@ impl<'a> Line<'a> {
     /// characters never need quoting). An IPv4 address is written digit by
     /// digit (`Display` goes through the formatting machinery, about 1.3 k
     /// instructions); IPv6 through `Display`.
-    pub fn addr<const N: usize>(&mut self, name: &[u8; N], value: Option<SocketAddr>) {
+    pub fn addr<const T: usize, const J: usize>(
+        &mut self,
+        name: &Key<T, J>,
+        value: Option<SocketAddr>,
+    ) {
         let Some(addr) = value else { return };
         self.key(name);
         self.buf.push(b'"');
@@ -184,14 +219,14 @@ impl<'a> Line<'a> {
         self.buf.push(b'"');
     }
 
-    pub fn u64<const N: usize>(&mut self, name: &[u8; N], value: Option<u64>) {
+    pub fn u64<const T: usize, const J: usize>(&mut self, name: &Key<T, J>, value: Option<u64>) {
         let Some(v) = value else { return };
         self.key(name);
         self.buf
             .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
     }
 
-    pub fn bool<const N: usize>(&mut self, name: &[u8; N], value: Option<bool>) {
+    pub fn bool<const T: usize, const J: usize>(&mut self, name: &Key<T, J>, value: Option<bool>) {
         let Some(v) = value else { return };
         self.key(name);
         self.buf
@@ -200,7 +235,7 @@ impl<'a> Line<'a> {
 
     /// A float: `Debug` in text (`12.0`), serde_json's form in JSON (the
     /// same for finite values; JSON writes a non-finite one as `null`).
-    pub fn f64<const N: usize>(&mut self, name: &[u8; N], value: Option<f64>) {
+    pub fn f64<const T: usize, const J: usize>(&mut self, name: &Key<T, J>, value: Option<f64>) {
         let Some(v) = value else { return };
         self.key(name);
         match self.format {
@@ -213,7 +248,11 @@ impl<'a> Line<'a> {
     /// Milliseconds in whole hundredths (`Some(n)`: `n / 100` ms), written
     /// as [`Self::f64`] writes the float `n as f64 / 100.0`; in text from
     /// the integer's digits, without the float's round trip.
-    pub fn hundredths<const N: usize>(&mut self, name: &[u8; N], value: Option<u64>) {
+    pub fn hundredths<const T: usize, const J: usize>(
+        &mut self,
+        name: &Key<T, J>,
+        value: Option<u64>,
+    ) {
         let Some(n) = value else { return };
         self.key(name);
         match self.format {
@@ -454,13 +493,16 @@ mod tests {
                 )
             });
             let direct = direct(format, |l| {
-                l.str(b"request_id", c.id);
-                l.addr(b"client", c.client);
-                l.bool(b"stream", c.stream);
-                l.u64(b"status", c.status.map(u64::from));
-                l.f64(b"ttft_ms", c.ms);
-                l.u64(b"prompt_tokens", c.status.map(|s| u64::from(s) * 1000));
-                l.str(b"error_message", c.message);
+                l.str(log_key!("request_id"), c.id);
+                l.addr(log_key!("client"), c.client);
+                l.bool(log_key!("stream"), c.stream);
+                l.u64(log_key!("status"), c.status.map(u64::from));
+                l.f64(log_key!("ttft_ms"), c.ms);
+                l.u64(
+                    log_key!("prompt_tokens"),
+                    c.status.map(|s| u64::from(s) * 1000),
+                );
+                l.str(log_key!("error_message"), c.message);
             });
             assert_eq!(without_time(&direct), without_time(&traced), "{format:?}");
         }
@@ -577,8 +619,8 @@ mod tests {
         }
         for n in cases {
             for format in [LogFormat::Text, LogFormat::Json] {
-                let ours = direct(format, |l| l.hundredths(b"ms", Some(n)));
-                let float = direct(format, |l| l.f64(b"ms", Some(n as f64 / 100.0)));
+                let ours = direct(format, |l| l.hundredths(log_key!("ms"), Some(n)));
+                let float = direct(format, |l| l.f64(log_key!("ms"), Some(n as f64 / 100.0)));
                 assert_eq!(without_time(&ours), without_time(&float), "{n}");
             }
         }
@@ -637,18 +679,18 @@ mod tests {
         ] {
             assert!(is_plain(v), "{v:?}");
             for format in [LogFormat::Text, LogFormat::Json] {
-                let checked = direct(format, |l| l.str(b"pool", Some(v)));
-                let plain = direct(format, |l| l.text(b"pool", Some(v), true));
+                let checked = direct(format, |l| l.str(log_key!("pool"), Some(v)));
+                let plain = direct(format, |l| l.text(log_key!("pool"), Some(v), true));
                 assert_eq!(without_time(&plain), without_time(&checked));
-                let unknown = direct(format, |l| l.text(b"pool", Some(v), false));
+                let unknown = direct(format, |l| l.text(log_key!("pool"), Some(v), false));
                 assert_eq!(without_time(&unknown), without_time(&checked));
             }
         }
         for v in ["a\"b", "back\\slash", "tab\t", "\u{7f}", "\u{e9}"] {
             assert!(!is_plain(v), "{v:?}");
             for format in [LogFormat::Text, LogFormat::Json] {
-                let checked = direct(format, |l| l.str(b"pool", Some(v)));
-                let unknown = direct(format, |l| l.text(b"pool", Some(v), false));
+                let checked = direct(format, |l| l.str(log_key!("pool"), Some(v)));
+                let unknown = direct(format, |l| l.text(log_key!("pool"), Some(v), false));
                 assert_eq!(without_time(&unknown), without_time(&checked));
             }
         }
