@@ -489,8 +489,7 @@ impl Upstream {
 }
 
 /// What one send gives back: a timeout, a transport error, or the head.
-type Sent =
-    Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, tokio::time::error::Elapsed>;
+type Sent = Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, crate::net::TimedOut>;
 
 /// Sends `body` to `replica` as attempt number `n` (its own trace span,
 /// whose context goes with the request), waiting at most the pool's
@@ -507,11 +506,9 @@ async fn send_once(
         .trace
         .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
     let pool = req.pool;
-    let sent = tokio::time::timeout(
-        pool.timeouts.first_byte,
-        pool.client.request(&replica.conns, upstream),
-    )
-    .await;
+    let sent = (pool.client)
+        .request_within(&replica.conns, upstream, pool.timeouts.first_byte)
+        .await;
     Ok((attempt, sent))
 }
 
