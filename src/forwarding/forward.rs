@@ -489,7 +489,8 @@ impl Upstream {
 }
 
 /// What one send gives back: a timeout, a transport error, or the head.
-type Sent = Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, crate::net::TimedOut>;
+type Sent =
+    Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, tokio::time::error::Elapsed>;
 
 /// Sends `body` to `replica` as attempt number `n` (its own trace span,
 /// whose context goes with the request), waiting at most the pool's
@@ -506,9 +507,11 @@ async fn send_once(
         .trace
         .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
     let pool = req.pool;
-    let sent = (pool.client)
-        .request_within(&replica.conns, upstream, pool.timeouts.first_byte)
-        .await;
+    let sent = tokio::time::timeout(
+        pool.timeouts.first_byte,
+        pool.client.request(&replica.conns, upstream),
+    )
+    .await;
     Ok((attempt, sent))
 }
 

@@ -32,8 +32,7 @@ pub use guarded::{End, Guarded, Watch, Watched};
 pub use probe::{ProbeError, Prober};
 pub use shutdown::{sleep_or_stop, stopped};
 pub use upstream::{
-    IdleConns, Lent, TimedOut, UpstreamBody, UpstreamClient, UpstreamError, client, error_chain,
-    tls_client,
+    IdleConns, Lent, UpstreamBody, UpstreamClient, UpstreamError, client, error_chain, tls_client,
 };
 pub use upstream_tls::UpstreamTls;
 pub use usage::{

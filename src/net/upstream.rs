@@ -46,16 +46,6 @@ static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// The first-byte timer of the requests sent on one connection, kept with
-/// it: set again for each request (a later deadline is one store, where a
-/// new timer is put into and taken out of the runtime's timer wheel under
-/// its lock).
-type Timer = Pin<Box<tokio::time::Sleep>>;
-
-/// No answer head by the deadline of [`UpstreamClient::request_within`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimedOut;
-
 /// A pool's client to its replicas: the connector (TCP with `TCP_NODELAY`
 /// and the pool's connect timeout, TLS for `https://`) and the idle
 /// timeout; the idle connections are the replicas'.
@@ -108,7 +98,6 @@ struct Idle {
     sender: Sender,
     client: u64,
     since: Instant,
-    timer: Option<Timer>,
 }
 
 impl Idle {
@@ -132,15 +121,15 @@ impl IdleConns {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The most recent usable connection of `client`, with its timer; the
-    /// stale and closed ones above it are dropped.
-    fn take(&self, client: &UpstreamClient) -> Option<(Sender, Option<Timer>)> {
+    /// The most recent usable connection of `client`; the stale and closed
+    /// ones above it are dropped.
+    fn take(&self, client: &UpstreamClient) -> Option<Sender> {
         let now = Instant::now();
         let mut idle = self.lock();
         while let Some(c) = idle.pop() {
             if c.client == client.id && !c.stale(now, client.idle_timeout) && !c.sender.is_closed()
             {
-                return Some((c.sender, c.timer));
+                return Some(c.sender);
             }
         }
         None
@@ -149,7 +138,7 @@ impl IdleConns {
     /// Keeps `sender` for the next request, and closes the connections
     /// idle past `timeout` (the oldest: the list is in the order they were
     /// returned), so a burst's connections do not stay open after it.
-    fn put(&self, sender: Sender, timer: Option<Timer>, client: u64, timeout: Duration) {
+    fn put(&self, sender: Sender, client: u64, timeout: Duration) {
         if sender.is_closed() {
             return;
         }
@@ -165,7 +154,6 @@ impl IdleConns {
                 sender,
                 client,
                 since: now,
-                timer,
             });
         }
     }
@@ -198,86 +186,34 @@ impl UpstreamClient {
     pub async fn request(
         &self,
         conns: &IdleConns,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let (first, timer) = conns.take(self).unzip();
-        let (resp, sender) = self.send(conns, req, first).await?;
-        Ok(self.answer(resp, sender, timer.flatten(), conns))
-    }
-
-    /// [`Self::request`] within `within` from now for the answer's head:
-    /// [`TimedOut`] when none came by then (the request is dropped, and
-    /// with it a connection it was sent on). The timer is the connection's
-    /// own, set again, or a new one that stays with the connection.
-    pub async fn request_within(
-        &self,
-        conns: &IdleConns,
-        req: Request<Full<Bytes>>,
-        within: Duration,
-    ) -> Result<Result<Response<UpstreamBody>, UpstreamError>, TimedOut> {
-        let deadline = tokio::time::Instant::now() + within;
-        let (first, timer) = conns.take(self).unzip();
-        let mut timer = match timer.flatten() {
-            Some(mut timer) => {
-                timer.as_mut().reset(deadline);
-                timer
-            }
-            None => Box::pin(tokio::time::sleep_until(deadline)),
-        };
-        let mut sending = std::pin::pin!(self.send(conns, req, first));
-        let sent = std::future::poll_fn(|cx| match sending.as_mut().poll(cx) {
-            Poll::Ready(sent) => Poll::Ready(Some(sent)),
-            Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
-        })
-        .await;
-        match sent {
-            None => Err(TimedOut),
-            Some(Err(e)) => Ok(Err(e)),
-            Some(Ok((resp, sender))) => Ok(Ok(self.answer(resp, sender, Some(timer), conns))),
-        }
-    }
-
-    /// Sends `req` on `first` (a connection taken from `conns`), another
-    /// of `conns` or a new connection; the answer's head and the connection.
-    async fn send(
-        &self,
-        conns: &IdleConns,
         mut req: Request<Full<Bytes>>,
-        first: Option<Sender>,
-    ) -> Result<(Response<Incoming>, Sender), UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         // Connected by the absolute URL, sent in origin form.
         let target = std::mem::take(req.uri_mut());
         *req.uri_mut() = match target.path_and_query() {
             Some(pq) => Uri::from(pq.clone()),
             None => Uri::from_static("/"),
         };
-        let mut pooled_next = first;
         loop {
-            let (mut sender, pooled) = match pooled_next.take() {
+            let (mut sender, pooled) = match conns.take(self) {
                 Some(sender) => (sender, true),
                 // On the heap: the connector's future is kilobytes, and
-                // this one is moved by value into its caller's.
+                // this one is moved by value into the caller's timeout.
                 None => (Box::pin(self.connect(&target)).await?, false),
             };
             // A returned connection may still be finishing its last answer.
             if let Err(e) = sender.ready().await {
                 match pooled {
-                    true => {
-                        pooled_next = conns.take(self).map(|(sender, _)| sender);
-                        continue;
-                    }
+                    true => continue,
                     // Closed before anything was written to it.
                     false => return Err(UpstreamError::Connect(e.into())),
                 }
             }
             match sender.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, sender)),
+                Ok(resp) => return Ok(self.answer(resp, sender, conns)),
                 Err(mut e) => match e.take_message() {
                     // Closed before the request was written: another.
-                    Some(unsent) if pooled => {
-                        req = unsent;
-                        pooled_next = conns.take(self).map(|(sender, _)| sender);
-                    }
+                    Some(unsent) if pooled => req = unsent,
                     _ => return Err(UpstreamError::Request(e.into_error())),
                 },
             }
@@ -315,7 +251,6 @@ impl UpstreamClient {
         &self,
         resp: Response<Incoming>,
         sender: Sender,
-        timer: Option<Timer>,
         conns: &IdleConns,
     ) -> Response<UpstreamBody> {
         resp.map(|inner| {
@@ -323,7 +258,6 @@ impl UpstreamClient {
                 inner,
                 lent: Lent(Some(Back {
                     sender,
-                    timer,
                     conns: conns.clone(),
                     client: self.id,
                     idle_timeout: self.idle_timeout,
@@ -339,20 +273,12 @@ impl UpstreamClient {
 }
 
 /// Where a connection goes when its answer has been read.
+#[derive(Debug)]
 struct Back {
     sender: Sender,
-    timer: Option<Timer>,
     conns: IdleConns,
     client: u64,
     idle_timeout: Duration,
-}
-
-impl std::fmt::Debug for Back {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Back")
-            .field("client", &self.client)
-            .finish_non_exhaustive()
-    }
 }
 
 /// A replica's answer body; read to its end, it returns its connection
@@ -373,7 +299,7 @@ impl Lent {
     /// The answer was read to its end.
     pub fn give_back(&mut self) {
         if let Some(b) = self.0.take() {
-            b.conns.put(b.sender, b.timer, b.client, b.idle_timeout);
+            b.conns.put(b.sender, b.client, b.idle_timeout);
         }
     }
 
@@ -584,86 +510,6 @@ mod tests {
             assert_eq!(fetch(&client, &conns, &uri).await, "ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
-    }
-
-    /// A GET of `uri` with a first-byte deadline `within`, read to its end.
-    async fn fetch_within(
-        client: &UpstreamClient,
-        conns: &IdleConns,
-        uri: &Uri,
-        within: Duration,
-    ) -> Result<Bytes, TimedOut> {
-        let resp = client.request_within(conns, get(uri), within).await?;
-        Ok(read(resp.unwrap()).await)
-    }
-
-    #[tokio::test]
-    async fn the_first_byte_timer_stays_with_its_connection() {
-        let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
-        for _ in 0..3 {
-            let within = Duration::from_secs(5);
-            assert_eq!(
-                fetch_within(&client, &conns, &uri, within).await,
-                Ok("ok".into())
-            );
-            assert!(conns.lock()[0].timer.is_some());
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        // A plain request on it keeps the timer for the next.
-        fetch(&client, &conns, &uri).await;
-        assert!(conns.lock()[0].timer.is_some());
-    }
-
-    /// The timer fires while its connection is idle (its deadline passed);
-    /// the next request sets it again and is answered, on that connection.
-    #[tokio::test]
-    async fn a_timer_that_fired_while_idle_is_set_again() {
-        let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
-        let within = Duration::from_millis(50);
-        for _ in 0..2 {
-            assert_eq!(
-                fetch_within(&client, &conns, &uri, within).await,
-                Ok("ok".into())
-            );
-            tokio::time::sleep(Duration::from_millis(120)).await;
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    }
-
-    /// A replica that takes the request and never answers: timed out at
-    /// the deadline, and its connection is not kept.
-    #[tokio::test]
-    async fn no_answer_head_by_the_deadline_is_timed_out() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((tcp, _)) = listener.accept().await {
-                held.push(tcp);
-            }
-        });
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
-        let started = Instant::now();
-        let within = Duration::from_millis(100);
-        assert_eq!(
-            fetch_within(&client, &conns, &uri, within).await,
-            Err(TimedOut)
-        );
-        assert!(started.elapsed() >= within);
-        assert!(conns.is_empty());
     }
 
     /// The request's future is moved by value into its caller's timeout:
