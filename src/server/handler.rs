@@ -131,8 +131,7 @@ fn route(
         let tenant = generation.gateway.tenant_of(&caller, req.headers(), None);
         let early_pending = stages::shed_before_body(state, topology, tier, &caller, &tenant)?;
         let (parts, body) = req.into_parts();
-        let (bytes, _held) =
-            stages::read_within_budget(state, &config.server, &parts.headers, body).await?;
+        let (bytes, _held) = stages::read_within_budget(state, &config.server, body).await?;
         let meta = surface::extract_meta(&parts.headers, &bytes)?.for_endpoint(parts.uri.path());
         notes.fields.model = Some(meta.model.clone());
         notes.fields.stream = Some(meta.stream);

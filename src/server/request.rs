@@ -1,7 +1,6 @@
 //! Reading the client's request: the few fields routing needs, taken from
 //! the body `net::read_body` read once. The original bytes are forwarded unchanged.
 
-use http::HeaderMap;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -77,14 +76,6 @@ impl RequestMeta {
             "plain"
         }
     }
-}
-
-/// The declared `Content-Length`, when there is a valid one.
-pub fn content_length(headers: &HeaderMap) -> Option<usize> {
-    headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
 }
 
 /// The fields read from the body, borrowed from it where they are only

@@ -114,12 +114,13 @@ pub fn respond(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream")),
     };
-    let length = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .or_else(|| body.size_hint().exact());
+    // The body's exact size is its `Content-Length` (a replica's, as hyper
+    // read it, or one llmlb made), found without a header lookup.
+    let length = body.size_hint().exact().or_else(|| {
+        (parts.headers.get(header::CONTENT_LENGTH))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    });
     // A replica's answer: where it came from, and its stream's break flag.
     let (broken, dispatched) = match &body {
         Either::Left(replica) => (

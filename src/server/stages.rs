@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
 use super::budget::Reservation;
 use super::pending::PendingGuard;
 use super::prompt_tokens::PromptTokens;
-use super::request::{RequestMeta, content_length};
+use super::request::RequestMeta;
 use super::{ApiError, AppState, surface};
 use crate::admission::estimate::Placement;
 use crate::admission::{Claim, Permit};
@@ -127,12 +127,14 @@ pub fn shed_before_body<'t>(
 pub async fn read_within_budget<'s>(
     state: &'s AppState,
     server: &ServerConfig,
-    headers: &HeaderMap,
     body: Incoming,
 ) -> Result<(Bytes, Reservation<'s>), ApiError> {
     let mut held = state.body_budget.empty();
-    // The declared length, read once for the reservation and the read.
-    let declared = content_length(headers);
+    // The declared `Content-Length`, as hyper read it (it refuses a request
+    // whose length does not parse), for the reservation and the read.
+    let declared = http_body::Body::size_hint(&body)
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
     let reserve = declared.map_or(0, |n| n.min(server.max_body_bytes));
     if !held.grow(reserve, server.max_buffered_bytes) {
         return Err(ApiError::ServerBusy);
