@@ -515,7 +515,9 @@ async fn send_once(
     Ok((attempt, sent))
 }
 
-fn build_request(
+/// The request for `replica`: the client's method, path and (prepared)
+/// headers, the replica's URL and `Host`.
+pub(super) fn build_request(
     method: &Method,
     replica: &Replica,
     path_and_query: &PathAndQuery,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Limited};
 
 use super::Outbound;
 use super::headers::REQUEST_ID;
@@ -265,14 +265,8 @@ async fn send(
 ) -> Result<(StatusCode, Bytes), Sent> {
     let path_and_query =
         http::uri::PathAndQuery::try_from(path_and_query).map_err(|_| Sent::Connect)?;
-    let uri = replica.uri(path_and_query).map_err(|_| Sent::Connect)?;
-    let mut upstream = Request::new(Full::new(body));
-    *upstream.method_mut() = method.clone();
-    *upstream.uri_mut() = uri;
-    *upstream.headers_mut() = headers;
-    upstream
-        .headers_mut()
-        .insert(header::HOST, replica.host.clone());
+    let upstream = super::forward::build_request(method, replica, &path_and_query, headers, &body)
+        .map_err(|_| Sent::Connect)?;
     let resp = pool
         .client
         .request(&replica.conns, upstream)
