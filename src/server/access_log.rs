@@ -162,7 +162,8 @@ pub(super) fn write_line(state: &AppState, r: &Record, ended: &Ended, spans: &Sp
     let config = state.config();
     let log = &config.telemetry.access_log;
     let failed = r.status >= 400 || ended.outcome != super::record::Outcome::Complete;
-    if !log.enabled || !(failed || log.sample >= 1.0 || rand::random::<f64>() < log.sample) {
+    if !log.enabled || !(failed || log.sample >= 1.0 || super::random::random::<f64>() < log.sample)
+    {
         return;
     }
     let f = Fields::of(r, ended, spans, log.field_mask());

@@ -135,7 +135,7 @@ fn route_prefill<'t>(step: &Step<'t>, d: &Disaggregation) -> Option<(&'t Arc<Poo
     );
     let route = pp
         .router
-        .route(&pp.replicas, &input, rand::random(), now_millis())
+        .route(&pp.replicas, &input, super::random::random(), now_millis())
         .ok()?;
     Some((pp, route))
 }

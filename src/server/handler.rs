@@ -309,7 +309,8 @@ fn request_id(headers: &http::HeaderMap) -> (HeaderValue, bool) {
     {
         return (sent.clone(), false);
     }
-    let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    let bits: u128 = super::random::random();
+    let id = uuid::Builder::from_random_bytes(bits.to_le_bytes()).into_uuid();
     let mut buf = uuid::Uuid::encode_buffer();
     let made = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf));
     (made.expect("uuid is a valid header"), true)

@@ -12,6 +12,7 @@ mod limit_headers;
 mod multipart;
 pub mod pending;
 mod prompt_tokens;
+mod random;
 pub mod record;
 pub mod reload;
 pub mod request;

@@ -89,9 +89,12 @@ pub fn route_within(
     let body = Outbound::edit(bytes, parts.uri.path(), resolved.rewrite, usage, priority)?;
     let model = resolved.rewrite.unwrap_or(&meta.model);
     let input = route_input(&pool.router, meta, model, headers, tier, tokens);
-    let decision = pool
-        .router
-        .route(&pool.replicas, &input, rand::random(), now_millis())?;
+    let decision = pool.router.route(
+        &pool.replicas,
+        &input,
+        super::random::random(),
+        now_millis(),
+    )?;
     for branches in [&resolved.branches, &decision.branches] {
         state.routing_metrics.record_branches(&pool.name, branches);
     }
