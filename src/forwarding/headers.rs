@@ -61,10 +61,10 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Whether a `Connection` option names a header to remove (`close` and
 /// `keep-alive` are the usual ones and name nothing else).
-fn names_other_header(option: &str) -> bool {
+fn names_other_header(option: &[u8]) -> bool {
     !(option.is_empty()
-        || option.eq_ignore_ascii_case("close")
-        || option.eq_ignore_ascii_case("keep-alive"))
+        || option.eq_ignore_ascii_case(b"close")
+        || option.eq_ignore_ascii_case(b"keep-alive"))
 }
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
@@ -99,7 +99,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-            .filter(|o| names_other_header(o))
+            .filter(|o| names_other_header(o.as_bytes()))
             .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
             .collect(),
         false => Vec::new(),
@@ -122,11 +122,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Whether a `Connection` value is one option that names no header (the
-/// usual `keep-alive` or `close`), seen without splitting it.
+/// Whether a `Connection` value, read whole, is one option that names no
+/// header (the usual `keep-alive` or `close`): a value with a comma is
+/// never one option, so it is split.
 fn names_nothing(value: &[u8]) -> bool {
-    let value = value.trim_ascii();
-    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
+    !names_other_header(value.trim_ascii())
 }
 
 /// The first hop-by-hop header name in the map's order.
@@ -213,7 +213,7 @@ mod tests {
                 .iter()
                 .flat_map(|v| v.to_str().unwrap().split(','))
                 .map(|o| o.trim().to_owned())
-                .filter(|o| names_other_header(o))
+                .filter(|o| names_other_header(o.as_bytes()))
                 .collect();
             for name in named {
                 rescanned.remove(name.as_str());

@@ -4,7 +4,7 @@
 //! OpenAI-style JSON error body.
 
 use bytes::{Buf, Bytes};
-use http::{HeaderMap, Response, StatusCode, header};
+use http::{Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Limited};
 
@@ -28,21 +28,19 @@ pub enum ReadError {
 }
 
 /// Reads the whole body, refusing it as soon as it exceeds `limit` (at once
-/// when the declared `Content-Length` already does).
-pub async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, ReadError>
+/// when its declared length already does). The declared length is the
+/// body's exact size hint: hyper's from `Content-Length` (it refuses a
+/// request whose length does not parse).
+pub async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: http_body::Body,
     B::Error: Into<BoxError>,
 {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = body.size_hint().exact();
     read_declared(declared, body, limit).await
 }
 
-/// [`read_body`] for a caller that has read the declared `Content-Length`
-/// (`declared`, when there is a valid one) already.
+/// [`read_body`] with the body's declared length, `declared`.
 ///
 /// A body with a declared length is done once that many bytes are in: the
 /// HTTP framing ends it there, so its end is not waited for. hyper hands
@@ -51,11 +49,7 @@ where
 /// the poll that finds its bytes (no timer armed around it, no second
 /// wake-up of the connection's task). A body that ends before its
 /// declared length is what it is (hyper reports such a body broken).
-pub async fn read_declared<B>(
-    declared: Option<u64>,
-    body: B,
-    limit: usize,
-) -> Result<Bytes, ReadError>
+async fn read_declared<B>(declared: Option<u64>, body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: http_body::Body,
     B::Error: Into<BoxError>,
@@ -151,22 +145,25 @@ mod tests {
     use http_body_util::StreamBody;
     use std::convert::Infallible;
 
+    /// `chunks` as a body's data frames.
+    fn frames(
+        chunks: &[&'static str],
+    ) -> impl stream::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+        let frames: Vec<_> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c.as_bytes()))))
+            .collect();
+        stream::iter(frames)
+    }
+
     /// A body of `chunks` that never ends after them.
     fn unending(chunks: &[&'static str]) -> impl http_body::Body<Data = Bytes, Error = Infallible> {
-        let frames = chunks
-            .iter()
-            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c.as_bytes()))))
-            .collect::<Vec<_>>();
-        StreamBody::new(stream::iter(frames).chain(stream::pending()))
+        StreamBody::new(frames(chunks).chain(stream::pending()))
     }
 
     /// A body of `chunks` that ends after them.
     fn ending(chunks: &[&'static str]) -> impl http_body::Body<Data = Bytes, Error = Infallible> {
-        let frames = chunks
-            .iter()
-            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c.as_bytes()))))
-            .collect::<Vec<_>>();
-        StreamBody::new(stream::iter(frames))
+        StreamBody::new(frames(chunks))
     }
 
     #[tokio::test]

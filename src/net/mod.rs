@@ -26,7 +26,6 @@ mod usage;
 pub use accept::{ConnMetrics, Limits};
 pub use body::{
     BoxError, ReadError, ResponseBody, error_response, full_body, json_error, read_body,
-    read_declared,
 };
 pub use guarded::{End, Guarded, Watch, Watched};
 pub use probe::{ProbeError, Prober};

@@ -416,6 +416,12 @@ mod tests {
         client(&timeouts)
     }
 
+    /// A client with the idle timeout `idle`, and a replica's empty list
+    /// of idle connections.
+    fn fresh(idle: Duration) -> (UpstreamClient, IdleConns) {
+        (client_with_idle(idle), IdleConns::default())
+    }
+
     async fn read(resp: Response<UpstreamBody>) -> Bytes {
         resp.into_body().collect().await.unwrap().to_bytes()
     }
@@ -428,10 +434,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_read_to_its_end_returns_its_connection_for_the_next() {
         let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
+        let (client, conns) = fresh(Duration::from_secs(4));
         for _ in 0..3 {
             let resp = client.request(&conns, get(&uri)).await.unwrap();
             assert!(conns.is_empty(), "lent while its answer is read");
@@ -444,10 +447,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_dropped_unread_closes_its_connection() {
         let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
+        let (client, conns) = fresh(Duration::from_secs(4));
         let resp = client.request(&conns, get(&uri)).await.unwrap();
         drop(resp);
         assert!(conns.is_empty());
@@ -458,10 +458,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_idle_past_the_timeout_is_not_used_again() {
         let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_millis(50)),
-            IdleConns::default(),
-        );
+        let (client, conns) = fresh(Duration::from_millis(50));
         fetch(&client, &conns, &uri).await;
         tokio::time::sleep(Duration::from_millis(120)).await;
         fetch(&client, &conns, &uri).await;
@@ -479,10 +476,7 @@ mod tests {
     #[tokio::test]
     async fn a_return_closes_the_connections_idle_past_the_timeout() {
         let (uri, accepted) = server(false).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_millis(200)),
-            IdleConns::default(),
-        );
+        let (client, conns) = fresh(Duration::from_millis(200));
         let burst =
             futures_util::future::join_all((0..3).map(|_| client.request(&conns, get(&uri))));
         for resp in burst.await {
@@ -502,10 +496,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_replica_closed_is_replaced_without_an_error() {
         let (uri, accepted) = server(true).await;
-        let (client, conns) = (
-            client_with_idle(Duration::from_secs(4)),
-            IdleConns::default(),
-        );
+        let (client, conns) = fresh(Duration::from_secs(4));
         for _ in 0..5 {
             assert_eq!(fetch(&client, &conns, &uri).await, "ok");
         }

@@ -212,8 +212,7 @@ async fn infer(
     if r.faults.draw_error() {
         return Err(ReplicaError::Injected);
     }
-    let (parts, body) = req.into_parts();
-    let body = read_body(&parts.headers, body, BODY_LIMIT).await?;
+    let body = read_body(req.into_body(), BODY_LIMIT).await?;
     let parsed = openai::parse(api, &body, &r.config.model, &r.tokenizer).map_err(|e| match e {
         ParseError::Bad(m) => ReplicaError::BadRequest(m),
         e @ ParseError::UnknownModel(_) => ReplicaError::NotFound(e.to_string()),
@@ -360,8 +359,7 @@ fn metrics(r: &Replica) -> Response<ResponseBody> {
 }
 
 async fn set_faults(r: &Replica, req: Request<Incoming>) -> Response<ResponseBody> {
-    let (parts, body) = req.into_parts();
-    let body = match read_body(&parts.headers, body, 64 * 1024).await {
+    let body = match read_body(req.into_body(), 64 * 1024).await {
         Ok(b) => b,
         Err(e) => return ReplicaError::from(e).into_response(),
     };

@@ -22,7 +22,7 @@ use crate::admission::estimate::Placement;
 use crate::admission::{Claim, Permit};
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
-use crate::net::{ResponseBody, read_declared};
+use crate::net::{ResponseBody, read_body};
 use crate::pool::{Pool, Resolution, Topology, placement_ttft};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
@@ -130,16 +130,15 @@ pub async fn read_within_budget<'s>(
     body: Incoming,
 ) -> Result<(Bytes, Reservation<'s>), ApiError> {
     let mut held = state.body_budget.empty();
-    // The declared `Content-Length`, as hyper read it (it refuses a request
-    // whose length does not parse), for the reservation and the read.
-    let declared = http_body::Body::size_hint(&body)
-        .exact()
-        .and_then(|n| usize::try_from(n).ok());
-    let reserve = declared.map_or(0, |n| n.min(server.max_body_bytes));
+    // The declared length is reserved before the read (`read_body` reads
+    // it the same way: the body's exact size hint).
+    let declared = http_body::Body::size_hint(&body).exact();
+    let max = server.max_body_bytes;
+    let reserve = declared.map_or(0, |n| usize::try_from(n).map_or(max, |n| n.min(max)));
     if !held.grow(reserve, server.max_buffered_bytes) {
         return Err(ApiError::ServerBusy);
     }
-    let read = read_declared(declared.map(|n| n as u64), body, server.max_body_bytes);
+    let read = read_body(body, max);
     let bytes = tokio::time::timeout(server.body_timeout, read)
         .await
         .map_err(|_| {
