@@ -8,7 +8,12 @@
 # (user+sys of its process group from /proc, before and after each run),
 # and at the end each proxy's median CPU per request over the rounds and
 # its ratio to the floor's (per streamed event: per SSE answer divided by
-# its 18 events, 16 chunks, the usage chunk and [DONE]).
+# its 18 events, 16 chunks, the usage chunk and [DONE]), then the median of
+# each round's ratio to the floor's run in that round. With WRK_STREAM=1
+# it also measures the cost of one more streamed event: llmlb and the floor
+# in front of a streaming `llmlb replica-sim --profile fast` (one event a
+# frame), answers of 16 and 64 tokens, and the difference in CPU per
+# answer divided by the difference in events.
 #
 # Usage: scripts/wrk_overhead.sh
 # Env:   WRK_SECONDS  seconds per run (default 8)
@@ -18,6 +23,7 @@
 #        WRK_FLOOR    the floor binary (default target/release/examples/hyper_floor,
 #                     skipped when absent: `cargo build --release --example hyper_floor`)
 #        WRK_OUT      where logs and the summary go (default target/wrk-overhead)
+#        WRK_STREAM   1: also the marginal cost per streamed event (above)
 #
 # The backend is nginx with one worker: a request with `x-answer: json` gets
 # one JSON completion (249 bytes), any other the 16-chunk SSE stream of
@@ -62,10 +68,10 @@ BACKEND="http://127.0.0.1:$BACKEND_PORT"
 
 declare -A URL PG
 URL[direct]="$BACKEND"
-llmlb() { # NAME BINARY [EXTRA TOML]
+llmlb() { # NAME BINARY [EXTRA TOML [BACKEND]]
     local port
     port=$(free_port)
-    llmlb_conf "$port" "$BACKEND" "${3:-}" >"$OUT/$1.toml"
+    llmlb_conf "$port" "${4:-$BACKEND}" "${3:-}" >"$OUT/$1.toml"
     start "$1" "$2" serve --config "$OUT/$1.toml"
     PG[$1]=$PGID
     URL[$1]="http://127.0.0.1:$port"
@@ -196,4 +202,93 @@ for c in conns:
             ratio = f" ({med[(run, a)] / med[('floor', a)]:.2f}x)" if ("floor", a) in med else ""
             cells.append(f"{v:.1f}{ratio}" if div == 1 else f"{v:.2f}{ratio}")
         print(f"| {run} | " + " | ".join(cells) + " |")
+    # Each round's ratio to the floor's run beside it: on a shared machine
+    # a slow stretch moves both, so the per-round ratio drifts less than
+    # the medians' ratio.
+    if any(run == "floor" for run in runs):
+        print(f"\nper-round ratio to the floor, concurrency {c}: median (lowest-highest)")
+        for run in runs:
+            if run in ("direct", "floor"):
+                continue
+            for a in ("json", "sse"):
+                rs = sorted(cpu_us(run, a, c, r) / cpu_us("floor", a, c, r) for r in range(1, rounds + 1))
+                print(f"- {run}, {a}: {median(rs):.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})")
+EOF
+
+[ "${WRK_STREAM:-0}" = 1 ] || exit 0
+[ -x "$FLOOR" ] || { echo "no floor binary: the per-event run needs it" >&2; exit 1; }
+
+# One more streamed event: the same proxies in front of a streaming replica
+# simulator (one event a frame), answers of 16 and 64 tokens.
+SIM_PORT=$(free_port)
+start sim "$LLMLB" replica-sim --profile fast --model instant --port "$SIM_PORT"
+SIM="http://127.0.0.1:$SIM_PORT"
+llmlb llmlb-stream "$LLMLB" "" "$SIM"
+llmlb floor-stream "$FLOOR" "" "$SIM"
+STREAM_RUNS=(llmlb-stream floor-stream)
+if [ -n "$BASE" ]; then
+    llmlb llmlb-base-stream "$BASE" "" "$SIM"
+    STREAM_RUNS+=(llmlb-base-stream)
+fi
+for tokens in 16 64; do
+    body="{\"model\":\"instant\",\"prompt\":\"How far is the moon?\",\"max_tokens\":$tokens,\"min_tokens\":$tokens,\"ignore_eos\":true,\"stream\":true}"
+    printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = %s\n' \
+        "'$body'" >"$OUT/stream-$tokens.lua"
+    for run in "${STREAM_RUNS[@]}"; do
+        wait_ok "${URL[$run]}" || { echo "$run: no successful request (see $OUT/$run.log)" >&2; exit 1; }
+        # Events in one answer, as the client reads them.
+        curl -sf -m 10 -H 'content-type: application/json' -d "$body" "${URL[$run]}/v1/completions" |
+            grep -c '^data:' >"$OUT/$run-events-$tokens.txt"
+    done
+done
+ORDER=("${STREAM_RUNS[@]}")
+for r in $(seq "$ROUNDS"); do
+    for tokens in 16 64; do
+        for run in "${ORDER[@]}"; do
+            name="$run-t$tokens-r$r"
+            echo "   $name" >&2
+            before=$(cpu_ticks "${PG[$run]}")
+            wrk -t1 -c32 -d"${SECS}s" --latency -s "$OUT/stream-$tokens.lua" \
+                "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
+            after=$(cpu_ticks "${PG[$run]}")
+            echo "$((after - before))" >"$OUT/$name.cpu"
+        done
+    done
+    mapfile -t ORDER < <(printf '%s\n' "${ORDER[@]}" | tac)
+done
+
+python3 - "$OUT" "$HZ" "$ROUNDS" "${STREAM_RUNS[@]}" <<'EOF' | tee -a "$OUT/summary.md"
+import re, sys
+out, hz, rounds, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+
+def per_answer(name):
+    t = open(f"{out}/{name}.txt").read()
+    total = int(re.search(r"(\d+) requests in", t).group(1))
+    if re.search(r"Non-2xx or 3xx responses: (\d+)", t):
+        sys.exit(f"{name}: non-2xx answers")
+    ticks = int(open(f"{out}/{name}.cpu").read())
+    return ticks / hz / total * 1e6, total
+
+def events(run, tokens):
+    return int(open(f"{out}/{run}-events-{tokens}.txt").read())
+
+print("\nper streamed event, concurrency 32 (replica-sim --profile fast, one event a frame):")
+print("CPU per answer of 16 and 64 tokens, and (64 - 16) / the difference in events, µs")
+print("| round | " + " | ".join(f"{r} 16 / 64 / per event" for r in runs) + " | ratio to the floor |")
+print("|---|" + "---|" * (len(runs) + 1))
+marginal = {r: [] for r in runs}
+for i in range(1, rounds + 1):
+    cells = []
+    for run in runs:
+        short, n16 = per_answer(f"{run}-t16-r{i}")
+        long, n64 = per_answer(f"{run}-t64-r{i}")
+        m = (long - short) / (events(run, 64) - events(run, 16))
+        marginal[run].append(m)
+        cells.append(f"{short:.1f} / {long:.1f} / {m:.2f} ({n16}, {n64} answers)")
+    ratio = marginal["llmlb-stream"][-1] / marginal["floor-stream"][-1]
+    print(f"| {i} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+med = {r: sorted(v)[(len(v) - 1) // 2] if len(v) % 2 else sum(sorted(v)[len(v)//2 - 1:len(v)//2 + 1]) / 2
+       for r, v in marginal.items()}
+print("\nmedian per streamed event: " + ", ".join(
+    f"{r} {m:.2f} µs ({m / med['floor-stream']:.2f}x)" for r, m in med.items()))
 EOF
