@@ -29,10 +29,17 @@ const EVENTS: [&str; 2] = [
 ];
 const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":6,\"total_tokens\":17}}\n\n";
 const DONE: &str = "data: [DONE]\n\n";
+/// [`EVENTS`] as `continuous_usage_stats` sends them: each with the usage
+/// so far (3, then 6 output tokens).
+const CONTINUOUS: &str = concat!(
+    "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"one two three\"}}],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3,\"total_tokens\":14}}\n\n",
+    "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" four five six\"}}],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":6,\"total_tokens\":17}}\n\n",
+);
 const STREAM: &str = r#"{"model":"llama-3-8b", "stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":100}"#;
 
-/// A replica that streams [`EVENTS`], then [`USAGE`] when asked for it,
-/// then waits for a permit before `[DONE]`; it records the bodies it got.
+/// A replica that streams [`EVENTS`], then [`USAGE`] when asked for it
+/// (or [`CONTINUOUS`] alone when asked for `continuous_usage_stats`), then
+/// waits for a permit before `[DONE]`; it records the bodies it got.
 struct Packer {
     addr: SocketAddr,
     bodies: Arc<Mutex<Vec<Bytes>>>,
@@ -80,13 +87,19 @@ async fn answer(
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let usage = v["stream_options"]["include_usage"] == true;
+    let continuous = v["stream_options"]["continuous_usage_stats"] == true;
     bodies.lock().unwrap().push(body);
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
-        for e in EVENTS {
-            let _ = tx.send(Bytes::from_static(e.as_bytes())).await;
+        if continuous {
+            // Both events in one frame, each with the usage so far.
+            let _ = tx.send(Bytes::from_static(CONTINUOUS.as_bytes())).await;
+        } else {
+            for e in EVENTS {
+                let _ = tx.send(Bytes::from_static(e.as_bytes())).await;
+            }
         }
-        if usage {
+        if usage && !continuous {
             let _ = tx.send(Bytes::from_static(USAGE.as_bytes())).await;
         }
         if let Ok(p) = done.acquire().await {
@@ -181,6 +194,27 @@ async fn least_tokens_releases_the_reported_output_tokens() {
     let (status, _, text) = held.await.unwrap();
     assert_eq!(status, 200);
     assert!(!String::from_utf8_lossy(&text).contains("usage"));
+    assert_eq!(replica.outstanding_tokens(), 0);
+}
+
+/// A frame of several events, each with the usage so far: the balancer
+/// takes the last count (6), not the first (3).
+#[tokio::test]
+async fn least_tokens_takes_the_last_usage_in_a_frame() {
+    let up = Packer::start(true).await;
+    let lb = start_llmlb(&config(&format!("http://{}", up.addr), "")).await;
+    let asked = STREAM.replace(
+        "\"max_tokens\":100",
+        "\"max_tokens\":100,\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}",
+    );
+    let held = tokio::spawn(call(lb.addr, keyed(&asked)));
+    until("stream open", || up.count() == 1).await;
+    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    until("usage read", || replica.outstanding_tokens() == 94).await;
+    up.done.add_permits(1);
+    let (status, _, text) = held.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(text, format!("{CONTINUOUS}{DONE}"));
     assert_eq!(replica.outstanding_tokens(), 0);
 }
 

@@ -29,7 +29,7 @@ use super::Dispatched;
 use super::idle::IdleTimer;
 use super::observed::{Observed, Observer};
 use super::usage_strip::UsageStrip;
-use crate::net::{BoxError, Lent, USAGE_KEY, UpstreamBody, usage_tokens_after};
+use crate::net::{BoxError, Lent, USAGE_KEY, UpstreamBody};
 use crate::pool::{Failure, Pool};
 use crate::replica::{InFlightGuard, Replica};
 use crate::routing::{Expected, StreamBroken};
@@ -144,20 +144,18 @@ impl ProxyBody {
         &self.report.broken
     }
 
-    /// Output tokens: the replica's own count when it reports `usage`, else
-    /// about one per SSE `data:` event.
-    /// `usage_at`: where `"usage"` is in `data`, if it is.
-    fn account(&mut self, data: &[u8], usage_at: Option<usize>) {
+    /// Output tokens, after the observer has seen `data` (a frame for the
+    /// client): the replica's own count when a `usage` it reported was read
+    /// since the last frame, else about one per SSE `data:` event.
+    fn account(&mut self, data: &[u8]) {
+        let report = self.observer.take_report();
         let Some(guard) = self.guard.as_mut() else {
             return;
         };
-        // Prefill is over once the replica answers.
-        guard.prefill_done();
-        let reported = usage_at.and_then(|at| usage_tokens_after(data, at, "completion_tokens"));
-        let seen = match reported {
-            Some(n) => n.max(self.output_seen),
-            None if self.sse => self.output_seen + count_sse_events(data),
-            None => self.output_seen,
+        let seen = match report {
+            Some(Some(n)) => n.max(self.output_seen),
+            _ if self.sse => self.output_seen + count_sse_events(data),
+            _ => self.output_seen,
         };
         guard.produced(seen - self.output_seen);
         self.output_seen = seen;
@@ -290,11 +288,13 @@ impl ProxyBody {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     // One search for `"usage"` per frame, for both the
-                    // token count and the usage filter.
+                    // usage filter and the observer.
                     let usage_at = frame.data_ref().and_then(|data| {
-                        let at = USAGE_KEY.find(data);
-                        this.account(data, at);
-                        at
+                        // Prefill is over once the replica answers.
+                        if let Some(guard) = this.guard.as_mut() {
+                            guard.prefill_done();
+                        }
+                        USAGE_KEY.find(data)
                     });
                     // A body of known length ends with its last byte: hyper
                     // stops polling there, so this is where the answer is
@@ -319,8 +319,12 @@ impl ProxyBody {
                     match out {
                         Some(frame) => return Poll::Ready(Some(Ok(frame))),
                         None if last => return Poll::Ready(None),
-                        // All of it was the usage event: read on.
-                        None => continue,
+                        // All of it was the usage event: its count goes to
+                        // the balancer now, and the next frame is read.
+                        None => {
+                            this.account(&[]);
+                            continue;
+                        }
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -364,6 +368,7 @@ impl Body for ProxyBody {
                 None => USAGE_KEY.find(data),
             };
             this.observer.frame(data, usage_at);
+            this.account(data);
         }
         this.searched = None;
         polled

@@ -55,6 +55,9 @@ pub struct Observer {
     usage: UsageScan,
     /// Whether a usage event was kept already (only the first one counts).
     kept: bool,
+    /// The completion tokens of a `usage` read since [`Observer::take_report`]
+    /// last looked (`Some(None)`: a value without them, `null` say).
+    report: Option<Option<u64>>,
 }
 
 impl Observer {
@@ -95,8 +98,12 @@ impl Observer {
                 seen.done = true;
             }
         }
+        let reads = self.usage.reads();
         self.usage.push(data, usage_at);
         self.seen.sent = self.usage.usage();
+        if self.usage.reads() != reads {
+            self.report = Some(self.seen.sent.and_then(|u| u.completion_tokens));
+        }
     }
 
     /// The `usage` of the usage event kept from the client, as its parse
@@ -104,7 +111,15 @@ impl Observer {
     pub fn kept(&mut self, usage: Option<Usage>) {
         if !std::mem::replace(&mut self.kept, true) {
             self.seen.kept = usage;
+            self.report = Some(usage.and_then(|u| u.completion_tokens));
         }
+    }
+
+    /// The replica's output token count when a `usage` was read since the
+    /// last call, in what the client was sent or in the kept event
+    /// (`Some(None)`: one was read that holds no count).
+    pub fn take_report(&mut self) -> Option<Option<u64>> {
+        self.report.take()
     }
 
     /// The answer so far.

@@ -6,7 +6,7 @@
 //! `Guarded` that holds a guard until then), and the pooled client that
 //! reaches replicas ([`upstream`], [`upstream_tls`]) and the small one the
 //! health and scrape loops probe them with ([`probe`]); reading `usage` from
-//! a response's bytes ([`usage_tokens`], [`UsageScan`]) and waiting for a stop
+//! a response's bytes ([`UsageScan`], [`find_usage`]) and waiting for a stop
 //! signal ([`stopped`]).
 //!
 //! It imports only `config` (the settings it is built from); nothing here
@@ -34,6 +34,4 @@ pub use upstream::{
     IdleConns, Lent, UpstreamBody, UpstreamClient, UpstreamError, client, error_chain, tls_client,
 };
 pub use upstream_tls::UpstreamTls;
-pub use usage::{
-    Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_tokens, usage_tokens_after, usage_value,
-};
+pub use usage::{Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_value};

@@ -1,11 +1,10 @@
 //! Reads the `usage` object a replica reports, in a JSON body or an SSE
 //! event (vLLM sends it in the last event when asked with
 //! `stream_options.include_usage`, and in every event with
-//! `continuous_usage_stats`). Token counts for balancing are a byte scan, no
-//! JSON parse ([`usage_tokens`]): it runs on every chunk of every response.
-//! The whole object, for the request's record and its settlement, is parsed
-//! once per object found ([`UsageScan`], fed each frame as it passes, so
-//! no copy of the body is kept).
+//! `continuous_usage_stats`). The object is parsed once where it is found
+//! ([`UsageScan`], fed each frame as it passes, so no copy of the body is
+//! kept); the request's record, its settlement and the balancer's token
+//! count all read that one parse.
 
 use std::sync::LazyLock;
 
@@ -16,48 +15,6 @@ use serde::Deserialize;
 /// than searching a short chunk with it).
 pub static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
-
-/// The usage fields llmlb reads, their searchers built once too.
-static FIELD_KEYS: LazyLock<[memmem::Finder<'static>; 3]> = LazyLock::new(|| {
-    [&b"prompt_tokens"[..], b"completion_tokens", b"total_tokens"].map(memmem::Finder::new)
-});
-
-/// Finds `"FIELD": N` inside a `"usage"` object in one chunk. Usage that
-/// straddles two chunks is not seen (vLLM sends each event, and small JSON
-/// bodies, in one chunk). Both searches are `memchr::memmem`'s; nothing is
-/// allocated.
-pub fn usage_tokens(chunk: &[u8], field: &str) -> Option<u64> {
-    usage_tokens_after(chunk, USAGE_KEY.find(chunk)?, field)
-}
-
-/// [`usage_tokens`] for a caller that has found `"usage"` in `chunk`
-/// already, at `usage`.
-pub fn usage_tokens_after(chunk: &[u8], usage: usize, field: &str) -> Option<u64> {
-    let rest = chunk.get(usage..)?;
-    let field = field.as_bytes();
-    // `"FIELD"`: the name with a quote on each side.
-    let quoted = |at: usize| {
-        let quoted = at > 0 && rest[at - 1] == b'"' && rest.get(at + field.len()) == Some(&b'"');
-        quoted.then(|| &rest[at + field.len() + 1..])
-    };
-    let after = match FIELD_KEYS.iter().find(|f| f.needle() == field) {
-        Some(finder) => finder.find_iter(rest).find_map(quoted),
-        None => memmem::find_iter(rest, field).find_map(quoted),
-    }?;
-    let digits = after
-        .iter()
-        .skip_while(|b| **b == b':' || b.is_ascii_whitespace());
-    let mut value: Option<u64> = None;
-    for b in digits.take_while(|b| b.is_ascii_digit()) {
-        value = Some(
-            value
-                .unwrap_or(0)
-                .checked_mul(10)?
-                .checked_add(u64::from(b - b'0'))?,
-        );
-    }
-    value
-}
 
 /// Token counts from the replica's `usage`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -258,6 +215,8 @@ pub struct UsageScan {
     usage: Option<Usage>,
     /// The start of a key or object cut by the end of the last frame.
     open: Vec<u8>,
+    /// How many objects have been read (a `null` value counts).
+    reads: u64,
 }
 
 /// Whether `bytes` ends with a byte that a start of the key (all of it but
@@ -311,6 +270,7 @@ impl UsageScan {
                 Some(next) => at = end + next,
                 None => {
                     self.usage = usage;
+                    self.reads += 1;
                     self.keep_cut_key(bytes);
                     return;
                 }
@@ -324,6 +284,7 @@ impl UsageScan {
         match object_after(&bytes[last + key..]) {
             Object::Read(usage) => {
                 self.usage = usage;
+                self.reads += 1;
                 self.keep_cut_key(bytes);
             }
             Object::Open if bytes.len() - last <= OPEN_LIMIT => {
@@ -353,6 +314,12 @@ impl UsageScan {
     /// The `usage` read so far (an object still open counts as none).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// How many `usage` values have been read so far: a new one since the
+    /// last look means the replica reported again.
+    pub fn reads(&self) -> u64 {
+        self.reads
     }
 }
 
@@ -489,22 +456,17 @@ mod tests {
     #[test]
     fn reads_usage_from_sse_and_json() {
         let sse = br#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
-        assert_eq!(usage_tokens(sse, "total_tokens"), Some(42));
-        assert_eq!(usage_tokens(sse, "completion_tokens"), Some(30));
+        let u = find_usage(sse).unwrap();
+        assert_eq!((u.completion_tokens, u.total_tokens), (Some(30), Some(42)));
         let json = b"{\"usage\": {\"total_tokens\" : 7}}";
-        assert_eq!(usage_tokens(json, "total_tokens"), Some(7));
+        assert_eq!(find_usage(json).unwrap().total_tokens, Some(7));
         assert_eq!(
-            usage_tokens(
-                b"data: {\"choices\":[{\"text\":\"total_tokens\"}]}",
-                "total_tokens"
-            ),
+            find_usage(b"data: {\"choices\":[{\"text\":\"total_tokens\"}]}"),
             None
         );
-        assert_eq!(
-            usage_tokens(b"data: {\"usage\":null}", "total_tokens"),
-            None
-        );
+        assert_eq!(find_usage(b"data: {\"usage\":null}"), None);
     }
+
     #[test]
     fn finds_the_last_usage_object() {
         let tail = br#"data: {"usage":{"prompt_tokens":1}}
