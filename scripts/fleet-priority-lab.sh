@@ -64,23 +64,7 @@ cat >"$work/llmlb.toml" <<EOF
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 $fleet
-[gateway]
-tier_header = "x-llmlb-tier"
-default_tier = "free"
-[[priorities]]
-name = "high"
-max_wait = "1s"
-[[priorities]]
-name = "low"
-max_wait = "4s"
-promote_after = "20s"
-ttft_objective = "4s"
-[[tiers]]
-name = "paid"
-priority = "high"
-[[tiers]]
-name = "free"
-priority = "low"
+$(cat config/tiers-demo.toml)
 [[pools]]
 name = "p"
 models = ["m"]

@@ -24,10 +24,8 @@ pub struct PriorityRow {
     pub free: Figures,
 }
 
-const TIERS: &str = "[gateway]\ntier_header = \"x-llmlb-tier\"\ndefault_tier = \"free\"\n\
-[[priorities]]\nname = \"high\"\nmax_wait = \"1s\"\n\
-[[priorities]]\nname = \"low\"\nmax_wait = \"4s\"\npromote_after = \"20s\"\nttft_objective = \"4s\"\n\
-[[tiers]]\nname = \"paid\"\npriority = \"high\"\n[[tiers]]\nname = \"free\"\npriority = \"low\"\n";
+/// The gateway, queue levels and tiers put in front of the pool.
+const TIERS: &str = include_str!("../../config/tiers-demo.toml");
 
 pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {
     let mut sim =

@@ -8,26 +8,11 @@ use clap::Parser;
 
 use super::cli::{SimulateArgs, execute};
 
-/// The demo's priority scenario as `llmlb serve` would read it (also in
-/// `tier_tests` and `scripts/fleet-priority-lab.sh`, with real replicas).
-pub(super) const PRIORITY_DEMO: &str = r#"
-[gateway]
-tier_header = "x-llmlb-tier"
-default_tier = "free"
-[[priorities]]
-name = "high"
-max_wait = "1s"
-[[priorities]]
-name = "low"
-max_wait = "4s"
-promote_after = "20s"
-ttft_objective = "4s"
-[[tiers]]
-name = "paid"
-priority = "high"
-[[tiers]]
-name = "free"
-priority = "low"
+/// The demo's priority scenario as `llmlb serve` would read it (its tiers
+/// also in `scripts/fleet-priority-lab.sh`, with real replicas).
+pub(super) const PRIORITY_DEMO: &str = concat!(
+    include_str!("../../config/tiers-demo.toml"),
+    r#"
 [[pools]]
 name = "p"
 models = ["m"]
@@ -43,7 +28,8 @@ timeout = "100ms"
 url = "http://127.0.0.1:1"
 [[pools.replicas]]
 url = "http://127.0.0.1:2"
-"#;
+"#
+);
 
 #[derive(Parser)]
 struct Cli {
