@@ -177,7 +177,8 @@ def doctor(backend, args, tmp):
 
 
 class Backend:
-    """Two replicas of one kind, started once for every policy."""
+    """The replicas of one kind (two real ones, or `--sim-replicas`
+    simulated), started once for every policy."""
 
     def __init__(self, kind, args, tmp):
         self.kind, self.args, self.tmp = kind, args, tmp
@@ -186,12 +187,13 @@ class Backend:
         # TIME_WAIT does not stand in their way; llmlb subscribes to them
         # directly (the simulator binds loopback endpoints itself).
         off = SIM_OFFSET if kind == "sim" else 0
-        self.ports = [args.replica_port + off, args.replica_port + off + 1]
-        self.events = [args.events_port + off, args.events_port + off + 1]
-        self.replays = [args.replay_port + off, args.replay_port + off + 1]
+        n = args.sim_replicas if kind == "sim" else 2
+        self.ports = [args.replica_port + off + i for i in range(n)]
+        self.events = [args.events_port + off + i for i in range(n)]
+        self.replays = [args.replay_port + off + i for i in range(n)]
         # Where llmlb subscribes: the replicas' own endpoints, or a relay's.
         sub = args.subscribe_port if args.subscribe_port and kind == "vllm" else self.events[0]
-        self.subscribe = [sub, sub + 1]
+        self.subscribe = [sub + i for i in range(n)]
         self.procs = []
 
     def available(self):
@@ -219,7 +221,7 @@ class Backend:
                 os.environ["VLLM_SERVER_DEV_MODE"] = "1"
                 vllm_replica.serve(port, i, f"--kv-events-config {cfg}", [rp])
             return
-        cmd = [self.args.llmlb, "replica-sim", "--replicas", "2", "--port", str(self.ports[0]),
+        cmd = [self.args.llmlb, "replica-sim", "--replicas", str(len(self.ports)), "--port", str(self.ports[0]),
                "--profile", self.args.sim_profile, "--model", MODEL, "--seed", "1"]
         if self.args.sim_config:
             cmd += ["--config", self.args.sim_config]
@@ -475,6 +477,8 @@ def main():
     ap.add_argument("--sim-profile", default="vllm-cpu-tiny",
                     help="the simulated replicas' profile: a built-in name or a file "
                          "(e.g. the one `llmlb calibrate` wrote against the real replica)")
+    ap.add_argument("--sim-replicas", type=int, default=2,
+                    help="simulated replicas (the real backend always has two)")
     ap.add_argument("--sim-config",
                     help="sim config overriding the profile, e.g. the [cost] that "
                          "`sim_fidelity.py --fit` gives for this machine's vLLM")
@@ -534,7 +538,7 @@ def main():
             vllm_tok = backend.tokenizer_dir()
         elif vllm_tok and not args.tokenizer:
             args.tokenizer = vllm_tok
-        log(f"== {kind}: starting two replicas")
+        log(f"== {kind}: starting {len(backend.ports)} replicas")
         load_before = loadavg()
         backend.start()
         rows = []
