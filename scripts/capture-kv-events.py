@@ -12,8 +12,8 @@ With --eviction it sends instead a fixed sequence of token-id prompts to
 so that prefixes are shared, a whole-block prompt is recomputed and stored
 twice, and the cache overflows; it writes vllm_eviction.hex (the frames) and
 vllm_eviction_requests.json (the prompts, output lengths and the replica's
-block size and block count), which tests/sim_eviction_order.rs replays through
-the simulator's engine."""
+block size and block count), which tests/it/sim_eviction_order.rs replays
+through the simulator's engine."""
 import argparse, json, random, re, threading, time, urllib.request
 import zmq
 

@@ -3,7 +3,7 @@
 //! Modelled on vLLM's v1 block pool (`vllm/v1/core/block_pool.py`,
 //! `FreeKVCacheBlockQueue` in `kv_cache_utils.py`), written from its
 //! documented behaviour and checked against the KV events a real vLLM
-//! publishes (`tests/sim_eviction_order.rs`):
+//! publishes (`tests/it/sim_eviction_order.rs`):
 //! - every block has a reference count; a block with no reference sits on the
 //!   **free queue**, whose head is taken first;
 //! - a *full* block of a request is **committed** under its chained hash
