@@ -1,6 +1,7 @@
 //! The integration tests, built as one test binary (one link instead of one
 //! per file). Each module is a former `tests/NAME.rs`: `cargo test --test it
-//! NAME::` runs what `cargo test --test NAME` did. Fixture files stay in
+//! NAME::` runs what `cargo test --test NAME` did (`simulate_agreement`, timed
+//! against the simulator, stays a binary of its own). Fixture files stay in
 //! `tests/fixtures/`.
 
 // Support shared by the test modules.
@@ -63,7 +64,6 @@ mod sim_eviction_order;
 mod sim_faults;
 mod sim_http;
 mod sim_timing;
-mod simulate_agreement;
 mod smuggling;
 mod status_page;
 mod stream_usage;

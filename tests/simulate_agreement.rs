@@ -1,3 +1,7 @@
+// A test binary of its own, not a module of `tests/it/`: its real-time
+// fleets are timed against the simulator and must have the machine's cores
+// to themselves (cargo runs test binaries one after another).
+
 //! `llmlb fleet-sim` against the real-time path on loopback: 4 `llmlb replica-sim`
 //! replicas behind `llmlb serve`, loaded by `llmlb bench` with the first
 //! requests of the conversation trace, then the same workload through
