@@ -64,7 +64,7 @@ cat >"$work/llmlb.toml" <<EOF
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 $fleet
-$(cat config/tiers-demo.toml)
+$(cat src/demo/tiers.toml)
 [[pools]]
 name = "p"
 models = ["m"]

@@ -25,7 +25,7 @@ pub struct PriorityRow {
 }
 
 /// The gateway, queue levels and tiers put in front of the pool.
-const TIERS: &str = include_str!("../../config/tiers-demo.toml");
+const TIERS: &str = include_str!("tiers.toml");
 
 pub async fn run(args: &DemoArgs) -> Result<Vec<PriorityRow>, DemoError> {
     let mut sim =

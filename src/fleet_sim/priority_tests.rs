@@ -11,7 +11,7 @@ use super::cli::{SimulateArgs, execute};
 /// The demo's priority scenario as `llmlb serve` would read it (its tiers
 /// also in `scripts/fleet-priority-lab.sh`, with real replicas).
 pub(super) const PRIORITY_DEMO: &str = concat!(
-    include_str!("../../config/tiers-demo.toml"),
+    include_str!("../demo/tiers.toml"),
     r#"
 [[pools]]
 name = "p"
