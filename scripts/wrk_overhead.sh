@@ -123,20 +123,25 @@ done
     echo "llmlb: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)${BASE:+, base: $BASE}"
 } | tee "$OUT/machine.txt" >&2
 
+# measure NAME RUN LUA CONNS: one wrk run of LUA against RUN, its output in
+# NAME.txt and the CPU ticks RUN's process group spent in NAME.cpu (0 for
+# the backend alone).
+measure() {
+    local name="$1" run="$2" before=0 after=0
+    echo "   $name" >&2
+    [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
+    wrk -t1 -c"$4" -d"${SECS}s" --latency -s "$3" \
+        "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
+    [ "$run" != direct ] && after=$(cpu_ticks "${PG[$run]}")
+    echo "$((after - before))" >"$OUT/$name.cpu"
+}
+
 ORDER=("${RUNS[@]}")
 for r in $(seq "$ROUNDS"); do
     for answer in json sse; do
         for c in $CONNS; do
             for run in "${ORDER[@]}"; do
-                name="$run-$answer-c$c-r$r"
-                echo "   $name" >&2
-                before=0
-                [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
-                wrk -t1 -c"$c" -d"${SECS}s" --latency -s "$OUT/$answer.lua" \
-                    "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
-                after=0
-                [ "$run" != direct ] && after=$(cpu_ticks "${PG[$run]}")
-                echo "$((after - before))" >"$OUT/$name.cpu"
+                measure "$run-$answer-c$c-r$r" "$run" "$OUT/$answer.lua" "$c"
             done
         done
     done
@@ -146,6 +151,7 @@ echo "loadavg at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.t
 
 python3 - "$OUT" "$HZ" "$ROUNDS" "$CONNS" "${RUNS[@]}" <<'EOF' | tee "$OUT/summary.md"
 import re, sys
+from statistics import median
 out, hz, rounds, conns, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5:]
 
 def ms(text):
@@ -184,9 +190,6 @@ def cpu_us(run, answer, c, r):
     total = read(f"{run}-{answer}-c{c}-r{r}")[1]
     ticks = int(open(f"{out}/{run}-{answer}-c{c}-r{r}.cpu").read())
     return ticks / hz / total * 1e6 if total else float("nan")
-def median(xs):
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 for c in conns:
     print(f"\nmedian of {rounds} rounds, concurrency {c}: proxy CPU in µs (ratio to the floor)")
     print("| path | per JSON request | per SSE answer | per streamed event |")
@@ -245,13 +248,7 @@ ORDER=("${STREAM_RUNS[@]}")
 for r in $(seq "$ROUNDS"); do
     for tokens in 16 64; do
         for run in "${ORDER[@]}"; do
-            name="$run-t$tokens-r$r"
-            echo "   $name" >&2
-            before=$(cpu_ticks "${PG[$run]}")
-            wrk -t1 -c32 -d"${SECS}s" --latency -s "$OUT/stream-$tokens.lua" \
-                "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
-            after=$(cpu_ticks "${PG[$run]}")
-            echo "$((after - before))" >"$OUT/$name.cpu"
+            measure "$run-t$tokens-r$r" "$run" "$OUT/stream-$tokens.lua" 32
         done
     done
     mapfile -t ORDER < <(printf '%s\n' "${ORDER[@]}" | tac)
@@ -259,6 +256,7 @@ done
 
 python3 - "$OUT" "$HZ" "$ROUNDS" "${STREAM_RUNS[@]}" <<'EOF' | tee -a "$OUT/summary.md"
 import re, sys
+from statistics import median
 out, hz, rounds, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 
 def per_answer(name):
@@ -287,8 +285,7 @@ for i in range(1, rounds + 1):
         cells.append(f"{short:.1f} / {long:.1f} / {m:.2f} ({n16}, {n64} answers)")
     ratio = marginal["llmlb-stream"][-1] / marginal["floor-stream"][-1]
     print(f"| {i} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
-med = {r: sorted(v)[(len(v) - 1) // 2] if len(v) % 2 else sum(sorted(v)[len(v)//2 - 1:len(v)//2 + 1]) / 2
-       for r, v in marginal.items()}
+med = {r: median(v) for r, v in marginal.items()}
 print("\nmedian per streamed event: " + ", ".join(
     f"{r} {m:.2f} µs ({m / med['floor-stream']:.2f}x)" for r, m in med.items()))
 EOF
