@@ -98,10 +98,9 @@ impl Observer {
                 seen.done = true;
             }
         }
-        let reads = self.usage.reads();
-        self.usage.push(data, usage_at);
+        let read = self.usage.push(data, usage_at);
         self.seen.sent = self.usage.usage();
-        if self.usage.reads() != reads {
+        if read {
             self.report = Some(self.seen.sent.and_then(|u| u.completion_tokens));
         }
     }

@@ -215,8 +215,6 @@ pub struct UsageScan {
     usage: Option<Usage>,
     /// The start of a key or object cut by the end of the last frame.
     open: Vec<u8>,
-    /// How many objects have been read (a `null` value counts).
-    reads: u64,
 }
 
 /// Whether `bytes` ends with a byte that a start of the key (all of it but
@@ -228,12 +226,12 @@ fn ends_in_key_start(bytes: &[u8]) -> bool {
 
 impl UsageScan {
     /// The next frame; `first`: where the first `"usage"` is in `frame`
-    /// (`None`: not in it), when the caller has searched already.
+    /// (`None`: not in it), when the caller has searched already. Whether a
+    /// `usage` value (`null` too) was read in it: the replica reported
+    /// again.
     #[inline]
-    pub fn push(&mut self, frame: &[u8], first: Option<usize>) {
-        if first.is_some() || !self.is_idle(frame) {
-            self.push_cut(frame, first);
-        }
+    pub fn push(&mut self, frame: &[u8], first: Option<usize>) -> bool {
+        (first.is_some() || !self.is_idle(frame)) && self.push_cut(frame, first)
     }
 
     /// Whether `frame`, holding no `"usage"`, leaves the scan as it is:
@@ -244,22 +242,22 @@ impl UsageScan {
         self.open.is_empty() && !ends_in_key_start(frame)
     }
 
-    fn push_cut(&mut self, frame: &[u8], first: Option<usize>) {
+    fn push_cut(&mut self, frame: &[u8], first: Option<usize>) -> bool {
         if !self.open.is_empty() {
             let mut joined = std::mem::take(&mut self.open);
             joined.extend_from_slice(frame);
             let first = USAGE_KEY.find(&joined);
-            self.read(&joined, first);
+            self.read(&joined, first)
         } else {
-            self.read(frame, first);
+            self.read(frame, first)
         }
     }
 
-    fn read(&mut self, bytes: &[u8], first: Option<usize>) {
+    fn read(&mut self, bytes: &[u8], first: Option<usize>) -> bool {
         let key = USAGE_KEY.needle().len();
         let Some(mut at) = first else {
             self.keep_cut_key(bytes);
-            return;
+            return false;
         };
         // A flat object holds no key but its own counts: the next
         // `"usage"` is after its `}`, and the search for the last one goes
@@ -270,9 +268,8 @@ impl UsageScan {
                 Some(next) => at = end + next,
                 None => {
                     self.usage = usage;
-                    self.reads += 1;
                     self.keep_cut_key(bytes);
-                    return;
+                    return true;
                 }
             }
         }
@@ -284,14 +281,18 @@ impl UsageScan {
         match object_after(&bytes[last + key..]) {
             Object::Read(usage) => {
                 self.usage = usage;
-                self.reads += 1;
                 self.keep_cut_key(bytes);
+                true
             }
             Object::Open if bytes.len() - last <= OPEN_LIMIT => {
                 self.usage = None;
                 self.open = bytes[last..].to_vec();
+                false
             }
-            Object::Open => self.usage = None,
+            Object::Open => {
+                self.usage = None;
+                false
+            }
         }
     }
 
@@ -314,12 +315,6 @@ impl UsageScan {
     /// The `usage` read so far (an object still open counts as none).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
-    }
-
-    /// How many `usage` values have been read so far: a new one since the
-    /// last look means the replica reported again.
-    pub fn reads(&self) -> u64 {
-        self.reads
     }
 }
 
