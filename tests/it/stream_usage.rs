@@ -84,6 +84,12 @@ async fn answer(
     bodies: Arc<Mutex<Vec<Bytes>>>,
     done: Arc<Semaphore>,
 ) -> Response<ChannelBody> {
+    if req.method() != http::Method::POST {
+        // llmlb's own probes (model lists, metrics): nothing this replica serves.
+        let mut resp = Response::new(ChannelBody::Fixed(None));
+        *resp.status_mut() = StatusCode::NOT_FOUND;
+        return resp;
+    }
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let usage = v["stream_options"]["include_usage"] == true;
