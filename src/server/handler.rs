@@ -5,22 +5,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, request};
+use http::{Request, Response};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::record::{Refusal, RouteFields, Unanswered};
-use super::request::RequestMeta;
 use super::scope::{self, AnswerBody, Scope, ScopedBody};
-use super::send::{self, RequestCtx};
+use super::send::{self, Admitted, RequestCtx};
 use super::{ApiError, AppState};
 use super::{access_log, disaggregate, stages, surface};
 use crate::admission::{Permit, Settlement};
 use crate::forwarding::{ProxyBody, REQUEST_ID};
 use crate::gateway::RateHeaders;
-use crate::pool::{Pool, Resolution, Topology};
+use crate::pool::Pool;
 use crate::routing::Decision;
 use crate::telemetry::trace::StageSpan;
 
@@ -174,23 +172,6 @@ fn route(
     }
 }
 
-/// A request through the gateway and its pool's queue, on its way to a
-/// replica of the pool in force after the wait.
-struct Admitted<'a> {
-    topology: &'a Topology,
-    resolved: Resolution<'a>,
-    meta: &'a RequestMeta,
-    parts: request::Parts,
-    bytes: &'a Bytes,
-    tier: Option<&'a str>,
-    /// The caller's priority level (0 = highest).
-    level: usize,
-    /// Remove the client's key before it leaves.
-    strip_key: bool,
-    /// `[server] replica_header`.
-    expose_replica: bool,
-}
-
 /// Routes an admitted request within its pool, runs a disaggregated
 /// pool's prefill step and forwards it, noting the route in `fields`.
 #[allow(clippy::manual_async_fn)] // an `async fn` would hold its arguments twice
@@ -207,16 +188,7 @@ fn dispatch(
         let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
         let tokens = estimate.tokens_for(pool, meta).await;
         let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
-        let (decision, body) = send::route_within(
-            ctx.state,
-            &a.resolved,
-            meta,
-            tokens,
-            &a.parts,
-            a.tier,
-            a.level,
-            a.bytes,
-        )?;
+        let (decision, body) = send::route_within(ctx.state, &a, tokens)?;
         note_decision(fields, pool, &decision, routing);
         let model = a.resolved.rewrite.unwrap_or(&meta.model);
         let step = disaggregate::Step {

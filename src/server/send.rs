@@ -20,7 +20,7 @@ use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardRequest, Outbound, Progress, ProxyBody, forward, strip_hop_by_hop, strip_private,
 };
-use crate::pool::{Pool, Resolution};
+use crate::pool::{Pool, Resolution, Topology};
 use crate::routing::{Decision, RouteInput, Router};
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
@@ -65,30 +65,42 @@ pub fn route_input<'a>(
     }
 }
 
+/// A request through the gateway and its pool's queue, on its way to a
+/// replica of the pool in force after the wait.
+pub(super) struct Admitted<'a> {
+    pub(super) topology: &'a Topology,
+    pub(super) resolved: Resolution<'a>,
+    pub(super) meta: &'a RequestMeta,
+    pub(super) parts: request::Parts,
+    pub(super) bytes: &'a Bytes,
+    pub(super) tier: Option<&'a str>,
+    /// The caller's priority level (0 = highest).
+    pub(super) level: usize,
+    /// Remove the client's key before it leaves.
+    pub(super) strip_key: bool,
+    /// `[server] replica_header`.
+    pub(super) expose_replica: bool,
+}
+
 /// The routing stage within the chosen pool: the request's decision, and
 /// the body to send with the request's edits ([`Outbound`]: the served model
 /// name when an alias was used, the request's `level` as `priority` when the
 /// pool sends it, `stream_options` for a stream the pool asks for its usage).
-#[allow(clippy::too_many_arguments)]
-pub fn route_within(
+pub(super) fn route_within(
     state: &AppState,
-    resolved: &Resolution<'_>,
-    meta: &RequestMeta,
+    a: &Admitted<'_>,
     tokens: Option<(&[u32], Option<Unpredictable>)>,
-    parts: &request::Parts,
-    tier: Option<&str>,
-    level: usize,
-    bytes: &Bytes,
 ) -> Result<(Decision, Outbound), ApiError> {
+    let (resolved, meta, parts) = (&a.resolved, a.meta, &a.parts);
     let pool = resolved.pool;
     let headers = &parts.headers;
     let usage = (meta.stream && pool.stream_usage).then_some(meta.stream_options);
     let priority = pool
         .send_priority
-        .then(|| u32::try_from(level).unwrap_or(u32::MAX));
-    let body = Outbound::edit(bytes, parts.uri.path(), resolved.rewrite, usage, priority)?;
+        .then(|| u32::try_from(a.level).unwrap_or(u32::MAX));
+    let body = Outbound::edit(a.bytes, parts.uri.path(), resolved.rewrite, usage, priority)?;
     let model = resolved.rewrite.unwrap_or(&meta.model);
-    let input = route_input(&pool.router, meta, model, headers, tier, tokens);
+    let input = route_input(&pool.router, meta, model, headers, a.tier, tokens);
     let decision = pool.router.route(
         &pool.replicas,
         &input,
