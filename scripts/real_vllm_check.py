@@ -274,6 +274,8 @@ def proxy_config(backend, policy, args, stand_in=None):
         f'models = ["{MODEL}"]',
         f'balancer = "{balancer}"',
     ]
+    if args.max_inflight:
+        lines.append(f"max_inflight = {args.max_inflight}")
     if mode:
         lines += ["", "[pools.prefix]", f'mode = "{mode}"']
         if mode == "cache":
@@ -510,6 +512,8 @@ def main():
     ap.add_argument("--replay-port", type=int, default=15567)
     ap.add_argument("--subscribe-port", type=int,
                     help="where llmlb subscribes to events (a relay's ports; default --events-port)")
+    ap.add_argument("--max-inflight", type=int,
+                    help="every policy's pool gets this max_inflight per replica (the rest wait in llmlb's queue)")
     ap.add_argument("--no-doctor", action="store_true", help="skip the llmlb doctor step")
     ap.add_argument("--proxy-port", type=int, default=18080)
     ap.add_argument("--run-timeout", type=int, default=600)
