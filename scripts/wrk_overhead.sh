@@ -24,6 +24,8 @@
 #                     skipped when absent: `cargo build --release --example hyper_floor`)
 #        WRK_OUT      where logs and the summary go (default target/wrk-overhead)
 #        WRK_STREAM   1: also the marginal cost per streamed event (above)
+#        WRK_PIN      1: the proxies on CPU 1, wrk and the backends on CPU 0
+#                     (taskset), so the proxy measured has a core to itself
 #
 # The backend is nginx with one worker: a request with `x-answer: json` gets
 # one JSON completion (249 bytes), any other the 16-chunk SSE stream of
@@ -63,7 +65,9 @@ wait_ok() { # URL HEADER...: until a completion request through URL succeeds (10
 
 BACKEND_PORT=$(free_port)
 nginx_backend_conf "$BACKEND_PORT" >"$OUT/backend.conf"
-start backend "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
+PROXY_CPU=() LOAD_CPU=()
+if [ "${WRK_PIN:-}" = 1 ]; then PROXY_CPU=(taskset -c 1) LOAD_CPU=(taskset -c 0); fi
+start backend "${LOAD_CPU[@]}" "$NGINX" -p "$OUT" -c "$OUT/backend.conf"
 BACKEND="http://127.0.0.1:$BACKEND_PORT"
 
 declare -A URL PG
@@ -72,7 +76,7 @@ llmlb() { # NAME BINARY [EXTRA TOML [BACKEND]]
     local port
     port=$(free_port)
     llmlb_conf "$port" "${4:-$BACKEND}" "${3:-}" >"$OUT/$1.toml"
-    start "$1" "$2" serve --config "$OUT/$1.toml"
+    start "$1" "${PROXY_CPU[@]}" "$2" serve --config "$OUT/$1.toml"
     PG[$1]=$PGID
     URL[$1]="http://127.0.0.1:$port"
 }
@@ -93,7 +97,7 @@ else
 fi
 NG_PORT=$(free_port)
 nginx_proxy_conf "$NG_PORT" "$BACKEND_PORT" >"$OUT/nginx-proxy.conf"
-start nginx-proxy "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
+start nginx-proxy "${PROXY_CPU[@]}" "$NGINX" -p "$OUT" -c "$OUT/nginx-proxy.conf"
 PG[nginx]=$PGID
 URL[nginx]="http://127.0.0.1:$NG_PORT"
 RUNS+=(nginx)
@@ -121,6 +125,7 @@ done
     echo "nginx: $("$NGINX" -v 2>&1 | sed 's/.*nginx\///')"
     echo "wrk: $(wrk -v 2>&1 | head -1)"
     echo "llmlb: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)${BASE:+, base: $BASE}"
+    echo "pinned: ${WRK_PIN:-0}"
 } | tee "$OUT/machine.txt" >&2
 
 # measure NAME RUN LUA CONNS: one wrk run of LUA against RUN, its output in
@@ -130,7 +135,7 @@ measure() {
     local name="$1" run="$2" before=0 after=0
     echo "   $name" >&2
     [ "$run" != direct ] && before=$(cpu_ticks "${PG[$run]}")
-    wrk -t1 -c"$4" -d"${SECS}s" --latency -s "$3" \
+    "${LOAD_CPU[@]}" wrk -t1 -c"$4" -d"${SECS}s" --latency -s "$3" \
         "${URL[$run]}/v1/completions" >"$OUT/$name.txt" 2>&1
     [ "$run" != direct ] && after=$(cpu_ticks "${PG[$run]}")
     echo "$((after - before))" >"$OUT/$name.cpu"
@@ -224,7 +229,7 @@ EOF
 # One more streamed event: the same proxies in front of a streaming replica
 # simulator (one event a frame), answers of 16 and 64 tokens.
 SIM_PORT=$(free_port)
-start sim "$LLMLB" replica-sim --profile fast --model instant --port "$SIM_PORT"
+start sim "${LOAD_CPU[@]}" "$LLMLB" replica-sim --profile fast --model instant --port "$SIM_PORT"
 SIM="http://127.0.0.1:$SIM_PORT"
 llmlb llmlb-stream "$LLMLB" "" "$SIM"
 llmlb floor-stream "$FLOOR" "" "$SIM"
