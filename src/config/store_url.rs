@@ -4,7 +4,7 @@
 //! group of Redis Sentinels names (`redis+sentinel://`).
 //! `fleet::StoreClient` connects to it.
 
-use redis::RedisConnectionInfo;
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 /// The scheme of a Sentinel-named master.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel";
@@ -18,8 +18,8 @@ const SENTINEL_PORT: u16 = 26379;
 /// A store URL, read.
 #[derive(Debug)]
 pub enum StoreUrl {
-    /// One server: the URL as the Redis client reads it.
-    Direct(String),
+    /// One server: the URL as the Redis client read it.
+    Direct(ConnectionInfo),
     /// `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]`.
     Sentinel(SentinelUrl),
     /// `redis+cluster://[[user]:password@]host:port[,host:port...]`: some
@@ -34,8 +34,9 @@ impl StoreUrl {
         match url.split_once("://") {
             Some((SENTINEL_SCHEME, rest)) => SentinelUrl::parse(rest).map(StoreUrl::Sentinel),
             Some((CLUSTER_SCHEME, rest)) => cluster_nodes(rest).map(StoreUrl::Cluster),
-            _ => redis::Client::open(url)
-                .map(|_| StoreUrl::Direct(url.to_string()))
+            _ => url
+                .into_connection_info()
+                .map(StoreUrl::Direct)
                 .map_err(|e| e.to_string()),
         }
     }

@@ -83,7 +83,7 @@ impl StoreClient {
     /// The handle for `url`, or why the URL cannot name a store.
     pub fn open(url: &str) -> Result<StoreClient, String> {
         match StoreUrl::parse(url)? {
-            StoreUrl::Direct(url) => redis::Client::open(url.as_str())
+            StoreUrl::Direct(info) => redis::Client::open(info)
                 .map(StoreClient::Direct)
                 .map_err(|e| e.to_string()),
             StoreUrl::Sentinel(s) => {
