@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 
@@ -141,6 +142,46 @@ def scrape(port):
         if name in wanted:
             out[name] += float(value)
     return out
+
+
+SAMPLED = ("vllm:prompt_tokens_total", "vllm:num_preemptions_total",
+           "vllm:num_requests_running", "vllm:num_requests_waiting",
+           "vllm:kv_cache_usage_perc")
+
+
+class Sampler:
+    """Each replica's load, read from its /metrics every `every` seconds
+    while a run lasts (for scripts/tail_breakdown.py: what a replica was
+    doing while a slow request waited there). Times are milliseconds from
+    `start()`, taken just before `llmlb bench` starts; its requests'
+    `start_ms` count from its own start, a few tens of milliseconds later."""
+
+    def __init__(self, ports, every=0.5):
+        self.ports, self.every = ports, every
+        self.samples = {f"127.0.0.1:{p}": [] for p in ports}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            for port in self.ports:
+                try:
+                    _, text = http_get(port, "/metrics", timeout=2)
+                except OSError:
+                    continue
+                t = (time.monotonic() - self.t0) * 1000.0
+                row = [round(t, 1)] + [metric_sum(text, name) for name in SAMPLED]
+                self.samples[f"127.0.0.1:{port}"].append(row)
+            self.stop.wait(self.every)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(5)
+        return {"columns": ["t_ms", *SAMPLED], "replicas": self.samples}
 
 
 def metric_sum(text, name):
@@ -330,8 +371,13 @@ def run_policy(backend, policy, args, tmp, seed):
                       "--system-len", str(args.system_len), "--question-len", str(args.question_len),
                       "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
                       "--requests", str(args.groups * args.per_group)]
-        subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
-                       timeout=args.run_timeout)
+        sampler = Sampler(backend.ports)
+        sampler.start()
+        try:
+            subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
+                           timeout=args.run_timeout)
+        finally:
+            samples = sampler.finish()
         time.sleep(0.5)
         after = [scrape(p) for p in backend.ports]
         _, own = http_get(args.proxy_port + 1, "/metrics")
@@ -358,6 +404,8 @@ def run_policy(backend, policy, args, tmp, seed):
         # Every request's timing and replica, for scripts/tail_breakdown.py.
         "requests": [{k: r.get(k) for k in ("start_ms", "ttft_ms", "e2e_ms", "input_tokens", "replica")}
                      for r in report.get("requests", [])],
+        # Each replica's load through the run (Sampler).
+        "samples": samples,
         "served": served,
         "busiest_over_mean": max(served) / mean if mean else 0.0,
         "preemptions": sum(d["vllm:num_preemptions_total"] for d in delta),

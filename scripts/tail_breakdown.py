@@ -7,7 +7,13 @@ Per request (from `llmlb bench`'s record of it and the x-llmlb-replica
 header): the requests in flight on its replica at its send, how many of them
 had not yet produced a first token (their prefill was ahead of it, or
 running) and their prompt tokens, and the same counts on the other replica.
-Per run: the replicas' preemptions (vLLM's counter over the run).
+Per run: the replicas' preemptions (vLLM's counter over the run). When the
+run has the replicas' sampled load (`samples`, from real_vllm_check.py), also
+what the request's replica did while it waited for its first token: its
+prefill rate (prompt tokens/s) against its median rate in the run's busy
+intervals, the preemptions it counted and its highest KV-cache usage; a
+request whose replica prefilled at under half its busy median meanwhile
+counts as waiting on a stalled replica.
 
 usage: scripts/tail_breakdown.py RUNS_JSON [--backend vllm]
 prints one table of the tail requests per policy, then a summary line per
@@ -38,6 +44,37 @@ def ahead(reqs, me, replica):
     return len(flight), len(pre), sum(r.get("input_tokens") or 0 for r in pre)
 
 
+def during(samples, replica, begin, end):
+    """The replica's prefill rate (tokens/s), preemptions and highest KV
+    usage from the last sample at or before `begin` to the first at or after
+    `end`, and its median prefill rate over the run's busy intervals; None
+    without samples."""
+    if not samples:
+        return None
+    cols = samples["columns"]
+    rows = samples["replicas"].get(replica) or []
+    if len(rows) < 2:
+        return None
+    t, tok, pre = cols.index("t_ms"), cols.index("vllm:prompt_tokens_total"), \
+        cols.index("vllm:num_preemptions_total")
+    run_, wait, kv = cols.index("vllm:num_requests_running"), \
+        cols.index("vllm:num_requests_waiting"), cols.index("vllm:kv_cache_usage_perc")
+    a = max((i for i, r in enumerate(rows) if r[t] <= begin), default=0)
+    b = min((i for i, r in enumerate(rows) if r[t] >= end), default=len(rows) - 1)
+    b = max(b, a + 1) if a + 1 < len(rows) else b
+    dt = (rows[b][t] - rows[a][t]) / 1000.0
+    rate = (rows[b][tok] - rows[a][tok]) / dt if dt > 0 else None
+    busy = sorted((rows[i + 1][tok] - rows[i][tok]) / ((rows[i + 1][t] - rows[i][t]) / 1000.0)
+                  for i in range(len(rows) - 1)
+                  if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
+    return {
+        "rate": rate,
+        "busy_median": percentile(busy, 50),
+        "preemptions": rows[b][pre] - rows[a][pre],
+        "kv_max": max(r[kv] for r in rows[a:b + 1]),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("runs_json")
@@ -49,8 +86,9 @@ def main():
           for r in runs if r["policy"] == "round_robin"}
     summary = {}
     print("| policy | round | TTFT ms | prompt | replica | in flight there / other | "
-          "before first token there / other | their prompt tokens there / other |")
-    print("|---|---|---|---|---|---|---|---|")
+          "before first token there / other | their prompt tokens there / other | "
+          "its replica's prefill tok/s meanwhile (busy median) | preemptions meanwhile | KV max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         bound = rr.get(run["round"])
         if bound is None:
@@ -58,7 +96,8 @@ def main():
         reqs = [q for q in run["requests"] if q.get("replica")]
         names = sorted({q["replica"] for q in reqs})
         s = summary.setdefault(run["policy"], {"tail": 0, "busier": 0, "pre_own": 0, "pre_other": 0,
-                                               "preempt": 0, "runs": 0, "requests": 0})
+                                               "preempt": 0, "runs": 0, "requests": 0,
+                                               "stalled": 0, "sampled": 0})
         s["runs"] += 1
         s["requests"] += len(run["requests"])
         s["preempt"] += run.get("preemptions", 0)
@@ -72,16 +111,25 @@ def main():
             s["busier"] += own[0] > alt[0]
             s["pre_own"] += own[1]
             s["pre_other"] += alt[1]
+            d = during(run.get("samples"), q["replica"], q["start_ms"], q["start_ms"] + q["ttft_ms"])
+            state = "- | - | -"
+            if d and d["rate"] is not None and d["busy_median"]:
+                s["sampled"] += 1
+                s["stalled"] += d["rate"] < 0.5 * d["busy_median"]
+                state = (f"{d['rate']:.0f} ({d['busy_median']:.0f}) | {d['preemptions']:.0f} | "
+                         f"{100 * d['kv_max']:.0f} %")
             print(f"| {run['policy']} | {run['round'] + 1} | {q['ttft_ms']:.0f} | {q.get('input_tokens')} | "
-                  f"{q['replica']} | {own[0]} / {alt[0]} | {own[1]} / {alt[1]} | {own[2]} / {alt[2]} |")
+                  f"{q['replica']} | {own[0]} / {alt[0]} | {own[1]} / {alt[1]} | {own[2]} / {alt[2]} | "
+                  f"{state} |")
     print()
     print("| policy | runs | requests | above round-robin's p99 | sent to the busier replica | "
-          "mean before first token there / other | preemptions |")
-    print("|---|---|---|---|---|---|---|")
+          "mean before first token there / other | preemptions | on a stalled replica |")
+    print("|---|---|---|---|---|---|---|---|")
     for policy, s in summary.items():
         n = s["tail"] or 1
         print(f"| {policy} | {s['runs']} | {s['requests']} | {s['tail']} | {s['busier']} | "
-              f"{s['pre_own'] / n:.1f} / {s['pre_other'] / n:.1f} | {s['preempt']:.0f} |")
+              f"{s['pre_own'] / n:.1f} / {s['pre_other'] / n:.1f} | {s['preempt']:.0f} | "
+              f"{s['stalled']} of {s['sampled']} sampled |")
 
 
 if __name__ == "__main__":
