@@ -18,7 +18,7 @@ and from the load generator: TTFT p50 / p99 and throughput. The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
 `[pools.prefix] homes = true`, `cache_free` and `exact_free` have
 `evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
-`cache_kv_wait` has `kv_wait = "batch"`, and
+`cache_kv_wait` and `exact_kv_wait` have `kv_wait = "batch"`, and
 `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight`, and `hash_kv`
 is `hash` with `[pools.saturation] max_kv_usage = --saturation-kv-usage`
@@ -86,6 +86,7 @@ POLICIES = {
     "cache_own_rates": ("least_connections", "cache"),
     # with [pools.prefix] kv_wait = "batch"
     "cache_kv_wait": ("least_connections", "cache"),
+    "exact_kv_wait": ("least_connections", "exact"),
 }
 
 
