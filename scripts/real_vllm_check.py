@@ -14,7 +14,8 @@ the run): the fleet prefix-cache hit rate, how many requests each replica
 served (busiest / mean), preemptions and the mean real prompt length; from
 llmlb's /metrics: the cached prompt tokens it predicted against those the
 replicas reported (the closed loop) and its routing decisions by branch;
-and from the load generator: TTFT p50 / p99 and throughput. The policies
+and from the load generator: TTFT p50 / p99 and throughput; and the CPU
+seconds llmlb and the whole host used during the load (from /proc). The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
 `[pools.prefix] homes = true`, `cache_free` and `exact_free` have
 `evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
@@ -147,7 +148,7 @@ def scrape(port):
 
 SAMPLED = ("vllm:prompt_tokens_total", "vllm:num_preemptions_total",
            "vllm:num_requests_running", "vllm:num_requests_waiting",
-           "vllm:kv_cache_usage_perc")
+           "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total")
 
 
 class Sampler:
@@ -374,11 +375,13 @@ def run_policy(backend, policy, args, tmp, seed):
                       "--requests", str(args.groups * args.per_group)]
         sampler = Sampler(backend.ports)
         sampler.start()
+        cpu_before = (process_cpu_s(proxy.pid), host_busy_s(), time.monotonic())
         try:
             subprocess.run(bench, check=True, stdout=subprocess.DEVNULL, stderr=sys.stderr,
                            timeout=args.run_timeout)
         finally:
             samples = sampler.finish()
+        cpu_after = (process_cpu_s(proxy.pid), host_busy_s(), time.monotonic())
         time.sleep(0.5)
         after = [scrape(p) for p in backend.ports]
         _, own = http_get(args.proxy_port + 1, "/metrics")
@@ -418,24 +421,59 @@ def run_policy(backend, policy, args, tmp, seed):
         "cached_reported": metric_sum(own, "llmlb_prefix_cached_tokens_reported_total"),
         "req_per_s": report.get("request_throughput"),
         "branches": branches(own),
+        # llmlb's KV-event subscribers: sequence gaps, missed messages, replays asked.
+        "kv_event_gaps": metric_sum(own, "llmlb_kv_events_gaps_total"),
+        "kv_events_missed": metric_sum(own, "llmlb_kv_events_missed_total"),
+        "kv_event_replays": metric_sum(own, "llmlb_kv_events_replays_total"),
+        # CPU seconds during the load: llmlb's own, and every process's on
+        # the host (the replicas share its cores with llmlb and the client).
+        "llmlb_cpu_s": cpu_after[0] - cpu_before[0],
+        "host_busy_s": cpu_after[1] - cpu_before[1],
+        "wall_s": cpu_after[2] - cpu_before[2],
     }
+
+
+def process_cpu_s(pid):
+    """User plus system CPU seconds of process `pid` so far (0 when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def host_busy_s():
+    """CPU seconds the host's cores spent busy so far (all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def table(rows):
     head = ("| policy | prefix hits | served per replica | busiest/mean | TTFT p50 ms | TTFT p99 ms "
-            "| preemptions | prompt tokens (mean) | cached tokens predicted / reported |")
-    out = [head, "|" + "---|" * 9]
+            "| preemptions | prompt tokens (mean) | cached tokens predicted / reported "
+            "| llmlb CPU s / host busy s |")
+    out = [head, "|" + "---|" * 10]
     for r in rows:
         fmt = lambda v: "-" if v is None else f"{v:.0f}"
         out.append(f"| {r['policy']} | {100 * r['hit_rate']:.1f} % | "
                    f"{' / '.join(str(int(s)) for s in r['served'])} | {r['busiest_over_mean']:.2f} | "
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
-                   f"{r['mean_prompt_tokens']:.0f} | {loop(r)} |")
+                   f"{r['mean_prompt_tokens']:.0f} | {loop(r)} | {cpu(r)} |")
     notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
+             + (f"; KV events: {r['kv_event_gaps']:.0f} gaps, {r['kv_events_missed']:.0f} missed, "
+                f"{r['kv_event_replays']:.0f} replays" if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")
              for r in rows if r.get("branches")]
     if notes:
         out += ["", "routing decisions by branch:"] + notes
     return "\n".join(out)
+
+
+def cpu(r):
+    if "llmlb_cpu_s" not in r:
+        return "-"
+    return f"{r['llmlb_cpu_s']:.1f} / {r['host_busy_s']:.0f}"
 
 
 def loop(r):
@@ -475,20 +513,27 @@ def pooled(rows):
             "requests": len(ttfts),
             "p99_at_most_rr": sum(r["ttft_p99_ms"] <= rr[r["round"]] for r in paired),
             "paired": len(paired),
+            "llmlb_cpu_ms_per_request": 1000 * sum(r.get("llmlb_cpu_s", 0) for r in runs) / len(ttfts)
+            if ttfts and all("llmlb_cpu_s" in r for r in runs) else None,
         })
     return out
 
 
+def fmt2(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
 def pooled_table(rows):
     head = ("| policy | runs | requests | prefix hits, pooled (range) | busiest/mean, worst "
-            "| TTFT p50 ms | TTFT p99 ms | runs with p99 ≤ round_robin's |")
-    out = [head, "|" + "---|" * 8]
+            "| TTFT p50 ms | TTFT p99 ms | runs with p99 ≤ round_robin's | llmlb CPU ms a request |")
+    out = [head, "|" + "---|" * 9]
     for r in rows:
         rng = f"{100 * min(r['hit_rates']):.1f}–{100 * max(r['hit_rates']):.1f}"
         fmt = lambda v: "-" if v is None else f"{v:.0f}"
         vs = f"{r['p99_at_most_rr']} of {r['paired']}" if r["paired"] and r["policy"] != "round_robin" else "-"
         out.append(f"| {r['policy']} | {r['runs']} | {r['requests']} | {100 * r['hit_rate']:.1f} % ({rng}) | "
-                   f"{r['busiest_over_mean']:.2f} | {fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {vs} |")
+                   f"{r['busiest_over_mean']:.2f} | {fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {vs} | "
+                   f"{fmt2(r['llmlb_cpu_ms_per_request'])} |")
     return "\n".join(out)
 
 

@@ -11,9 +11,12 @@ Per run: the replicas' preemptions (vLLM's counter over the run). When the
 run has the replicas' sampled load (`samples`, from real_vllm_check.py), also
 what the request's replica did while it waited for its first token: its
 prefill rate (prompt tokens/s) against its median rate in the run's busy
-intervals, the preemptions it counted and its highest KV-cache usage; a
-request whose replica prefilled at under half its busy median meanwhile
-counts as waiting on a stalled replica.
+intervals, the longest stretch in which it had requests and produced no
+token (prompt or output; prompt only in runs sampled before the output
+counter was), the preemptions it counted and its highest KV-cache usage;
+a request whose replica prefilled at under half its busy median meanwhile
+counts as waiting on a stalled replica, one whose replica produced nothing
+for a second or more as waiting on a frozen one.
 
 usage: scripts/tail_breakdown.py RUNS_JSON [--backend vllm]
 prints one table of the tail requests per policy, then a summary line per
@@ -22,6 +25,10 @@ prefills ahead on theirs and on the other, preemptions in those runs.
 """
 import argparse
 import json
+
+# A replica with requests that produces no token for this long is frozen
+# (its engine or API server not getting the CPU, or stuck).
+FROZEN_S = 1.0
 
 
 def percentile(values, p):
@@ -67,8 +74,21 @@ def during(samples, replica, begin, end):
     busy = sorted((rows[i + 1][tok] - rows[i][tok]) / ((rows[i + 1][t] - rows[i][t]) / 1000.0)
                   for i in range(len(rows) - 1)
                   if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
+    # The longest stretch in which the replica had requests and produced no
+    # token, prompt or output (older runs sampled prompt tokens only).
+    counters = [tok] + [cols.index(c) for c in cols if c == "vllm:generation_tokens_total"]
+    frozen, since = 0.0, None
+    for i in range(a, b + 1):
+        busy_now = rows[i][run_] + rows[i][wait] > 0
+        moved = i > a and any(rows[i][c] != rows[i - 1][c] for c in counters)
+        if moved or not busy_now:
+            since = rows[i][t] if busy_now else None
+            continue
+        since = rows[i][t] if since is None else since
+        frozen = max(frozen, (rows[i][t] - since) / 1000.0)
     return {
         "rate": rate,
+        "frozen_s": frozen,
         "busy_median": percentile(busy, 50),
         "preemptions": rows[b][pre] - rows[a][pre],
         "kv_max": max(r[kv] for r in rows[a:b + 1]),
@@ -87,8 +107,9 @@ def main():
     summary = {}
     print("| policy | round | TTFT ms | prompt | replica | in flight there / other | "
           "before first token there / other | their prompt tokens there / other | "
-          "its replica's prefill tok/s meanwhile (busy median) | preemptions meanwhile | KV max |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "its replica's prefill tok/s meanwhile (busy median) | longest stretch with no token "
+          "there, s | preemptions meanwhile | KV max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         bound = rr.get(run["round"])
         if bound is None:
@@ -97,7 +118,7 @@ def main():
         names = sorted({q["replica"] for q in reqs})
         s = summary.setdefault(run["policy"], {"tail": 0, "busier": 0, "pre_own": 0, "pre_other": 0,
                                                "preempt": 0, "runs": 0, "requests": 0,
-                                               "stalled": 0, "sampled": 0})
+                                               "stalled": 0, "frozen": 0, "sampled": 0})
         s["runs"] += 1
         s["requests"] += len(run["requests"])
         s["preempt"] += run.get("preemptions", 0)
@@ -112,24 +133,26 @@ def main():
             s["pre_own"] += own[1]
             s["pre_other"] += alt[1]
             d = during(run.get("samples"), q["replica"], q["start_ms"], q["start_ms"] + q["ttft_ms"])
-            state = "- | - | -"
-            if d and d["rate"] is not None and d["busy_median"]:
+            state = "- | - | - | -"
+            if d and d["rate"] is not None:
                 s["sampled"] += 1
-                s["stalled"] += d["rate"] < 0.5 * d["busy_median"]
-                state = (f"{d['rate']:.0f} ({d['busy_median']:.0f}) | {d['preemptions']:.0f} | "
-                         f"{100 * d['kv_max']:.0f} %")
+                s["stalled"] += d["rate"] < 0.5 * (d["busy_median"] or 0)
+                s["frozen"] += d["frozen_s"] >= FROZEN_S
+                state = (f"{d['rate']:.0f} ({d['busy_median'] or 0:.0f}) | {d['frozen_s']:.1f} | "
+                         f"{d['preemptions']:.0f} | {100 * d['kv_max']:.0f} %")
             print(f"| {run['policy']} | {run['round'] + 1} | {q['ttft_ms']:.0f} | {q.get('input_tokens')} | "
                   f"{q['replica']} | {own[0]} / {alt[0]} | {own[1]} / {alt[1]} | {own[2]} / {alt[2]} | "
                   f"{state} |")
     print()
     print("| policy | runs | requests | above round-robin's p99 | sent to the busier replica | "
-          "mean before first token there / other | preemptions | on a stalled replica |")
-    print("|---|---|---|---|---|---|---|---|")
+          "mean before first token there / other | preemptions | on a stalled replica | "
+          f"on a replica that produced no token for {FROZEN_S:.0f} s or more |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for policy, s in summary.items():
         n = s["tail"] or 1
         print(f"| {policy} | {s['runs']} | {s['requests']} | {s['tail']} | {s['busier']} | "
               f"{s['pre_own'] / n:.1f} / {s['pre_other'] / n:.1f} | {s['preempt']:.0f} | "
-              f"{s['stalled']} of {s['sampled']} sampled |")
+              f"{s['stalled']} of {s['sampled']} sampled | {s['frozen']} |")
 
 
 if __name__ == "__main__":
