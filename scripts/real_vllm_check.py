@@ -411,6 +411,9 @@ def run_policy(backend, policy, args, tmp, seed):
         # Each replica's load through the run (Sampler).
         "samples": samples,
         "served": served,
+        # Each replica's prefix-cache hit rate over the run (in `served`'s order).
+        "hit_rate_per_replica": [d["vllm:prefix_cache_hits_total"] / d["vllm:prefix_cache_queries_total"]
+                                 if d["vllm:prefix_cache_queries_total"] else 0.0 for d in delta],
         "busiest_over_mean": max(served) / mean if mean else 0.0,
         "preemptions": sum(d["vllm:num_preemptions_total"] for d in delta),
         "mean_prompt_tokens": (sum(d["vllm:prompt_tokens_total"] for d in delta) / sum(served))
