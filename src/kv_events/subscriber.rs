@@ -15,9 +15,11 @@
 //! On connecting, a subscriber with a replay endpoint first asks for the
 //! whole history the replica still buffers; a complete one (starting at
 //! sequence 0) makes the view known ([`EventSink::caught_up`]) even before
-//! the replica publishes again. Without replay, a first message numbered 0
-//! means llmlb saw the replica's whole life; any other first number means it
-//! did not.
+//! the replica publishes again. A replay that skips batches in its middle
+//! (vLLM's replay socket drops what a slow reader has no room for) leaves
+//! the view incomplete ([`EventSink::lost`]). Without replay, a first
+//! message numbered 0 means llmlb saw the replica's whole life; any other
+//! first number means it did not.
 //!
 //! Replay protocol (vLLM's): a DEALER sends `["", start_seq]`; the ROUTER
 //! answers `["", topic, seq, payload]` per buffered batch from `start_seq`
@@ -234,6 +236,10 @@ impl Subscription {
         };
         let mut next = from;
         let mut complete = true;
+        // A batch missing between two that were applied: vLLM's replay
+        // socket drops what a slow reader has no room for, so a replay can
+        // skip batches in its middle, and no later replay fills them in.
+        let mut hole = false;
         let result = tokio::time::timeout(REPLAY_TIMEOUT, async {
             let mut dealer = DealerSocket::new();
             dealer.connect(&replay).await?;
@@ -251,14 +257,17 @@ impl Subscription {
                 }
                 let Ok(m) = wire::decode_frames(&frames) else {
                     complete = false;
+                    hole = true;
                     continue;
                 };
                 if m.seq < next {
                     continue;
                 }
                 if m.seq > next {
-                    // The replica's buffer no longer reaches back to `next`.
+                    // The replica's buffer no longer reaches back to `next`
+                    // (the first batch), or batches were dropped on the way.
                     complete = false;
+                    hole |= next > from;
                 }
                 if next == from && from == 0 && m.seq == 0 && self.tracker.last.is_none() {
                     self.sink.caught_up();
@@ -269,6 +278,10 @@ impl Subscription {
             }
         })
         .await;
+        if hole {
+            tracing::info!(endpoint = %replay, from, "kv events: replay skipped batches; view incomplete");
+            self.sink.lost();
+        }
         match result {
             Ok(Ok(())) => {
                 tracing::info!(endpoint = %replay, from, upto = next, "kv events: replayed");
@@ -318,5 +331,123 @@ mod tests {
         assert_eq!(t.classify(8), Action::Apply);
         t.applied(8);
         assert_eq!(t.classify(3), Action::Restart);
+    }
+
+    /// What the subscriber told its sink, in order (batches as `apply`).
+    #[derive(Default)]
+    struct Calls(std::sync::Mutex<Vec<&'static str>>);
+
+    impl Calls {
+        fn push(&self, what: &'static str) {
+            self.0.lock().unwrap().push(what);
+        }
+        fn list(&self) -> Vec<&'static str> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    impl EventSink for Calls {
+        fn apply(&self, _: &EventBatch) {
+            self.push("apply");
+        }
+        fn restarted(&self) {
+            self.push("restarted");
+        }
+        fn lost(&self) {
+            self.push("lost");
+        }
+        fn caught_up(&self) {
+            self.push("caught_up");
+        }
+        fn replay_done(&self, _: &'static str) {
+            self.push("replay_done");
+        }
+    }
+
+    async fn bound<S: Socket>(socket: &mut S) -> String {
+        match socket.bind("tcp://127.0.0.1:0").await.unwrap() {
+            zeromq::Endpoint::Tcp(_, port) => format!("tcp://127.0.0.1:{port}"),
+            other => panic!("not tcp: {other}"),
+        }
+    }
+
+    /// A subscriber's first replay answered with the batches `seqs`, then the
+    /// end marker, by a replay socket on loopback; returns what its sink was
+    /// told by the end of the replay.
+    async fn first_replay(seqs: &'static [u64]) -> Vec<&'static str> {
+        use zeromq::{PubSocket, RouterSocket};
+        let mut publ = PubSocket::new();
+        let events = bound(&mut publ).await;
+        let mut router = RouterSocket::new();
+        let replay = bound(&mut router).await;
+        let server = tokio::spawn(async move {
+            let request = router.recv().await.unwrap().into_vec();
+            let identity = request[0].clone();
+            let batch = EventBatch {
+                ts: 0.0,
+                events: Vec::new(),
+                dp_rank: None,
+            };
+            let answer = |frames: Vec<Bytes>| {
+                let mut all = vec![identity.clone(), Bytes::new()];
+                all.extend(frames);
+                ZmqMessage::try_from(all).unwrap()
+            };
+            for &seq in seqs {
+                let frames = wire::encode_frames(b"kv", seq, &batch).map(Bytes::from);
+                router.send(answer(frames.to_vec())).await.unwrap();
+            }
+            let end = vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&END_OF_REPLAY),
+                Bytes::new(),
+            ];
+            router.send(answer(end)).await.unwrap();
+            (router, publ)
+        });
+        let calls = Arc::new(Calls::default());
+        let (stop, shutdown) = watch::channel(false);
+        let endpoints = Endpoints {
+            events,
+            replay: Some(replay),
+        };
+        let sub = tokio::spawn(run(endpoints, calls.clone(), shutdown));
+        let _sockets = server.await.unwrap();
+        for _ in 0..500 {
+            if calls.list().contains(&"replay_done") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).unwrap();
+        sub.await.unwrap();
+        calls.list()
+    }
+
+    #[tokio::test]
+    async fn a_replay_that_skips_a_batch_leaves_the_view_incomplete() {
+        let whole = first_replay(&[0, 1, 2]).await;
+        assert_eq!(
+            whole,
+            ["caught_up", "apply", "apply", "apply", "replay_done"],
+            "a whole replay from 0 makes the view known"
+        );
+        // Batch 2 dropped on the way: known at batch 0, incomplete after.
+        let skipped = first_replay(&[0, 1, 3]).await;
+        assert_eq!(
+            skipped,
+            [
+                "caught_up",
+                "apply",
+                "apply",
+                "apply",
+                "lost",
+                "replay_done"
+            ]
+        );
+        // A buffer that no longer reaches back to 0 is no hole: the view
+        // was never known.
+        let late = first_replay(&[5, 6]).await;
+        assert_eq!(late, ["apply", "apply", "replay_done"]);
     }
 }
