@@ -76,7 +76,9 @@ def during(samples, replica, begin, end):
                   if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
     # The longest stretch in which the replica had requests and produced no
     # token, prompt or output (older runs sampled prompt tokens only).
-    counters = [tok] + [cols.index(c) for c in cols if c == "vllm:generation_tokens_total"]
+    counters = [tok]
+    if "vllm:generation_tokens_total" in cols:
+        counters.append(cols.index("vllm:generation_tokens_total"))
     frozen, since = 0.0, None
     for i in range(a, b + 1):
         busy_now = rows[i][run_] + rows[i][wait] > 0
