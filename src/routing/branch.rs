@@ -40,7 +40,8 @@ pub enum RouteBranch {
     PrefixUnpredictable,
     /// `exact` mode: the chosen replica's cache was estimated from what
     /// llmlb sent it, because its KV events are unknown (not connected yet,
-    /// or events were missed and have not refilled).
+    /// or events were missed and have not refilled) or no replica's events
+    /// show any of the prompt.
     PrefixEstimated,
     /// The prefix is hot: kept on several replicas on purpose, and the
     /// request went to one of its copies ([`super::prefix::hot`]).

@@ -6,8 +6,10 @@
 //! What a replica holds comes from its KV events in `exact` mode when its
 //! record is known ([`super::prefix::held`]), else from what llmlb sent it
 //! ([`super::prefix::cache_index`], no more than the KV capacity the
-//! replica's scrape reports); a pick made on that estimate in `exact`
-//! mode records `prefix_estimated`. With `homes`, a prefix nothing holds
+//! replica's scrape reports), and in `exact` mode also from that index
+//! when no replica's events show any of the prompt (a prefix evicted
+//! everywhere goes back where it was last sent); a pick made on that
+//! estimate in `exact` mode records `prefix_estimated`. With `homes`, a prefix nothing holds
 //! is scored as if its home ([`super::prefix::home`]) held the part its
 //! requests share (`prefix_home` when that decided the pick). A replica at its concurrency limit is
 //! skipped while another has a free slot, however warm. Ties go by
@@ -467,6 +469,9 @@ impl Holdings {
                 },
             );
         }
+        if exact && by_replica.values().all(|h| h.cached == 0) {
+            as_last_sent(router, blocks, cands, &mut by_replica);
+        }
         Holdings {
             by_replica,
             predicted,
@@ -475,6 +480,32 @@ impl Holdings {
 
     fn holding(&self, id: ReplicaId) -> Holding {
         self.by_replica.get(&id).copied().unwrap_or_default()
+    }
+}
+
+/// `exact` mode, a prompt no replica's events show held or on its way: each
+/// candidate counts as holding what llmlb last sent it of the prompt
+/// (its index, bounded by the replica's reported capacity), an estimate.
+/// A prefix evicted everywhere then goes back where it was last sent
+/// rather than to the shortest queue, so each replica keeps seeing the
+/// same few prefixes, as in `cache` mode, and holds more of them.
+fn as_last_sent(
+    router: &Router,
+    blocks: &[u64],
+    cands: &[Arc<Replica>],
+    by_replica: &mut HashMap<ReplicaId, Holding>,
+) {
+    let bs = router.prefix.block_size as u64;
+    for r in cands {
+        let matched = router
+            .state
+            .indexes
+            .get(&r.id)
+            .map_or(0, |i| i.matched(blocks));
+        if let (Some(h), true) = (by_replica.get_mut(&r.id), matched > 0) {
+            h.cached = matched as u64 * bs;
+            h.estimated = true;
+        }
     }
 }
 
@@ -832,10 +863,16 @@ mod tests {
         let second = at("how are you", 60_000);
         assert_eq!(second.preferred, Some(vec![home]));
         assert_eq!(second.branches, vec![RouteBranch::PrefixHit]);
-        // The request ended without the replica ever reporting the blocks.
+        // The request ended without the replica ever reporting the blocks:
+        // no replica's events show the prefix, so the next request goes
+        // where it was last sent, on llmlb's estimate.
         drop(sent);
         let third = at("goodbye", 60_001);
-        assert_eq!(third.branches, vec![RouteBranch::PrefixMiss]);
+        assert_eq!(third.preferred, Some(vec![home]));
+        assert_eq!(
+            third.branches,
+            vec![RouteBranch::PrefixHit, RouteBranch::PrefixEstimated]
+        );
     }
 
     /// A replica near capacity whose old prefix the prompts queued there
