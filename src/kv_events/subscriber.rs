@@ -221,18 +221,25 @@ impl Subscription {
     /// Events `from..upto` were missed.
     async fn gap(&mut self, from: u64, upto: u64) {
         self.sink.gap_seen(upto.saturating_sub(from));
-        if self.endpoints.replay.is_some() && self.catch_up(from).await >= upto {
-            return;
+        if self.endpoints.replay.is_some() {
+            match self.catch_up(from).await {
+                // Filled, or found holed and marked incomplete already.
+                Some(next) if next >= upto => return,
+                None => return,
+                Some(_) => {}
+            }
         }
         tracing::info!(endpoint = %self.endpoints.events, from, upto, "kv events: missed events; view incomplete");
         self.sink.lost();
     }
 
     /// Applies what the replay endpoint holds from `from` on; returns the
-    /// next sequence number still missing (`from` when nothing came).
-    async fn catch_up(&mut self, from: u64) -> u64 {
+    /// next sequence number still missing (`from` when nothing came), or
+    /// `None` when the replay skipped batches in its middle and the view
+    /// was marked incomplete for it.
+    async fn catch_up(&mut self, from: u64) -> Option<u64> {
         let Some(replay) = self.endpoints.replay.clone() else {
-            return from;
+            return Some(from);
         };
         let mut next = from;
         let mut complete = true;
@@ -282,7 +289,7 @@ impl Subscription {
             tracing::info!(endpoint = %replay, from, "kv events: replay skipped batches; view incomplete");
             self.sink.lost();
         }
-        match result {
+        let missing = match result {
             Ok(Ok(())) => {
                 tracing::info!(endpoint = %replay, from, upto = next, "kv events: replayed");
                 let outcome = if complete { "complete" } else { "incomplete" };
@@ -303,7 +310,8 @@ impl Subscription {
                 self.sink.replay_done("timeout");
                 from
             }
-        }
+        };
+        (!hole).then_some(missing)
     }
 }
 
@@ -371,14 +379,13 @@ mod tests {
         }
     }
 
-    /// A subscriber's first replay answered with the batches `seqs`, then the
-    /// end marker, by a replay socket on loopback; returns what its sink was
-    /// told by the end of the replay.
-    async fn first_replay(seqs: &'static [u64]) -> Vec<&'static str> {
-        use zeromq::{PubSocket, RouterSocket};
-        let mut publ = PubSocket::new();
-        let events = bound(&mut publ).await;
-        let mut router = RouterSocket::new();
+    /// A replay socket on loopback that answers one request with the
+    /// batches `seqs`, then the end marker; its endpoint, and the task
+    /// that serves it (it returns the socket, kept open until dropped).
+    async fn replay_server(
+        seqs: &'static [u64],
+    ) -> (String, tokio::task::JoinHandle<zeromq::RouterSocket>) {
+        let mut router = zeromq::RouterSocket::new();
         let replay = bound(&mut router).await;
         let server = tokio::spawn(async move {
             let request = router.recv().await.unwrap().into_vec();
@@ -403,8 +410,18 @@ mod tests {
                 Bytes::new(),
             ];
             router.send(answer(end)).await.unwrap();
-            (router, publ)
+            router
         });
+        (replay, server)
+    }
+
+    /// A subscriber's first replay answered with the batches `seqs`, then the
+    /// end marker, by a replay socket on loopback; returns what its sink was
+    /// told by the end of the replay.
+    async fn first_replay(seqs: &'static [u64]) -> Vec<&'static str> {
+        let mut publ = zeromq::PubSocket::new();
+        let events = bound(&mut publ).await;
+        let (replay, server) = replay_server(seqs).await;
         let calls = Arc::new(Calls::default());
         let (stop, shutdown) = watch::channel(false);
         let endpoints = Endpoints {
@@ -412,7 +429,7 @@ mod tests {
             replay: Some(replay),
         };
         let sub = tokio::spawn(run(endpoints, calls.clone(), shutdown));
-        let _sockets = server.await.unwrap();
+        let _router = server.await.unwrap();
         for _ in 0..500 {
             if calls.list().contains(&"replay_done") {
                 break;
@@ -422,6 +439,28 @@ mod tests {
         stop.send(true).unwrap();
         sub.await.unwrap();
         calls.list()
+    }
+
+    /// A gap whose replay skips a batch marks the view incomplete once.
+    #[tokio::test]
+    async fn a_gap_whose_replay_skips_a_batch_marks_the_view_incomplete_once() {
+        let (replay, server) = replay_server(&[3, 4, 6, 7]).await;
+        let calls = Arc::new(Calls::default());
+        let mut sub = Subscription {
+            endpoints: Endpoints {
+                events: "tcp://127.0.0.1:9".into(),
+                replay: Some(replay),
+            },
+            sink: calls.clone(),
+            tracker: Tracker::default(),
+        };
+        sub.tracker.applied(2);
+        sub.gap(3, 8).await;
+        let _router = server.await.unwrap();
+        assert_eq!(
+            calls.list(),
+            ["apply", "apply", "apply", "apply", "lost", "replay_done"]
+        );
     }
 
     #[tokio::test]
