@@ -14,6 +14,9 @@ the run): the fleet prefix-cache hit rate, how many requests each replica
 served (busiest / mean), preemptions and the mean real prompt length; from
 llmlb's /metrics: the cached prompt tokens it predicted against those the
 replicas reported (the closed loop) and its routing decisions by branch;
+from llmlb's access log, per request, the cached tokens it predicted and
+those reported (kept in `--runs-json`; the branch notes say how many
+requests predicted to find part of their prompt cached found none);
 and from the load generator: TTFT p50 / p99 and throughput; and the CPU
 seconds llmlb and the whole host used during the load (from /proc). The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
@@ -350,9 +353,9 @@ def run_policy(backend, policy, args, tmp, seed):
     cfg_path = os.path.join(tmp, f"{backend.kind}-{policy}.toml")
     with open(cfg_path, "w") as f:
         f.write(proxy_config(backend, policy, args))
-    proxy = subprocess.Popen([args.llmlb, "serve", "--config", cfg_path],
-                             stdout=subprocess.DEVNULL,
-                             stderr=open(os.path.join(tmp, f"{backend.kind}-{policy}.log"), "w"))
+    log_path = os.path.join(tmp, f"{backend.kind}-{policy}.log")
+    proxy = subprocess.Popen([args.llmlb, "--log-format", "json", "serve", "--config", cfg_path],
+                             stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
     try:
         if not wait_ready(args.proxy_port + 1, "/readyz", 30):
             raise RuntimeError(f"llmlb serve did not become ready (see {tmp})")
@@ -433,7 +436,36 @@ def run_policy(backend, policy, args, tmp, seed):
         "llmlb_cpu_s": cpu_after[0] - cpu_before[0],
         "host_busy_s": cpu_after[1] - cpu_before[1],
         "wall_s": cpu_after[2] - cpu_before[2],
+        # Per request, from llmlb's access log: where it went, why, and the
+        # cached prompt tokens llmlb predicted there against those reported.
+        "access": access_lines(log_path),
     }
+
+
+def access_lines(path):
+    """The access-log lines of llmlb's JSON log at `path`, the fields the
+    closed loop needs (requests in the order they finished)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue
+            if v.get("target") == "llmlb::access" and v.get("path", "").startswith("/v1/"):
+                out.append({k: v.get(k) for k in ("replica", "route", "cached_tokens",
+                                                  "cached_tokens_predicted", "prompt_tokens")})
+    return out
+
+
+def misses(r):
+    """Requests predicted to find part of their prompt cached that found
+    none, of those predicted to: `n / m`, or "-" without the access log."""
+    lines = [a for a in r.get("access") or [] if a.get("cached_tokens_predicted")]
+    if not lines:
+        return "-"
+    found_none = sum(1 for a in lines if not a.get("cached_tokens"))
+    return f"{found_none} / {len(lines)}"
 
 
 def process_cpu_s(pid):
@@ -465,6 +497,7 @@ def table(rows):
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
                    f"{r['mean_prompt_tokens']:.0f} | {loop(r)} | {cpu(r)} |")
     notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
+             + (f"; predicted cached and found none: {misses(r)}" if misses(r) != "-" else "")
              + (f"; KV events: {r['kv_event_gaps']:.0f} gaps, {r['kv_events_missed']:.0f} missed, "
                 f"{r['kv_event_replays']:.0f} replays" if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")
              for r in rows if r.get("branches")]

@@ -30,6 +30,7 @@ pub const ACCESS_LOG_FIELDS: &[&str] = &[
     "ttfb_ms",
     "tier",
     "queue_ms",
+    "cached_tokens_predicted",
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

@@ -211,6 +211,7 @@ struct Fields<'a> {
     ttfb_ms: Option<u64>,
     tier: Option<&'a str>,
     queue_ms: Option<u64>,
+    cached_tokens_predicted: Option<u64>,
 }
 
 impl<'a> Fields<'a> {
@@ -258,6 +259,7 @@ impl<'a> Fields<'a> {
             ),
             tier: keep(on(20), r.fields.tier.as_deref()),
             queue_ms: keep(on(21), r.fields.queued.map(span_ms)),
+            cached_tokens_predicted: keep(on(22), d.and_then(|d| d.predicted_cached)),
         }
     }
 
@@ -288,6 +290,10 @@ impl<'a> Fields<'a> {
         l.hundredths(log_key!("ttfb_ms"), self.ttfb_ms);
         l.str(log_key!("tier"), self.tier);
         l.hundredths(log_key!("queue_ms"), self.queue_ms);
+        l.u64(
+            log_key!("cached_tokens_predicted"),
+            self.cached_tokens_predicted,
+        );
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).
@@ -317,6 +323,7 @@ impl<'a> Fields<'a> {
             ttfb_ms = self.ttfb_ms.map(as_ms),
             tier = self.tier,
             queue_ms = self.queue_ms.map(as_ms),
+            cached_tokens_predicted = self.cached_tokens_predicted,
             "request"
         );
     }

@@ -368,3 +368,36 @@ async fn a_queued_request_says_its_tier_and_how_long_it_waited() {
         "{lines:?}"
     );
 }
+
+/// In a prefix mode the line carries the cached prompt tokens llmlb
+/// predicted for the replica, next to those the replica reported.
+#[tokio::test]
+async fn a_prefix_mode_logs_the_cached_tokens_it_predicted() {
+    let a = sim_support::start(sim_support::fast()).await;
+    let b = sim_support::start(sim_support::fast()).await;
+    let model = sim_support::fast().model;
+    let config = format!(
+        "[[pools]]\nname = \"chat\"\nmodels = [\"{model}\"]\n[pools.prefix]\nmode = \"cache\"\n\
+         [[pools.replicas]]\nname = \"gpu-a\"\nurl = \"http://{}\"\n\
+         [[pools.replicas]]\nname = \"gpu-b\"\nurl = \"http://{}\"\n",
+        a.addr, b.addr
+    );
+    let mut s = serve("predicted", "json", &config).await;
+    let body = json!({"model": model, "prompt": "one shared prefix for both ".repeat(40), "max_tokens": 2});
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let (status, _) = sim_support::complete(s.addr, body.clone()).await;
+        assert_eq!(status, 200);
+        lines.push(next_access(&mut s).await);
+    }
+    let predicted = |l: &Value| l["cached_tokens_predicted"].as_u64();
+    assert_eq!(predicted(&lines[0]), Some(0), "{}", lines[0]);
+    // The second goes where the first left the prefix, and finds it.
+    assert_eq!(lines[1]["replica"], lines[0]["replica"]);
+    assert!(predicted(&lines[1]).unwrap_or(0) > 0, "{}", lines[1]);
+    assert!(
+        lines[1]["cached_tokens"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        lines[1]
+    );
+}
