@@ -471,6 +471,13 @@ impl Holdings {
         }
         if exact && by_replica.values().all(|h| h.cached == 0) {
             as_last_sent(router, blocks, cands, &mut by_replica);
+            // What is predicted follows what was scored.
+            for (id, p) in &mut predicted {
+                let h = by_replica[id];
+                if h.estimated {
+                    *p = predict::cap(h.cached, tokens.len(), router.prefix.block_size);
+                }
+            }
         }
         Holdings {
             by_replica,
@@ -873,6 +880,8 @@ mod tests {
             third.branches,
             vec![RouteBranch::PrefixHit, RouteBranch::PrefixEstimated]
         );
+        // And predicts, for the closed loop, what it scored.
+        assert!(third.predicted_for(home).unwrap() > 0);
     }
 
     /// A replica near capacity whose old prefix the prompts queued there
