@@ -33,6 +33,7 @@ use super::RouteBranch;
 use super::decision::Decision;
 use super::prefix::blocks::{CacheKey, block_hashes_keyed, exact_seed, keyed_hashes};
 use super::prefix::cache_index::BlockIndex;
+use super::prefix::held::HeldBlocks;
 use super::prefix::hot::Hot;
 use super::prefix::predict;
 use super::prefix::rendezvous;
@@ -417,15 +418,7 @@ impl Holdings {
         for r in cands {
             let held = router.state.held.get(&r.id);
             let index = router.state.indexes.get(&r.id);
-            // The scrape loop counts restarts; what they held is gone.
-            let restarts = r.restarts();
-            if let Some(h) = held {
-                h.observe_restarts(restarts);
-            }
-            if let Some(i) = index {
-                i.observe_restarts(restarts);
-                fit_to_replica(i, &views[&r.id], router.prefix.block_size);
-            }
+            refresh(router, r, held, index, &views[&r.id]);
             let reported = held
                 .filter(|h| h.known())
                 .and_then(|h| Some((h, h.block_size()?)));
@@ -470,14 +463,13 @@ impl Holdings {
             );
         }
         if exact && by_replica.values().all(|h| h.cached == 0) {
-            as_last_sent(router, blocks, cands, &mut by_replica);
-            // What is predicted follows what was scored.
-            for (id, p) in &mut predicted {
-                let h = by_replica[id];
-                if h.estimated {
-                    *p = predict::cap(h.cached, tokens.len(), router.prefix.block_size);
-                }
-            }
+            as_last_sent(
+                router,
+                blocks,
+                tokens.len(),
+                &mut by_replica,
+                &mut predicted,
+            );
         }
         Holdings {
             by_replica,
@@ -490,28 +482,50 @@ impl Holdings {
     }
 }
 
+/// Empties a restarted replica's record and index (the scrape loop counts
+/// restarts; what it held is gone) and bounds its index to its capacity.
+fn refresh(
+    router: &Router,
+    r: &Replica,
+    held: Option<&Arc<HeldBlocks>>,
+    index: Option<&Arc<BlockIndex>>,
+    view: &ReplicaView,
+) {
+    let restarts = r.restarts();
+    if let Some(h) = held {
+        h.observe_restarts(restarts);
+    }
+    if let Some(i) = index {
+        i.observe_restarts(restarts);
+        fit_to_replica(i, view, router.prefix.block_size);
+    }
+}
+
 /// `exact` mode, a prompt no replica's events show held or on its way: each
 /// candidate counts as holding what llmlb last sent it of the prompt
 /// (its index, bounded by the replica's reported capacity), an estimate.
 /// A prefix evicted everywhere then goes back where it was last sent
 /// rather than to the shortest queue, so each replica keeps seeing the
-/// same few prefixes, as in `cache` mode, and holds more of them.
+/// same few prefixes, as in `cache` mode, and holds more of them. What is
+/// predicted for each (`predicted`) follows what it is scored on.
 fn as_last_sent(
     router: &Router,
     blocks: &[u64],
-    cands: &[Arc<Replica>],
+    prompt_len: usize,
     by_replica: &mut HashMap<ReplicaId, Holding>,
+    predicted: &mut [(ReplicaId, u64)],
 ) {
-    let bs = router.prefix.block_size as u64;
-    for r in cands {
+    let bs = router.prefix.block_size;
+    for (id, p) in predicted {
         let matched = router
             .state
             .indexes
-            .get(&r.id)
+            .get(id)
             .map_or(0, |i| i.matched(blocks));
-        if let (Some(h), true) = (by_replica.get_mut(&r.id), matched > 0) {
-            h.cached = matched as u64 * bs;
+        if let (Some(h), true) = (by_replica.get_mut(id), matched > 0) {
+            h.cached = (matched * bs) as u64;
             h.estimated = true;
+            *p = predict::cap(h.cached, prompt_len, bs);
         }
     }
 }
