@@ -431,6 +431,7 @@ def run_policy(backend, policy, args, tmp, seed):
         "kv_event_gaps": metric_sum(own, "llmlb_kv_events_gaps_total"),
         "kv_events_missed": metric_sum(own, "llmlb_kv_events_missed_total"),
         "kv_event_replays": metric_sum(own, "llmlb_kv_events_replays_total"),
+        "kv_stores_dropped": metric_sum(own, "llmlb_kv_events_stores_dropped_total"),
         # CPU seconds during the load: llmlb's own, and every process's on
         # the host (the replicas share its cores with llmlb and the client).
         "llmlb_cpu_s": cpu_after[0] - cpu_before[0],
@@ -499,7 +500,8 @@ def table(rows):
     notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
              + (f"; predicted cached and found none: {misses(r)}" if misses(r) != "-" else "")
              + (f"; KV events: {r['kv_event_gaps']:.0f} gaps, {r['kv_events_missed']:.0f} missed, "
-                f"{r['kv_event_replays']:.0f} replays" if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")
+                f"{r['kv_event_replays']:.0f} replays, {r.get('kv_stores_dropped', 0):.0f} stores dropped"
+                if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")
              for r in rows if r.get("branches")]
     if notes:
         out += ["", "routing decisions by branch:"] + notes

@@ -1,6 +1,7 @@
 //! Metrics of llmlb's KV-event subscribers: sequence gaps seen, replays
-//! asked and how they ended, and per pool how many replicas' records are
-//! unknown (events missed and not refilled yet, or never subscribed).
+//! asked and how they ended, stores a record had no room for, and per pool
+//! how many replicas' records are unknown (events missed and not refilled
+//! yet, or never subscribed).
 //!
 //! [`CountingSink`] wraps a subscriber's sink and counts what the
 //! subscriber tells it; the unknown-records gauge is set by whoever can see
@@ -23,6 +24,8 @@ pub struct KvEventMetrics {
     pub missed: IntCounterVec,
     /// `llmlb_kv_events_replays_total{pool,replica,outcome}`.
     pub replays: IntCounterVec,
+    /// `llmlb_kv_events_stores_dropped_total{pool,replica}`.
+    pub dropped: IntCounterVec,
     /// `llmlb_kv_events_unknown_replicas{pool}`.
     pub unknown: IntGaugeVec,
 }
@@ -38,11 +41,13 @@ impl KvEventMetrics {
             &labels,
         );
         let replays = family.counter("llmlb_kv_events_replays_total", "Replays asked from a replica's replay endpoint, by outcome (complete, incomplete, failed, timeout).", &["pool", "replica", "outcome"]);
+        let dropped = family.counter("llmlb_kv_events_stores_dropped_total", "Blocks a replica reported storing that llmlb's record of it had no room for (it keeps at most the replica's KV capacity); a steady rise means removals are being missed.", &labels);
         let unknown = family.gauge("llmlb_kv_events_unknown_replicas", "Replicas of the pool whose record of cached blocks is unknown (scored from llmlb's estimate).", &["pool"]);
         KvEventMetrics {
             gaps,
             missed,
             replays,
+            dropped,
             unknown,
         }
     }
@@ -58,17 +63,20 @@ impl KvEventMetrics {
             inner,
             gaps: self.gaps.with_label_values(&[pool, replica]),
             missed: self.missed.with_label_values(&[pool, replica]),
+            dropped: self.dropped.with_label_values(&[pool, replica]),
             replays: self.replays.clone(),
             labels: [pool.to_string(), replica.to_string()],
         })
     }
 }
 
-/// A sink that counts gaps and replays, then passes everything on.
+/// A sink that counts gaps, replays and dropped stores, then passes
+/// everything on.
 struct CountingSink {
     inner: Arc<dyn EventSink>,
     gaps: IntCounter,
     missed: IntCounter,
+    dropped: IntCounter,
     replays: IntCounterVec,
     labels: [String; 2],
 }
@@ -79,7 +87,16 @@ impl EventSink for CountingSink {
     }
 
     fn apply(&self, batch: &EventBatch) {
+        let before = self.inner.dropped();
         self.inner.apply(batch);
+        let more = self.inner.dropped().saturating_sub(before);
+        if more > 0 {
+            self.dropped.inc_by(more);
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        self.inner.dropped()
     }
 
     fn restarted(&self) {

@@ -55,6 +55,10 @@ pub trait EventSink: Send + Sync {
     /// A replay was asked and ended `complete`, `incomplete` (the replica's
     /// buffer no longer reached back), `failed` or `timeout`.
     fn replay_done(&self, _outcome: &'static str) {}
+    /// Stored blocks the sink had no room for, since it was made.
+    fn dropped(&self) -> u64 {
+        0
+    }
 }
 
 /// Where one replica publishes.

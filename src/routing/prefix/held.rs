@@ -321,6 +321,10 @@ impl EventSink for HeldBlocks {
     fn caught_up(&self) {
         self.lock().refill = None;
     }
+
+    fn dropped(&self) -> u64 {
+        self.lock().dropped
+    }
 }
 
 impl Held {
@@ -715,6 +719,21 @@ mod tests {
         assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
         h.restarted();
         assert!(h.lock().early.is_empty());
+    }
+
+    /// The stores a full record drops reach
+    /// `llmlb_kv_events_stores_dropped_total` through the counting sink.
+    #[test]
+    fn dropped_stores_are_counted() {
+        use crate::kv_events::metrics::KvEventMetrics;
+        let metrics = KvEventMetrics::register(&prometheus::Registry::new());
+        let h = Arc::new(HeldBlocks::new(2));
+        let sink = metrics.counting("p", "r", h.clone());
+        sink.caught_up();
+        sink.apply(&batch(vec![stored(&[1, 2, 3], None, &[1, 2, 3], 1)]));
+        sink.apply(&batch(vec![stored(&[4], None, &[4], 1)]));
+        let counted = metrics.dropped.with_label_values(&["p", "r"]).get();
+        assert_eq!((counted, h.summary().dropped), (2, 2));
     }
 
     #[test]
