@@ -460,13 +460,14 @@ def access_lines(path):
 
 
 def misses(r):
-    """Requests predicted to find part of their prompt cached that found
-    none, of those predicted to: `n / m`, or "-" without the access log."""
+    """The branch note's part on the requests predicted to find part of
+    their prompt cached that found none, of those predicted to; empty
+    without the access log."""
     lines = [a for a in r.get("access") or [] if a.get("cached_tokens_predicted")]
     if not lines:
-        return "-"
+        return ""
     found_none = sum(1 for a in lines if not a.get("cached_tokens"))
-    return f"{found_none} / {len(lines)}"
+    return f"; predicted cached and found none: {found_none} / {len(lines)}"
 
 
 def process_cpu_s(pid):
@@ -498,7 +499,7 @@ def table(rows):
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
                    f"{r['mean_prompt_tokens']:.0f} | {loop(r)} | {cpu(r)} |")
     notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
-             + (f"; predicted cached and found none: {misses(r)}" if misses(r) != "-" else "")
+             + misses(r)
              + (f"; KV events: {r['kv_event_gaps']:.0f} gaps, {r['kv_events_missed']:.0f} missed, "
                 f"{r['kv_event_replays']:.0f} replays, {r.get('kv_stores_dropped', 0):.0f} stores dropped"
                 if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")

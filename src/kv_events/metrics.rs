@@ -86,17 +86,12 @@ impl EventSink for CountingSink {
         self.inner.subscribed();
     }
 
-    fn apply(&self, batch: &EventBatch) {
-        let before = self.inner.dropped();
-        self.inner.apply(batch);
-        let more = self.inner.dropped().saturating_sub(before);
-        if more > 0 {
-            self.dropped.inc_by(more);
+    fn apply(&self, batch: &EventBatch) -> u64 {
+        let dropped = self.inner.apply(batch);
+        if dropped > 0 {
+            self.dropped.inc_by(dropped);
         }
-    }
-
-    fn dropped(&self) -> u64 {
-        self.inner.dropped()
+        dropped
     }
 
     fn restarted(&self) {

@@ -42,8 +42,9 @@ use crate::net::stopped;
 pub trait EventSink: Send + Sync {
     /// A connection was made and the subscription sent.
     fn subscribed(&self) {}
-    /// One batch, in sequence order.
-    fn apply(&self, batch: &EventBatch);
+    /// One batch, in sequence order; returns how many of the blocks it
+    /// stored the sink had no room for.
+    fn apply(&self, batch: &EventBatch) -> u64;
     /// The replica restarted: its cache is empty, and nothing was missed since.
     fn restarted(&self);
     /// Some events were missed: the view is incomplete until it refills.
@@ -55,10 +56,6 @@ pub trait EventSink: Send + Sync {
     /// A replay was asked and ended `complete`, `incomplete` (the replica's
     /// buffer no longer reached back), `failed` or `timeout`.
     fn replay_done(&self, _outcome: &'static str) {}
-    /// Stored blocks the sink had no room for, since it was made.
-    fn dropped(&self) -> u64 {
-        0
-    }
 }
 
 /// Where one replica publishes.
@@ -227,10 +224,9 @@ impl Subscription {
         self.sink.gap_seen(upto.saturating_sub(from));
         if self.endpoints.replay.is_some() {
             match self.catch_up(from).await {
+                Some(next) if next < upto => {}
                 // Filled, or found holed and marked incomplete already.
-                Some(next) if next >= upto => return,
-                None => return,
-                Some(_) => {}
+                _ => return,
             }
         }
         tracing::info!(endpoint = %self.endpoints.events, from, upto, "kv events: missed events; view incomplete");
@@ -359,8 +355,9 @@ mod tests {
     }
 
     impl EventSink for Calls {
-        fn apply(&self, _: &EventBatch) {
+        fn apply(&self, _: &EventBatch) -> u64 {
             self.push("apply");
+            0
         }
         fn restarted(&self) {
             self.push("restarted");

@@ -296,12 +296,14 @@ impl EventSink for HeldBlocks {
         self.lock().subscriptions += 1;
     }
 
-    fn apply(&self, batch: &EventBatch) {
+    fn apply(&self, batch: &EventBatch) -> u64 {
         let mut held = self.lock();
         held.batches += 1;
+        let before = held.dropped;
         for e in &batch.events {
             held.apply(e);
         }
+        held.dropped - before
     }
 
     fn restarted(&self) {
@@ -320,10 +322,6 @@ impl EventSink for HeldBlocks {
 
     fn caught_up(&self) {
         self.lock().refill = None;
-    }
-
-    fn dropped(&self) -> u64 {
-        self.lock().dropped
     }
 }
 
