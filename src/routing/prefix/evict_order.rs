@@ -168,6 +168,11 @@ impl EvictOrder {
         !self.refs.contains_key(&block) && self.stamp_of.get(&block).is_some_and(|&s| s <= below)
     }
 
+    /// Whether a request in flight carries `block`.
+    pub fn carries(&self, block: u64) -> bool {
+        self.refs.contains_key(&block)
+    }
+
     /// How many blocks requests in flight carry (for tests and status).
     pub fn referenced(&self) -> usize {
         self.refs.len()

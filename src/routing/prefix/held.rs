@@ -41,7 +41,10 @@
 //! once per block however many requests carry it, and bounded by
 //! `capacity` too. Prompts sent before any event told the block size are
 //! kept as tokens ([`EARLY_TOKENS`]) and hashed into the sent blocks by
-//! that first event. Reported and sent blocks together are what the
+//! that first event. A reported block the replica evicts while a request
+//! llmlb has in flight there carries it counts as sent again: that request
+//! has not run yet (vLLM evicts only blocks no running request uses), and
+//! it will compute the block again. Reported and sent blocks together are what the
 //! replica will hold, which is also what the eviction charge measures the
 //! empty room against ([`HeldBlocks::occupied`]).
 //!
@@ -372,6 +375,28 @@ impl Held {
         }
     }
 
+    /// The replica evicted `block` while requests llmlb has in flight there
+    /// carry it. A request's blocks cannot be evicted while it runs, so
+    /// those requests are waiting (or were preempted) and will compute the
+    /// block again: it counts as sent for as long as they are in flight.
+    fn expect_again(&mut self, block: u64) {
+        if !self.order.carries(block) || self.pending.len() >= self.capacity {
+            return;
+        }
+        let mut carriers = 0;
+        for sent in self.expecting.values_mut() {
+            if sent.prompt.contains(&block) {
+                carriers += 1;
+                if !sent.pending.contains(&block) {
+                    sent.pending.push(block);
+                }
+            }
+        }
+        if carriers > 0 {
+            self.pending.insert(block, carriers);
+        }
+    }
+
     fn store(&mut self, stored: StoredBlocks<'_>) {
         if stored.block_size == 0 {
             return;
@@ -476,6 +501,7 @@ impl Held {
                         if *n == 0 {
                             self.ours.remove(&ours);
                             self.order.removed(ours);
+                            self.expect_again(ours);
                         }
                     }
                 }
@@ -639,6 +665,41 @@ mod tests {
         drop(third);
         assert_eq!(h.matched_or_sent(&want, None), 3, "confirmed");
         assert!(h.lock().expecting.is_empty());
+    }
+
+    /// A reported block evicted while a request in flight carries it: that
+    /// request has not run, and will store it again.
+    #[test]
+    fn an_evicted_block_a_waiting_request_carries_counts_as_sent() {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        let tokens: Vec<u32> = (0..6).collect();
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
+        // Sent while all three are held: nothing of it is pending.
+        let waiting = h.expect_prompt(&tokens[..4], &CacheKey::default());
+        assert!(h.lock().pending.is_empty());
+        let removed = |keys: &[u64]| KvEvent::BlockRemoved {
+            block_hashes: keys.iter().map(|&k| BlockKey(k)).collect(),
+            medium: None,
+        };
+        // The replica evicts the second and third blocks; the waiting
+        // request carries the second, not the third.
+        h.apply(&batch(vec![removed(&[3, 2])]));
+        assert_eq!(h.matched(&want), 1);
+        assert_eq!(h.matched_or_sent(&want, None), 2, "the second is on its way");
+        // Stored again, then evicted again before its request is seen to
+        // end (preempted, or ended at the replica first): on its way again.
+        h.apply(&batch(vec![stored(&[2], Some(1), &tokens[2..4], 2)]));
+        assert!(h.lock().pending.is_empty());
+        h.apply(&batch(vec![removed(&[2])]));
+        assert_eq!(h.matched_or_sent(&want, None), 2);
+        drop(waiting);
+        assert_eq!(h.matched_or_sent(&want, None), 1, "its request ended");
+        assert!(h.lock().pending.is_empty());
+        // Evicted with no request in flight: gone.
+        h.apply(&batch(vec![removed(&[1])]));
+        assert_eq!(h.matched_or_sent(&want, None), 0);
     }
 
     /// A prompt sent under an adapter or a salt counts only for prompts
