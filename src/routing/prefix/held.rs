@@ -687,7 +687,11 @@ mod tests {
         // request carries the second, not the third.
         h.apply(&batch(vec![removed(&[3, 2])]));
         assert_eq!(h.matched(&want), 1);
-        assert_eq!(h.matched_or_sent(&want, None), 2, "the second is on its way");
+        assert_eq!(
+            h.matched_or_sent(&want, None),
+            2,
+            "the second is on its way"
+        );
         // Stored again, then evicted again before its request is seen to
         // end (preempted, or ended at the replica first): on its way again.
         h.apply(&batch(vec![stored(&[2], Some(1), &tokens[2..4], 2)]));
