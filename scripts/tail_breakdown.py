@@ -51,6 +51,21 @@ def ahead(reqs, me, replica):
     return len(flight), len(pre), sum(r.get("input_tokens") or 0 for r in pre)
 
 
+BUSY_MEDIANS = {}
+
+
+def busy_median(rows, t, tok, run_, wait):
+    """A replica's median prefill rate over the run's busy intervals,
+    worked out once per replica's samples."""
+    key = id(rows)
+    if key not in BUSY_MEDIANS:
+        busy = sorted((rows[i + 1][tok] - rows[i][tok]) / ((rows[i + 1][t] - rows[i][t]) / 1000.0)
+                      for i in range(len(rows) - 1)
+                      if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
+        BUSY_MEDIANS[key] = (rows, percentile(busy, 50))
+    return BUSY_MEDIANS[key][1]
+
+
 def during(samples, replica, begin, end):
     """The replica's prefill rate (tokens/s), preemptions and highest KV
     usage from the last sample at or before `begin` to the first at or after
@@ -71,9 +86,6 @@ def during(samples, replica, begin, end):
     b = max(b, a + 1) if a + 1 < len(rows) else b
     dt = (rows[b][t] - rows[a][t]) / 1000.0
     rate = (rows[b][tok] - rows[a][tok]) / dt if dt > 0 else None
-    busy = sorted((rows[i + 1][tok] - rows[i][tok]) / ((rows[i + 1][t] - rows[i][t]) / 1000.0)
-                  for i in range(len(rows) - 1)
-                  if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
     # The longest stretch in which the replica had requests and produced no
     # token, prompt or output (older runs sampled prompt tokens only).
     counters = [tok]
@@ -91,7 +103,7 @@ def during(samples, replica, begin, end):
     return {
         "rate": rate,
         "frozen_s": frozen,
-        "busy_median": percentile(busy, 50),
+        "busy_median": busy_median(rows, t, tok, run_, wait),
         "preemptions": rows[b][pre] - rows[a][pre],
         "kv_max": max(r[kv] for r in rows[a:b + 1]),
     }
