@@ -114,6 +114,9 @@ struct Held {
     early: Vec<(u64, Vec<u32>, CacheKey)>,
     /// The id of the next prompt sent.
     next_id: u64,
+    /// Reported blocks evicted in the batch being applied while a request
+    /// in flight carried them (see [`Held::expect_again`]).
+    evicted_carried: Vec<u64>,
     /// LoRA adapter names the replica's events stored blocks under.
     adapters: HashSet<String>,
     capacity: usize,
@@ -141,6 +144,7 @@ impl HeldBlocks {
                 order: EvictOrder::default(),
                 early: Vec::new(),
                 next_id: 0,
+                evicted_carried: Vec::new(),
                 adapters: HashSet::new(),
                 capacity,
                 refill: Some(capacity),
@@ -306,6 +310,7 @@ impl EventSink for HeldBlocks {
         for e in &batch.events {
             held.apply(e);
         }
+        held.expect_again();
         held.dropped - before
     }
 
@@ -375,26 +380,37 @@ impl Held {
         }
     }
 
-    /// The replica evicted `block` while requests llmlb has in flight there
-    /// carry it. A request's blocks cannot be evicted while it runs, so
-    /// those requests are waiting (or were preempted) and will compute the
-    /// block again: it counts as sent for as long as they are in flight.
-    fn expect_again(&mut self, block: u64) {
-        if !self.order.carries(block) || self.pending.len() >= self.capacity {
+    /// The replica evicted reported blocks (`evicted_carried`, this
+    /// batch's) while requests llmlb has in flight there carried them. A
+    /// request's blocks cannot be evicted while it runs, so those requests
+    /// are waiting (or were preempted) and will compute the blocks again:
+    /// each counts as sent for as long as they are in flight. One pass over
+    /// the requests in flight per batch, whatever the number of blocks.
+    fn expect_again(&mut self) {
+        if self.evicted_carried.is_empty() {
             return;
         }
-        let mut carriers = 0;
+        let (ours, room) = (&self.ours, self.capacity.saturating_sub(self.pending.len()));
+        let evicted: HashSet<u64> = self
+            .evicted_carried
+            .drain(..)
+            .filter(|h| !ours.contains_key(h))
+            .take(room)
+            .collect();
+        let mut carriers: HashMap<u64, u32> = HashMap::new();
         for sent in self.expecting.values_mut() {
-            if sent.prompt.contains(&block) {
-                carriers += 1;
-                if !sent.pending.contains(&block) {
-                    sent.pending.push(block);
+            for &h in &sent.prompt {
+                if evicted.contains(&h) {
+                    *carriers.entry(h).or_insert(0) += 1;
+                    // A block this request counted once and the replica
+                    // stored since is still listed: listed once.
+                    if !sent.pending.contains(&h) {
+                        sent.pending.push(h);
+                    }
                 }
             }
         }
-        if carriers > 0 {
-            self.pending.insert(block, carriers);
-        }
+        self.pending.extend(carriers);
     }
 
     fn store(&mut self, stored: StoredBlocks<'_>) {
@@ -501,7 +517,9 @@ impl Held {
                         if *n == 0 {
                             self.ours.remove(&ours);
                             self.order.removed(ours);
-                            self.expect_again(ours);
+                            if self.order.carries(ours) {
+                                self.evicted_carried.push(ours);
+                            }
                         }
                     }
                 }
@@ -704,6 +722,26 @@ mod tests {
         // Evicted with no request in flight: gone.
         h.apply(&batch(vec![removed(&[1])]));
         assert_eq!(h.matched_or_sent(&want, None), 0);
+    }
+
+    /// Evicted and stored again within one batch: held, not on its way.
+    #[test]
+    fn a_carried_block_evicted_and_stored_again_in_one_batch_is_held() {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        let tokens: Vec<u32> = (0..4).collect();
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        h.apply(&batch(vec![stored(&[1, 2], None, &tokens, 2)]));
+        let _waiting = h.expect_prompt(&tokens, &CacheKey::default());
+        h.apply(&batch(vec![
+            KvEvent::BlockRemoved {
+                block_hashes: vec![BlockKey(2)],
+                medium: None,
+            },
+            stored(&[2], Some(1), &tokens[2..], 2),
+        ]));
+        assert!(h.lock().pending.is_empty());
+        assert_eq!(h.matched(&want), 2);
     }
 
     /// A prompt sent under an adapter or a salt counts only for prompts
