@@ -685,22 +685,33 @@ mod tests {
         assert!(h.lock().expecting.is_empty());
     }
 
+    /// A known record holding one prompt of `blocks` blocks of 2 tokens,
+    /// keyed 1, 2, ... by the replica; its tokens and llmlb's hashes.
+    fn holding_one_prompt(blocks: u64) -> (Arc<HeldBlocks>, Vec<u32>, Vec<u64>) {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        let tokens: Vec<u32> = (0..2 * blocks as u32).collect();
+        let keys: Vec<u64> = (1..=blocks).collect();
+        h.apply(&batch(vec![stored(&keys, None, &tokens, 2)]));
+        let want = chained_hashes(exact_seed(), &tokens, 2);
+        (h, tokens, want)
+    }
+
+    fn removed(keys: &[u64]) -> KvEvent {
+        KvEvent::BlockRemoved {
+            block_hashes: keys.iter().map(|&k| BlockKey(k)).collect(),
+            medium: None,
+        }
+    }
+
     /// A reported block evicted while a request in flight carries it: that
     /// request has not run, and will store it again.
     #[test]
     fn an_evicted_block_a_waiting_request_carries_counts_as_sent() {
-        let h = Arc::new(HeldBlocks::new(100));
-        h.caught_up();
-        let tokens: Vec<u32> = (0..6).collect();
-        let want = chained_hashes(exact_seed(), &tokens, 2);
-        h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
+        let (h, tokens, want) = holding_one_prompt(3);
         // Sent while all three are held: nothing of it is pending.
         let waiting = h.expect_prompt(&tokens[..4], &CacheKey::default());
         assert!(h.lock().pending.is_empty());
-        let removed = |keys: &[u64]| KvEvent::BlockRemoved {
-            block_hashes: keys.iter().map(|&k| BlockKey(k)).collect(),
-            medium: None,
-        };
         // The replica evicts the second and third blocks; the waiting
         // request carries the second, not the third.
         h.apply(&batch(vec![removed(&[3, 2])]));
@@ -727,17 +738,10 @@ mod tests {
     /// Evicted and stored again within one batch: held, not on its way.
     #[test]
     fn a_carried_block_evicted_and_stored_again_in_one_batch_is_held() {
-        let h = Arc::new(HeldBlocks::new(100));
-        h.caught_up();
-        let tokens: Vec<u32> = (0..4).collect();
-        let want = chained_hashes(exact_seed(), &tokens, 2);
-        h.apply(&batch(vec![stored(&[1, 2], None, &tokens, 2)]));
+        let (h, tokens, want) = holding_one_prompt(2);
         let _waiting = h.expect_prompt(&tokens, &CacheKey::default());
         h.apply(&batch(vec![
-            KvEvent::BlockRemoved {
-                block_hashes: vec![BlockKey(2)],
-                medium: None,
-            },
+            removed(&[2]),
             stored(&[2], Some(1), &tokens[2..], 2),
         ]));
         assert!(h.lock().pending.is_empty());
