@@ -51,19 +51,16 @@ def ahead(reqs, me, replica):
     return len(flight), len(pre), sum(r.get("input_tokens") or 0 for r in pre)
 
 
-BUSY_MEDIANS = {}
-
-
-def busy_median(rows, t, tok, run_, wait):
+def busy_median(samples, replica, rows, t, tok, run_, wait):
     """A replica's median prefill rate over the run's busy intervals,
-    worked out once per replica's samples."""
-    key = id(rows)
-    if key not in BUSY_MEDIANS:
+    worked out once per run and replica (kept in `samples`)."""
+    known = samples.setdefault("busy_medians", {})
+    if replica not in known:
         busy = sorted((rows[i + 1][tok] - rows[i][tok]) / ((rows[i + 1][t] - rows[i][t]) / 1000.0)
                       for i in range(len(rows) - 1)
                       if rows[i][run_] + rows[i][wait] > 0 and rows[i + 1][t] > rows[i][t])
-        BUSY_MEDIANS[key] = (rows, percentile(busy, 50))
-    return BUSY_MEDIANS[key][1]
+        known[replica] = percentile(busy, 50)
+    return known[replica]
 
 
 def during(samples, replica, begin, end):
@@ -103,7 +100,7 @@ def during(samples, replica, begin, end):
     return {
         "rate": rate,
         "frozen_s": frozen,
-        "busy_median": busy_median(rows, t, tok, run_, wait),
+        "busy_median": busy_median(samples, replica, rows, t, tok, run_, wait),
         "preemptions": rows[b][pre] - rows[a][pre],
         "kv_max": max(r[kv] for r in rows[a:b + 1]),
     }

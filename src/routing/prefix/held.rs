@@ -44,9 +44,9 @@
 //! that first event. A reported block the replica evicts while a request
 //! llmlb has in flight there carries it counts as sent again: that request
 //! has not run yet (vLLM evicts only blocks no running request uses), and
-//! it will compute the block again. Reported and sent blocks together are what the
-//! replica will hold, which is also what the eviction charge measures the
-//! empty room against ([`HeldBlocks::occupied`]).
+//! it will compute the block again. Reported and sent blocks together are
+//! what the replica will hold, which is also what the eviction charge
+//! measures the empty room against ([`HeldBlocks::occupied`]).
 //!
 //! **Minus what it will evict.** Reported blocks the replica will evict to
 //! make room for what it has been sent, before a request placed now gets
@@ -114,9 +114,6 @@ struct Held {
     early: Vec<(u64, Vec<u32>, CacheKey)>,
     /// The id of the next prompt sent.
     next_id: u64,
-    /// Reported blocks evicted in the batch being applied while a request
-    /// in flight carried them (see [`Held::expect_again`]).
-    evicted_carried: Vec<u64>,
     /// LoRA adapter names the replica's events stored blocks under.
     adapters: HashSet<String>,
     capacity: usize,
@@ -144,7 +141,6 @@ impl HeldBlocks {
                 order: EvictOrder::default(),
                 early: Vec::new(),
                 next_id: 0,
-                evicted_carried: Vec::new(),
                 adapters: HashSet::new(),
                 capacity,
                 refill: Some(capacity),
@@ -307,10 +303,11 @@ impl EventSink for HeldBlocks {
         let mut held = self.lock();
         held.batches += 1;
         let before = held.dropped;
+        let mut evicted_carried = Vec::new();
         for e in &batch.events {
-            held.apply(e);
+            held.apply(e, &mut evicted_carried);
         }
-        held.expect_again();
+        held.expect_again(evicted_carried);
         held.dropped - before
     }
 
@@ -380,21 +377,20 @@ impl Held {
         }
     }
 
-    /// The replica evicted reported blocks (`evicted_carried`, this
-    /// batch's) while requests llmlb has in flight there carried them. A
+    /// The replica evicted reported blocks (`evicted_carried`, in one
+    /// batch) while requests llmlb has in flight there carried them. A
     /// request's blocks cannot be evicted while it runs, so those requests
     /// are waiting (or were preempted) and will compute the blocks again:
     /// each counts as sent for as long as they are in flight. One pass over
     /// the requests in flight per batch, whatever the number of blocks.
-    fn expect_again(&mut self) {
-        if self.evicted_carried.is_empty() {
+    fn expect_again(&mut self, evicted_carried: Vec<u64>) {
+        if evicted_carried.is_empty() {
             return;
         }
-        let (ours, room) = (&self.ours, self.capacity.saturating_sub(self.pending.len()));
-        let evicted: HashSet<u64> = self
-            .evicted_carried
-            .drain(..)
-            .filter(|h| !ours.contains_key(h))
+        let room = self.capacity.saturating_sub(self.pending.len());
+        let evicted: HashSet<u64> = evicted_carried
+            .into_iter()
+            .filter(|h| !self.ours.contains_key(h))
             .take(room)
             .collect();
         let mut carriers: HashMap<u64, u32> = HashMap::new();
@@ -496,7 +492,9 @@ impl Held {
         self.refill = None;
     }
 
-    fn apply(&mut self, e: &KvEvent) {
+    /// Applies one event; reported blocks it evicts that a request in
+    /// flight carries are added to `evicted_carried`.
+    fn apply(&mut self, e: &KvEvent, evicted_carried: &mut Vec<u64>) {
         match e {
             KvEvent::BlockStored { .. } => {
                 if let Some(stored) = e.stored() {
@@ -518,7 +516,7 @@ impl Held {
                             self.ours.remove(&ours);
                             self.order.removed(ours);
                             if self.order.carries(ours) {
-                                self.evicted_carried.push(ours);
+                                evicted_carried.push(ours);
                             }
                         }
                     }
