@@ -22,6 +22,8 @@ seconds llmlb and the whole host used during the load (from /proc). The policies
 `hash_homes`, `cache_homes` and `exact_homes` are `hash`, `cache` and `exact` with
 `[pools.prefix] homes = true`, `cache_free` and `exact_free` have
 `evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
+`cache_one_hardware` and `exact_one_hardware` have `rate_band = 2.0` (as
+a pool known to be of one hardware may set it),
 `cache_kv_wait` and `exact_kv_wait` have `kv_wait = "batch"`, and
 `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight`, and `hash_kv`
@@ -88,6 +90,9 @@ POLICIES = {
     "exact_free": ("least_connections", "exact"),
     # with [pools.prefix] rate_band = 1.0 (every replica's own learned rates)
     "cache_own_rates": ("least_connections", "cache"),
+    # with [pools.prefix] rate_band = 2.0 (a pool of one hardware)
+    "cache_one_hardware": ("least_connections", "cache"),
+    "exact_one_hardware": ("least_connections", "exact"),
     # with [pools.prefix] kv_wait = "batch"
     "cache_kv_wait": ("least_connections", "cache"),
     "exact_kv_wait": ("least_connections", "exact"),
@@ -332,6 +337,8 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append('evictions = "free"')
         if policy.endswith("_own_rates"):
             lines.append("rate_band = 1.0")
+        if policy.endswith("_one_hardware"):
+            lines.append("rate_band = 2.0")
         if policy.endswith("_kv_wait"):
             lines.append('kv_wait = "batch"')
         if policy.endswith("_capped"):
