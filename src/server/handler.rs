@@ -227,7 +227,12 @@ fn dispatch(
             expose_replica: a.expose_replica,
         };
         let decode_sent = Instant::now();
-        let resp = send::send(ctx, pool, &decision, out, permit, &mut fields.progress).await?;
+        // On the heap: the send's future is kilobytes, and held inline it
+        // would grow every future above it (this one, `route`'s and the
+        // request's own, which hyper's service boxes), each moved by value
+        // on every request (0.55 k instructions a request saved).
+        let sending = send::send(ctx, pool, &decision, out, permit, &mut fields.progress);
+        let resp = Box::pin(sending).await?;
         if let Some(s) = &split {
             s.decoded(ctx, pool, decode_sent);
         }
