@@ -31,18 +31,10 @@
 //! replica's peers (`routing::prefix::score`), and uses the config values
 //! only while no candidate has learned anything.
 //!
-//! The prefill rate is also learned per prompt-size class (the interval's
-//! computed tokens ÷ its requests, in powers of two): a rate depends on the
-//! prompts it was measured on, since each request adds a fixed cost to its
-//! tokens', so replicas of one hardware fed different prompts learn
-//! different means, and the router compares replicas class by class
-//! (`routing::prefix::score`).
-//!
-//! Shared state: `AtomicU64`s holding `f64` bits (0 = none yet: the three
-//! rates and one prefill rate per size class) and a count of the requests
-//! the prefill rates were learned from, written only by the replica's
-//! scrape loop and read lock-free by the router. Cost per scrape: a handful
-//! of float operations.
+//! Shared state: three `AtomicU64`s holding `f64` bits (0 = none yet) and
+//! a count of the requests the prefill rates were learned from,
+//! written only by the replica's scrape loop and read lock-free by the router.
+//! Cost per scrape: a handful of float operations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -56,15 +48,6 @@ pub const MAX_STEP: f64 = 4.0;
 pub const MIN_PREFILL_TOKENS: f64 = 16.0;
 /// Fewer inter-token gaps than this in an interval: no sample.
 pub const MIN_INTER_TOKENS: f64 = 4.0;
-/// Prompt-size classes the prefill rate is also learned in: an interval
-/// whose mean prompt (computed tokens ÷ requests) is `n` tokens falls in
-/// class ⌊log2 n⌋, the last class taking every longer one (32 k and up).
-pub const SIZE_CLASSES: usize = 16;
-
-/// The size class of a mean prompt of `tokens`.
-pub fn size_class(tokens: f64) -> usize {
-    (tokens.max(1.0).log2() as usize).min(SIZE_CLASSES - 1)
-}
 
 /// A replica's learned rates, as the scorer reads them (`None` until learned).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -78,12 +61,6 @@ pub struct Rates {
     /// Requests the prefill rates were learned from, so far: how much
     /// evidence stands behind them.
     pub prefill_requests: u64,
-    /// The prefill rate (tokens/s) learned per prompt-size class
-    /// ([`size_class`]; 0: none yet, or not read: see
-    /// [`LearnedRates::by_size`]). A rate depends on the prompts it
-    /// was measured on (a per-request cost spread over their tokens), so
-    /// two replicas are compared class by class, not by their means.
-    pub by_size: [f32; SIZE_CLASSES],
 }
 
 impl Rates {
@@ -102,7 +79,6 @@ pub struct LearnedRates {
     prefill_seconds_per_request: AtomicU64,
     decode_step_seconds: AtomicU64,
     prefill_requests: AtomicU64,
-    by_size: [AtomicU64; SIZE_CLASSES],
 }
 
 fn load(cell: &AtomicU64) -> Option<f64> {
@@ -127,30 +103,6 @@ fn fold(cell: &AtomicU64, sample: f64) {
     cell.store(next.to_bits(), Ordering::Relaxed);
 }
 
-/// How far a faster sample lifts a size class's rate, and a slower one
-/// lowers it: the rate follows the replica's fastest prefills.
-const ENVELOPE_UP: f64 = 0.5;
-const ENVELOPE_DOWN: f64 = 0.05;
-
-/// Folds `sample` into the upper envelope in `cell`: the replica's prefill
-/// rate at that size when little else slows it. A mean would also measure
-/// the load: a slower replica draws fewer requests, so under load its mean
-/// looks nearly as fast as its busier peers'.
-fn envelope(cell: &AtomicU64, sample: f64) {
-    if !(sample > 0.0 && sample.is_finite()) {
-        return;
-    }
-    let next = match load(cell) {
-        None => sample,
-        Some(peak) => {
-            let s = sample.clamp(peak / MAX_STEP, peak * MAX_STEP);
-            let weight = if s > peak { ENVELOPE_UP } else { ENVELOPE_DOWN };
-            peak + weight * (s - peak)
-        }
-    };
-    cell.store(next.to_bits(), Ordering::Relaxed);
-}
-
 /// `after − before` when both exist and the counter did not go down.
 fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     let d = after? - before?;
@@ -164,14 +116,7 @@ impl LearnedRates {
             prefill_seconds_per_request: load(&self.prefill_seconds_per_request),
             decode_step_seconds: load(&self.decode_step_seconds),
             prefill_requests: self.prefill_requests.load(Ordering::Relaxed),
-            by_size: [0.0; SIZE_CLASSES],
         }
-    }
-
-    /// The prefill rates per size class, which [`Self::rates`] leaves out:
-    /// only the prefix modes' cost reads them (sixteen more loads).
-    pub fn by_size(&self) -> [f32; SIZE_CLASSES] {
-        std::array::from_fn(|c| load(&self.by_size[c]).unwrap_or(0.0) as f32)
     }
 
     /// Learns from what changed between two consecutive scrapes.
@@ -188,7 +133,6 @@ impl LearnedRates {
             self.prefill_requests.fetch_add(n as u64, Ordering::Relaxed);
             if t >= MIN_PREFILL_TOKENS {
                 fold(&self.prefill_tokens_per_second, t / s);
-                envelope(&self.by_size[size_class(t / n)], t / s);
             }
         }
         let gaps = delta(b.inter_tokens, a.inter_tokens);
@@ -233,19 +177,6 @@ mod tests {
         assert_eq!(r.prefill_seconds_per_request, Some(0.1));
         assert_eq!(r.decode_step_seconds, Some(0.002));
         assert_eq!(r.prefill_requests, 5);
-        // 200 tokens a request: class 7 (128–255).
-        let by_size = l.by_size();
-        assert_eq!(by_size[7], 2000.0);
-        assert_eq!(by_size.iter().filter(|&&v| v > 0.0).count(), 1);
-    }
-
-    #[test]
-    fn size_classes_are_powers_of_two_up_to_the_last() {
-        assert_eq!(size_class(0.0), 0);
-        assert_eq!(size_class(1.0), 0);
-        assert_eq!(size_class(255.9), 7);
-        assert_eq!(size_class(256.0), 8);
-        assert_eq!(size_class(1e9), SIZE_CLASSES - 1);
     }
 
     #[test]

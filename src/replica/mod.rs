@@ -24,7 +24,7 @@ pub mod state;
 pub mod view;
 
 pub use health::{ActiveHealth, Transition};
-pub use learned::{LearnedRates, Rates, SIZE_CLASSES};
+pub use learned::{LearnedRates, Rates};
 pub use restart::RestartWatch;
 pub use snapshot::{EngineTiming, LoadSnapshot};
 pub use state::{InFlightGuard, PrefillHook, Replica, ReplicaId};

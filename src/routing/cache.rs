@@ -40,7 +40,7 @@ use super::prefix::rendezvous;
 use super::prefix::score::{self, AdapterWait, Candidate};
 use super::router::Router;
 use crate::config::PrefixMode;
-use crate::replica::{Rates, Replica, ReplicaId, ReplicaView};
+use crate::replica::{Replica, ReplicaId, ReplicaView};
 
 /// A request's prompt as prefix routing hashes it: the model named, the
 /// token ids and what else keys its blocks; and, for a LoRA request with
@@ -275,10 +275,7 @@ fn candidates(
     (0..cands.len())
         .map(|i| Candidate {
             ahead: ahead[i],
-            rates: Rates {
-                by_size: cands[i].learned.by_size(),
-                ..ordered[i].rates
-            },
+            rates: ordered[i].rates,
             prefilling: ordered[i].prefilling,
             cached_tokens: if facts.copies.contains(&cands[i].id) {
                 held[i].cached.max(facts.shared)

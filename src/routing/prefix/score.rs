@@ -104,13 +104,13 @@
 //! Ties (an empty index, even load) go to the earliest replica in the
 //! prefix's rendezvous order, so independent llmlb instances agree.
 //!
-//! Cost: O(candidates × size classes), including the medians of the
-//! candidates' learned rates (three, and one per prompt-size class, found by
-//! selection in one reused vector) when `rate_band` is above 1 or a
-//! candidate lacks a rate; no other allocation besides the `ahead` vector.
+//! Cost: O(candidates), including the three medians of the candidates'
+//! learned rates (found by selection, one small vector each) when
+//! `rate_band` is above 1 or a candidate lacks a rate; no other allocation
+//! besides the `ahead` vector.
 
 use crate::config::{Evictions, KvWait};
-use crate::replica::{Rates, ReplicaView, SIZE_CLASSES};
+use crate::replica::{Rates, ReplicaView};
 
 /// The pool's prior rates, used until a replica or one of its peers has learned.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -377,9 +377,6 @@ struct TypicalRates {
     tokens_per_second: Option<f64>,
     seconds_per_request: Option<f64>,
     decode_step: Option<f64>,
-    /// The median prefill rate per prompt-size class, where at least two
-    /// candidates have learned one (0: fewer).
-    by_size: [f64; SIZE_CLASSES],
 }
 
 impl TypicalRates {
@@ -387,81 +384,39 @@ impl TypicalRates {
         tokens_per_second: None,
         seconds_per_request: None,
         decode_step: None,
-        by_size: [0.0; SIZE_CLASSES],
     };
 
     fn of(cands: &[Candidate]) -> TypicalRates {
-        let mut v = Vec::with_capacity(cands.len());
-        let mut median = |f: &dyn Fn(&Rates) -> Option<f64>| {
-            v.clear();
-            v.extend(cands.iter().filter_map(|c| f(&c.rates)));
-            median_of(&mut v)
+        let median = |f: fn(&Rates) -> Option<f64>| {
+            let mut v: Vec<f64> = cands.iter().filter_map(|c| f(&c.rates)).collect();
+            let n = v.len();
+            if n == 0 {
+                return None;
+            }
+            // Selection, not a sort: linear in the candidates.
+            let (below, &mut upper, _) = v.select_nth_unstable_by(n / 2, f64::total_cmp);
+            Some(if n % 2 == 1 {
+                upper
+            } else {
+                let lower = below
+                    .iter()
+                    .copied()
+                    .max_by(f64::total_cmp)
+                    .unwrap_or(upper);
+                (lower + upper) / 2.0
+            })
         };
-        let tokens_per_second = median(&|r| r.prefill_tokens_per_second);
-        let seconds_per_request = median(&|r| r.prefill_seconds_per_request);
-        let decode_step = median(&|r| r.decode_step_seconds);
-        let mut by_size = [0.0; SIZE_CLASSES];
-        for (class, m) in by_size.iter_mut().enumerate() {
-            let learned = |r: &Rates| Some(f64::from(r.by_size[class])).filter(|&x| x > 0.0);
-            if cands.iter().filter(|c| learned(&c.rates).is_some()).count() >= 2 {
-                *m = median(&learned).unwrap_or(0.0);
-            }
-        }
         TypicalRates {
-            tokens_per_second,
-            seconds_per_request,
-            decode_step,
-            by_size,
+            tokens_per_second: median(|r| r.prefill_tokens_per_second),
+            seconds_per_request: median(|r| r.prefill_seconds_per_request),
+            decode_step: median(|r| r.decode_step_seconds),
         }
-    }
-
-    /// How much faster than its peers a replica prefills prompts of the
-    /// same size: the geometric mean, over the size classes where it and
-    /// the median have a rate, of its rate ÷ the median's (`None`: no such
-    /// class). Unlike its mean rate, it does not move with the prompts the
-    /// replica happened to be given.
-    fn speed_of(&self, rates: &Rates) -> Option<f64> {
-        let (mut log_sum, mut n) = (0.0, 0u32);
-        for (&own, &m) in rates.by_size.iter().zip(&self.by_size) {
-            if own > 0.0 && m > 0.0 {
-                log_sum += (f64::from(own) / m).ln();
-                n += 1;
-            }
-        }
-        (n > 0).then(|| (log_sum / f64::from(n)).exp())
     }
 }
 
-/// The median of `v` (reordered), by selection: linear in its length.
-fn median_of(v: &mut [f64]) -> Option<f64> {
-    let n = v.len();
-    if n == 0 {
-        return None;
-    }
-    let (below, &mut upper, _) = v.select_nth_unstable_by(n / 2, f64::total_cmp);
-    Some(if n % 2 == 1 {
-        upper
-    } else {
-        let lower = below
-            .iter()
-            .copied()
-            .max_by(f64::total_cmp)
-            .unwrap_or(upper);
-        (lower + upper) / 2.0
-    })
-}
-
-/// A replica's rates as the cost reads them: a replica whose prefill is
-/// within a factor `band` of its peers' counts as one of them and is costed
-/// at the candidates' median rates, and a rate the replica has not learned
-/// yet is the median of those that have.
-///
-/// Whether it is within the band is read from its speed against the median
-/// at the same prompt sizes ([`TypicalRates::speed_of`]) when it and its
-/// peers have learned rates for some size in common, else from its mean
-/// rate. A mean follows the prompts measured: with 35 ms a request plus
-/// 0.1 ms a token, one hardware measures about 2,000 tokens/s on 100-token
-/// prompts and 9,000 on 5,000-token ones.
+/// A replica's rates as the cost reads them: a learned prefill rate within
+/// a factor `band` of the candidates' median counts as the median, and a
+/// rate the replica has not learned yet is the median of those that have.
 ///
 /// Replicas of the same hardware learn different rates, and the difference
 /// feeds itself: the one that looks faster gets more of the cold requests,
@@ -494,33 +449,18 @@ fn median_of(v: &mut [f64]) -> Option<f64> {
 /// snapped: it grows with the batch and so is part of the load signal.
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
     let evidence = rates.prefill_requests as f64;
-    let within = |x: f64, m: f64| x <= m * band && x * band >= m;
-    // Against its peers at the same prompt sizes, when they overlap: the
-    // speed weighed against 1 (the median) as the rate is below.
-    let weigh = |x: f64, m: f64, faster: bool| {
-        let k = if faster {
-            PRIOR_REQUESTS_FASTER
-        } else {
-            PRIOR_REQUESTS
-        };
-        (evidence * x + k * m) / (evidence + k)
-    };
-    let same_speed = typical
-        .speed_of(&rates)
-        .map(|speed| within(weigh(speed, 1.0, speed > 1.0), 1.0));
     // `faster(x, m)`: whether `x` says the replica is faster than `m` does.
     let snap =
         |own: Option<f64>, typical: Option<f64>, faster: fn(f64, f64) -> bool| match (own, typical)
         {
             (Some(x), Some(m)) if band > 1.0 => {
-                let faster = faster(x, m);
-                let x = weigh(x, m, faster);
-                // A mean that looks faster than its peers' is excused when
-                // the replica is as fast as they are at the same sizes;
-                // one that looks slower is not: a slower replica draws
-                // fewer requests, so a fault shows in its mean first.
-                let same = within(x, m) || (faster && same_speed == Some(true));
-                Some(if same { m } else { x })
+                let k = if faster(x, m) {
+                    PRIOR_REQUESTS_FASTER
+                } else {
+                    PRIOR_REQUESTS
+                };
+                let x = (evidence * x + k * m) / (evidence + k);
+                Some(if x <= m * band && x * band >= m { m } else { x })
             }
             (None, m) => m,
             (own, _) => own,
@@ -559,7 +499,6 @@ mod tests {
         prefill_seconds_per_request: None,
         decode_step_seconds: None,
         prefill_requests: 0,
-        by_size: [0.0; SIZE_CLASSES],
     };
 
     /// Requests behind a rate learned long enough to stand on its own.
@@ -661,7 +600,6 @@ mod tests {
         prefill_seconds_per_request: Some(0.1),
         decode_step_seconds: Some(0.02),
         prefill_requests: SETTLED,
-        by_size: [0.0; SIZE_CLASSES],
     };
 
     #[test]
@@ -801,7 +739,6 @@ mod tests {
                 prefill_seconds_per_request: Some(0.3),
                 decode_step_seconds: Some(0.06),
                 prefill_requests: SETTLED,
-                by_size: [0.0; SIZE_CLASSES],
             },
             rank: 0,
             ..fast
@@ -831,7 +768,6 @@ mod tests {
                 prefill_seconds_per_request: Some(0.1),
                 decode_step_seconds: Some(0.02),
                 prefill_requests: SETTLED,
-                by_size: [0.0; SIZE_CLASSES],
             },
             ..cand(scraped(waiting, 1, 10_000, 0), LEARNED, 0, rank)
         };
@@ -863,53 +799,12 @@ mod tests {
     }
 
     #[test]
-    fn replicas_are_compared_at_the_same_prompt_sizes() {
-        // One hardware prefilling in 35 ms plus 0.1 ms a token: a mean rate
-        // follows the prompts measured (about 4,200 tokens/s at 256-token
-        // prompts, 9,200 at 4,096).
-        let at_size = |tokens: f64| tokens / (0.035 + 0.0001 * tokens);
-        let measured = |sizes: &[f64], mean: f64, speed: f64, rank| {
-            let mut rates = Rates {
-                prefill_tokens_per_second: Some(mean * speed),
-                ..LEARNED
-            };
-            for &t in sizes {
-                rates.by_size[crate::replica::learned::size_class(t)] = (at_size(t) * speed) as f32;
-            }
-            cand(scraped(0, 1, 10_000, 0), rates, 0, rank)
-        };
-        // One replica was given the long prompts: its mean is 2.5 times the
-        // others', but at 256 tokens all three are equal, so it is costed at
-        // the median (as if the band were wide enough).
-        let long = measured(&[256.0, 4_096.0], at_size(4_096.0), 1.0, 1);
-        let short = |rank| measured(&[256.0], at_size(256.0), 1.0, rank);
-        let pool = [long, short(0), short(2)];
-        let typical = TypicalRates::of(&pool);
-        let snapped = same_hardware(long.rates, typical, MODEL.rate_band);
-        assert_eq!(snapped.prefill_tokens_per_second, typical.tokens_per_second);
-        // A 4,000-token prompt on an idle pool: the tie goes by rank, not
-        // to the replica that measured the long prompts.
-        assert_eq!(best(&MODEL, 4_000, &pool).unwrap().0, 1);
-        // Twice as fast at the same sizes (other hardware): kept apart, and
-        // it draws the long prompt though its rank is the later one.
-        let fast = measured(&[256.0, 4_096.0], at_size(4_096.0), 2.0, 1);
-        let typical = TypicalRates::of(&[fast, short(0), short(2)]);
-        let kept = same_hardware(fast.rates, typical, MODEL.rate_band);
-        assert!(kept.prefill_tokens_per_second > Some(at_size(4_096.0)));
-        assert_eq!(
-            best(&MODEL, 4_000, &[short(0), fast, short(2)]).unwrap().0,
-            1
-        );
-    }
-
-    #[test]
     fn a_replica_that_has_not_learned_is_costed_at_its_peers_rates() {
         let learned = Rates {
             prefill_tokens_per_second: Some(1_000.0),
             prefill_seconds_per_request: Some(0.5),
             decode_step_seconds: Some(0.05),
             prefill_requests: SETTLED,
-            by_size: [0.0; SIZE_CLASSES],
         };
         let a = cand(scraped(2, 1, 10_000, 0), learned, 0, 0);
         let b = cand(scraped(3, 1, 10_000, 0), NO_RATES, 0, 1);
@@ -935,7 +830,6 @@ mod tests {
             prefill_seconds_per_request: Some(0.1),
             decode_step_seconds: Some(0.02),
             prefill_requests,
-            by_size: [0.0; SIZE_CLASSES],
         };
         let at = |rates, rank| cand(scraped(1, 1, 10_000, 0), rates, 0, rank);
         // A replica whose one request was prefilled while it was idle
