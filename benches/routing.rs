@@ -48,6 +48,7 @@ fn routing(c: &mut Criterion) {
         salt: None,
         unpredictable: None,
         kind: "plain",
+        max_tokens: Some(256),
     };
     let mut group = c.benchmark_group("route");
     let cases: [(&str, &str); 3] = [

@@ -277,6 +277,9 @@ pub struct Decider {
     metrics: Metrics,
     index: HashMap<ReplicaId, u32>,
     rng: u64,
+    /// The output tokens of the request routed next, as its `max_tokens`
+    /// (`exact` mode orders requests in flight by when they end).
+    pub max_tokens: Option<u32>,
 }
 
 impl Decider {
@@ -335,6 +338,7 @@ impl Decider {
             metrics,
             index,
             rng: seed ^ 0x0dec_1de5,
+            max_tokens: None,
         })
     }
 
@@ -480,6 +484,7 @@ impl Decider {
             salt: None,
             unpredictable: None,
             kind: "plain",
+            max_tokens: self.max_tokens,
         };
         let pool = &self.topology.pools[pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)

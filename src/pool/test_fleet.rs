@@ -60,6 +60,7 @@ pub fn input<'a>(
         salt: None,
         unpredictable: None,
         kind: "plain",
+        max_tokens: None,
     }
 }
 

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
-use super::decision::Decision;
+use super::decision::{Decision, Expect};
 use super::prefix::blocks::{CacheKey, block_hashes_keyed, exact_seed, keyed_hashes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
@@ -40,7 +40,7 @@ use super::prefix::rendezvous;
 use super::prefix::score::{self, AdapterWait, Candidate};
 use super::router::Router;
 use crate::config::PrefixMode;
-use crate::replica::{Replica, ReplicaId, ReplicaView};
+use crate::replica::{Rates, Replica, ReplicaId, ReplicaView};
 
 /// A request's prompt as prefix routing hashes it: the model named, the
 /// token ids and what else keys its blocks; and, for a LoRA request with
@@ -51,6 +51,8 @@ pub(super) struct KeyedPrompt<'a> {
     pub tokens: Cow<'a, [u32]>,
     pub key: &'a CacheKey,
     pub waits: &'a HashMap<ReplicaId, AdapterWait>,
+    /// The most output tokens the request asks for.
+    pub max_tokens: Option<u32>,
 }
 
 /// Sets the decision's preference among `cands` for `prompt`.
@@ -67,6 +69,7 @@ pub(super) fn prefer(
         tokens,
         key: cache_key,
         waits,
+        max_tokens,
     } = prompt;
     let prefix = &router.prefix;
     let block = prefix.block_size;
@@ -117,7 +120,7 @@ pub(super) fn prefer(
     };
     let scored = candidates(router, key, cands, views, &held, &facts, waits);
     let prompt_len = tokens.len() as u64;
-    let Some((i, _)) = score::best(&router.cost, prompt_len, &scored) else {
+    let Some((i, ttft)) = score::best(&router.cost, prompt_len, &scored) else {
         return;
     };
     let id = cands[i].id;
@@ -130,7 +133,25 @@ pub(super) fn prefer(
     };
     pick.note_branches(router, id, &facts, &mut d.branches);
     d.preferred = Some(vec![id]);
-    to_record(router, d, blocks, tokens, cache_key);
+    let ends = ends_ms(now_ms, ttft, max_tokens, &scored[i].rates);
+    to_record(router, d, blocks, tokens, cache_key, ends);
+}
+
+/// Output tokens assumed for a request that does not bound its answer.
+const UNBOUNDED_OUTPUT: u32 = 256;
+
+/// When a request sent now to the chosen replica should end, in
+/// `now_ms`'s milliseconds: after its expected time to first token there
+/// (`ttft`, the cost model's) and its output tokens ([`UNBOUNDED_OUTPUT`]
+/// when it sets no bound) at the replica's learned decode step (none
+/// learned: no time for the output). Only the order of the requests in
+/// flight on one replica matters ([`HeldBlocks::matched_or_sent`]):
+/// a request sent behind a longer queue, or asking for a longer answer,
+/// ends later.
+fn ends_ms(now_ms: u64, ttft: f64, max_tokens: Option<u32>, rates: &Rates) -> u64 {
+    let out = f64::from(max_tokens.unwrap_or(UNBOUNDED_OUTPUT));
+    let decode = rates.decode_step_seconds.map_or(0.0, |s| out * s);
+    now_ms.saturating_add(((ttft + decode) * 1000.0) as u64)
 }
 
 /// What the request's dispatch records: its blocks into the pool's index
@@ -142,14 +163,16 @@ fn to_record(
     blocks: Vec<u64>,
     tokens: Cow<'_, [u32]>,
     cache_key: &CacheKey,
+    ends_ms: u64,
 ) {
     d.record = Some((Arc::clone(&router.state.indexes), blocks));
     if router.prefix.mode == PrefixMode::Exact {
-        d.expect = Some((
-            Arc::clone(&router.state.held),
-            tokens.into_owned(),
-            cache_key.clone(),
-        ));
+        d.expect = Some(Expect {
+            held: Arc::clone(&router.state.held),
+            tokens: tokens.into_owned(),
+            key: cache_key.clone(),
+            ends_ms,
+        });
     }
 }
 
@@ -817,25 +840,19 @@ mod tests {
     }
 
     /// One `exact` pool of two replicas, each naming its KV-event endpoint.
-    fn exact_topology() -> crate::pool::Topology {
-        use crate::pool::test_fleet::{replicas, topology};
-        topology(&format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
-            replicas(2, |i| format!(
-                "kv_events = \"tcp://127.0.0.1:{}\"",
-                5557 + i
-            ))
-        ))
+    /// A chat of a system prompt repeated 40 times and a question.
+    fn long_chat(system: &str, q: &str) -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::new("system", system.repeat(40)),
+            ChatMessage::new("user", q.to_string()),
+        ]
     }
 
-    #[test]
-    fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
+    /// Every replica's record known, the block size (16) told by a block
+    /// of another prompt.
+    fn known_records(pool: &crate::pool::Pool) {
         use crate::kv_events::subscriber::EventSink;
         use crate::kv_events::{BlockKey, EventBatch, KvEvent};
-        let t = exact_topology();
-        let pool = &t.pools[0];
-        // Both records known and empty of this prompt; an event of another
-        // prompt tells the block size.
         for r in &pool.replicas {
             let held = pool.router.held(r.id).unwrap();
             held.caught_up();
@@ -853,6 +870,25 @@ mod tests {
                 dp_rank: None,
             });
         }
+    }
+
+    fn exact_topology() -> crate::pool::Topology {
+        use crate::pool::test_fleet::{replicas, topology};
+        topology(&format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.prefix]\nmode = \"exact\"\n{}",
+            replicas(2, |i| format!(
+                "kv_events = \"tcp://127.0.0.1:{}\"",
+                5557 + i
+            ))
+        ))
+    }
+
+    #[test]
+    fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
+        let t = exact_topology();
+        let pool = &t.pools[0];
+        // Both records known and empty of this prompt.
+        known_records(pool);
         let headers = HeaderMap::new();
         let long = "Reply in the customer's language and quote the order number. ".repeat(40);
         let chat = |q: &str| {
@@ -909,12 +945,7 @@ mod tests {
         let t = exact_topology();
         let pool = &t.pools[0];
         let headers = HeaderMap::new();
-        let chat = |system: &str, q: &str| {
-            vec![
-                ChatMessage::new("system", system.repeat(40)),
-                ChatMessage::new("user", q.to_string()),
-            ]
-        };
+        let chat = long_chat;
         let old = chat(
             "Quote the order number and answer in the customer's language. ",
             "where is it?",
@@ -924,7 +955,7 @@ mod tests {
             "refund?",
         );
         let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
-        let tokens = |c: &[ChatMessage]| at(c).expect.as_ref().unwrap().1.clone();
+        let tokens = |c: &[ChatMessage]| at(c).expect.as_ref().unwrap().tokens.clone();
         let (old_tokens, new_tokens) = (tokens(&old), tokens(&new));
         let blocks = old_tokens.len() / 16;
         assert!(blocks >= 30 && new_tokens.len() / 16 >= 30, "long prompts");
@@ -970,5 +1001,44 @@ mod tests {
         let d = at(&old);
         assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
         assert_eq!(d.predicted_for(warm.id), Some(0));
+    }
+
+    /// A replica whose requests in flight carry more than its cache holds
+    /// counts only the blocks of those that end last: a prefix only a
+    /// request ending earlier carries there is a miss there, even while
+    /// that request waits.
+    #[test]
+    fn exact_mode_counts_only_the_requests_ending_last_where_more_is_in_flight_than_fits() {
+        use crate::replica::LoadSnapshot;
+        let t = exact_topology();
+        let pool = &t.pools[0];
+        let headers = HeaderMap::new();
+        let chat = long_chat;
+        let old = chat("Answer in the customer's language. ", "where is it?");
+        let new = chat(
+            &"Summarise the ticket history before proposing a refund. ".repeat(3),
+            "refund?",
+        );
+        let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
+        let old_tokens = at(&old).expect.as_ref().unwrap().tokens.clone();
+        let blocks = old_tokens.len() / 16;
+        let (warm, cold) = (&pool.replicas[0], &pool.replicas[1]);
+        known_records(pool);
+        for r in &pool.replicas {
+            r.store_load(LoadSnapshot {
+                kv_capacity_tokens: Some(((blocks + 4) * 16) as u64),
+                taken_at_ms: 1,
+                ..LoadSnapshot::default()
+            });
+        }
+        // A request of the old prompt waits there: it counts.
+        let _waiting = at(&old).dispatched(warm);
+        assert!(at(&old).predicted_for(warm.id).unwrap() > 0);
+        // A later one of a prompt longer than the whole cache: by a new
+        // request's turn the old prompt will be gone.
+        let _newer = at(&new).dispatched(warm);
+        let d = at(&old);
+        assert_eq!(d.predicted_for(warm.id), Some(0));
+        assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
     }
 }

@@ -24,6 +24,16 @@ pub(super) type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
 /// What each event-publishing replica reports holding (`exact` mode).
 pub(super) type Held = Arc<HashMap<ReplicaId, Arc<HeldBlocks>>>;
 
+/// `exact` mode: what a request's dispatch records on its replica.
+#[derive(Debug)]
+pub(super) struct Expect {
+    pub held: Held,
+    pub tokens: Vec<u32>,
+    pub key: CacheKey,
+    /// When the request should end, in the router's milliseconds.
+    pub ends_ms: u64,
+}
+
 /// The routing stage's answer for one request.
 #[derive(Debug, Default)]
 pub struct Decision {
@@ -37,9 +47,9 @@ pub struct Decision {
     pub version: Option<Arc<str>>,
     /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
     pub(super) record: Option<(Indexes, Vec<u64>)>,
-    /// `exact` mode: the prompt's tokens and key, expected on the replica
-    /// it is sent to until its events report them or the request ends.
-    pub(super) expect: Option<(Held, Vec<u32>, CacheKey)>,
+    /// `exact` mode: the prompt, expected on the replica it is sent to
+    /// until its events report it or the request ends.
+    pub(super) expect: Option<Expect>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
     /// Why no prediction was made, when the prompt's cached prefix cannot
@@ -109,8 +119,10 @@ impl Decision {
         if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
             outbox.send(&replica.name, *key, blocks);
         }
-        let sent = self.expect.as_ref().and_then(|(held, tokens, key)| {
-            held.get(&replica.id).map(|h| h.expect_prompt(tokens, key))
+        let sent = self.expect.as_ref().and_then(|e| {
+            e.held
+                .get(&replica.id)
+                .map(|h| h.expect_prompt(&e.tokens, &e.key, e.ends_ms))
         });
         Dispatched { swap, sent }
     }

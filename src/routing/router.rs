@@ -93,6 +93,10 @@ pub struct RouteInput<'a> {
     /// The request's kind for the closed-loop metrics (`plain`, `tools`,
     /// `template_args`); routing makes it `adapter` for a LoRA adapter.
     pub kind: &'static str,
+    /// The most output tokens the request asks for (`max_completion_tokens`,
+    /// else `max_tokens`): in `exact` mode, when the request should end
+    /// and stop holding its prompt's blocks on the replica.
+    pub max_tokens: Option<u32>,
 }
 
 impl Router {
@@ -420,6 +424,7 @@ impl Router {
                     tokens,
                     key: &key,
                     waits,
+                    max_tokens: input.max_tokens,
                 };
                 cache::prefer(self, d, step.cands, step.views, prompt, step.now_ms)
             }

@@ -62,6 +62,7 @@ pub fn route_input<'a>(
         salt: meta.cache_salt.as_deref(),
         unpredictable: meta.unpredictable.or(tokens.and_then(|t| t.1)),
         kind: meta.kind(),
+        max_tokens: meta.max_tokens,
     }
 }
 

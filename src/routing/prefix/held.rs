@@ -54,6 +54,20 @@
 //! request in flight carries, once reported plus sent exceed the
 //! replica's capacity).
 //!
+//! **More in flight than fits.** When the requests in flight there carry
+//! more distinct blocks than the replica's capacity, not all of them will
+//! still be cached when a request placed now runs, carried or not: the
+//! replica runs the requests ahead as room allows, a running request keeps
+//! its blocks until it ends, and each new prompt takes the least recently
+//! used. What is left then is what the requests that end last hold. So
+//! only the blocks of the requests expected to end last, as many as the
+//! capacity holds, count (reported or sent); a request's end is when it was
+//! sent plus its expected time to first token there plus its output tokens
+//! at the replica's decode step (see `routing::cache`). With answers of one
+//! length that is about the newest requests; a long answer sent earlier
+//! keeps its prefix counted past shorter ones sent after it. Walking the
+//! requests costs O(blocks carried) per lookup, only while they do not fit.
+//!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
 //! a correct lower bound. Concurrency: one mutex per replica, held for one
@@ -94,6 +108,15 @@ pub struct HeldSummary {
     pub subscriptions: u64,
 }
 
+/// A prompt sent before the block size was known.
+#[derive(Debug)]
+struct Early {
+    id: u64,
+    tokens: Vec<u32>,
+    key: CacheKey,
+    ends_ms: u64,
+}
+
 #[derive(Debug)]
 struct Held {
     seed: u64,
@@ -111,7 +134,7 @@ struct Held {
     order: EvictOrder,
     /// Prompts sent before the block size was known, by request, with
     /// their key: hashed into `pending` by the first event that tells it.
-    early: Vec<(u64, Vec<u32>, CacheKey)>,
+    early: Vec<Early>,
     /// The id of the next prompt sent.
     next_id: u64,
     /// LoRA adapter names the replica's events stored blocks under.
@@ -185,6 +208,15 @@ impl HeldBlocks {
     /// events taught, if anything). See the module docs.
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         let held = self.lock();
+        let capacity = capacity.or(held.order.learned_capacity());
+        if let Some(kept) = capacity.and_then(|c| held.ending_last(c)) {
+            return hashes
+                .iter()
+                .take_while(|h| {
+                    kept.contains(h) && (held.pending.contains_key(h) || held.ours.contains_key(h))
+                })
+                .count();
+        }
         let doom = held
             .order
             .doom(held.theirs.len(), held.pending.len(), capacity);
@@ -209,20 +241,32 @@ impl HeldBlocks {
     /// reports them or the returned handle is dropped (the request ended).
     /// Before an event has told the block size, the tokens are kept (at
     /// most [`EARLY_TOKENS`] in all) and their blocks count from that event on.
+    /// `ends_ms` is when the request should end (module docs, "More in
+    /// flight than fits").
     #[must_use = "the prompt counts as sent only while the handle lives"]
-    pub fn expect_prompt(self: &Arc<Self>, tokens: &[u32], key: &CacheKey) -> Expected {
+    pub fn expect_prompt(
+        self: &Arc<Self>,
+        tokens: &[u32],
+        key: &CacheKey,
+        ends_ms: u64,
+    ) -> Expected {
         let mut held = self.lock();
         let id = held.next_id;
         held.next_id += 1;
         match held.block_size {
             Some(bs) => {
                 let hashes = keyed_hashes(held.seed, tokens, bs, key);
-                held.expect(id, &hashes);
+                held.expect(id, &hashes, ends_ms);
             }
             None => {
-                let kept: usize = held.early.iter().map(|(_, t, _)| t.len()).sum();
+                let kept: usize = held.early.iter().map(|e| e.tokens.len()).sum();
                 if kept + tokens.len() <= EARLY_TOKENS {
-                    held.early.push((id, tokens.to_vec(), key.clone()));
+                    held.early.push(Early {
+                        id,
+                        tokens: tokens.to_vec(),
+                        key: key.clone(),
+                        ends_ms,
+                    });
                 }
             }
         }
@@ -273,6 +317,8 @@ impl HeldBlocks {
 /// What one request in flight was sent with.
 #[derive(Debug)]
 struct Sent {
+    /// When it should end.
+    ends_ms: u64,
     /// Its blocks counted in `pending`.
     pending: Vec<u64>,
     /// All its prompt's blocks, in order.
@@ -331,9 +377,34 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
+    /// When the requests in flight carry more distinct blocks than
+    /// `capacity`: the blocks of those expected to end last, gathered from
+    /// the latest end (then the latest sent) until `capacity` blocks are in
+    /// (the request that reaches it included). `None` while they fit.
+    /// Cost: O(blocks carried), only while they do not fit.
+    fn ending_last(&self, capacity: usize) -> Option<HashSet<u64>> {
+        if self.order.referenced() <= capacity {
+            return None;
+        }
+        let mut order: Vec<(u64, u64)> = self
+            .expecting
+            .iter()
+            .map(|(id, s)| (s.ends_ms, *id))
+            .collect();
+        order.sort_unstable_by(|a, b| b.cmp(a));
+        let mut kept = HashSet::with_capacity(capacity + 64);
+        for (_, id) in order {
+            kept.extend(self.expecting[&id].prompt.iter().copied());
+            if kept.len() >= capacity {
+                break;
+            }
+        }
+        Some(kept)
+    }
+
     /// Counts `hashes` as sent for request `id`, those not reported
     /// already; when full, the rest are not counted.
-    fn expect(&mut self, id: u64, hashes: &[u64]) {
+    fn expect(&mut self, id: u64, hashes: &[u64], ends_ms: u64) {
         let mut mine = Vec::new();
         for &h in hashes {
             if self.ours.contains_key(&h) {
@@ -353,6 +424,7 @@ impl Held {
         self.expecting.insert(
             id,
             Sent {
+                ends_ms,
                 pending: mine,
                 prompt: hashes.to_vec(),
             },
@@ -362,7 +434,7 @@ impl Held {
     /// Request `id` ended: its blocks no longer count as sent (those still
     /// carried by another request do).
     fn forget(&mut self, id: u64) {
-        self.early.retain(|(e, _, _)| *e != id);
+        self.early.retain(|e| e.id != id);
         let Some(sent) = self.expecting.remove(&id) else {
             return;
         };
@@ -415,9 +487,9 @@ impl Held {
         }
         if self.block_size.is_none() {
             // The prompts sent before now count with this block size.
-            for (id, tokens, key) in std::mem::take(&mut self.early) {
-                let hashes = keyed_hashes(self.seed, &tokens, stored.block_size, &key);
-                self.expect(id, &hashes);
+            for e in std::mem::take(&mut self.early) {
+                let hashes = keyed_hashes(self.seed, &e.tokens, stored.block_size, &e.key);
+                self.expect(e.id, &hashes, e.ends_ms);
             }
         }
         self.block_size = Some(stored.block_size);
@@ -658,12 +730,12 @@ mod tests {
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..6).collect();
         let want = chained_hashes(exact_seed(), &tokens, 2);
-        let first = h.expect_prompt(&tokens[..4], &CacheKey::default());
+        let first = h.expect_prompt(&tokens[..4], &CacheKey::default(), 0);
         assert_eq!(h.matched(&want), 0, "not reported yet");
         assert_eq!(h.matched_or_sent(&want, None), 2);
         assert_eq!(h.occupied(), 1 + 2);
         // A second request carrying the same prefix, and one more block.
-        let second = h.expect_prompt(&tokens, &CacheKey::default());
+        let second = h.expect_prompt(&tokens, &CacheKey::default(), 0);
         assert_eq!(h.matched_or_sent(&want, None), 3);
         drop(first);
         assert_eq!(
@@ -675,7 +747,7 @@ mod tests {
         assert_eq!(h.matched_or_sent(&want, None), 0, "both requests ended");
         assert_eq!(h.occupied(), 1);
         // Reported: the record holds them whatever the request does.
-        let third = h.expect_prompt(&tokens, &CacheKey::default());
+        let third = h.expect_prompt(&tokens, &CacheKey::default(), 0);
         h.apply(&batch(vec![stored(&[1, 2, 3], None, &tokens, 2)]));
         assert!(h.lock().pending.is_empty());
         drop(third);
@@ -708,7 +780,7 @@ mod tests {
     fn an_evicted_block_a_waiting_request_carries_counts_as_sent() {
         let (h, tokens, want) = holding_one_prompt(3);
         // Sent while all three are held: nothing of it is pending.
-        let waiting = h.expect_prompt(&tokens[..4], &CacheKey::default());
+        let waiting = h.expect_prompt(&tokens[..4], &CacheKey::default(), 0);
         assert!(h.lock().pending.is_empty());
         // The replica evicts the second and third blocks; the waiting
         // request carries the second, not the third.
@@ -737,7 +809,7 @@ mod tests {
     #[test]
     fn a_carried_block_evicted_and_stored_again_in_one_batch_is_held() {
         let (h, tokens, want) = holding_one_prompt(2);
-        let _waiting = h.expect_prompt(&tokens, &CacheKey::default());
+        let _waiting = h.expect_prompt(&tokens, &CacheKey::default(), 0);
         h.apply(&batch(vec![
             removed(&[2]),
             stored(&[2], Some(1), &tokens[2..], 2),
@@ -758,7 +830,7 @@ mod tests {
             adapter: Some("sql".into()),
             salt: None,
         };
-        let _sent = h.expect_prompt(&tokens, &sql);
+        let _sent = h.expect_prompt(&tokens, &sql, 0);
         let under =
             |k: &CacheKey| h.matched_or_sent(&keyed_hashes(exact_seed(), &tokens, 2, k), None);
         assert_eq!(under(&sql), 3);
@@ -775,9 +847,9 @@ mod tests {
         let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let early: Vec<u32> = (100..106).collect();
-        let first = h.expect_prompt(&early, &CacheKey::default());
+        let first = h.expect_prompt(&early, &CacheKey::default(), 0);
         let late: Vec<u32> = (200..204).collect();
-        let second = h.expect_prompt(&late, &CacheKey::default());
+        let second = h.expect_prompt(&late, &CacheKey::default(), 0);
         drop(second);
         // The first event, of another prompt, tells the block size (2).
         h.apply(&batch(vec![stored(&[1], None, &[7, 7], 2)]));
@@ -793,7 +865,7 @@ mod tests {
         assert_eq!(h.matched_or_sent(&want, None), 0);
         // Once the size is known, a prompt is expected at once.
         let next: Vec<u32> = (300..304).collect();
-        let _third = h.expect_prompt(&next, &CacheKey::default());
+        let _third = h.expect_prompt(&next, &CacheKey::default(), 0);
         let want = chained_hashes(exact_seed(), &next, 2);
         assert_eq!(h.matched_or_sent(&want, None), 2);
     }
@@ -804,7 +876,7 @@ mod tests {
         h.caught_up();
         h.apply(&batch(vec![stored(&[9], None, &[7, 7], 2)]));
         let tokens: Vec<u32> = (0..10).collect();
-        let sent = h.expect_prompt(&tokens, &CacheKey::default());
+        let sent = h.expect_prompt(&tokens, &CacheKey::default(), 0);
         assert_eq!(h.lock().pending.len(), 3, "five blocks, room for three");
         h.restarted();
         assert!(h.lock().pending.is_empty());
@@ -817,8 +889,8 @@ mod tests {
         let h = Arc::new(HeldBlocks::new(100));
         h.caught_up();
         let big = vec![1u32; EARLY_TOKENS];
-        let _big = h.expect_prompt(&big, &CacheKey::default());
-        let _small = h.expect_prompt(&[5, 6], &CacheKey::default());
+        let _big = h.expect_prompt(&big, &CacheKey::default(), 0);
+        let _small = h.expect_prompt(&[5, 6], &CacheKey::default(), 0);
         assert_eq!(h.lock().early.len(), 1, "the second is over the bound");
         h.restarted();
         assert!(h.lock().early.is_empty());
@@ -850,5 +922,37 @@ mod tests {
         assert!(h.observe_restarts(1));
         assert_eq!(h.summary().blocks, 0);
         assert!(h.known());
+    }
+
+    /// More blocks in flight than the capacity: only the blocks of the
+    /// requests expected to end last count, reported or sent.
+    #[test]
+    fn past_capacity_only_the_requests_ending_last_count() {
+        let h = Arc::new(HeldBlocks::new(100));
+        h.caught_up();
+        let old: Vec<u32> = (0..4).collect();
+        h.apply(&batch(vec![stored(&[1, 2], None, &old, 2)]));
+        let mid: Vec<u32> = (100..104).collect();
+        let new: Vec<u32> = (200..204).collect();
+        let hashes = |t: &[u32]| chained_hashes(exact_seed(), t, 2);
+        let key = CacheKey::default();
+        let a = h.expect_prompt(&old, &key, 10);
+        let _b = h.expect_prompt(&mid, &key, 20);
+        let c = h.expect_prompt(&new, &key, 30);
+        // Six blocks carried, room for four: the prefix of the request that
+        // ends first, reported as held, will be gone by a new request's turn.
+        assert_eq!(h.matched_or_sent(&hashes(&old), Some(4)), 0);
+        assert_eq!(h.matched_or_sent(&hashes(&mid), Some(4)), 2);
+        assert_eq!(h.matched_or_sent(&hashes(&new), Some(4)), 2);
+        // Room for six: all of it counts.
+        assert_eq!(h.matched_or_sent(&hashes(&old), Some(6)), 2);
+        // A long answer sent first ends last: its prefix is the one kept.
+        drop(a);
+        let _a = h.expect_prompt(&old, &key, 40);
+        assert_eq!(h.matched_or_sent(&hashes(&old), Some(4)), 2);
+        assert_eq!(h.matched_or_sent(&hashes(&mid), Some(4)), 0);
+        // The newest ends: four carried, within the capacity.
+        drop(c);
+        assert_eq!(h.matched_or_sent(&hashes(&mid), Some(4)), 2);
     }
 }
