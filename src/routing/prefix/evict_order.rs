@@ -31,7 +31,10 @@
 //! not see: requests of other clients (their stores count, their future
 //! writes do not), the partial last block of a running request, output
 //! blocks still to be written, and a waiting request's prefix evicted by
-//! the ones scheduled before it (a referenced block is never doomed).
+//! the ones scheduled before it (a referenced block is never doomed here;
+//! when the requests in flight carry more blocks than the capacity, the
+//! record counts only those of the requests that end last instead:
+//! [`super::held`], "More in flight than fits").
 //!
 //! Cost: a stamp per stored block in a hash map and an ordered map
 //! (about 80 bytes); a store, a removal or a request's end is O(log n) per

@@ -205,7 +205,9 @@ impl HeldBlocks {
     /// and not yet reported, and not counting reported blocks the replica
     /// will evict before a request placed now runs, with room for
     /// `capacity` blocks (the replica's reported KV cache; `None`: what its
-    /// events taught, if anything). See the module docs.
+    /// events taught, if anything). When the requests in flight there carry
+    /// more than that capacity, only the blocks of those ending last count.
+    /// See the module docs.
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         let held = self.lock();
         let capacity = capacity.or(held.order.learned_capacity());
