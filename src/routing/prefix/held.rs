@@ -65,8 +65,8 @@
 //! sent plus its expected time to first token there plus its output tokens
 //! at the replica's decode step (see `routing::cache`). With answers of one
 //! length that is about the newest requests; a long answer sent earlier
-//! keeps its prefix counted past shorter ones sent after it. Walking the
-//! requests costs O(blocks carried) per lookup, only while they do not fit.
+//! keeps its prefix counted past shorter ones sent after it
+//! ([`super::ending`]).
 //!
 //! Memory: at most `capacity` blocks (two hash-map entries each, about 64
 //! bytes); stores beyond it are dropped and counted, which keeps the record
@@ -85,6 +85,7 @@ use std::collections::HashSet;
 
 use super::blocks::{CacheKey, chain_keyed, exact_seed, keyed_hashes};
 use super::cache_index::restart_seen;
+use super::ending::Ending;
 use super::evict_order::EvictOrder;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
@@ -132,6 +133,8 @@ struct Held {
     expecting: HashMap<u64, Sent>,
     /// The reported blocks' last-use order, and what requests in flight carry.
     order: EvictOrder,
+    /// The blocks requests in flight carry, ranked by when those end.
+    ending: Ending,
     /// Prompts sent before the block size was known, by request, with
     /// their key: hashed into `pending` by the first event that tells it.
     early: Vec<Early>,
@@ -162,6 +165,7 @@ impl HeldBlocks {
                 pending: HashMap::new(),
                 expecting: HashMap::new(),
                 order: EvictOrder::default(),
+                ending: Ending::default(),
                 early: Vec::new(),
                 next_id: 0,
                 adapters: HashSet::new(),
@@ -211,11 +215,12 @@ impl HeldBlocks {
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         let held = self.lock();
         let capacity = capacity.or(held.order.learned_capacity());
-        if let Some(kept) = capacity.and_then(|c| held.ending_last(c)) {
+        if let Some(cut) = capacity.and_then(|c| held.ending.cutoff(c)) {
             return hashes
                 .iter()
                 .take_while(|h| {
-                    kept.contains(h) && (held.pending.contains_key(h) || held.ours.contains_key(h))
+                    held.ending.kept(**h, cut)
+                        && (held.pending.contains_key(h) || held.ours.contains_key(h))
                 })
                 .count();
         }
@@ -379,31 +384,6 @@ impl EventSink for HeldBlocks {
 }
 
 impl Held {
-    /// When the requests in flight carry more distinct blocks than
-    /// `capacity`: the blocks of those expected to end last, gathered from
-    /// the latest end (then the latest sent) until `capacity` blocks are in
-    /// (the request that reaches it included). `None` while they fit.
-    /// Cost: O(blocks carried), only while they do not fit.
-    fn ending_last(&self, capacity: usize) -> Option<HashSet<u64>> {
-        if self.order.referenced() <= capacity {
-            return None;
-        }
-        let mut order: Vec<(u64, u64)> = self
-            .expecting
-            .iter()
-            .map(|(id, s)| (s.ends_ms, *id))
-            .collect();
-        order.sort_unstable_by(|a, b| b.cmp(a));
-        let mut kept = HashSet::with_capacity(capacity + 64);
-        for (_, id) in order {
-            kept.extend(self.expecting[&id].prompt.iter().copied());
-            if kept.len() >= capacity {
-                break;
-            }
-        }
-        Some(kept)
-    }
-
     /// Counts `hashes` as sent for request `id`, those not reported
     /// already; when full, the rest are not counted.
     fn expect(&mut self, id: u64, hashes: &[u64], ends_ms: u64) {
@@ -423,6 +403,7 @@ impl Held {
             mine.push(h);
         }
         self.order.carry(hashes);
+        self.ending.carry((ends_ms, id), hashes);
         self.expecting.insert(
             id,
             Sent {
@@ -441,6 +422,7 @@ impl Held {
             return;
         };
         self.order.release(&sent.prompt);
+        self.ending.release((sent.ends_ms, id), &sent.prompt);
         for h in sent.pending {
             if let Some(n) = self.pending.get_mut(&h) {
                 *n -= 1;
@@ -562,6 +544,7 @@ impl Held {
         self.pending.clear();
         self.expecting.clear();
         self.order.clear();
+        self.ending.clear();
         self.early.clear();
         self.refill = None;
     }

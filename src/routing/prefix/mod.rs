@@ -13,6 +13,7 @@
 
 pub mod blocks;
 pub mod cache_index;
+pub mod ending;
 pub mod evict_order;
 pub mod held;
 pub mod home;
