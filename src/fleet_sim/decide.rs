@@ -277,9 +277,6 @@ pub struct Decider {
     metrics: Metrics,
     index: HashMap<ReplicaId, u32>,
     rng: u64,
-    /// The output tokens of the request routed next, as its `max_tokens`
-    /// (`exact` mode orders requests in flight by when they end).
-    pub max_tokens: Option<u32>,
 }
 
 impl Decider {
@@ -338,7 +335,6 @@ impl Decider {
             metrics,
             index,
             rng: seed ^ 0x0dec_1de5,
-            max_tokens: None,
         })
     }
 
@@ -394,10 +390,11 @@ impl Decider {
         &mut self,
         prompt: Prompt<'_>,
         tier: Option<&str>,
+        max_tokens: u32,
         now_ms: u64,
     ) -> Option<Decision> {
         let q = self.prefill?;
-        self.route_in(q, prompt, tier, now_ms).ok()
+        self.route_in(q, prompt, tier, max_tokens, now_ms).ok()
     }
 
     /// The prefill step's choice of a prefill replica (the request asks
@@ -453,14 +450,16 @@ impl Decider {
     }
 
     /// The routing stage, as `serve` runs it for a request without headers
-    /// or user, of `tier` (a `[[tiers]]` name) or none.
+    /// or user, of `tier` (a `[[tiers]]` name) or none, asking for
+    /// `max_tokens` output tokens.
     pub fn route(
         &mut self,
         prompt: Prompt<'_>,
         tier: Option<&str>,
+        max_tokens: u32,
         now_ms: u64,
     ) -> Result<Decision, RouteError> {
-        self.route_in(self.pool, prompt, tier, now_ms)
+        self.route_in(self.pool, prompt, tier, max_tokens, now_ms)
     }
 
     /// The routing stage within the topology's pool `pool`.
@@ -469,6 +468,7 @@ impl Decider {
         pool: usize,
         prompt: Prompt<'_>,
         tier: Option<&str>,
+        max_tokens: u32,
         now_ms: u64,
     ) -> Result<Decision, RouteError> {
         self.rng = splitmix(self.rng);
@@ -484,7 +484,7 @@ impl Decider {
             salt: None,
             unpredictable: None,
             kind: "plain",
-            max_tokens: self.max_tokens,
+            max_tokens: Some(max_tokens),
         };
         let pool = &self.topology.pools[pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)

@@ -839,7 +839,6 @@ mod tests {
         assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
     }
 
-    /// One `exact` pool of two replicas, each naming its KV-event endpoint.
     /// A chat of a system prompt repeated 40 times and a question.
     fn long_chat(system: &str, q: &str) -> Vec<ChatMessage> {
         vec![
@@ -872,6 +871,7 @@ mod tests {
         }
     }
 
+    /// One `exact` pool of two replicas, each naming its KV-event endpoint.
     fn exact_topology() -> crate::pool::Topology {
         use crate::pool::test_fleet::{replicas, topology};
         topology(&format!(

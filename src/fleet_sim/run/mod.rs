@@ -508,8 +508,7 @@ impl Sim<'_> {
         } else {
             &mut self.others[k - 1]
         };
-        decider.max_tokens = Some(r.output);
-        let mut decision = match decider.route(prompt, route_tier, now_ms) {
+        let mut decision = match decider.route(prompt, route_tier, r.output, now_ms) {
             Ok(d) => d,
             Err(_) => {
                 self.out.bad_request += 1;

@@ -101,9 +101,9 @@ impl Sim<'_> {
             self.split_counts.decided(branch);
             return Some(decision);
         }
-        let route = self
-            .decider
-            .route_prefill(Prompt::Tokens(&self.prompt), route_tier, now_ms);
+        let route =
+            self.decider
+                .route_prefill(Prompt::Tokens(&self.prompt), route_tier, r.output, now_ms);
         let s = &mut self.split[i];
         s.decision = Some(decision);
         s.branch = Some(branch);

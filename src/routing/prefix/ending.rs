@@ -109,6 +109,16 @@ impl Ending {
         self.highest.keys().next().copied()
     }
 
+    /// Whether a request in flight carries `block`.
+    pub fn carries(&self, block: u64) -> bool {
+        self.blocks.contains_key(&block)
+    }
+
+    /// How many distinct blocks requests in flight carry.
+    pub fn carried(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Whether `block` is carried by a request ranked at least `cutoff`.
     pub fn kept(&self, block: u64, cutoff: Rank) -> bool {
         self.blocks.get(&block).is_some_and(|c| c.top >= cutoff)

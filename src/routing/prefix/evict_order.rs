@@ -38,11 +38,14 @@
 //!
 //! Cost: a stamp per stored block in a hash map and an ordered map
 //! (about 80 bytes); a store, a removal or a request's end is O(log n) per
-//! block. A pick walks the oldest unreferenced blocks once per replica,
-//! O(overflow + referenced blocks older than the line), which is the work
+//! block, plus the carried blocks' ranks ([`super::ending`]). A pick walks
+//! the oldest unreferenced blocks once per replica, O(overflow +
+//! referenced blocks older than the line), which is the work
 //! in flight there, not the cache size, and zero while everything fits.
 
 use std::collections::{BTreeMap, HashMap};
+
+use super::ending::{Ending, Rank};
 
 /// The last-use order of one replica's reported blocks (see the module docs).
 #[derive(Debug, Default)]
@@ -51,8 +54,8 @@ pub struct EvictOrder {
     stamp_of: HashMap<u64, u64>,
     /// Stamp → block, oldest first.
     by_stamp: BTreeMap<u64, u64>,
-    /// Blocks carried by requests in flight → how many carry them.
-    refs: HashMap<u64, u32>,
+    /// Blocks carried by requests in flight, ranked by when those end.
+    carried: Ending,
     next: u64,
     /// Capacity learned from the events, in blocks (see [`Self::learn_capacity`]).
     learned: Option<usize>,
@@ -100,26 +103,20 @@ impl EvictOrder {
     pub fn clear(&mut self) {
         self.stamp_of.clear();
         self.by_stamp.clear();
-        self.refs.clear();
+        self.carried.clear();
     }
 
-    /// A request carrying `blocks` (its prompt's, in order) was sent.
-    pub fn carry(&mut self, blocks: &[u64]) {
-        for &b in blocks {
-            *self.refs.entry(b).or_insert(0) += 1;
-        }
+    /// A request of rank `rank` carrying `blocks` (its prompt's, in order)
+    /// was sent.
+    pub fn carry(&mut self, rank: Rank, blocks: &[u64]) {
+        self.carried.carry(rank, blocks);
     }
 
-    /// The request carrying `blocks` ended: they are released, tail first,
-    /// and those the replica holds are used now.
-    pub fn release(&mut self, blocks: &[u64]) {
+    /// The request of rank `rank` carrying `blocks` ended: they are
+    /// released, tail first, and those the replica holds are used now.
+    pub fn release(&mut self, rank: Rank, blocks: &[u64]) {
+        self.carried.release(rank, blocks);
         for &b in blocks.iter().rev() {
-            if let Some(n) = self.refs.get_mut(&b) {
-                *n -= 1;
-                if *n == 0 {
-                    self.refs.remove(&b);
-                }
-            }
             if self.stamp_of.contains_key(&b) {
                 self.stamp(b);
             }
@@ -151,7 +148,7 @@ impl EvictOrder {
         let mut left = overflow;
         let mut below = None;
         for (&s, b) in &self.by_stamp {
-            if self.refs.contains_key(b) {
+            if self.carried.carries(*b) {
                 continue;
             }
             below = Some(s);
@@ -168,17 +165,17 @@ impl EvictOrder {
         let Some(below) = doom.below else {
             return false;
         };
-        !self.refs.contains_key(&block) && self.stamp_of.get(&block).is_some_and(|&s| s <= below)
+        !self.carried.carries(block) && self.stamp_of.get(&block).is_some_and(|&s| s <= below)
     }
 
     /// Whether a request in flight carries `block`.
     pub fn carries(&self, block: u64) -> bool {
-        self.refs.contains_key(&block)
+        self.carried.carries(block)
     }
 
-    /// How many blocks requests in flight carry (for tests and status).
-    pub fn referenced(&self) -> usize {
-        self.refs.len()
+    /// The blocks requests in flight carry, ranked by when those end.
+    pub fn carried(&self) -> &Ending {
+        &self.carried
     }
 }
 
@@ -213,12 +210,12 @@ mod tests {
         let mut o = EvictOrder::default();
         o.stored(&[1, 2]);
         o.stored(&[10, 11]);
-        o.carry(&[1, 2, 5]);
+        o.carry((0, 0), &[1, 2, 5]);
         // 1 and 2 are the oldest but carried: the next oldest go instead.
         assert_eq!(doomed(&o, 4, 2, 4, &[1, 2, 10, 11]), vec![10, 11]);
-        assert_eq!(o.referenced(), 3);
-        o.release(&[1, 2, 5]);
-        assert_eq!(o.referenced(), 0);
+        assert_eq!(o.carried().carried(), 3);
+        o.release((0, 0), &[1, 2, 5]);
+        assert_eq!(o.carried().carried(), 0);
         // Released after 10 and 11 were stored: now the most recent.
         assert_eq!(doomed(&o, 4, 2, 4, &[1, 2, 10, 11]), vec![10, 11]);
         assert_eq!(doomed(&o, 4, 3, 4, &[1, 2, 10, 11]), vec![2, 10, 11]);
@@ -251,7 +248,7 @@ mod tests {
     fn more_overflow_than_unreferenced_blocks_dooms_only_those() {
         let mut o = EvictOrder::default();
         o.stored(&[1, 2, 3]);
-        o.carry(&[1, 2]);
+        o.carry((0, 0), &[1, 2]);
         assert_eq!(doomed(&o, 3, 5, 3, &[1, 2, 3]), vec![3]);
     }
 }

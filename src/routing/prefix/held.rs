@@ -85,7 +85,6 @@ use std::collections::HashSet;
 
 use super::blocks::{CacheKey, chain_keyed, exact_seed, keyed_hashes};
 use super::cache_index::restart_seen;
-use super::ending::Ending;
 use super::evict_order::EvictOrder;
 use crate::kv_events::subscriber::EventSink;
 use crate::kv_events::{BlockKey, EventBatch, KvEvent, StoredBlocks};
@@ -133,8 +132,6 @@ struct Held {
     expecting: HashMap<u64, Sent>,
     /// The reported blocks' last-use order, and what requests in flight carry.
     order: EvictOrder,
-    /// The blocks requests in flight carry, ranked by when those end.
-    ending: Ending,
     /// Prompts sent before the block size was known, by request, with
     /// their key: hashed into `pending` by the first event that tells it.
     early: Vec<Early>,
@@ -165,7 +162,6 @@ impl HeldBlocks {
                 pending: HashMap::new(),
                 expecting: HashMap::new(),
                 order: EvictOrder::default(),
-                ending: Ending::default(),
                 early: Vec::new(),
                 next_id: 0,
                 adapters: HashSet::new(),
@@ -215,11 +211,12 @@ impl HeldBlocks {
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         let held = self.lock();
         let capacity = capacity.or(held.order.learned_capacity());
-        if let Some(cut) = capacity.and_then(|c| held.ending.cutoff(c)) {
+        let ending = held.order.carried();
+        if let Some(cut) = capacity.and_then(|c| ending.cutoff(c)) {
             return hashes
                 .iter()
                 .take_while(|h| {
-                    held.ending.kept(**h, cut)
+                    ending.kept(**h, cut)
                         && (held.pending.contains_key(h) || held.ours.contains_key(h))
                 })
                 .count();
@@ -402,8 +399,7 @@ impl Held {
             }
             mine.push(h);
         }
-        self.order.carry(hashes);
-        self.ending.carry((ends_ms, id), hashes);
+        self.order.carry((ends_ms, id), hashes);
         self.expecting.insert(
             id,
             Sent {
@@ -421,8 +417,7 @@ impl Held {
         let Some(sent) = self.expecting.remove(&id) else {
             return;
         };
-        self.order.release(&sent.prompt);
-        self.ending.release((sent.ends_ms, id), &sent.prompt);
+        self.order.release((sent.ends_ms, id), &sent.prompt);
         for h in sent.pending {
             if let Some(n) = self.pending.get_mut(&h) {
                 *n -= 1;
@@ -544,7 +539,6 @@ impl Held {
         self.pending.clear();
         self.expecting.clear();
         self.order.clear();
-        self.ending.clear();
         self.early.clear();
         self.refill = None;
     }
