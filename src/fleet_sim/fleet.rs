@@ -150,6 +150,8 @@ impl Slot {
                 prefill_tokens: Some(s.request_prefill_computed.sum),
                 inter_token_seconds: Some(s.itl.sum),
                 inter_tokens: Some(s.itl.count as f64),
+                output_tokens: Some(s.request_generation_tokens.sum),
+                finished_requests: Some(s.request_generation_tokens.count as f64),
             },
             taken_at_ms: now_ms,
         }

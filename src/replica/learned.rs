@@ -13,6 +13,8 @@
 //!                                 ÷ Δ request_prefill_time_seconds_count
 //! decode step       (s)           = Δ inter_token_latency_seconds_sum
 //!                                 ÷ Δ inter_token_latency_seconds_count
+//! answer length     (tokens)      = Δ request_generation_tokens_sum
+//!                                 ÷ Δ request_generation_tokens_count
 //! ```
 //!
 //! vLLM's prefill time runs from a request's first scheduled step to its
@@ -31,7 +33,7 @@
 //! replica's peers (`routing::prefix::score`), and uses the config values
 //! only while no candidate has learned anything.
 //!
-//! Shared state: three `AtomicU64`s holding `f64` bits (0 = none yet) and
+//! Shared state: four `AtomicU64`s holding `f64` bits (0 = none yet) and
 //! a count of the requests the prefill rates were learned from,
 //! written only by the replica's scrape loop and read lock-free by the router.
 //! Cost per scrape: a handful of float operations.
@@ -58,6 +60,9 @@ pub struct Rates {
     pub prefill_seconds_per_request: Option<f64>,
     /// Seconds per decode step (between two output tokens of one request).
     pub decode_step_seconds: Option<f64>,
+    /// Output tokens of a finished request, on average (how long a request
+    /// that does not bound its answer is expected to decode).
+    pub output_tokens: Option<f64>,
     /// Requests the prefill rates were learned from, so far: how much
     /// evidence stands behind them.
     pub prefill_requests: u64,
@@ -78,6 +83,7 @@ pub struct LearnedRates {
     prefill_tokens_per_second: AtomicU64,
     prefill_seconds_per_request: AtomicU64,
     decode_step_seconds: AtomicU64,
+    output_tokens: AtomicU64,
     prefill_requests: AtomicU64,
 }
 
@@ -115,6 +121,7 @@ impl LearnedRates {
             prefill_tokens_per_second: load(&self.prefill_tokens_per_second),
             prefill_seconds_per_request: load(&self.prefill_seconds_per_request),
             decode_step_seconds: load(&self.decode_step_seconds),
+            output_tokens: load(&self.output_tokens),
             prefill_requests: self.prefill_requests.load(Ordering::Relaxed),
         }
     }
@@ -142,6 +149,13 @@ impl LearnedRates {
         {
             fold(&self.decode_step_seconds, s / n);
         }
+        let finished = delta(b.finished_requests, a.finished_requests);
+        let output = delta(b.output_tokens, a.output_tokens);
+        if let (Some(n), Some(t)) = (finished, output)
+            && n >= 1.0
+        {
+            fold(&self.output_tokens, t / n);
+        }
     }
 }
 
@@ -159,6 +173,7 @@ mod tests {
                 prefill_tokens: Some(tokens),
                 inter_token_seconds: Some(itl_s),
                 inter_tokens: Some(gaps),
+                ..EngineTiming::default()
             },
             ..LoadSnapshot::default()
         }
@@ -177,6 +192,35 @@ mod tests {
         assert_eq!(r.prefill_seconds_per_request, Some(0.1));
         assert_eq!(r.decode_step_seconds, Some(0.002));
         assert_eq!(r.prefill_requests, 5);
+        assert_eq!(
+            r.output_tokens, None,
+            "no answer length without its histogram"
+        );
+    }
+
+    #[test]
+    fn answer_length_is_the_moving_mean_of_finished_requests() {
+        let l = LearnedRates::default();
+        let answers = |tokens: f64, finished: f64| LoadSnapshot {
+            timing: EngineTiming {
+                output_tokens: Some(tokens),
+                finished_requests: Some(finished),
+                ..EngineTiming::default()
+            },
+            ..LoadSnapshot::default()
+        };
+        l.observe(&answers(0.0, 0.0), &answers(400.0, 4.0));
+        assert_eq!(l.rates().output_tokens, Some(100.0));
+        // Nothing finished: no sample.
+        l.observe(&answers(400.0, 4.0), &answers(450.0, 4.0));
+        assert_eq!(l.rates().output_tokens, Some(100.0));
+        // Two answers of 200 tokens: the mean moves by ALPHA toward 200.
+        l.observe(&answers(400.0, 4.0), &answers(800.0, 6.0));
+        let mean = l.rates().output_tokens.unwrap();
+        assert!((mean - (100.0 + ALPHA * 100.0)).abs() < 1e-9, "{mean}");
+        // A restart (counters went down) gives none.
+        l.observe(&answers(800.0, 6.0), &answers(10.0, 1.0));
+        assert_eq!(l.rates().output_tokens, Some(mean));
     }
 
     #[test]

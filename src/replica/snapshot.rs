@@ -56,4 +56,7 @@ pub struct EngineTiming {
     pub prefill_tokens: Option<f64>,
     pub inter_token_seconds: Option<f64>,
     pub inter_tokens: Option<f64>,
+    /// Output tokens of the finished requests, and how many finished.
+    pub output_tokens: Option<f64>,
+    pub finished_requests: Option<f64>,
 }

@@ -137,19 +137,24 @@ pub(super) fn prefer(
     to_record(router, d, blocks, tokens, cache_key, ends);
 }
 
-/// Output tokens assumed for a request that does not bound its answer.
-const UNBOUNDED_OUTPUT: u32 = 256;
+/// Output tokens assumed for a request that does not bound its answer,
+/// on a replica whose answer length is not learned yet.
+const UNBOUNDED_OUTPUT: f64 = 256.0;
 
 /// When a request sent now to the chosen replica should end, in
 /// `now_ms`'s milliseconds: after its expected time to first token there
-/// (`ttft`, the cost model's) and its output tokens ([`UNBOUNDED_OUTPUT`]
-/// when it sets no bound) at the replica's learned decode step (none
-/// learned: no time for the output). Only the order of the requests in
-/// flight on one replica matters ([`HeldBlocks::matched_or_sent`]):
-/// a request sent behind a longer queue, or asking for a longer answer,
-/// ends later.
+/// (`ttft`, the cost model's) and its output tokens at the replica's
+/// learned decode step (none learned: no time for the output). The output
+/// is the request's `max_tokens`; without one, the replica's learned
+/// answer length ([`UNBOUNDED_OUTPUT`] until it has one). Only the order
+/// of the requests in flight on one replica matters
+/// ([`HeldBlocks::matched_or_sent`]): a request sent behind a longer
+/// queue, or asking for a longer answer, ends later.
 fn ends_ms(now_ms: u64, ttft: f64, max_tokens: Option<u32>, rates: &Rates) -> u64 {
-    let out = f64::from(max_tokens.unwrap_or(UNBOUNDED_OUTPUT));
+    let out = max_tokens
+        .map(f64::from)
+        .or(rates.output_tokens)
+        .unwrap_or(UNBOUNDED_OUTPUT);
     let decode = rates.decode_step_seconds.map_or(0.0, |s| out * s);
     now_ms.saturating_add(((ttft + decode) * 1000.0) as u64)
 }
@@ -562,7 +567,7 @@ mod tests {
         pool_of, route,
     };
     use crate::routing::prefix::blocks::block_hashes;
-    use crate::routing::{Prompt, RouteBranch};
+    use crate::routing::{Prompt, RouteBranch, RouteInput};
     use crate::tokenize::ChatMessage;
 
     #[test]
@@ -1040,5 +1045,62 @@ mod tests {
         let d = at(&old);
         assert_eq!(d.predicted_for(warm.id), Some(0));
         assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
+    }
+
+    /// A request that does not bound its answer is expected to answer as
+    /// long as the replica's answers are, once learned (256 tokens before).
+    #[test]
+    fn a_request_without_max_tokens_ends_after_the_learned_answer_length() {
+        use crate::replica::{EngineTiming, LoadSnapshot};
+        // Whether a prompt sent without `max_tokens`, then a longer one
+        // asking for 64 tokens, both to a replica whose requests in flight
+        // then carry more than it holds, still counts there; `answers`: the
+        // replica's finished requests' mean output length, when learned.
+        let first_counts = |answers: Option<f64>| {
+            let t = exact_topology();
+            let pool = &t.pools[0];
+            let headers = HeaderMap::new();
+            let old = long_chat("Answer in the customer's language. ", "where is it?");
+            let new = long_chat(
+                &"Summarise the ticket history before proposing a refund. ".repeat(3),
+                "refund?",
+            );
+            let at = |c: &[ChatMessage], max_tokens| {
+                let input = RouteInput {
+                    max_tokens,
+                    ..input(&headers, None, Prompt::Chat(c))
+                };
+                route(pool, &input)
+            };
+            let blocks = at(&old, None).expect.as_ref().unwrap().tokens.len() / 16;
+            known_records(pool);
+            // 0.1 s a decode step and, when given, the answer length.
+            let timing = |n: f64| EngineTiming {
+                inter_token_seconds: Some(10.0 * n),
+                inter_tokens: Some(100.0 * n),
+                output_tokens: answers.map(|a| a * n),
+                finished_requests: answers.map(|_| n),
+                ..EngineTiming::default()
+            };
+            for r in &pool.replicas {
+                let load = |n: f64| LoadSnapshot {
+                    timing: timing(n),
+                    kv_capacity_tokens: Some(((blocks + 4) * 16) as u64),
+                    taken_at_ms: 1,
+                    ..LoadSnapshot::default()
+                };
+                r.learned.observe(&load(0.0), &load(1.0));
+                r.store_load(load(1.0));
+            }
+            let warm = &pool.replicas[0];
+            let _unbounded = at(&old, None).dispatched(warm);
+            let _bounded = at(&new, Some(64)).dispatched(warm);
+            at(&old, None).predicted_for(warm.id).unwrap() > 0
+        };
+        assert!(
+            first_counts(None),
+            "256 tokens: it ends after the 64-token one"
+        );
+        assert!(!first_counts(Some(8.0)), "8 tokens: it ends first");
     }
 }

@@ -41,6 +41,8 @@ pub struct TimingNames {
     pub prefill_tokens: String,
     /// Seconds between two output tokens.
     pub inter_token_seconds: String,
+    /// Output tokens of each finished request.
+    pub output_tokens: String,
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -69,6 +71,7 @@ impl MetricNames {
                 prefill_seconds: "vllm:request_prefill_time_seconds".into(),
                 prefill_tokens: "vllm:request_prefill_kv_computed_tokens".into(),
                 inter_token_seconds: "vllm:inter_token_latency_seconds".into(),
+                output_tokens: "vllm:request_generation_tokens".into(),
             }),
         }
     }

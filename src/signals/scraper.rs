@@ -154,6 +154,7 @@ fn record(
                     learned.prefill_seconds_per_request,
                 ),
                 (&s.learned_decode_step, learned.decode_step_seconds),
+                (&s.learned_output_tokens, learned.output_tokens),
             ] {
                 if let Some(v) = value {
                     gauge.with_label_values(&[pool, name]).set(v);

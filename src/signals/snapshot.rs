@@ -68,10 +68,12 @@ impl EngineTiming {
             Some(base) if base == names.prefill_seconds => &mut self.prefill_seconds,
             Some(base) if base == names.prefill_tokens => &mut self.prefill_tokens,
             Some(base) if base == names.inter_token_seconds => &mut self.inter_token_seconds,
+            Some(base) if base == names.output_tokens => &mut self.output_tokens,
             Some(_) => return,
             None => match name.strip_suffix("_count") {
                 Some(base) if base == names.prefill_seconds => &mut self.prefill_requests,
                 Some(base) if base == names.inter_token_seconds => &mut self.inter_tokens,
+                Some(base) if base == names.output_tokens => &mut self.finished_requests,
                 _ => return,
             },
         };
@@ -187,6 +189,8 @@ mod tests {
         assert_eq!(t.prefill_requests, Some(13.0));
         assert_eq!(t.prefill_tokens, Some(200.0));
         assert_eq!(t.inter_tokens, Some(2006.0));
+        assert_eq!(t.output_tokens, Some(2019.0));
+        assert_eq!(t.finished_requests, Some(13.0));
         assert!((t.prefill_seconds.unwrap() - 0.081_469_771).abs() < 1e-6);
         assert!((t.inter_token_seconds.unwrap() - 2.876_886_113).abs() < 1e-6);
         let none = LoadSnapshot::from_text(text, &MetricNames::sglang(), 1).timing;

@@ -27,6 +27,7 @@ pub struct SignalMetrics {
     pub learned_prefill_rate: GaugeVec,
     pub learned_prefill_seconds: GaugeVec,
     pub learned_decode_step: GaugeVec,
+    pub learned_output_tokens: GaugeVec,
 }
 
 impl SignalMetrics {
@@ -79,6 +80,10 @@ impl SignalMetrics {
             "llmlb_replica_decode_step_seconds",
             "Seconds per decode step on a replica, learned from its inter-token latency histogram.",
         );
+        let learned_output_tokens = gauge(
+            "llmlb_replica_output_tokens_per_request",
+            "Output tokens of a finished request on a replica, on average, learned from its generation-tokens histogram.",
+        );
         let health_up = family.gauge(
             "llmlb_replica_health_up",
             "1 while active health checks hold a replica up, 0 while down.",
@@ -96,6 +101,7 @@ impl SignalMetrics {
             learned_prefill_rate,
             learned_prefill_seconds,
             learned_decode_step,
+            learned_output_tokens,
         }
     }
 }

@@ -227,13 +227,15 @@ async fn learned_rates_follow_a_replica_made_three_times_slower() {
         "prefill rate ratio {prefill}"
     );
     assert!((2.0..=4.5).contains(&step), "decode step ratio {step}");
+    // Every answer was 24 tokens long, on both replicas.
+    assert_eq!(fast.output_tokens, Some(24.0));
+    assert_eq!(slow.output_tokens, Some(24.0));
     let text = metrics_text(lb.admin_addr).await;
-    let exported = metric_value(
-        &text,
-        "llmlb_replica_prefill_tokens_per_second",
-        &[("pool", "sim"), ("replica", &replicas[1].addr.to_string())],
-    );
+    let labels = [("pool", "sim"), ("replica", &*replicas[1].addr.to_string())];
+    let exported = metric_value(&text, "llmlb_replica_prefill_tokens_per_second", &labels);
     assert!(exported > 0.0, "learned rate exported");
+    let answers = metric_value(&text, "llmlb_replica_output_tokens_per_request", &labels);
+    assert_eq!(answers, 24.0, "learned answer length exported");
     lb.shutdown().await;
     for r in replicas {
         r.shutdown().await;

@@ -74,6 +74,7 @@ fn forget_replica(metrics: &Metrics, pool: &str, replica: &str) {
         &s.learned_prefill_rate,
         &s.learned_prefill_seconds,
         &s.learned_decode_step,
+        &s.learned_output_tokens,
     ] {
         let _ = gauge.remove_label_values(&labels);
     }

@@ -498,6 +498,7 @@ mod tests {
         prefill_tokens_per_second: None,
         prefill_seconds_per_request: None,
         decode_step_seconds: None,
+        output_tokens: None,
         prefill_requests: 0,
     };
 
@@ -599,6 +600,7 @@ mod tests {
         prefill_tokens_per_second: Some(2_500.0),
         prefill_seconds_per_request: Some(0.1),
         decode_step_seconds: Some(0.02),
+        output_tokens: None,
         prefill_requests: SETTLED,
     };
 
@@ -738,6 +740,7 @@ mod tests {
                 prefill_tokens_per_second: Some(2_500.0 / 3.0),
                 prefill_seconds_per_request: Some(0.3),
                 decode_step_seconds: Some(0.06),
+                output_tokens: None,
                 prefill_requests: SETTLED,
             },
             rank: 0,
@@ -767,6 +770,7 @@ mod tests {
                 prefill_tokens_per_second: Some(tokens_per_second),
                 prefill_seconds_per_request: Some(0.1),
                 decode_step_seconds: Some(0.02),
+                output_tokens: None,
                 prefill_requests: SETTLED,
             },
             ..cand(scraped(waiting, 1, 10_000, 0), LEARNED, 0, rank)
@@ -804,6 +808,7 @@ mod tests {
             prefill_tokens_per_second: Some(1_000.0),
             prefill_seconds_per_request: Some(0.5),
             decode_step_seconds: Some(0.05),
+            output_tokens: None,
             prefill_requests: SETTLED,
         };
         let a = cand(scraped(2, 1, 10_000, 0), learned, 0, 0);
@@ -829,6 +834,7 @@ mod tests {
             prefill_tokens_per_second: Some(tokens_per_second),
             prefill_seconds_per_request: Some(0.1),
             decode_step_seconds: Some(0.02),
+            output_tokens: None,
             prefill_requests,
         };
         let at = |rates, rank| cand(scraped(1, 1, 10_000, 0), rates, 0, rank);
