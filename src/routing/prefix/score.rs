@@ -447,8 +447,13 @@ impl TypicalRates {
 /// peers' median is the better guess; the priors stand in only
 /// when no candidate has learned. The decode step is only filled in, never
 /// snapped: it grows with the batch and so is part of the load signal.
+///
+/// A replica whose two prefill rates differ from the medians in opposite
+/// directions counts as the median whatever the band says, while both are
+/// within [`MIX_BAND`] of it ([`prompt_mix`]).
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
     let evidence = rates.prefill_requests as f64;
+    let mix = prompt_mix(&rates, &typical);
     // `faster(x, m)`: whether `x` says the replica is faster than `m` does.
     let snap =
         |own: Option<f64>, typical: Option<f64>, faster: fn(f64, f64) -> bool| match (own, typical)
@@ -460,7 +465,11 @@ fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
                     PRIOR_REQUESTS
                 };
                 let x = (evidence * x + k * m) / (evidence + k);
-                Some(if x <= m * band && x * band >= m { m } else { x })
+                Some(if mix || (x <= m * band && x * band >= m) {
+                    m
+                } else {
+                    x
+                })
             }
             (None, m) => m,
             (own, _) => own,
@@ -478,6 +487,37 @@ fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
         ),
         decode_step_seconds: rates.decode_step_seconds.or(typical.decode_step),
         ..rates
+    }
+}
+
+/// How far from the medians a replica's prefill rates may be and still be
+/// told apart as a prompt mix ([`prompt_mix`]) rather than other hardware.
+const MIX_BAND: f64 = 2.0;
+
+/// Whether a replica's prefill rates differ from the candidates' medians
+/// the way another prompt mix makes them differ, not other hardware: a
+/// prefill costs a fixed time plus a time per token, so a replica given
+/// shorter prompts (or more cache hits) measures fewer tokens a second and
+/// fewer seconds a request, one given longer prompts the opposite. Slower
+/// hardware (or a fault, or a heavier load) is slower by both. Each rate
+/// must be within [`MIX_BAND`] of its median: a replica several times off
+/// keeps its own rates whichever way they point.
+///
+/// On identical simulated replicas, rates snapped this way lowered both
+/// prefix modes' p99 TTFT on the conversation trace by 3–12 % and kept a
+/// replica 2–3× slower told apart (docs/ROUTING.md, "Learned rates").
+fn prompt_mix(rates: &Rates, typical: &TypicalRates) -> bool {
+    let within = |x: f64, m: f64| x <= m * MIX_BAND && x * MIX_BAND >= m;
+    match (
+        rates.prefill_tokens_per_second,
+        typical.tokens_per_second,
+        rates.prefill_seconds_per_request,
+        typical.seconds_per_request,
+    ) {
+        (Some(t), Some(tm), Some(s), Some(sm)) => {
+            (t > tm) != (s < sm) && within(t, tm) && within(s, sm)
+        }
+        _ => false,
     }
 }
 
@@ -826,6 +866,42 @@ mod tests {
         // Without any sample the priors stand, and the shorter queue wins.
         let a = cand(scraped(2, 1, 10_000, 0), NO_RATES, 0, 1);
         assert_eq!(best(&MODEL, 2_000, &[a, b]).unwrap().0, 0);
+    }
+
+    /// Fewer tokens a second and fewer seconds a request than the median
+    /// is a replica given shorter prompts: it counts as the median. Slower
+    /// by both, or several times off, it keeps its own rates.
+    #[test]
+    fn a_replica_that_differs_by_its_prompt_mix_counts_as_the_median() {
+        let typical = TypicalRates {
+            tokens_per_second: Some(4_000.0),
+            seconds_per_request: Some(0.2),
+            decode_step: Some(0.02),
+        };
+        let at = |tokens_per_second: f64, seconds_per_request: f64| {
+            let rates = Rates {
+                prefill_tokens_per_second: Some(tokens_per_second),
+                prefill_seconds_per_request: Some(seconds_per_request),
+                decode_step_seconds: Some(0.02),
+                output_tokens: None,
+                prefill_requests: 1_000_000,
+            };
+            let r = same_hardware(rates, typical, 1.25);
+            (
+                r.prefill_tokens_per_second.unwrap().round(),
+                (r.prefill_seconds_per_request.unwrap() * 1e3).round(),
+            )
+        };
+        // Short prompts: slower per token, faster per request; and the
+        // other way round for long ones.
+        assert_eq!(at(2_500.0, 0.12), (4_000.0, 200.0));
+        assert_eq!(at(6_000.0, 0.3), (4_000.0, 200.0));
+        // Slower by both: other hardware, its own rates.
+        assert_eq!(at(2_500.0, 0.32), (2_500.0, 320.0));
+        // Opposite ways, but one rate more than twice off: its own.
+        assert_eq!(at(1_500.0, 0.12), (1_500.0, 120.0));
+        // Within the band either way: the median, as before.
+        assert_eq!(at(3_600.0, 0.21), (4_000.0, 200.0));
     }
 
     #[test]
