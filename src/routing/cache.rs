@@ -852,6 +852,18 @@ mod tests {
         ]
     }
 
+    /// A chat, and another whose system prompt is three times as long:
+    /// with room for the first and 4 blocks more, the second alone
+    /// overfills the cache.
+    fn short_and_long_chats() -> (Vec<ChatMessage>, Vec<ChatMessage>) {
+        let short = long_chat("Answer in the customer's language. ", "where is it?");
+        let long = long_chat(
+            &"Summarise the ticket history before proposing a refund. ".repeat(3),
+            "refund?",
+        );
+        (short, long)
+    }
+
     /// Every replica's record known, the block size (16) told by a block
     /// of another prompt.
     fn known_records(pool: &crate::pool::Pool) {
@@ -1018,12 +1030,7 @@ mod tests {
         let t = exact_topology();
         let pool = &t.pools[0];
         let headers = HeaderMap::new();
-        let chat = long_chat;
-        let old = chat("Answer in the customer's language. ", "where is it?");
-        let new = chat(
-            &"Summarise the ticket history before proposing a refund. ".repeat(3),
-            "refund?",
-        );
+        let (old, new) = short_and_long_chats();
         let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
         let old_tokens = at(&old).expect.as_ref().unwrap().tokens.clone();
         let blocks = old_tokens.len() / 16;
@@ -1060,11 +1067,7 @@ mod tests {
             let t = exact_topology();
             let pool = &t.pools[0];
             let headers = HeaderMap::new();
-            let old = long_chat("Answer in the customer's language. ", "where is it?");
-            let new = long_chat(
-                &"Summarise the ticket history before proposing a refund. ".repeat(3),
-                "refund?",
-            );
+            let (old, new) = short_and_long_chats();
             let at = |c: &[ChatMessage], max_tokens| {
                 let input = RouteInput {
                     max_tokens,
