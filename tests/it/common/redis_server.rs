@@ -40,6 +40,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A free port for a cluster node: its cluster bus listens 10,000 above
+/// (redis-server refuses a port above 55,535), so that one must be free too.
+fn free_cluster_port(taken: &[u16]) -> u16 {
+    loop {
+        let port = free_port();
+        let bus_free =
+            port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
+        if bus_free && !taken.contains(&port) {
+            return port;
+        }
+    }
+}
+
 /// Waits until the server on `port` answers PING.
 async fn answers_ping(port: u16) {
     tokio::time::timeout(Duration::from_secs(10), async move {
@@ -182,7 +195,10 @@ impl RedisCluster {
         if !redis_installed(test) {
             return None;
         }
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut ports = Vec::new();
+        for _ in 0..3 {
+            ports.push(free_cluster_port(&ports));
+        }
         let dir =
             std::env::temp_dir().join(format!("llmlb-cluster-{}-{}", std::process::id(), ports[0]));
         std::fs::create_dir_all(&dir).unwrap();
