@@ -159,16 +159,35 @@ SAMPLED = ("vllm:prompt_tokens_total", "vllm:num_preemptions_total",
            "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total")
 
 
+# llmlb's own view of each replica (labelled `replica="host:port"`).
+PROXY_SAMPLED = ("llmlb_replica_in_flight", "llmlb_replica_prefill_tokens_per_second",
+                 "llmlb_replica_prefill_seconds_per_request", "llmlb_replica_decode_step_seconds")
+
+
+def per_replica(text, name):
+    """`{replica: value}` of every sample of `name` labelled by replica."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") and 'replica="' in line:
+            series, value = line.rsplit(" ", 1)
+            replica = series.split('replica="', 1)[1].split('"', 1)[0]
+            out[replica] = out.get(replica, 0.0) + float(value)
+    return out
+
+
 class Sampler:
     """Each replica's load, read from its /metrics every `every` seconds
     while a run lasts (for scripts/tail_breakdown.py: what a replica was
-    doing while a slow request waited there). Times are milliseconds from
-    `start()`, taken just before `llmlb bench` starts; its requests'
-    `start_ms` count from its own start, a few tens of milliseconds later."""
+    doing while a slow request waited there), and llmlb's own view of it
+    (its requests in flight and the rates it learned) from the admin port.
+    Times are milliseconds from `start()`, taken just before `llmlb bench`
+    starts; its requests' `start_ms` count from its own start, a few tens
+    of milliseconds later."""
 
-    def __init__(self, ports, every=0.5):
-        self.ports, self.every = ports, every
+    def __init__(self, ports, admin_port, every=0.5):
+        self.ports, self.admin_port, self.every = ports, admin_port, every
         self.samples = {f"127.0.0.1:{p}": [] for p in ports}
+        self.proxy = {f"127.0.0.1:{p}": [] for p in ports}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -186,12 +205,24 @@ class Sampler:
                 t = (time.monotonic() - self.t0) * 1000.0
                 row = [round(t, 1)] + [metric_sum(text, name) for name in SAMPLED]
                 self.samples[f"127.0.0.1:{port}"].append(row)
+            self.sample_proxy()
             self.stop.wait(self.every)
+
+    def sample_proxy(self):
+        try:
+            _, text = http_get(self.admin_port, "/metrics", timeout=2)
+        except OSError:
+            return
+        t = round((time.monotonic() - self.t0) * 1000.0, 1)
+        values = [per_replica(text, name) for name in PROXY_SAMPLED]
+        for replica, rows in self.proxy.items():
+            rows.append([t] + [v.get(replica) for v in values])
 
     def finish(self):
         self.stop.set()
         self.thread.join(5)
-        return {"columns": ["t_ms", *SAMPLED], "replicas": self.samples}
+        return {"columns": ["t_ms", *SAMPLED], "replicas": self.samples,
+                "proxy_columns": ["t_ms", *PROXY_SAMPLED], "proxy": self.proxy}
 
 
 def metric_sum(text, name):
@@ -383,7 +414,7 @@ def run_policy(backend, policy, args, tmp, seed):
                       "--system-len", str(args.system_len), "--question-len", str(args.question_len),
                       "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
                       "--requests", str(args.groups * args.per_group)]
-        sampler = Sampler(backend.ports)
+        sampler = Sampler(backend.ports, args.proxy_port + 1)
         sampler.start()
         cpu_before = (process_cpu_s(proxy.pid), host_busy_s(), time.monotonic())
         try:
