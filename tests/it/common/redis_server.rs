@@ -43,14 +43,14 @@ fn free_port() -> u16 {
 /// A free port for a cluster node: its cluster bus listens 10,000 above
 /// (redis-server refuses a port above 55,535), so that one must be free too.
 fn free_cluster_port(taken: &[u16]) -> u16 {
-    loop {
-        let port = free_port();
-        let bus_free =
-            port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
-        if bus_free && !taken.contains(&port) {
-            return port;
-        }
-    }
+    (0..1_000)
+        .map(|_| free_port())
+        .find(|&port| {
+            port <= 55_535
+                && !taken.contains(&port)
+                && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        })
+        .expect("a free port at most 55,535 whose port + 10,000 is free too")
 }
 
 /// Waits until the server on `port` answers PING.
