@@ -453,7 +453,7 @@ impl TypicalRates {
 /// within [`MIX_BAND`] of it ([`prompt_mix`]).
 fn same_hardware(rates: Rates, typical: TypicalRates, band: f64) -> Rates {
     let evidence = rates.prefill_requests as f64;
-    let mix = prompt_mix(&rates, &typical);
+    let mix = band > 1.0 && prompt_mix(&rates, &typical);
     // `faster(x, m)`: whether `x` says the replica is faster than `m` does.
     let snap =
         |own: Option<f64>, typical: Option<f64>, faster: fn(f64, f64) -> bool| match (own, typical)
@@ -640,8 +640,8 @@ mod tests {
         prefill_tokens_per_second: Some(2_500.0),
         prefill_seconds_per_request: Some(0.1),
         decode_step_seconds: Some(0.02),
-        output_tokens: None,
         prefill_requests: SETTLED,
+        ..NO_RATES
     };
 
     #[test]
@@ -780,8 +780,8 @@ mod tests {
                 prefill_tokens_per_second: Some(2_500.0 / 3.0),
                 prefill_seconds_per_request: Some(0.3),
                 decode_step_seconds: Some(0.06),
-                output_tokens: None,
                 prefill_requests: SETTLED,
+                ..NO_RATES
             },
             rank: 0,
             ..fast
@@ -810,8 +810,8 @@ mod tests {
                 prefill_tokens_per_second: Some(tokens_per_second),
                 prefill_seconds_per_request: Some(0.1),
                 decode_step_seconds: Some(0.02),
-                output_tokens: None,
                 prefill_requests: SETTLED,
+                ..NO_RATES
             },
             ..cand(scraped(waiting, 1, 10_000, 0), LEARNED, 0, rank)
         };
@@ -848,8 +848,8 @@ mod tests {
             prefill_tokens_per_second: Some(1_000.0),
             prefill_seconds_per_request: Some(0.5),
             decode_step_seconds: Some(0.05),
-            output_tokens: None,
             prefill_requests: SETTLED,
+            ..NO_RATES
         };
         let a = cand(scraped(2, 1, 10_000, 0), learned, 0, 0);
         let b = cand(scraped(3, 1, 10_000, 0), NO_RATES, 0, 1);
@@ -883,8 +883,8 @@ mod tests {
                 prefill_tokens_per_second: Some(tokens_per_second),
                 prefill_seconds_per_request: Some(seconds_per_request),
                 decode_step_seconds: Some(0.02),
-                output_tokens: None,
                 prefill_requests: 1_000_000,
+                ..NO_RATES
             };
             let r = same_hardware(rates, typical, 1.25);
             (
@@ -910,8 +910,8 @@ mod tests {
             prefill_tokens_per_second: Some(tokens_per_second),
             prefill_seconds_per_request: Some(0.1),
             decode_step_seconds: Some(0.02),
-            output_tokens: None,
             prefill_requests,
+            ..NO_RATES
         };
         let at = |rates, rank| cand(scraped(1, 1, 10_000, 0), rates, 0, rank);
         // A replica whose one request was prefilled while it was idle
