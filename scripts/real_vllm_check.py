@@ -164,14 +164,14 @@ PROXY_SAMPLED = ("llmlb_replica_in_flight", "llmlb_replica_prefill_tokens_per_se
                  "llmlb_replica_prefill_seconds_per_request", "llmlb_replica_decode_step_seconds")
 
 
-def per_replica(text, name):
-    """`{replica: value}` of every sample of `name` labelled by replica."""
+def by_label(text, name, label):
+    """`{label value: summed value}` of every sample of `name` carrying `label`."""
     out = {}
     for line in text.splitlines():
-        if line.startswith(name + "{") and 'replica="' in line:
+        if line.startswith(name + "{") and f'{label}="' in line:
             series, value = line.rsplit(" ", 1)
-            replica = series.split('replica="', 1)[1].split('"', 1)[0]
-            out[replica] = out.get(replica, 0.0) + float(value)
+            key = series.split(f'{label}="', 1)[1].split('"', 1)[0]
+            out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
@@ -214,7 +214,7 @@ class Sampler:
         except OSError:
             return
         t = round((time.monotonic() - self.t0) * 1000.0, 1)
-        values = [per_replica(text, name) for name in PROXY_SAMPLED]
+        values = [by_label(text, name, "replica") for name in PROXY_SAMPLED]
         for replica, rows in self.proxy.items():
             rows.append([t] + [v.get(replica) for v in values])
 
@@ -236,13 +236,7 @@ def metric_sum(text, name):
 
 def branches(text):
     """llmlb's routing decisions by branch, from its own /metrics."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("llmlb_routing_decisions_total{"):
-            series, value = line.rsplit(" ", 1)
-            b = series.split('branch="', 1)[1].split('"', 1)[0]
-            out[b] = out.get(b, 0) + int(float(value))
-    return out
+    return {b: int(n) for b, n in by_label(text, "llmlb_routing_decisions_total", "branch").items()}
 
 
 def doctor(backend, args, tmp):
