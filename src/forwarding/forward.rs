@@ -12,10 +12,11 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
+use super::Origin;
 use super::body::{BreakReport, ProxyBody};
 use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
-use super::recent::{Outcome, RecentDispatches};
+use super::recent::Outcome;
 use crate::balancing::{Branch, Pick, RequestInfo};
 use crate::net::UpstreamBody;
 use crate::pool::{Choice, choose};
@@ -42,15 +43,10 @@ pub struct ForwardRequest<'a> {
     pub info: RequestInfo<'a>,
     /// The routing stage's limits and preference among the pool's replicas.
     pub route: &'a Decision,
-    pub request_id: &'a HeaderValue,
-    pub client_ip: Option<IpAddr>,
-    pub metrics: &'a Arc<Metrics>,
+    /// Whom it is for; where its attempts are counted and traced.
+    pub origin: &'a Origin<'a>,
     /// Name the serving replica in an `x-llmlb-replica` response header.
     pub expose_replica: bool,
-    /// The last dispatch decisions, shown on the status page.
-    pub recent: &'a RecentDispatches,
-    /// The request's trace: each attempt gets a span and sends its context.
-    pub trace: Option<&'a crate::telemetry::trace::RequestTrace>,
     /// Where the attempts are written down as they are made (the
     /// request's record, which counts the re-sends).
     pub progress: &'a mut super::Progress,
@@ -68,7 +64,11 @@ pub async fn forward(
     // event goes to accounting, not to a client that did not ask for it.
     let asked_usage = req.body.with_usage.take();
     let mut headers = std::mem::take(&mut req.headers);
-    prepare_upstream_headers(&mut headers, req.request_id, req.client_ip);
+    prepare_upstream_headers(
+        &mut headers,
+        req.origin.request_id,
+        Some(req.origin.client_ip),
+    );
     let mut headers = Upstream(Some(headers));
     let mut tried = Tried::default();
     let max_attempts = pool.retries + 1;
@@ -87,7 +87,7 @@ pub async fn forward(
         ) else {
             continue;
         };
-        pool.record_branch(pick.branch, req.metrics);
+        pool.record_branch(pick.branch, req.origin.metrics);
         tried.push(replica.id);
         let n = tried.len() as u32;
         let (expected, seq) = dispatch(req, replica, pick.branch, n);
@@ -124,7 +124,7 @@ pub async fn forward(
         answered(req, replica, attempt, seq, resp.status());
         let mut resp = stream_back(resp, req, replica, guard, expected, strip_usage);
         resp.body_mut().dispatched_to(super::Dispatched {
-            replica: Arc::clone(&replica.series(&pool.name, req.metrics).replica),
+            replica: Arc::clone(&replica.series(&pool.name, req.origin.metrics).replica),
             branch: pick.branch.as_str(),
             attempts: n,
             predicted_cached: req.route.predicted_for(replica.id),
@@ -188,7 +188,7 @@ async fn next_pick(
             Ok(None)
         }
         Choice::NoReplica(branch) => {
-            pool.record_branch(branch, req.metrics);
+            pool.record_branch(branch, req.origin.metrics);
             Err(if tried.is_empty() {
                 ForwardError::NoHealthyReplica {
                     pool: pool.name.clone(),
@@ -219,13 +219,14 @@ fn dispatch(
     req.progress.replica = Some(Arc::clone(replica));
     let sent = req.route.dispatched(replica);
     if sent.swap {
-        req.metrics
+        req.origin
+            .metrics
             .lora_swaps
             .with_label_values(&[&pool.name, &replica.name])
             .inc();
     }
-    let series = replica.series(&pool.name, req.metrics);
-    let seq = req.recent.record(
+    let series = replica.series(&pool.name, req.origin.metrics);
+    let seq = req.origin.recent.record(
         Arc::clone(&series.pool),
         Arc::clone(&series.replica),
         branch.as_str(),
@@ -233,7 +234,7 @@ fn dispatch(
         n,
     );
     tracing::debug!(
-        request_id = req.request_id.to_str().unwrap_or(""),
+        request_id = req.origin.request_id.to_str().unwrap_or(""),
         pool = %pool.name,
         replica = %replica.name,
         route = %req.route.route_label(),
@@ -282,7 +283,7 @@ async fn send_with_usage(
                 && r.status() != StatusCode::BAD_REQUEST
                 && replica.note_refuses_stream_options()
             {
-                tracing::warn!(request_id = req.request_id.to_str().unwrap_or(""), pool = %req.pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
+                tracing::warn!(request_id = req.origin.request_id.to_str().unwrap_or(""), pool = %req.pool.name, replica = %replica.name, "replica refuses stream_options: streams to it go as sent, their tokens counted from the stream");
             }
             Ok((attempt, again, false))
         }
@@ -303,9 +304,9 @@ fn timed_out(
     if let Some(a) = attempt {
         a.fail("timeout");
     }
-    req.recent.settle(seq, Outcome::Timeout);
-    count_upstream_error(req.metrics, pool, replica, "timeout");
-    pool.record_failure(replica, Failure::Timeout, req.metrics);
+    req.origin.recent.settle(seq, Outcome::Timeout);
+    count_upstream_error(req.origin.metrics, pool, replica, "timeout");
+    pool.record_failure(replica, Failure::Timeout, req.origin.metrics);
     ForwardError::UpstreamTimeout {
         pool: pool.name.clone(),
         timeout: crate::config::format_duration(pool.timeouts.first_byte),
@@ -334,10 +335,10 @@ fn attempt_failed(
     if let Some(a) = attempt {
         a.fail(kind);
     }
-    req.recent.settle(seq, outcome);
-    count_upstream_error(req.metrics, pool, replica, kind);
-    pool.record_failure(replica, failure, req.metrics);
-    tracing::info!(request_id = req.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(err), "upstream attempt failed");
+    req.origin.recent.settle(seq, outcome);
+    count_upstream_error(req.origin.metrics, pool, replica, kind);
+    pool.record_failure(replica, failure, req.origin.metrics);
+    tracing::info!(request_id = req.origin.request_id.to_str().unwrap_or(""), pool = %pool.name, replica = %replica.name, error = %crate::net::error_chain(err), "upstream attempt failed");
     not_sent
 }
 
@@ -354,11 +355,13 @@ fn answered(
     if let Some(a) = attempt {
         a.set("http.response.status_code", i64::from(status.as_u16()));
     }
-    req.recent.settle(seq, Outcome::Status(status.as_u16()));
+    req.origin
+        .recent
+        .settle(seq, Outcome::Status(status.as_u16()));
     let pool = req.pool;
     match status.as_u16() {
         503 => {}
-        500..=599 => pool.record_failure(replica, Failure::ServerError, req.metrics),
+        500..=599 => pool.record_failure(replica, Failure::ServerError, req.origin.metrics),
         _ => pool.record_success(replica),
     }
 }
@@ -503,9 +506,7 @@ async fn send_once(
     n: usize,
 ) -> Result<(Option<StageSpan>, Sent), ForwardError> {
     let mut upstream = build_request(&req.method, replica, &req.path_and_query, headers, body)?;
-    let attempt = req
-        .trace
-        .map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
+    let attempt = (req.origin.trace).map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
     let pool = req.pool;
     let sent = tokio::time::timeout(
         pool.timeouts.first_byte,
@@ -548,7 +549,7 @@ fn stream_back(
     parts
         .headers
         .entry(REQUEST_ID)
-        .or_insert_with(|| req.request_id.clone());
+        .or_insert_with(|| req.origin.request_id.clone());
     if req.expose_replica
         && let Ok(v) = HeaderValue::from_str(&replica.name)
     {
@@ -560,11 +561,11 @@ fn stream_back(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let report = BreakReport {
-        metrics: Arc::clone(req.metrics),
+        metrics: Arc::clone(req.origin.metrics),
         owner: Arc::clone(req.pool),
         replica: Arc::clone(replica),
         broken: StreamBroken::default(),
-        request_id: req.request_id.clone(),
+        request_id: req.origin.request_id.clone(),
     };
     let mut body =
         ProxyBody::new(incoming, req.pool.timeouts.idle, guard, report, sse).carrying(expected);

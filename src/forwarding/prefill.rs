@@ -21,16 +21,15 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
-use super::Outbound;
 use super::headers::REQUEST_ID;
+use super::{Origin, Outbound};
 use crate::balancing::RequestInfo;
 use crate::kv_transfer::{Pairing, Protocol};
 use crate::pool::{Choice, Failure, Pool, choose};
 use crate::replica::{Replica, ReplicaId};
 use crate::routing::Decision;
-use crate::telemetry::Metrics;
 use crate::telemetry::clock::now_millis;
-use crate::telemetry::trace::{RequestTrace, StageSpan};
+use crate::telemetry::trace::StageSpan;
 
 /// Largest prefill answer read (a one-token answer and its transfer
 /// parameters are a few KiB).
@@ -56,10 +55,9 @@ pub struct PrefillRequest<'a> {
     pub info: RequestInfo<'a>,
     pub timeout: Duration,
     pub attempts: u32,
-    pub request_id: &'a HeaderValue,
-    pub metrics: &'a Arc<Metrics>,
+    /// Whom it is for; where its attempts are counted and traced.
+    pub origin: &'a Origin<'a>,
     pub disaggregation: &'a super::DisaggregationMetrics,
-    pub trace: Option<&'a RequestTrace>,
 }
 
 /// A prefill that succeeded.
@@ -123,7 +121,7 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
         else {
             continue;
         };
-        pool.record_branch(pick.branch, req.metrics);
+        pool.record_branch(pick.branch, req.origin.metrics);
         tried.push(replica.id);
         // In `exact` mode the prompt counts as sent to this replica until
         // its answer is in (the end of this attempt).
@@ -177,7 +175,10 @@ async fn attempt(
     deadline: tokio::time::Instant,
 ) -> (Attempted, Option<StageSpan>) {
     let mut headers = headers.clone();
-    let span = req.trace.map(|t| t.attempt(&replica.name, n, &mut headers));
+    let span = req
+        .origin
+        .trace
+        .map(|t| t.attempt(&replica.name, n, &mut headers));
     if let Some(s) = &span {
         s.set("llmlb.phase", "prefill");
     }
@@ -199,7 +200,7 @@ fn prefill_headers(req: &PrefillRequest<'_>) -> HeaderMap {
     let mut headers = req.headers.clone();
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
-    headers.insert(REQUEST_ID, req.request_id.clone());
+    headers.insert(REQUEST_ID, req.origin.request_id.clone());
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -219,15 +220,15 @@ fn judge(
     let pool = req.pool;
     match sent {
         Err(_elapsed) => {
-            pool.record_failure(replica, Failure::Timeout, req.metrics);
+            pool.record_failure(replica, Failure::Timeout, req.origin.metrics);
             Err("timeout")
         }
         Ok(Err(Sent::Connect)) => {
-            pool.record_failure(replica, Failure::Connect, req.metrics);
+            pool.record_failure(replica, Failure::Connect, req.origin.metrics);
             Err("connect")
         }
         Ok(Err(Sent::Reset)) => {
-            pool.record_failure(replica, Failure::Reset, req.metrics);
+            pool.record_failure(replica, Failure::Reset, req.origin.metrics);
             Err("reset")
         }
         Ok(Ok((status, answer))) if status.is_success() => {
@@ -236,7 +237,7 @@ fn judge(
         }
         Ok(Ok((status, _))) => {
             if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
-                pool.record_failure(replica, Failure::ServerError, req.metrics);
+                pool.record_failure(replica, Failure::ServerError, req.origin.metrics);
             }
             Err("status")
         }

@@ -13,17 +13,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::request;
-
 use super::ApiError;
-use super::request::RequestMeta;
-use super::send::{RequestCtx, route_input};
+use super::send::{Admitted, RequestCtx, route_input};
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
     ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
     strip_private,
 };
-use crate::pool::{Disaggregation, Pool, SplitBranch, Topology};
+use crate::pool::{Disaggregation, Pool, SplitBranch};
 use crate::routing::Decision;
 use crate::telemetry::clock::now_millis;
 use crate::tokenize::Unpredictable;
@@ -51,30 +48,16 @@ impl Split {
     }
 }
 
-/// What the step needs of the request.
-pub struct Step<'a> {
-    pub topology: &'a Topology,
-    /// The decode pool and the routing decision within it.
-    pub pool: &'a Arc<Pool>,
-    pub decision: &'a Decision,
-    pub meta: &'a RequestMeta,
-    pub tokens: Option<(&'a [u32], Option<Unpredictable>)>,
-    pub parts: &'a request::Parts,
-    pub tier: Option<&'a str>,
-    /// The model name as the replicas serve it.
-    pub model: &'a str,
-    pub info: RequestInfo<'a>,
-    pub strip_key: bool,
-}
-
 /// Runs the step for a pool with `[pools.disaggregation]`; `None` (and the
 /// body unchanged) for any other pool.
-pub async fn prefill_step(
+pub(super) async fn prefill_step(
     ctx: &RequestCtx<'_>,
-    step: Step<'_>,
+    a: &Admitted<'_>,
+    decision: &Decision,
+    tokens: Option<(&[u32], Option<Unpredictable>)>,
     body: Outbound,
 ) -> Result<(Option<Split>, Outbound), ApiError> {
-    let pool = step.pool;
+    let pool = a.resolved.pool;
     let Some(d) = &pool.disaggregation else {
         return Ok((None, body));
     };
@@ -83,11 +66,11 @@ pub async fn prefill_step(
         metrics.decided(&pool.name, branch);
         Split { branch, prefilled }
     };
-    let branch = d.decide(pool, step.decision, &step.info, now_millis());
+    let branch = d.decide(pool, decision, &a.info, now_millis());
     if !branch.disaggregates() {
         return Ok((Some(decided(branch, None)), body));
     }
-    let Some((prefill_pool, route)) = route_prefill(&step, d) else {
+    let Some((prefill_pool, route)) = route_prefill(a, tokens, d) else {
         let err = ForwardError::NoHealthyReplica {
             pool: d.config.prefill_pool.clone(),
         };
@@ -98,7 +81,7 @@ pub async fn prefill_step(
             err,
         );
     };
-    match run_prefill(ctx, &step, d, prefill_pool, &route, &body).await {
+    match run_prefill(ctx, a, d, prefill_pool, &route, &body).await {
         Ok(p) => {
             let decode_body = p.decode_body.clone();
             Ok((Some(decided(branch, Some(p))), decode_body))
@@ -123,15 +106,19 @@ pub async fn prefill_step(
 /// The prefill pool and the routing decision within it, as the request
 /// would be routed there on its own; `None` when the pool is gone or
 /// routing refuses the request.
-fn route_prefill<'t>(step: &Step<'t>, d: &Disaggregation) -> Option<(&'t Arc<Pool>, Decision)> {
-    let pp = step.topology.pool_named(&d.config.prefill_pool)?;
+fn route_prefill<'t>(
+    a: &Admitted<'t>,
+    tokens: Option<(&[u32], Option<Unpredictable>)>,
+    d: &Disaggregation,
+) -> Option<(&'t Arc<Pool>, Decision)> {
+    let pp = a.topology.pool_named(&d.config.prefill_pool)?;
     let input = route_input(
         &pp.router,
-        step.meta,
-        step.model,
-        &step.parts.headers,
-        step.tier,
-        step.tokens,
+        a.meta,
+        a.info.model,
+        &a.parts.headers,
+        a.tier,
+        tokens,
     );
     let route = pp
         .router
@@ -145,43 +132,37 @@ fn route_prefill<'t>(step: &Step<'t>, d: &Disaggregation) -> Option<(&'t Arc<Poo
 /// `llmlb.prefill` stage.
 async fn run_prefill(
     ctx: &RequestCtx<'_>,
-    step: &Step<'_>,
+    a: &Admitted<'_>,
     d: &Disaggregation,
     prefill_pool: &Arc<Pool>,
     route: &Decision,
     body: &Outbound,
 ) -> Result<Prefilled, PrefillError> {
-    let mut headers = step.parts.headers.clone();
+    let mut headers = a.parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     strip_private(
         &mut headers,
-        step.strip_key,
+        a.strip_key,
         prefill_pool.upstream_auth.as_ref(),
     );
-    let span = ctx.trace.map(|t| t.stage("llmlb.prefill"));
+    let span = ctx.origin.trace.map(|t| t.stage("llmlb.prefill"));
     let done = prefill(PrefillRequest {
         pool: prefill_pool,
         route,
-        method: &step.parts.method,
-        path_and_query: step
-            .parts
-            .uri
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str()),
+        method: &a.parts.method,
+        path_and_query: a.parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
         headers,
         body,
         protocol: d.protocol,
         bootstrap_port: d.config.bootstrap_port,
         info: RequestInfo {
             max_tokens: Some(1),
-            ..step.info
+            ..a.info
         },
         timeout: d.config.prefill_timeout,
         attempts: d.config.prefill_attempts,
-        request_id: ctx.request_id,
-        metrics: &ctx.state.metrics,
+        origin: &ctx.origin,
         disaggregation: &ctx.state.disaggregation_metrics,
-        trace: ctx.trace,
     })
     .await;
     if let Some(s) = &span {

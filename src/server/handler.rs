@@ -16,7 +16,8 @@ use super::send::{self, Admitted, RequestCtx};
 use super::{ApiError, AppState};
 use super::{access_log, disaggregate, stages, surface};
 use crate::admission::{Permit, Settlement};
-use crate::forwarding::{ProxyBody, REQUEST_ID};
+use crate::balancing::RequestInfo;
+use crate::forwarding::{Origin, ProxyBody, REQUEST_ID};
 use crate::gateway::RateHeaders;
 use crate::pool::Pool;
 use crate::routing::Decision;
@@ -58,9 +59,13 @@ fn handle_counted(
         let access = unanswered.start.as_ref().expect("not answered yet");
         let ctx = RequestCtx {
             state: &state,
-            peer,
-            request_id: &request_id,
-            trace: access.trace(),
+            origin: Origin {
+                request_id: &request_id,
+                client_ip: peer.ip(),
+                trace: access.trace(),
+                metrics: &state.metrics,
+                recent: &state.recent_dispatches,
+            },
         };
         let notes = Notes {
             rate: &mut rate,
@@ -144,12 +149,20 @@ fn route(
             _ => tenant,
         };
         let queued = first.pool.admission.is_some().then(Instant::now);
-        let mut permit = stages::admit(first.pool, &caller, tenant, &estimate, ctx.trace).await?;
+        let mut permit =
+            stages::admit(first.pool, &caller, tenant, &estimate, ctx.origin.trace).await?;
         notes.fields.queued = queued.filter(|_| permit.is_some()).map(|t| t.elapsed());
         let current = state.topology();
+        let resolved = stages::after_queue(&current, first, permit.is_some());
+        let info = RequestInfo {
+            model: resolved.rewrite.unwrap_or(&meta.model),
+            prompt_tokens: estimate.prompt_tokens,
+            max_tokens: estimate.max_tokens,
+            user: meta.user.as_deref(),
+        };
         let admitted = Admitted {
             topology: &current,
-            resolved: stages::after_queue(&current, first, permit.is_some()),
+            resolved,
             meta: &meta,
             parts,
             bytes: &bytes,
@@ -157,6 +170,7 @@ fn route(
             level: caller.level,
             strip_key: config.gateway.auth || caller.key.is_some(),
             expose_replica: config.server.replica_header,
+            info,
         };
         let resp = dispatch(ctx, admitted, &mut estimate, permit.as_mut(), notes.fields).await?;
         charge.commit();
@@ -184,54 +198,28 @@ fn dispatch(
 ) -> impl Future<Output = Result<Response<Box<ProxyBody>>, ApiError>> {
     // Not an `async fn`: its arguments are kept once (see `handle_counted`).
     async move {
-        let (meta, pool) = (a.meta, a.resolved.pool);
-        let (prompt_tokens, max_tokens) = (estimate.prompt_tokens, estimate.max_tokens);
-        let tokens = estimate.tokens_for(pool, meta).await;
-        let routing = ctx.trace.map(|t| t.stage("llmlb.route"));
+        let pool = a.resolved.pool;
+        let tokens = estimate.tokens_for(pool, a.meta).await;
+        let routing = ctx.origin.trace.map(|t| t.stage("llmlb.route"));
         let (decision, body) = send::route_within(ctx.state, &a, tokens)?;
         note_decision(fields, pool, &decision, routing);
-        let model = a.resolved.rewrite.unwrap_or(&meta.model);
-        let step = disaggregate::Step {
-            topology: a.topology,
-            pool,
-            decision: &decision,
-            meta,
-            tokens,
-            parts: &a.parts,
-            tier: a.tier,
-            model,
-            info: crate::balancing::RequestInfo {
-                model,
-                prompt_tokens,
-                max_tokens,
-                user: meta.user.as_deref(),
-            },
-            strip_key: a.strip_key,
-        };
         // A disaggregated pool's step is a future of kilobytes: on the heap,
         // and only for such a pool, so that the others' stays small.
         let (split, body) = match pool.disaggregation {
-            Some(_) => Box::pin(disaggregate::prefill_step(ctx, step, body)).await?,
+            Some(_) => {
+                Box::pin(disaggregate::prefill_step(ctx, &a, &decision, tokens, body)).await?
+            }
             None => (None, body),
         };
         if let Some(s) = &split {
             note_split(fields, s);
         }
-        let out = send::Outgoing {
-            parts: a.parts,
-            body,
-            model,
-            user: meta.user.as_deref(),
-            estimate,
-            strip_key: a.strip_key,
-            expose_replica: a.expose_replica,
-        };
         let decode_sent = Instant::now();
         // On the heap: the send's future is kilobytes, and held inline it
         // would grow every future above it (this one, `route`'s and the
         // request's own, which hyper's service boxes), each moved by value
         // on every request (0.55 k instructions a request saved).
-        let sending = send::send(ctx, pool, &decision, out, permit, &mut fields.progress);
+        let sending = send::send(ctx, a, &decision, body, permit, &mut fields.progress);
         let resp = Box::pin(sending).await?;
         if let Some(s) = &split {
             s.decoded(ctx, pool, decode_sent);

@@ -3,9 +3,6 @@
 //! answer carries back (the canary version's header and outcome record, the
 //! queue's lesson in drain rate).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::uri::PathAndQuery;
@@ -13,26 +10,22 @@ use http::{HeaderMap, Response, request};
 
 use super::prompt_tokens::prompt;
 use super::request::RequestMeta;
-use super::stages::Estimate;
 use super::{ApiError, AppState};
 use crate::admission::Permit;
 use crate::balancing::RequestInfo;
 use crate::forwarding::{
-    ForwardRequest, Outbound, Progress, ProxyBody, forward, strip_hop_by_hop, strip_private,
+    ForwardRequest, Origin, Outbound, Progress, ProxyBody, forward, strip_hop_by_hop, strip_private,
 };
 use crate::pool::{Pool, Resolution, Topology};
 use crate::routing::{Decision, RouteInput, Router};
 use crate::telemetry::clock::now_millis;
-use crate::telemetry::trace::RequestTrace;
 use crate::tokenize::Unpredictable;
 
-/// What every step of one request shares: the process, the client, the
-/// request's id and trace.
+/// What every step of one request shares: the process, and whom the
+/// request is for (its id, trace and client), which forwarding borrows.
 pub struct RequestCtx<'a> {
     pub state: &'a AppState,
-    pub peer: SocketAddr,
-    pub request_id: &'a HeaderValue,
-    pub trace: Option<&'a RequestTrace>,
+    pub origin: Origin<'a>,
 }
 
 /// What `router` reads of one request: `model` is the name the pool
@@ -67,7 +60,9 @@ pub fn route_input<'a>(
 }
 
 /// A request through the gateway and its pool's queue, on its way to a
-/// replica of the pool in force after the wait.
+/// replica of the pool in force after the wait: the one record the routing
+/// within the pool, a disaggregated pool's prefill step and the send
+/// borrow, built once; the send takes it apart into what leaves.
 pub(super) struct Admitted<'a> {
     pub(super) topology: &'a Topology,
     pub(super) resolved: Resolution<'a>,
@@ -81,6 +76,10 @@ pub(super) struct Admitted<'a> {
     pub(super) strip_key: bool,
     /// `[server] replica_header`.
     pub(super) expose_replica: bool,
+    /// What balancing reads: the model name as the pool's replicas serve
+    /// it (after an alias), the prompt's tokens, the output allowance, the
+    /// client's `user`.
+    pub(super) info: RequestInfo<'a>,
 }
 
 /// The routing stage within the chosen pool: the request's decision, and
@@ -100,8 +99,7 @@ pub(super) fn route_within(
         .send_priority
         .then(|| u32::try_from(a.level).unwrap_or(u32::MAX));
     let body = Outbound::edit(a.bytes, parts.uri.path(), resolved.rewrite, usage, priority)?;
-    let model = resolved.rewrite.unwrap_or(&meta.model);
-    let input = route_input(&pool.router, meta, model, headers, a.tier, tokens);
+    let input = route_input(&pool.router, meta, a.info.model, headers, a.tier, tokens);
     let decision = pool.router.route(
         &pool.replicas,
         &input,
@@ -119,36 +117,21 @@ pub(super) fn route_within(
     Ok((decision, body))
 }
 
-/// The request as it leaves for the pool.
-pub struct Outgoing<'a> {
-    pub parts: request::Parts,
-    pub body: Outbound,
-    /// The model name the replica serves.
-    pub model: &'a str,
-    pub user: Option<&'a str>,
-    pub estimate: &'a Estimate,
-    /// Remove the client's key: llmlb checked it, the replica has no use
-    /// for it.
-    pub strip_key: bool,
-    /// Name the serving replica in an `x-llmlb-replica` header.
-    pub expose_replica: bool,
-}
-
 /// Forwards under `decision`, writing its attempts into `progress` (the
 /// request's record). A canary version is tagged on the answer; a
 /// successful answer marks the queue permit served so the queue learns its
 /// drain rate from it.
-pub fn send<'a>(
+pub(super) fn send<'a>(
     ctx: &'a RequestCtx<'_>,
-    pool: &'a Arc<Pool>,
+    a: Admitted<'a>,
     decision: &'a Decision,
-    out: Outgoing<'a>,
+    body: Outbound,
     permit: Option<&'a mut Permit>,
     progress: &'a mut Progress,
 ) -> impl Future<Output = Result<Response<Box<ProxyBody>>, ApiError>> {
     // Not an `async fn`: the request is taken apart before the future is
     // made, which then holds what leaves once.
-    let mut request = forward_request(ctx, pool, decision, out, progress);
+    let mut request = forward_request(ctx, a, decision, body, progress);
     async move {
         let mut resp = forward(&mut request).await?;
         // A replica answered: the time this request holds its queue slot
@@ -168,12 +151,12 @@ pub fn send<'a>(
 /// What [`forward`] needs of the request as it leaves.
 fn forward_request<'a>(
     ctx: &'a RequestCtx<'_>,
-    pool: &'a Arc<Pool>,
+    a: Admitted<'a>,
     decision: &'a Decision,
-    out: Outgoing<'a>,
+    body: Outbound,
     progress: &'a mut Progress,
 ) -> ForwardRequest<'a> {
-    let Outgoing { parts, body, .. } = out;
+    let (pool, parts) = (a.resolved.pool, a.parts);
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -183,21 +166,12 @@ fn forward_request<'a>(
         pool,
         method: parts.method,
         path_and_query,
-        headers: upstream_headers(parts.headers, out.strip_key, pool),
+        headers: upstream_headers(parts.headers, a.strip_key, pool),
         body,
-        info: RequestInfo {
-            model: out.model,
-            prompt_tokens: out.estimate.prompt_tokens,
-            max_tokens: out.estimate.max_tokens,
-            user: out.user,
-        },
+        info: a.info,
         route: decision,
-        request_id: ctx.request_id,
-        client_ip: Some(ctx.peer.ip()),
-        metrics: &ctx.state.metrics,
-        expose_replica: out.expose_replica,
-        recent: &ctx.state.recent_dispatches,
-        trace: ctx.trace,
+        origin: &ctx.origin,
+        expose_replica: a.expose_replica,
         progress,
     }
 }
