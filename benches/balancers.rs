@@ -24,6 +24,7 @@ fn views(n: usize) -> Vec<ReplicaView> {
                 in_flight: x % 17,
                 outstanding_tokens: x * 131,
                 prefilling: 0,
+                uncached_prefill: 0,
                 decoding_output: 0,
                 load: Some(ScrapedLoad {
                     running: Some(x % 32),

@@ -78,6 +78,7 @@ mod tests {
             in_flight,
             outstanding_tokens: 0,
             prefilling: 0,
+            uncached_prefill: 0,
             decoding_output: 0,
             load: Some(ScrapedLoad {
                 waiting: Some(waiting),

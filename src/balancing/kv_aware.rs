@@ -88,6 +88,7 @@ mod tests {
             in_flight: 0,
             outstanding_tokens: 0,
             prefilling: 0,
+            uncached_prefill: 0,
             decoding_output: 0,
             load: Some(ScrapedLoad {
                 kv_usage: Some(usage),

@@ -64,6 +64,7 @@ mod tests {
             in_flight,
             outstanding_tokens: tokens,
             prefilling: 0,
+            uncached_prefill: 0,
             decoding_output: 0,
             load: None,
             rates: Default::default(),

@@ -118,6 +118,7 @@ mod tests {
                 in_flight: t / 100,
                 outstanding_tokens: t,
                 prefilling: 0,
+                uncached_prefill: 0,
                 decoding_output: 0,
                 load: None,
                 rates: Default::default(),

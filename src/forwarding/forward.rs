@@ -91,6 +91,7 @@ pub async fn forward(
         tried.push(replica.id);
         let n = tried.len() as u32;
         let (expected, seq) = dispatch(req, replica, pick.branch, n);
+        guard.expect_cached(req.route.predicted_for(replica.id).unwrap_or(0));
         if let Some(a) = &req.route.adapter {
             guard.run_adapter(a);
         }

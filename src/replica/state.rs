@@ -137,6 +137,12 @@ impl Replica {
         self.counts.in_flight.load(Ordering::Acquire)
     }
 
+    /// The prompt tokens of this proxy's requests here without a first
+    /// byte yet that the replica was predicted not to hold cached.
+    pub fn uncached_prefill(&self) -> u64 {
+        self.counts.uncached_prefill.load(Ordering::Relaxed)
+    }
+
     pub fn outstanding_tokens(&self) -> u64 {
         self.counts.outstanding_tokens.load(Ordering::Relaxed)
     }
@@ -341,6 +347,9 @@ impl Replica {
             .outstanding_tokens
             .fetch_add(total, Ordering::Relaxed);
         self.counts.prefilling.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .uncached_prefill
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
         self.dispatched_since_scrape.fetch_add(1, Ordering::Relaxed);
         self.tokens_since_scrape.fetch_add(total, Ordering::Relaxed);
         self.in_flight_gauge.inc();
@@ -348,6 +357,7 @@ impl Replica {
             replica: Arc::clone(self),
             prefilled: false,
             prompt_left: prompt_tokens,
+            uncached_left: prompt_tokens,
             output_left: output_tokens,
             adapter: None,
         }
@@ -493,6 +503,9 @@ struct Counts {
     outstanding_tokens: AtomicU64,
     /// Of the in-flight requests, those without a first byte yet.
     prefilling: AtomicU64,
+    /// Their prompt tokens the replica does not hold cached (as predicted
+    /// when each was sent): the prefill queued there.
+    uncached_prefill: AtomicU64,
     /// Output tokens still to stream for the requests past their first
     /// byte (the ones decoding).
     decoding_output: AtomicU64,
@@ -510,6 +523,7 @@ impl Default for Counts {
             waiting: AtomicU32::new(0),
             outstanding_tokens: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
+            uncached_prefill: AtomicU64::new(0),
             decoding_output: AtomicU64::new(0),
             freed: Notify::new(),
             restarts: RestartWatch::default(),
@@ -525,6 +539,8 @@ pub struct InFlightGuard {
     /// `prefilling`).
     prefilled: bool,
     prompt_left: u64,
+    /// Of `prompt_left` before the first byte, what is not cached there.
+    uncached_left: u64,
     output_left: u64,
     /// The LoRA adapter the request runs there, counted until the drop.
     adapter: Option<Arc<str>>,
@@ -544,6 +560,16 @@ impl InFlightGuard {
         self.replica.adapters.start(adapter);
     }
 
+    /// `tokens` of the prompt are predicted cached there: not part of the
+    /// prefill queued on the replica.
+    pub fn expect_cached(&mut self, tokens: u64) {
+        let t = tokens.min(self.uncached_left);
+        if t > 0 && !self.prefilled {
+            self.uncached_left -= t;
+            (self.replica.counts.uncached_prefill).fetch_sub(t, Ordering::Relaxed);
+        }
+    }
+
     /// The replica has started answering: the prompt is prefilled.
     #[inline]
     pub fn prefill_done(&mut self) {
@@ -558,6 +584,8 @@ impl InFlightGuard {
         if !std::mem::replace(&mut self.prefilled, true) {
             let counts = &self.replica.counts;
             counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+            let u = std::mem::take(&mut self.uncached_left);
+            counts.uncached_prefill.fetch_sub(u, Ordering::Relaxed);
             counts
                 .decoding_output
                 .fetch_add(self.output_left, Ordering::Relaxed);
@@ -598,6 +626,7 @@ impl Drop for InFlightGuard {
                 .fetch_sub(self.output_left, Ordering::Relaxed);
         } else {
             r.counts.prefilling.fetch_sub(1, Ordering::Relaxed);
+            (r.counts.uncached_prefill).fetch_sub(self.uncached_left, Ordering::Relaxed);
         }
         let left = self.prompt_left + self.output_left;
         if left > 0 {
@@ -773,6 +802,25 @@ mod tests {
         drop(a);
         drop(c);
         assert_eq!((r.prefilling(), r.in_flight()), (0, 0));
+    }
+
+    #[test]
+    fn the_uncached_prefill_counts_what_is_not_cached_until_the_first_byte() {
+        let r = replica();
+        let mut a = r.acquire_tokens(1_000, 50);
+        let mut b = r.acquire_tokens(300, 10);
+        assert_eq!(r.uncached_prefill(), 1_300);
+        a.expect_cached(600);
+        b.expect_cached(5_000); // more than its prompt: all of it cached
+        assert_eq!(r.uncached_prefill(), 400);
+        a.prefill_done();
+        assert_eq!(r.uncached_prefill(), 0);
+        a.expect_cached(100); // after the first byte: nothing left to take
+        let c = r.acquire_tokens(200, 10);
+        assert_eq!(r.uncached_prefill(), 200);
+        drop(c); // went away before answering
+        drop((a, b));
+        assert_eq!(r.uncached_prefill(), 0);
     }
 
     #[test]

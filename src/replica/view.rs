@@ -17,6 +17,8 @@ pub struct ReplicaView {
     pub outstanding_tokens: u64,
     /// Of those, requests without a first byte yet (prompt still ahead).
     pub prefilling: u64,
+    /// Their prompt tokens predicted not cached there.
+    pub uncached_prefill: u64,
     /// Output tokens still to stream for the others (past their first byte).
     pub decoding_output: u64,
     /// The replica's last scrape, when there is one.
@@ -37,6 +39,7 @@ impl ReplicaView {
             in_flight: replica.in_flight(),
             outstanding_tokens: replica.outstanding_tokens(),
             prefilling: replica.prefilling(),
+            uncached_prefill: replica.uncached_prefill(),
             decoding_output: replica.decoding_output(),
             load: replica.scraped_load(now_ms),
             rates: replica.learned.rates(),

@@ -305,6 +305,7 @@ fn candidates(
             ahead: ahead[i],
             rates: ordered[i].rates,
             prefilling: ordered[i].prefilling,
+            queued_tokens: ordered[i].uncached_prefill,
             cached_tokens: if facts.copies.contains(&cands[i].id) {
                 held[i].cached.max(facts.shared)
             } else {

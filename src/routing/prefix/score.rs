@@ -241,6 +241,8 @@ pub struct Candidate {
     pub kept_tokens: u64,
     /// llmlb's requests on the replica still waiting for their first byte.
     pub prefilling: u64,
+    /// Their prompt tokens predicted not cached there.
+    pub queued_tokens: u64,
     /// Empty room in the replica's prefix cache, in tokens (its reported
     /// capacity less what llmlb's index lists there), when the capacity is
     /// known: tokens written beyond it evict cached ones.
@@ -329,6 +331,9 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             0.0
         };
         let t = model.expected_ttft(c.ahead, &c.rates, uncached) + drain;
+        // The prefills queued there, by their own lengths: a queue of cold
+        // prompts takes longer than its count at the mean time a request.
+        let t = t.max(model.prefill_seconds(&c.rates, queued_tokens(c) + uncached));
         let missing = prompt_tokens.saturating_sub(c.cached_tokens.max(c.kept_tokens));
         let prefill = model.prefill_seconds(&c.rates, missing);
         let kept = model.prefill_seconds(&c.rates, uncached - missing);
@@ -358,6 +363,21 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
         }
     }
     best.map(|(i, _, t)| (i, t))
+}
+
+/// The uncached prompt tokens of llmlb's requests queued on the replica.
+/// A request counts until its first byte, and a JSON answer's first byte
+/// is its last: where the replica's own queue (fresh) is shorter than
+/// llmlb's requests without a first byte, those are mostly decoding, so
+/// only as many are counted as wait there, plus the one prefilling, at
+/// their mean.
+fn queued_tokens(c: &Candidate) -> u64 {
+    match c.ahead {
+        Ahead::Scraped { waiting, .. } if waiting + 1 < c.prefilling => {
+            c.queued_tokens / c.prefilling * (waiting + 1)
+        }
+        _ => c.queued_tokens,
+    }
 }
 
 /// How many requests' worth of evidence the candidates' median counts as
@@ -552,6 +572,7 @@ mod tests {
             cached_tokens,
             kept_tokens: 0,
             prefilling: 0,
+            queued_tokens: 0,
             room_tokens: None,
             rank,
             adapter: AdapterWait::default(),
@@ -643,6 +664,61 @@ mod tests {
         prefill_requests: SETTLED,
         ..NO_RATES
     };
+
+    #[test]
+    fn a_warm_replica_behind_cold_prompts_loses_to_an_idle_cold_one() {
+        // 1,900 of 2,000 prompt tokens cached on the warm replica, one
+        // request waiting there: at 0.1 s a request it would win. But the
+        // request waiting is a cold prompt of 4,000 tokens (1.6 s at
+        // 2,500 tokens/s); the cold replica prefills all 2,000 in 0.8 s.
+        let warm = Candidate {
+            queued_tokens: 4_000,
+            prefilling: 1,
+            ..cand(scraped(1, 0, 40_000, 0), LEARNED, 1_900, 0)
+        };
+        let cold = cand(scraped(0, 0, 40_000, 0), LEARNED, 0, 1);
+        let (i, t) = best(&MODEL, 2_000, &[warm, cold]).unwrap();
+        assert_eq!(i, 1, "the idle cold replica wins");
+        assert!((t - 0.8).abs() < 1e-9, "{t}");
+        // The same queue priced by its count alone: the warm one wins.
+        let (i, _) = best(
+            &MODEL,
+            2_000,
+            &[
+                Candidate {
+                    queued_tokens: 0,
+                    ..warm
+                },
+                cold,
+            ],
+        )
+        .unwrap();
+        assert_eq!(i, 0);
+    }
+
+    #[test]
+    fn requests_past_their_queue_count_only_as_many_as_the_replica_queues() {
+        // Five of llmlb's requests there without a first byte, 5,000
+        // uncached tokens in all, but the replica has none waiting: JSON
+        // answers decoding, their first byte still to come. One may be
+        // prefilling (1,000 tokens at their mean, 0.44 s with this
+        // request's 100): the warm replica wins.
+        let warm = Candidate {
+            queued_tokens: 5_000,
+            prefilling: 5,
+            ..cand(scraped(0, 5, 40_000, 0), LEARNED, 1_900, 0)
+        };
+        let cold = cand(scraped(0, 0, 40_000, 0), LEARNED, 0, 1);
+        let (i, _) = best(&MODEL, 2_000, &[warm, cold]).unwrap();
+        assert_eq!(i, 0);
+        // Queued there, all five are ahead of it (2.04 s): the cold one wins.
+        let queued = Candidate {
+            ahead: scraped(5, 0, 40_000, 0),
+            ..warm
+        };
+        let (i, _) = best(&MODEL, 2_000, &[queued, cold]).unwrap();
+        assert_eq!(i, 1);
+    }
 
     #[test]
     fn a_warm_replica_with_no_free_kv_loses_to_an_idle_cold_one() {
