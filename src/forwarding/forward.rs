@@ -64,11 +64,7 @@ pub async fn forward(
     // event goes to accounting, not to a client that did not ask for it.
     let asked_usage = req.body.with_usage.take();
     let mut headers = std::mem::take(&mut req.headers);
-    prepare_upstream_headers(
-        &mut headers,
-        req.origin.request_id,
-        Some(req.origin.client_ip),
-    );
+    prepare_upstream_headers(&mut headers, req.origin.request_id, req.origin.client_ip);
     let mut headers = Upstream(Some(headers));
     let mut tried = Tried::default();
     let max_attempts = pool.retries + 1;
@@ -90,8 +86,7 @@ pub async fn forward(
         pool.record_branch(pick.branch, req.origin.metrics);
         tried.push(replica.id);
         let n = tried.len() as u32;
-        let (expected, seq) = dispatch(req, replica, pick.branch, n);
-        guard.expect_cached(req.route.predicted_for(replica.id).unwrap_or(0));
+        let (expected, seq) = dispatch(req, &mut guard, pick.branch, n);
         if let Some(a) = &req.route.adapter {
             guard.run_adapter(a);
         }
@@ -211,14 +206,15 @@ async fn next_pick(
 /// the status-page entry to settle.
 fn dispatch(
     req: &mut ForwardRequest<'_>,
-    replica: &Arc<Replica>,
+    guard: &mut crate::replica::InFlightGuard,
     branch: Branch,
     n: u32,
 ) -> (Option<Expected>, u64) {
     let pool = req.pool;
+    let sent = req.route.dispatched_with(guard);
+    let replica = guard.replica();
     req.progress.attempts = n;
     req.progress.replica = Some(Arc::clone(replica));
-    let sent = req.route.dispatched(replica);
     if sent.swap {
         req.origin
             .metrics
@@ -406,18 +402,11 @@ async fn wait_for_slot(
     }
 }
 
-fn prepare_upstream_headers(
-    headers: &mut HeaderMap,
-    request_id: &HeaderValue,
-    client_ip: Option<IpAddr>,
-) {
+fn prepare_upstream_headers(headers: &mut HeaderMap, request_id: &HeaderValue, ip: IpAddr) {
     // Each attempt sets the replica's Host (replacing the client's); hyper
     // sets Content-Length from the body.
     headers.remove(header::CONTENT_LENGTH);
     headers.insert(REQUEST_ID, request_id.clone());
-    let Some(ip) = client_ip else {
-        return;
-    };
     // One lookup of the name for the client's value and the new one.
     match headers.entry(FORWARDED_FOR) {
         Entry::Occupied(mut e) => {
@@ -626,7 +615,7 @@ mod tests {
                     HeaderValue::from_bytes(s.as_bytes()).unwrap(),
                 );
             }
-            prepare_upstream_headers(&mut headers, &id, Some(ip));
+            prepare_upstream_headers(&mut headers, &id, ip);
             let want = match sent {
                 Some(s) if !s.is_empty() && s.is_ascii() => format!("{s}, {ip}"),
                 _ => ip.to_string(),

@@ -125,8 +125,7 @@ pub async fn prefill(req: PrefillRequest<'_>) -> Result<Prefilled, PrefillError>
         tried.push(replica.id);
         // In `exact` mode the prompt counts as sent to this replica until
         // its answer is in (the end of this attempt).
-        let _dispatched = req.route.dispatched(&replica);
-        guard.expect_cached(req.route.predicted_for(replica.id).unwrap_or(0));
+        let _dispatched = req.route.dispatched_with(&mut guard);
         if let Some(a) = &req.route.adapter {
             guard.run_adapter(a);
         }

@@ -17,7 +17,7 @@ use super::RouteBranch;
 use super::prefix::blocks::CacheKey;
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::{Expected, HeldBlocks};
-use crate::replica::{Replica, ReplicaId};
+use crate::replica::{InFlightGuard, Replica, ReplicaId};
 
 /// Each replica's prefix index (`cache` mode, and `exact` mode's estimate).
 pub(super) type Indexes = Arc<HashMap<ReplicaId, Arc<BlockIndex>>>;
@@ -125,6 +125,18 @@ impl Decision {
                 .map(|h| h.expect_prompt(&e.tokens, &e.key, e.ends_ms))
         });
         Dispatched { swap, sent }
+    }
+
+    /// [`Self::dispatched`] to the replica of the request's in-flight
+    /// `guard`, which then counts the prompt's predicted cached part out of
+    /// the prefill queued there (it counted the whole prompt).
+    #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
+    pub fn dispatched_with(&self, guard: &mut InFlightGuard) -> Dispatched {
+        let sent = self.dispatched(guard.replica());
+        if let Some(cached) = self.predicted_for(guard.replica().id) {
+            guard.expect_cached(cached);
+        }
+        sent
     }
 
     /// The cached prompt tokens predicted for `id`, if it was a candidate.

@@ -56,8 +56,7 @@ impl Sim<'_> {
                 }
             };
             let mut guard = replica.acquire_tokens(u64::from(r.input), u64::from(r.output));
-            let expected = decision.dispatched(&replica).sent;
-            guard.expect_cached(decision.predicted_for(replica.id).unwrap_or(0));
+            let expected = decision.dispatched_with(&mut guard).sent;
             if let Some(a) = &decision.adapter {
                 guard.run_adapter(a);
             }

@@ -163,8 +163,7 @@ impl Sim<'_> {
                 }
             };
             let mut guard = replica.acquire_tokens(u64::from(input), 1);
-            let expected = route.dispatched(&replica).sent;
-            guard.expect_cached(route.predicted_for(replica.id).unwrap_or(0));
+            let expected = route.dispatched_with(&mut guard).sent;
             if let Some(a) = &route.adapter {
                 guard.run_adapter(a);
             }
