@@ -113,8 +113,9 @@ impl Gateway {
         Gateway {
             shared,
             auth: config.gateway.auth,
+            // Without tiers no header can name one: it is not read.
             tier_header: (config.gateway.tier_header.as_ref())
-                .filter(|_| config.trusts_tier_header())
+                .filter(|_| config.trusts_tier_header() && !config.tiers.is_empty())
                 .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
             tiers,
             default_level,
@@ -144,6 +145,11 @@ impl Gateway {
             Some(name) => Arc::from(name),
             None => Arc::clone(&self.no_tenant),
         }
+    }
+
+    /// The tenant of a request no one names.
+    pub fn no_tenant(&self) -> Arc<str> {
+        Arc::clone(&self.no_tenant)
     }
 
     /// [`Self::tenant_of`] once the body's `user` is known, for a request
