@@ -122,13 +122,13 @@ impl Topology {
         }
     }
 
-    /// Whether any pool serves the names its replicas report.
     /// Whether any pool queues its requests (`[pools.admission]`): only a
     /// queue orders callers by tenant.
     pub fn has_queue(&self) -> bool {
         self.pools.iter().any(|p| p.admission.is_some())
     }
 
+    /// Whether any pool serves the names its replicas report.
     pub fn has_reported(&self) -> bool {
         self.pools.iter().any(|p| p.replica_models.is_some())
     }

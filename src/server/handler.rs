@@ -131,8 +131,10 @@ fn route(
         let caller = generation.gateway.authenticate(req.headers())?;
         let tier = topology.tier(caller.tier.as_deref());
         notes.fields.tier = topology.tier_shared(caller.tier.as_ref());
-        // The tenant orders a pool's queue; without one its header is not read.
-        let tenant = match topology.has_queue() {
+        // The tenant orders a pool's queue; without one neither its header
+        // nor the body's `user` is read.
+        let queues = topology.has_queue();
+        let tenant = match queues {
             true => generation.gateway.tenant_of(&caller, req.headers(), None),
             false => generation.gateway.no_tenant(),
         };
@@ -149,9 +151,7 @@ fn route(
         let mut estimate = stages::Estimate::of(first.pool, &meta).await;
         let charge = stages::charge(state, &caller, estimate.total, notes.rate).await?;
         let tenant = match &*tenant {
-            "" if topology.has_queue() => {
-                (generation.gateway).tenant_of_user(&caller, meta.user.as_deref())
-            }
+            "" if queues => (generation.gateway).tenant_of_user(&caller, meta.user.as_deref()),
             _ => tenant,
         };
         let queued = first.pool.admission.is_some().then(Instant::now);
