@@ -14,12 +14,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::ApiError;
-use super::send::{Admitted, RequestCtx, route_input};
+use super::send::{Admitted, RequestCtx, route_input, upstream_headers};
 use crate::balancing::RequestInfo;
-use crate::forwarding::{
-    ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill, strip_hop_by_hop,
-    strip_private,
-};
+use crate::forwarding::{ForwardError, Outbound, PrefillError, PrefillRequest, Prefilled, prefill};
 use crate::pool::{Disaggregation, Pool, SplitBranch};
 use crate::routing::Decision;
 use crate::telemetry::clock::now_millis;
@@ -138,13 +135,7 @@ async fn run_prefill(
     route: &Decision,
     body: &Outbound,
 ) -> Result<Prefilled, PrefillError> {
-    let mut headers = a.parts.headers.clone();
-    strip_hop_by_hop(&mut headers);
-    strip_private(
-        &mut headers,
-        a.strip_key,
-        prefill_pool.upstream_auth.as_ref(),
-    );
+    let headers = upstream_headers(a.parts.headers.clone(), a.strip_key, prefill_pool);
     let span = ctx.origin.trace.map(|t| t.stage("llmlb.prefill"));
     let done = prefill(PrefillRequest {
         pool: prefill_pool,

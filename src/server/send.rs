@@ -179,7 +179,7 @@ fn forward_request<'a>(
 /// The client's headers as the replica gets them: hop-by-hop headers and
 /// llmlb's own removed, the client's key removed when llmlb checked it, the
 /// pool's own key set.
-fn upstream_headers(mut headers: HeaderMap, strip_key: bool, pool: &Pool) -> HeaderMap {
+pub(super) fn upstream_headers(mut headers: HeaderMap, strip_key: bool, pool: &Pool) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
     strip_private(&mut headers, strip_key, pool.upstream_auth.as_ref());
     headers
