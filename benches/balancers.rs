@@ -34,6 +34,8 @@ fn views(n: usize) -> Vec<ReplicaView> {
                     age_ms: 100,
                     dispatched_since: x % 5,
                     completed_since: x % 3,
+                    first_bytes_since: x % 4,
+                    prefilling_at_scrape: x % 6,
                     tokens_since: x * 7,
                 }),
                 rates: Default::default(),

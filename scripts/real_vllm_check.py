@@ -686,6 +686,9 @@ def main():
     ap.add_argument("--runs-json",
                     help="write every run (each request's timing and replica included) here, "
                          "for scripts/tail_breakdown.py")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the run directory (each policy's config and llmlb log; "
+                         "RUST_LOG=llmlb::prefix_pick=debug logs every prefix pick there)")
     args = ap.parse_args()
     if not os.path.exists(args.llmlb):
         sys.exit(f"{args.llmlb} not found: run `cargo build --release` first")
@@ -745,7 +748,10 @@ def main():
     if args.runs_json:
         with open(args.runs_json, "w") as f:
             json.dump(runs, f)
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        log(f"run directory kept: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ fn replica(r: &Replica, now: u64, staleness_ms: Option<u64>) -> Value {
             "stale": staleness_ms.is_some_and(|s| l.age_ms > s),
             "dispatched_since_scrape": l.dispatched_since,
             "completed_since_scrape": l.completed_since,
+            "first_bytes_since_scrape": l.first_bytes_since,
+            "prefilling_at_scrape": l.prefilling_at_scrape,
         })
     });
     let ejected = r.outlier.is_ejected_at(now);

@@ -54,10 +54,13 @@ pub struct Replica {
     /// successor when a reload changes its weight or limit.
     counts: Arc<Counts>,
     /// Since the last stored scrape: requests dispatched, requests finished,
-    /// tokens (prompt + expected output, less a predicted cached prefix)
-    /// dispatched.
+    /// requests whose first byte came, tokens (prompt + expected output,
+    /// less a predicted cached prefix) dispatched.
     dispatched_since_scrape: AtomicU64,
     completed_since_scrape: AtomicU64,
+    first_bytes_since_scrape: AtomicU64,
+    /// llmlb's requests there without a first byte when the scrape was stored.
+    prefilling_at_scrape: AtomicU64,
     tokens_since_scrape: AtomicU64,
     load: ArcSwapOption<LoadSnapshot>,
     /// Passive health.
@@ -118,6 +121,8 @@ impl Replica {
             counts: Arc::default(),
             dispatched_since_scrape: AtomicU64::new(0),
             completed_since_scrape: AtomicU64::new(0),
+            first_bytes_since_scrape: AtomicU64::new(0),
+            prefilling_at_scrape: AtomicU64::new(0),
             tokens_since_scrape: AtomicU64::new(0),
             load: ArcSwapOption::empty(),
             outlier: Outlier::default(),
@@ -386,6 +391,8 @@ impl Replica {
         self.load.store(Some(Arc::new(snapshot)));
         self.dispatched_since_scrape.store(0, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);
+        self.first_bytes_since_scrape.store(0, Ordering::Relaxed);
+        (self.prefilling_at_scrape).store(self.prefilling(), Ordering::Relaxed);
         self.tokens_since_scrape.store(0, Ordering::Relaxed);
         restarted
     }
@@ -424,6 +431,8 @@ impl Replica {
             age_ms: now_ms.saturating_sub(s.taken_at_ms),
             dispatched_since: self.dispatched_since_scrape.load(Ordering::Relaxed),
             completed_since: self.completed_since_scrape.load(Ordering::Relaxed),
+            first_bytes_since: self.first_bytes_since_scrape.load(Ordering::Relaxed),
+            prefilling_at_scrape: self.prefilling_at_scrape.load(Ordering::Relaxed),
             tokens_since: self.tokens_since_scrape.load(Ordering::Relaxed),
         })
     }
@@ -589,6 +598,7 @@ impl InFlightGuard {
             counts
                 .decoding_output
                 .fetch_add(self.output_left, Ordering::Relaxed);
+            (self.replica.first_bytes_since_scrape).fetch_add(1, Ordering::Relaxed);
             self.replica.prefill_ended();
         }
         let p = std::mem::take(&mut self.prompt_left);

@@ -63,6 +63,12 @@ pub struct ScrapedLoad {
     pub age_ms: u64,
     pub dispatched_since: u64,
     pub completed_since: u64,
+    /// llmlb's requests there whose first byte came since the scrape: none
+    /// of them is waiting any more.
+    pub first_bytes_since: u64,
+    /// llmlb's requests there without a first byte at the scrape: those
+    /// beyond the scraped queue were running (prefilling) then.
+    pub prefilling_at_scrape: u64,
     pub tokens_since: u64,
 }
 
@@ -72,11 +78,18 @@ impl ScrapedLoad {
     }
 
     /// The waiting queue now, estimated: the scraped queue plus what was sent
-    /// since, minus what finished since (each finish frees a running slot that
-    /// a waiting request takes).
+    /// since, minus what left it since. What left it: llmlb's requests
+    /// whose first byte came beyond those that were already running at the
+    /// scrape (llmlb's requests then without a first byte, less the scraped
+    /// queue: a replica schedules in arrival order, so those answer first),
+    /// or, when more, the requests that finished (each frees a running slot
+    /// that a waiting request takes, on a replica whose slots are full).
     pub fn queue_now(&self) -> Option<u64> {
-        self.waiting
-            .map(|w| (w + self.dispatched_since).saturating_sub(self.completed_since))
+        let w = self.waiting?;
+        let running_prefills = self.prefilling_at_scrape.saturating_sub(w);
+        let scheduled = self.first_bytes_since.saturating_sub(running_prefills);
+        let left = self.completed_since.max(scheduled);
+        Some((w + self.dispatched_since).saturating_sub(left))
     }
 
     /// The replica's KV cache as the scrape left it, with what llmlb sent
@@ -135,6 +148,40 @@ impl KvRoom {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_now_loses_what_was_scheduled_or_made_room_for_since_the_scrape() {
+        // (scraped queue, llmlb's requests then without a first byte), then
+        // since the scrape: (sent, finished, first bytes).
+        let scraped = |(waiting, prefilling_at_scrape), (sent, finished, first_bytes)| {
+            ScrapedLoad {
+                waiting: Some(waiting),
+                prefilling_at_scrape,
+                dispatched_since: sent,
+                completed_since: finished,
+                first_bytes_since: first_bytes,
+                ..ScrapedLoad::default()
+            }
+            .queue_now()
+        };
+        // Two waited at the scrape and have had their first byte since.
+        assert_eq!(scraped((2, 2), (0, 0, 2)), Some(0));
+        // One was prefilling (running) at the scrape: its first byte is
+        // not the queue's; the next one is.
+        assert_eq!(scraped((2, 3), (0, 0, 1)), Some(2));
+        assert_eq!(scraped((2, 3), (0, 0, 2)), Some(1));
+        // One sent since, answered after the two ahead of it: none left.
+        assert_eq!(scraped((2, 2), (1, 0, 3)), Some(0));
+        // Finishes free slots a waiting request takes (a full replica).
+        assert_eq!(scraped((3, 0), (0, 2, 0)), Some(1));
+        // Both: whichever says more left (a first byte may be the slot a
+        // finish freed).
+        assert_eq!(scraped((3, 3), (0, 1, 2)), Some(1));
+        // Other clients' requests wait there too: llmlb's first bytes
+        // count as leaving it.
+        assert_eq!(scraped((5, 2), (0, 0, 2)), Some(3));
+        assert_eq!(ScrapedLoad::default().queue_now(), None);
+    }
 
     #[test]
     fn free_tokens_and_projected_usage_read_one_model() {

@@ -131,7 +131,9 @@ pub(super) fn prefer(
         scored: &scored,
         prompt_len,
     };
+    let noted = d.branches.len();
     pick.note_branches(router, id, &facts, &mut d.branches);
+    pick.log(cands, &d.branches[noted..]);
     d.preferred = Some(vec![id]);
     let ends = ends_ms(now_ms, ttft, max_tokens, &scored[i].rates);
     to_record(router, d, blocks, tokens, cache_key, ends);
@@ -219,6 +221,48 @@ impl Pick<'_> {
         if facts.home == Some(id) && !wins_as_held(router, self.prompt_len, self.scored, self.i) {
             out.push(RouteBranch::PrefixHome);
         }
+    }
+}
+
+impl Pick<'_> {
+    /// The pick and what each candidate was scored on, as one `DEBUG`
+    /// event of target `llmlb::prefix_pick` (off unless `RUST_LOG` asks
+    /// for it): why a request left its prefix's replica, for example.
+    fn log(&self, cands: &[Arc<Replica>], branches: &[RouteBranch]) {
+        if !tracing::enabled!(target: "llmlb::prefix_pick", tracing::Level::DEBUG) {
+            return;
+        }
+        let mut list = String::new();
+        for (i, (r, c)) in cands.iter().zip(self.scored).enumerate() {
+            let held = self.held[i];
+            let waiting = match c.ahead {
+                score::Ahead::Scraped { waiting, .. } => waiting,
+                score::Ahead::Local { in_flight } => in_flight,
+            };
+            let _ = std::fmt::Write::write_fmt(
+                &mut list,
+                format_args!(
+                    "{}{}:cached={}{},kept={},prefilling={},queued={},waiting={};",
+                    if i == self.i { "*" } else { "" },
+                    r.name,
+                    c.cached_tokens,
+                    if held.estimated { "~" } else { "" },
+                    c.kept_tokens,
+                    c.prefilling,
+                    c.queued_tokens,
+                    waiting,
+                ),
+            );
+        }
+        let branch = branches.first().map_or("", |b| b.as_str());
+        tracing::debug!(
+            target: "llmlb::prefix_pick",
+            prompt = self.prompt_len,
+            most = self.most,
+            branch,
+            candidates = %list,
+            "prefix pick"
+        );
     }
 }
 

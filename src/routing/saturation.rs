@@ -4,9 +4,10 @@
 //!
 //! Saturated means any of: at its `max_inflight` limit; at or above
 //! `saturation.max_in_flight` requests from llmlb; or a fresh scrape says
-//! its waiting queue (corrected by what llmlb sent and saw finish since) is
-//! above `saturation.max_queue`, or its KV-cache usage (plus the tokens llmlb
-//! sent since, as a fraction of the capacity the replica reports) is at or
+//! its waiting queue (corrected by what llmlb sent, saw answered and saw
+//! finish since) is above `saturation.max_queue`, or its KV-cache usage
+//! (plus the tokens llmlb sent since, as a fraction of the capacity the
+//! replica reports) is at or
 //! above `saturation.max_kv_usage`. A stale or missing scrape says nothing,
 //! so without scraping only the local bounds apply.
 

@@ -45,7 +45,8 @@
 //! and only when none has do the pool's `prefill_tokens_per_second` and
 //! `seconds_per_request_ahead` (and a decode step of zero) serve as priors
 //! (`same_hardware`). "Waiting now" and "running now" are the scraped gauges
-//! corrected by what llmlb sent and saw finish since the scrape.
+//! corrected by what llmlb sent, saw answered and saw finish since the
+//! scrape ([`crate::replica::ScrapedLoad::queue_now`]).
 //!
 //! The KV term is what keeps a warm replica from being buried: a request
 //! whose uncached blocks do not fit in the replica's free KV cache waits in
