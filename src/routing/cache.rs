@@ -131,9 +131,7 @@ pub(super) fn prefer(
         scored: &scored,
         prompt_len,
     };
-    let noted = d.branches.len();
-    pick.note_branches(router, id, &facts, &mut d.branches);
-    pick.log(cands, &d.branches[noted..]);
+    pick.note_branches(router, id, &facts, cands, &mut d.branches);
     d.preferred = Some(vec![id]);
     let ends = ends_ms(now_ms, ttft, max_tokens, &scored[i].rates);
     to_record(router, d, blocks, tokens, cache_key, ends);
@@ -194,10 +192,25 @@ struct Pick<'a> {
 }
 
 impl Pick<'_> {
+    /// Why replica `id` won, noted in `out` and logged
+    /// ([`Self::log`]).
+    fn note_branches(
+        &self,
+        router: &Router,
+        id: ReplicaId,
+        facts: &PrefixFacts,
+        cands: &[Arc<Replica>],
+        out: &mut Vec<RouteBranch>,
+    ) {
+        let noted = out.len();
+        self.add_branches(router, id, facts, out);
+        self.log(cands, &out[noted..]);
+    }
+
     /// Why replica `id` won: the most-cached one (`prefix_hit`), another
     /// (`prefix_overflow`) or nothing cached (`prefix_miss`); and whether
     /// on an estimate, as a hot prefix's copy, or as its home.
-    fn note_branches(
+    fn add_branches(
         &self,
         router: &Router,
         id: ReplicaId,
