@@ -235,9 +235,7 @@ impl Pick<'_> {
             out.push(RouteBranch::PrefixHome);
         }
     }
-}
 
-impl Pick<'_> {
     /// The pick and what each candidate was scored on, as one `DEBUG`
     /// event of target `llmlb::prefix_pick` (off unless `RUST_LOG` asks
     /// for it): why a request left its prefix's replica, for example.
@@ -248,14 +246,16 @@ impl Pick<'_> {
         let mut list = String::new();
         for (i, (r, c)) in cands.iter().zip(self.scored).enumerate() {
             let held = self.held[i];
-            let waiting = match c.ahead {
-                score::Ahead::Scraped { waiting, .. } => waiting,
-                score::Ahead::Local { in_flight } => in_flight,
+            // The scraped queue as estimated now, or llmlb's own count
+            // when some candidate's scrape is stale.
+            let (ahead, count) = match c.ahead {
+                score::Ahead::Scraped { waiting, .. } => ("waiting", waiting),
+                score::Ahead::Local { in_flight } => ("in_flight", in_flight),
             };
             let _ = std::fmt::Write::write_fmt(
                 &mut list,
                 format_args!(
-                    "{}{}:cached={}{},kept={},prefilling={},queued={},waiting={};",
+                    "{}{}:cached={}{},kept={},prefilling={},queued={},{ahead}={count};",
                     if i == self.i { "*" } else { "" },
                     r.name,
                     c.cached_tokens,
@@ -263,7 +263,6 @@ impl Pick<'_> {
                     c.kept_tokens,
                     c.prefilling,
                     c.queued_tokens,
-                    waiting,
                 ),
             );
         }
