@@ -29,6 +29,10 @@
 #        CG_OUT    where logs and callgrind files go (default target/callgrind)
 #        CG_ACCESS_LOG  `on`: llmlb writes its default access log (to the
 #                  run's log file); default off
+#        CG_VALGRIND_ARGS  more callgrind options for the BINARYs (not nginx), e.g.
+#                  "--cache-sim=yes --branch-sim=yes": the cache and branch
+#                  misses then sit beside the instructions in the .callgrind
+#                  files (`callgrind_annotate --show=I1mr`)
 #
 # llmlb runs with one pool of one replica, `least_connections`, and its
 # access log off unless CG_ACCESS_LOG=on (nginx runs with `access_log off`).
@@ -101,7 +105,7 @@ count() {
         local extra=$'drain_delay = "0s"'
         [ "${CG_ACCESS_LOG:-off}" = on ] || extra+=$'\n[telemetry.access_log]\nenabled = false'
         llmlb_conf "$port" "$backend" "$extra" >"$OUT/$name.toml"
-        start "$name" valgrind --tool=callgrind --callgrind-out-file="$cg" "$proxy" serve --config "$OUT/$name.toml"
+        start "$name" valgrind --tool=callgrind ${CG_VALGRIND_ARGS:-} --callgrind-out-file="$cg" "$proxy" serve --config "$OUT/$name.toml"
     fi
     local pg=$PGID
     wait_up "$port" || { echo "$name: proxy did not start (see $OUT/$name.log)" >&2; exit 1; }
