@@ -26,6 +26,10 @@ pub struct Topology {
     tier_pools: HashMap<String, (usize, bool)>,
     /// The tier of requests that name none.
     default_tier: Option<Arc<str>>,
+    /// Some pool queues its requests (`[pools.admission]`).
+    queues: bool,
+    /// Some pool serves the names its replicas report.
+    reported: bool,
 }
 
 impl Topology {
@@ -60,6 +64,8 @@ impl Topology {
             })
             .collect();
         Topology {
+            queues: pools.iter().any(|p| p.admission.is_some()),
+            reported: pools.iter().any(|p| p.replica_models.is_some()),
             pools,
             models: ModelMap::build(config),
             tier_pools,
@@ -125,12 +131,12 @@ impl Topology {
     /// Whether any pool queues its requests (`[pools.admission]`): only a
     /// queue orders callers by tenant.
     pub fn has_queue(&self) -> bool {
-        self.pools.iter().any(|p| p.admission.is_some())
+        self.queues
     }
 
     /// Whether any pool serves the names its replicas report.
     pub fn has_reported(&self) -> bool {
-        self.pools.iter().any(|p| p.replica_models.is_some())
+        self.reported
     }
 
     /// Fetches again every stale `models_from_replicas` list, all pools at once.
