@@ -7,9 +7,9 @@
 //! its waiting queue (corrected by what llmlb sent, saw answered and saw
 //! finish since) is above `saturation.max_queue`, or its KV-cache usage
 //! (plus the tokens llmlb sent since, as a fraction of the capacity the
-//! replica reports) is at or
-//! above `saturation.max_kv_usage`. A stale or missing scrape says nothing,
-//! so without scraping only the local bounds apply.
+//! replica reports) is at or above `saturation.max_kv_usage`. A stale or
+//! missing scrape says nothing, so without scraping only the local bounds
+//! apply.
 
 use std::sync::Arc;
 
