@@ -26,6 +26,10 @@
 #        WRK_STREAM   1: also the marginal cost per streamed event (above)
 #        WRK_PIN      1: the proxies on CPU 1, wrk and the backends on CPU 0
 #                     (taskset), so the proxy measured has a core to itself
+#        TOKIO_WORKER_THREADS  read by tokio in both llmlb and the floor: with
+#                     WRK_PIN=1, `1` gives each proxy one worker on its core
+#                     (two workers sharing one core wake each other), the
+#                     setting whose rounds agree most closely
 #
 # The backend is nginx with one worker: a request with `x-answer: json` gets
 # one JSON completion (249 bytes), any other the 16-chunk SSE stream of
