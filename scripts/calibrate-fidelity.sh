@@ -12,7 +12,7 @@
 # is; either way it is stopped, with its whole process group, at the end.
 #
 # Usage: scripts/calibrate-fidelity.sh OUTDIR
-#   (for figures: flock /tmp/llmlb-vllm.lock quiet bash scripts/calibrate-fidelity.sh OUTDIR)
+#   (for figures: flock /tmp/llmlb-vllm.lock bash scripts/calibrate-fidelity.sh OUTDIR)
 # Writes OUTDIR/profile.toml, calibration.json, vllm.jsonl, sim.jsonl,
 # table.md and times.txt. Environment: PORT (18000), SIM_PORT (18100),
 # LLMLB (target/release/llmlb), VLLM_START_WAIT (seconds, 900), REPEAT (3:

@@ -6,7 +6,7 @@
 # arrival rates; then a mixed short/long trace through 2P2D, decided per
 # request (`auto`) against always disaggregated, each part's TTFT apart.
 # Prints one table per part.
-#   quiet bash scripts/pd-fleet-sim-sweep.sh
+#   bash scripts/pd-fleet-sim-sweep.sh
 # Knobs: LLMLB (binary), RATES ("1 2 3 4 5 6 7 8"), REQUESTS (400), OUT
 # (dir), GOODPUT ("--goodput-ttft 1s --goodput-tpot 20ms"), SPLITS
 # ("2,2 3,1 1,3": prefill,decode), AGGREGATED

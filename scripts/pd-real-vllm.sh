@@ -4,7 +4,7 @@
 # aggregated (the same two replicas without it, round-robin): the same
 # greedy prompts through both; answers compared, TTFT and inter-token
 # figures printed. Run under the vLLM lock (and `quiet` for figures):
-#   flock /tmp/llmlb-vllm.lock quiet bash scripts/pd-real-vllm.sh
+#   flock /tmp/llmlb-vllm.lock bash scripts/pd-real-vllm.sh
 # Knobs: N (prompts, 24), WORDS (prompt words, 360: about 1,600 tokens),
 # MAX_TOKENS (64), CONC (concurrency, 1 2), LLMLB (binary), OUT (dir).
 set -euo pipefail

@@ -5,7 +5,7 @@
 # rates; then a mixed short/long workload through the 2+2 fleet, decided
 # per request (`auto`) against always disaggregated. Prints one JSON line
 # per run. The same grid on the virtual clock: scripts/pd-fleet-sim-sweep.sh.
-#   quiet bash scripts/pd-sim-sweep.sh
+#   bash scripts/pd-sim-sweep.sh
 # Knobs: LLMLB (binary), RATES ("1 2 3 4 5"), REQUESTS (60), OUT (dir),
 # SLO ("ttft:1000 tpot:20"), PARTS ("aggregated 2p2d 3p1d 1p3d mixed":
 # which runs).
