@@ -59,7 +59,7 @@ fn routing(c: &mut Criterion) {
     for n in [8usize, 64, 512] {
         for (name, extra) in cases {
             let t = topology(n, extra, |i| format!("version = \"v{}\"", 1 + i % 2));
-            let pool = &t.pools[0];
+            let pool = &t.pools()[0];
             // Warm the cache index: the prompt was sent to one replica.
             let warm = pool.router.route(&pool.replicas, &input, 7, 1).unwrap();
             // (`exact` mode would count it while the handle lives: none here.)

@@ -36,7 +36,7 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Re
             let topology = state.topology();
             state
                 .metrics
-                .set_replicas(topology.pools.iter().flat_map(|p| {
+                .set_replicas(topology.pools().iter().flat_map(|p| {
                     p.replicas.iter().map(|r| {
                         (
                             p.name.as_str(),

@@ -9,7 +9,7 @@ use crate::telemetry::clock::now_millis;
 
 pub fn render(topology: &Topology) -> Value {
     let now = now_millis();
-    let pools: Vec<Value> = topology.pools.iter().map(|p| pool(p, now)).collect();
+    let pools: Vec<Value> = topology.pools().iter().map(|p| pool(p, now)).collect();
     json!({ "pools": pools })
 }
 
@@ -18,7 +18,7 @@ pub fn render(topology: &Topology) -> Value {
 /// `None` when no replica matched.
 pub fn set_draining(topology: &Topology, name: &str, on: bool) -> Option<Value> {
     let mut matched = Vec::new();
-    for p in &topology.pools {
+    for p in topology.pools() {
         for r in &p.replicas {
             if r.name == name || r.authority.as_str() == name {
                 r.set_draining(on);

@@ -73,7 +73,7 @@ fn attach_queues(doc: &mut Value, topology: &Topology) {
     let Some(pools) = doc["pools"].as_array_mut() else {
         return;
     };
-    for (value, pool) in pools.iter_mut().zip(&topology.pools) {
+    for (value, pool) in pools.iter_mut().zip(topology.pools()) {
         value["models"] = json!(pool.models);
         value["queue"] = queue(pool);
     }
@@ -194,7 +194,7 @@ url = "http://127.0.0.1:3"
         );
         let topology = s.topology();
         let names = crate::signals::MetricNames::vllm();
-        topology.pools[0].replicas[0].store_load(crate::replica::LoadSnapshot::from_text(
+        topology.pools()[0].replicas[0].store_load(crate::replica::LoadSnapshot::from_text(
             "vllm:prefix_cache_hits_total 25\nvllm:prefix_cache_queries_total 100\n",
             &names,
             crate::telemetry::clock::now_millis(),

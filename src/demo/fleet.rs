@@ -163,7 +163,7 @@ impl Fleet {
         self.proxy
             .state
             .topology()
-            .pools
+            .pools()
             .iter()
             .flat_map(|p| p.replicas.iter())
             .filter_map(|r| r.load_snapshot().map(|s| now.saturating_sub(s.taken_at_ms)))
@@ -212,13 +212,13 @@ async fn wait_for_first_scrape(proxy: &Running) {
     while tokio::time::Instant::now() < deadline {
         let topology = proxy.state.topology();
         let scraped = topology
-            .pools
+            .pools()
             .iter()
             .filter(|p| p.scrape.is_some())
             .flat_map(|p| p.replicas.iter())
             .all(|r| r.load_snapshot().is_some());
         // `exact` mode: every subscriber has caught up with its replica.
-        let subscribed = topology.pools.iter().all(|p| {
+        let subscribed = topology.pools().iter().all(|p| {
             p.router
                 .kv_subscriptions()
                 .iter()

@@ -297,14 +297,14 @@ impl Decider {
         let pool = topology
             .resolve(model, None)
             .map(|r| r.pool.name.clone())
-            .and_then(|name| topology.pools.iter().position(|p| p.name == name))
+            .and_then(|name| topology.pools().iter().position(|p| p.name == name))
             .ok_or_else(|| SimulateError::Invalid(format!("no pool serves model {model:?}")))?;
-        let p = &topology.pools[pool];
+        let p = &topology.pools()[pool];
         // A disaggregated pool's prefill replicas follow its own in the
         // fleet's positions.
         let prefill = match &p.disaggregation {
             Some(d) => Some(
-                (topology.pools.iter())
+                (topology.pools().iter())
                     .position(|q| q.name == d.config.prefill_pool)
                     .ok_or_else(|| {
                         SimulateError::Invalid(format!(
@@ -318,7 +318,7 @@ impl Decider {
         let mut members: Vec<Arc<Replica>> = p.replicas.clone();
         let decode = members.len();
         if let Some(q) = prefill {
-            members.extend(topology.pools[q].replicas.iter().cloned());
+            members.extend(topology.pools()[q].replicas.iter().cloned());
         }
         let index = members
             .iter()
@@ -339,12 +339,12 @@ impl Decider {
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
-        &self.topology.pools[self.pool]
+        &self.topology.pools()[self.pool]
     }
 
     /// The prefill pool, when the pool is disaggregated.
     pub fn prefill_pool(&self) -> Option<&Arc<Pool>> {
-        self.prefill.map(|q| &self.topology.pools[q])
+        self.prefill.map(|q| &self.topology.pools()[q])
     }
 
     /// Replicas simulated: the pool's, then its prefill pool's.
@@ -365,7 +365,7 @@ impl Decider {
     /// The pool that replica `at` belongs to.
     pub fn pool_at(&self, at: usize) -> &Arc<Pool> {
         match self.prefill {
-            Some(q) if at >= self.decode => &self.topology.pools[q],
+            Some(q) if at >= self.decode => &self.topology.pools()[q],
             _ => self.pool(),
         }
     }
@@ -424,7 +424,7 @@ impl Decider {
     /// Folds another instance's dispatch record into this instance's view,
     /// as `serve` folds what it reads from the store.
     pub fn fold(&self, record: &crate::fleet::PrefixRecord, now_ms: u64) {
-        if let Some(pool) = (self.topology.pools.iter()).find(|p| *p.name == *record.pool) {
+        if let Some(pool) = (self.topology.pools().iter()).find(|p| *p.name == *record.pool) {
             (pool.router).fold_remote(
                 &pool.replicas,
                 &record.replica,
@@ -486,7 +486,7 @@ impl Decider {
             kind: "plain",
             max_tokens: Some(max_tokens),
         };
-        let pool = &self.topology.pools[pool];
+        let pool = &self.topology.pools()[pool];
         pool.router.route(&pool.replicas, &input, self.rng, now_ms)
     }
 

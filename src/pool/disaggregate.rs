@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn auto_splits_long_prompts_and_keeps_short_ones() {
         let t = pool_of("", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let d = Disaggregation::new(config("auto", "min_uncached_tokens = 1000"));
         let decision = Decision::default();
         assert_eq!(d.decide(pool, &decision, &info(999), 0), SplitBranch::Short);
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn a_cached_prompt_stays_and_busy_decoders_split_short_ones() {
         let t = pool_of("", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let d = Disaggregation::new(config(
             "auto",
             "min_uncached_tokens = 1000\nbusy_prefills = 2",
@@ -271,11 +271,11 @@ mod tests {
         let never = Disaggregation::new(config("never", ""));
         let decision = Decision::default();
         assert_eq!(
-            always.decide(&t.pools[0], &decision, &info(1), 0),
+            always.decide(&t.pools()[0], &decision, &info(1), 0),
             SplitBranch::Always
         );
         assert_eq!(
-            never.decide(&t.pools[0], &decision, &info(100_000), 0),
+            never.decide(&t.pools()[0], &decision, &info(100_000), 0),
             SplitBranch::Never
         );
         assert!(SplitBranch::Always.disaggregates() && !SplitBranch::Fallback.disaggregates());

@@ -101,7 +101,7 @@ mod tests {
     #[test]
     fn picks_among_untried_free_replicas_else_waits_for_the_full_ones() {
         let t = pool_of("max_inflight = 1", 5);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let r = &pool.replicas;
         r[1].set_draining(true);
         let _busy = [r[2].acquire(), r[4].acquire()];
@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn a_lone_candidate_is_picked_without_its_view() {
         let t = pool_of("", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let info = RequestInfo {
             model: "m",
             prompt_tokens: 1,

@@ -52,7 +52,7 @@ mod tests {
         // Three replicas, no scrape: llmlb's own in-flight counts at the
         // pool's priors (10,000 prompt tokens/s, 0.02 s per request ahead).
         let t = pool_of("", 3);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let secs = |tokens| placement_ttft(pool, tokens, 0).ttft.as_secs_f64();
         assert!((secs(2_000) - 0.2).abs() < 1e-9, "{}", secs(2_000));
         let _busy: Vec<_> = pool.replicas[..2]

@@ -20,7 +20,8 @@ use crate::telemetry::clock::now_millis;
 
 #[derive(Debug)]
 pub struct Topology {
-    pub pools: Vec<Arc<Pool>>,
+    /// Fixed once built: the flags below are read from it.
+    pools: Vec<Arc<Pool>>,
     models: ModelMap,
     /// Tier → (pool index, may overflow to the model's pool).
     tier_pools: HashMap<String, (usize, bool)>,
@@ -71,6 +72,11 @@ impl Topology {
             tier_pools,
             default_tier: config.gateway.default_tier.as_deref().map(Arc::from),
         }
+    }
+
+    /// The pools, in the config's order.
+    pub fn pools(&self) -> &[Arc<Pool>] {
+        &self.pools
     }
 
     /// The pool that lists `model` (no aliases, no default pool).

@@ -129,7 +129,7 @@ mod tests {
              [pools.saturation]\nmax_in_flight = 1\n[pools.prefix]\nmode = \"hash\"",
             4,
         );
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let mut headers = HeaderMap::new();
         headers.insert("x-session-id", "conversation-9".parse().unwrap());
         let session = input(&headers, None, Prompt::Text("hi"));

@@ -630,7 +630,7 @@ mod tests {
     #[test]
     fn cache_mode_prefers_warm_until_its_queue_costs_more_than_the_prefill() {
         let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let headers = HeaderMap::new();
         let long = "All answers must be in formal English and cite the policy section. ".repeat(60);
         let chat = vec![
@@ -679,7 +679,7 @@ mod tests {
     #[test]
     fn dominant_system_prompt_is_no_hot_spot() {
         let t = pool_of("[pools.prefix]\nmode = \"cache\"", 8);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let system =
             "You are the assistant of a large online shop; follow the policy. ".repeat(120);
         let mut held: std::collections::VecDeque<crate::replica::InFlightGuard> =
@@ -713,7 +713,7 @@ mod tests {
     fn the_index_lists_no_more_than_the_replica_reports_room_for() {
         use crate::replica::LoadSnapshot;
         let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let chat = hot_prompt_chat(0);
         let r = dispatch_chat(pool, &chat);
         let headers = HeaderMap::new();
@@ -750,15 +750,15 @@ mod tests {
         // replica: without homes, each goes there (fresh pool each time).
         let plain = |p: usize| {
             let t = pool_of("[pools.prefix]\nmode = \"cache\"", 2);
-            let first = t.pools[0].replicas[0].id;
-            dispatch_chat(&t.pools[0], &chat(p, 0)).id == first
+            let first = t.pools()[0].replicas[0].id;
+            dispatch_chat(&t.pools()[0], &chat(p, 0)).id == first
         };
         let prefixes: Vec<usize> = (0..).filter(|&p| plain(p)).take(8).collect();
         // With homes, at most a quarter over an even split by demand, and
         // each prefix's next request, with nothing cached left (no room
         // reported), goes back where its first went.
         let t = pool_of("[pools.prefix]\nmode = \"cache\"\nhomes = true", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let first: Vec<_> = prefixes
             .iter()
             .map(|&p| dispatch_chat(pool, &chat(p, 0)).id)
@@ -797,12 +797,12 @@ mod tests {
         let plain = pool_of("[pools.prefix]\nmode = \"hash\"", 2);
         let prefixes: Vec<usize> = (0..)
             .filter(|&p| {
-                dispatch_chat(&plain.pools[0], &chat(p, 0)).id == plain.pools[0].replicas[0].id
+                dispatch_chat(&plain.pools()[0], &chat(p, 0)).id == plain.pools()[0].replicas[0].id
             })
             .take(8)
             .collect();
         let t = pool_of("[pools.prefix]\nmode = \"hash\"\nhomes = true", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let first = pool.replicas[0].id;
         let homes: Vec<_> = prefixes
             .iter()
@@ -827,7 +827,7 @@ mod tests {
     /// the traffic to 4 replicas, 12 in flight at a time.
     fn busiest_under_one_hot_prompt(settings: &str) -> (u64, Vec<RouteBranch>) {
         let t = pool_of(settings, 4);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let mut held = std::collections::VecDeque::new();
         let mut busiest = 0;
         let mut last = Vec::new();
@@ -874,20 +874,20 @@ mod tests {
             "[pools.prefix]\nmode = \"cache\"\nreplicate = true\nreplicate_above = 2",
             4,
         );
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         assert_eq!(pool.router.replication().unwrap().prefixes, 0);
         let _held = hold_hot_prompt(pool, 40);
         let r = pool.router.replication().unwrap();
         assert_eq!(r.prefixes, 1);
         assert!(r.extra_copies >= 2, "{r:?}");
         let off = pool_of("[pools.prefix]\nmode = \"cache\"", 4);
-        assert!(off.pools[0].router.replication().is_none());
+        assert!(off.pools()[0].router.replication().is_none());
     }
 
     #[test]
     fn cache_mode_skips_a_warm_replica_at_its_concurrency_limit() {
         let t = pool_of("max_inflight = 1\n[pools.prefix]\nmode = \"cache\"", 2);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let headers = HeaderMap::new();
         let prompt = "Summarise the attached contract clause by clause. ".repeat(30);
         let go = || route(pool, &input(&headers, None, Prompt::Text(&prompt)));
@@ -960,7 +960,7 @@ mod tests {
     #[test]
     fn exact_mode_counts_a_prompt_sent_and_not_yet_stored_until_its_request_ends() {
         let t = exact_topology();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         // Both records known and empty of this prompt.
         known_records(pool);
         let headers = HeaderMap::new();
@@ -1017,7 +1017,7 @@ mod tests {
         use crate::kv_events::{BlockKey, EventBatch, KvEvent};
         use crate::replica::LoadSnapshot;
         let t = exact_topology();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let headers = HeaderMap::new();
         let chat = long_chat;
         let old = chat(
@@ -1085,7 +1085,7 @@ mod tests {
     fn exact_mode_counts_only_the_requests_ending_last_where_more_is_in_flight_than_fits() {
         use crate::replica::LoadSnapshot;
         let t = exact_topology();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let headers = HeaderMap::new();
         let (old, new) = short_and_long_chats();
         let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
@@ -1122,7 +1122,7 @@ mod tests {
         // replica's finished requests' mean output length, when learned.
         let first_counts = |answers: Option<f64>| {
             let t = exact_topology();
-            let pool = &t.pools[0];
+            let pool = &t.pools()[0];
             let headers = HeaderMap::new();
             let (old, new) = short_and_long_chats();
             let at = |c: &[ChatMessage], max_tokens| {

@@ -297,7 +297,7 @@ mod tests {
             replicas(2, |i| format!("version = \"v{}\"", i + 1))
         );
         let t = topology(&text);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let headers = HeaderMap::new();
         let plain = input(&headers, Some("u"), Prompt::Text("x"));
         let d = route(pool, &plain);

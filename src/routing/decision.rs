@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn narrow_prefers_then_falls_back_to_allowed() {
         let t = pool_of("", 3);
-        let ids: Vec<ReplicaId> = t.pools[0].replicas.iter().map(|r| r.id).collect();
+        let ids: Vec<ReplicaId> = t.pools()[0].replicas.iter().map(|r| r.id).collect();
         let d = Decision {
             allowed: Some(vec![ids[0], ids[1]]),
             preferred: Some(vec![ids[1]]),
@@ -200,9 +200,9 @@ mod tests {
         let pick = |eligible: Vec<Arc<Replica>>| -> Vec<ReplicaId> {
             d.narrow(eligible).iter().map(|r| r.id).collect()
         };
-        assert_eq!(pick(t.pools[0].eligible()), vec![ids[1]]);
+        assert_eq!(pick(t.pools()[0].eligible()), vec![ids[1]]);
         // The preferred replica was tried: the rest of the allowed set.
-        let untried: Vec<Arc<Replica>> = t.pools[0]
+        let untried: Vec<Arc<Replica>> = t.pools()[0]
             .eligible()
             .into_iter()
             .filter(|r| r.id != ids[1])

@@ -156,7 +156,7 @@ mod tests {
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n{}",
             replicas(n, |_| String::new())
         ));
-        t.pools[0].replicas.clone()
+        t.pools()[0].replicas.clone()
     }
 
     fn run(
@@ -332,7 +332,7 @@ mod tests {
             },
             ..LoadSnapshot::default()
         };
-        for r in &t.pools[0].replicas {
+        for r in &t.pools()[0].replicas {
             r.store_load(timing(0.0, 0.0));
             r.store_load(timing(1.0, 100.0));
         }
@@ -378,7 +378,7 @@ mod tests {
         // prompt on the idle one: the request goes where its prefix is, and
         // the swap is counted.
         let t = lora_pool();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let (warm, cold) = warmed_by_sql(pool);
         let _running = decoding(warm, 3);
         assert_eq!(warm.adapters.placement("sql"), Placement::Swap);
@@ -402,7 +402,7 @@ mod tests {
         // The same, but a `chat` request with 300 tokens to go runs there
         // too: the drain (about 1.5 s) outweighs the prefill (~0.1 s).
         let t = lora_pool();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let (warm, cold) = warmed_by_sql(pool);
         let _short = decoding(warm, 3);
         let _long = decoding(warm, 300);
@@ -428,7 +428,7 @@ mod tests {
         // A prompt whose cached prefix cannot be predicted (an image) is
         // not scored: the placement order chooses.
         let t = lora_pool();
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let (a, b) = (&pool.replicas[0], &pool.replicas[1]);
         let _running = decoding(a, 3);
         let chat = hot_prompt_chat(0);

@@ -566,7 +566,7 @@ mod tests {
             replicas(2, |_| String::new())
         );
         let t = topology(&text);
-        let pool = &t.pools[0];
+        let pool = &t.pools()[0];
         let model = PromptTokenizer::load(std::path::Path::new(dir)).unwrap();
         assert!(pool.router.tokenizer().same_as(&model));
         let chat = vec![

@@ -265,7 +265,7 @@ mod tests {
         );
         assert_eq!(t.resolve("m", Some("free")).unwrap().pool.name, "shared");
         assert!(t.resolve("unknown", Some("paid")).is_none());
-        let _busy = t.pools[1].replicas[0].acquire();
+        let _busy = t.pools()[1].replicas[0].acquire();
         let r = t.resolve("m", Some("paid")).unwrap();
         assert_eq!(
             (r.pool.name.as_str(), r.branches),

@@ -123,9 +123,9 @@ pub fn apply(state: &AppState, new: config::Config) -> ReloadSummary {
         Instant::now(),
         &state.shared_limit_metrics,
     );
-    let replicas: usize = topology.pools.iter().map(|p| p.replicas.len()).sum();
+    let replicas: usize = topology.pools().iter().map(|p| p.replicas.len()).sum();
     let summary = ReloadSummary {
-        pools: topology.pools.len(),
+        pools: topology.pools().len(),
         replicas,
         kept_replicas: kept_replicas(old_topology, &topology),
         needs_restart: needs_restart(old_config, &new),
@@ -208,12 +208,12 @@ fn needs_restart(old_config: &config::Config, new: &config::Config) -> Vec<Strin
 /// How many of `new`'s replicas were carried over from `old` with their state.
 fn kept_replicas(old_topology: &Topology, topology: &Topology) -> usize {
     let old_ids: Vec<u64> = old_topology
-        .pools
+        .pools()
         .iter()
         .flat_map(|p| p.replicas.iter().map(|r| r.id))
         .collect();
     topology
-        .pools
+        .pools()
         .iter()
         .flat_map(|p| p.replicas.iter())
         .filter(|r| old_ids.contains(&r.id))

@@ -314,7 +314,7 @@ pub fn after_queue<'a>(
     waited: bool,
 ) -> Resolution<'a> {
     let reloaded = waited
-        .then(|| current.pools.iter().find(|p| p.name == first.pool.name))
+        .then(|| current.pools().iter().find(|p| p.name == first.pool.name))
         .flatten();
     Resolution {
         pool: reloaded.unwrap_or(first.pool),

@@ -87,7 +87,7 @@ async fn exact_mode_predicts_what_the_replicas_report() {
     let model = sims[0].config().model.clone();
     // Let every subscriber connect (and replay the empty history) first.
     let topo = lb.state.topology();
-    let pool = &topo.pools[0];
+    let pool = &topo.pools()[0];
     common::until("the replicas' records are known", || {
         pool.replicas
             .iter()

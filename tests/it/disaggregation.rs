@@ -290,7 +290,8 @@ async fn a_client_that_leaves_during_the_prefill_aborts_it_and_skips_the_decode(
         prefill.stats().finished[2] == 1
     })
     .await;
-    let p = &lb.state.topology().pools[1];
+    let topology = lb.state.topology();
+    let p = &topology.pools()[1];
     until("the prefill replica's load to be released", || {
         p.replicas[0].in_flight() == 0
     })

@@ -47,7 +47,7 @@ async fn replicas_follow_the_dns_records() {
         status(lb.addr).await == StatusCode::OK
     })
     .await;
-    let first_id = lb.state.topology().pools[0].replicas[0].id;
+    let first_id = lb.state.topology().pools()[0].replicas[0].id;
     let text = metrics_text(lb.admin_addr).await;
     assert_eq!(
         metric_value(&text, "llmlb_discovery_replicas", &[("pool", "llama")]),
@@ -71,7 +71,7 @@ async fn replicas_follow_the_dns_records() {
     let reload = post_request("/admin/reload", "admin");
     let (st, _, body) = call(lb.admin_addr, reload).await;
     assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(lb.state.topology().pools[0].replicas[0].id, first_id);
+    assert_eq!(lb.state.topology().pools()[0].replicas[0].id, first_id);
 
     // A stream is running when the record disappears: no new work reaches the
     // replica, and the running stream finishes.
@@ -79,7 +79,7 @@ async fn replicas_follow_the_dns_records() {
     let (_conn, body) = held_stream(lb.addr).await;
     std::fs::write(&hosts, "# no pods\n").unwrap();
     until_async("replica removed", LIMIT, async || {
-        lb.state.topology().pools[0].replicas.is_empty()
+        lb.state.topology().pools()[0].replicas.is_empty()
     })
     .await;
     let (st, _, body_bytes) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
@@ -149,10 +149,10 @@ async fn discovered_replicas_carry_their_pod_names() {
         );
         let lb = start_llmlb(&config).await;
         until_async("replica discovered", LIMIT, async || {
-            !lb.state.topology().pools[0].replicas.is_empty()
+            !lb.state.topology().pools()[0].replicas.is_empty()
         })
         .await;
-        assert_eq!(lb.state.topology().pools[0].replicas[0].name, want);
+        assert_eq!(lb.state.topology().pools()[0].replicas[0].name, want);
         let (st, _, _) = call(lb.addr, chat_request("/v1/chat/completions", CHAT)).await;
         assert_eq!(st, StatusCode::OK);
         let text = metrics_text(lb.admin_addr).await;

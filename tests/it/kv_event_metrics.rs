@@ -74,7 +74,7 @@ async fn gaps_replays_and_unknown_records_are_counted() {
     .await;
     assert_eq!(replays(&m, "failed") + replays(&m, "timeout"), 0.0);
     let topo = lb.state.topology();
-    let pool = &topo.pools[0];
+    let pool = &topo.pools()[0];
     let known: Vec<bool> = pool
         .replicas
         .iter()

@@ -145,7 +145,7 @@ async fn replica_errors_pass_through_unchanged() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&body).contains("replica says no"));
     // A replica answering 503 is full, not dead: it stays eligible.
-    assert!(lb.state.topology().pools[0].replicas[0].is_eligible());
+    assert!(lb.state.topology().pools()[0].replicas[0].is_eligible());
     lb.shutdown().await;
 }
 

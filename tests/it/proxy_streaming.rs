@@ -74,7 +74,7 @@ async fn client_disconnect_mid_stream_closes_upstream_and_releases_load() {
     let up = Upstream::start("a", Mode::StreamHeld).await;
     let lb = start_llmlb(&cfg(&[(&up.url(), 1)], "least_connections")).await;
     let (conn, body) = held_stream(lb.addr).await;
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     assert_eq!(replica.in_flight(), 1);
     drop(body);
     conn.close();
@@ -103,7 +103,7 @@ async fn client_disconnect_before_headers_closes_upstream() {
     drop(pending);
     conn.close();
     up.wait_closed(1, Duration::from_secs(1)).await;
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     until("in-flight count returns to 0", || replica.in_flight() == 0).await;
     lb.shutdown().await;
 }

@@ -65,7 +65,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
         &one_pool("least_connections", &[(&a.url(), 1), (&b.url(), 1)], ""),
     );
     let lb = start_from(&file).await;
-    let old_b = lb.state.topology().pools[0].replicas[1].clone();
+    let old_b = lb.state.topology().pools()[0].replicas[1].clone();
 
     // A stream running on each replica.
     let mut held = Vec::new();
@@ -86,7 +86,7 @@ async fn valid_reload_moves_new_work_and_lets_running_streams_finish() {
     assert_eq!(v["summary"]["kept_replicas"], 1);
 
     let topo = lb.state.topology();
-    let kept_b = topo.pools[0]
+    let kept_b = topo.pools()[0]
         .replicas
         .iter()
         .find(|r| r.name == b.addr.to_string())
@@ -342,7 +342,7 @@ async fn config_and_topology_always_come_from_one_generation() {
         s.spawn(|| {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let g = state.generation();
-                if g.topology.pools[0].name != g.config.pools[0].name {
+                if g.topology.pools()[0].name != g.config.pools[0].name {
                     mismatches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -363,5 +363,5 @@ async fn config_and_topology_always_come_from_one_generation() {
     assert_eq!(mismatches.load(std::sync::atomic::Ordering::Relaxed), 0);
     let g = state.generation();
     assert_eq!(g.config.pools[0].name, "p200");
-    assert_eq!(g.topology.pools[0].name, "p200");
+    assert_eq!(g.topology.pools()[0].name, "p200");
 }

@@ -44,7 +44,7 @@ struct Settled {
 
 async fn settled(lb: &llmlb::daemon::Running) -> Settled {
     let text = metrics_text(lb.admin_addr).await;
-    let queue = lb.state.topology().pools[0]
+    let queue = lb.state.topology().pools()[0]
         .admission
         .as_ref()
         .expect("the pool queues")
@@ -61,7 +61,7 @@ async fn settled(lb: &llmlb::daemon::Running) -> Settled {
 
 async fn released(lb: &llmlb::daemon::Running) {
     let gate = lb.state.pending.get("llama").expect("a gate");
-    let queue = &lb.state.topology().pools[0]
+    let queue = &lb.state.topology().pools()[0]
         .admission
         .as_ref()
         .expect("the pool queues")

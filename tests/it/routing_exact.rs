@@ -63,7 +63,7 @@ fn config(sims: &[SimHandle]) -> String {
 /// Replica `i`'s record in `lb`: (known, matched blocks of `hashes`, snapshot).
 fn view(lb: &Running, i: usize, hashes: &[u64]) -> (bool, usize, Vec<u64>) {
     let topo = lb.state.topology();
-    let pool = &topo.pools[0];
+    let pool = &topo.pools()[0];
     let held = pool.router.held(pool.replicas[i].id).unwrap();
     (held.known(), held.matched(hashes), held.snapshot())
 }

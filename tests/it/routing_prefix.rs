@@ -154,10 +154,10 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
         .count();
     assert!(on_kept > 0, "{homes:?}");
     let old = lb.state.topology();
-    let ids: Vec<u64> = old.pools[0].replicas.iter().map(|r| r.id).collect();
+    let ids: Vec<u64> = old.pools()[0].replicas.iter().map(|r| r.id).collect();
     let blocks: usize = ids
         .iter()
-        .map(|id| old.pools[0].router.index(*id).unwrap().len())
+        .map(|id| old.pools()[0].router.index(*id).unwrap().len())
         .sum();
     assert!(blocks > 0);
     llmlb::server::reload::apply(
@@ -167,12 +167,12 @@ async fn cache_index_survives_reload_for_replicas_that_stay() {
     let new = lb.state.topology();
     for id in &ids[..2] {
         let (a, b) = (
-            old.pools[0].router.index(*id).unwrap(),
-            new.pools[0].router.index(*id).unwrap(),
+            old.pools()[0].router.index(*id).unwrap(),
+            new.pools()[0].router.index(*id).unwrap(),
         );
         assert!(Arc::ptr_eq(a, b), "kept replica lost its index");
     }
-    assert!(new.pools[0].router.index(ids[2]).is_none());
+    assert!(new.pools()[0].router.index(ids[2]).is_none());
     // Prompts that lived on the kept replicas are still hits, and go back there.
     let hits = async || {
         metric_value(

@@ -130,7 +130,7 @@ async fn overflow_only_when_configured_and_saturated() {
     c1.close();
     paid.set_mode(Mode::Json);
     until("in-flight count released", || {
-        lb.state.topology().pools[0].replicas[0].in_flight() == 0
+        lb.state.topology().pools()[0].replicas[0].in_flight() == 0
     })
     .await;
     assert_eq!(replica_of(lb.addr, Some("paid")).await, "paid-1");

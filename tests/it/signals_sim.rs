@@ -116,7 +116,7 @@ async fn replica_answering_500s_is_ejected_then_readmitted() {
     .await;
     fault(bad, r#"{"error_rate": 1.0}"#).await;
     let body = r#"{"model":"llmlb-sim","prompt":"hello","max_tokens":2}"#;
-    let replica = lb.state.topology().pools[0].replicas[1].clone();
+    let replica = lb.state.topology().pools()[0].replicas[1].clone();
     let mut statuses = Vec::new();
     for _ in 0..12 {
         let (status, _, _) = call(lb.addr, chat_request("/v1/completions", body)).await;
@@ -164,7 +164,7 @@ async fn hanging_replica_is_ejected_by_the_active_check_and_comes_back() {
         "[pools.health]\nenabled = true\ninterval = \"100ms\"\ntimeout = \"100ms\"\nfall = 2\nrise = 1",
     ))
     .await;
-    let replica = lb.state.topology().pools[0].replicas[1].clone();
+    let replica = lb.state.topology().pools()[0].replicas[1].clone();
     until("first check passes", || replica.is_eligible()).await;
     fault(replicas[1].addr, r#"{"hang": true}"#).await;
     until("hung replica ejected", || !replica.is_eligible()).await;
@@ -210,7 +210,7 @@ async fn learned_rates_follow_a_replica_made_three_times_slower() {
     assert_eq!(report.figures.completed, 60, "{:?}", report.figures.errors);
     // One more scrape after the last request, so the tail is learned too.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pool = lb.state.topology().pools[0].clone();
+    let pool = lb.state.topology().pools()[0].clone();
     let (fast, slow) = (
         pool.replicas[0].learned.rates(),
         pool.replicas[1].learned.rates(),

@@ -192,7 +192,7 @@ async fn least_tokens_releases_the_reported_output_tokens() {
     let lb = start_llmlb(&config(&format!("http://{}", up.addr), "")).await;
     let held = tokio::spawn(call(lb.addr, keyed(STREAM)));
     until("stream open", || up.count() == 1).await;
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     // max_tokens 100, prompt prefilled, 6 tokens streamed (by usage; the
     // two events alone would leave 98).
     until("usage read", || replica.outstanding_tokens() == 94).await;
@@ -215,7 +215,7 @@ async fn least_tokens_takes_the_last_usage_in_a_frame() {
     );
     let held = tokio::spawn(call(lb.addr, keyed(&asked)));
     until("stream open", || up.count() == 1).await;
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     until("usage read", || replica.outstanding_tokens() == 94).await;
     up.done.add_permits(1);
     let (status, _, text) = held.await.unwrap();

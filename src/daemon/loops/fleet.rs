@@ -21,7 +21,7 @@ pub fn demands(topology: &Topology) -> (Vec<Demand>, Vec<QueueReport>) {
     let at = std::time::Instant::now();
     let mut out = Vec::new();
     let mut queues = Vec::new();
-    for pool in &topology.pools {
+    for pool in topology.pools() {
         let (queued, held_back) = match &pool.admission {
             Some(a) => {
                 let state = a.queue.state(at);
@@ -112,7 +112,7 @@ fn others(pool: &Pool, reports: &[QueueReport], config: &FleetConfig) -> Others 
 /// other instances' side of it, and wakes the pool queues whose capacity
 /// grew.
 pub fn apply(topology: &Topology, fleet: &Fleet, demands: &[Demand], answer: &Exchange) {
-    for pool in &topology.pools {
+    for pool in topology.pools() {
         if let Some(a) = &pool.admission {
             let view = (answer.queues.as_deref()).map(|r| others(pool, r, fleet.config()));
             a.queue.set_others(view);
@@ -124,7 +124,7 @@ pub fn apply(topology: &Topology, fleet: &Fleet, demands: &[Demand], answer: &Ex
 /// Gives each replica in `demands` its cap and wakes the pool queues whose
 /// capacity grew.
 pub fn set_caps(topology: &Topology, fleet: &Fleet, demands: &[Demand], caps: &[u32]) {
-    for pool in &topology.pools {
+    for pool in topology.pools() {
         let mut grew = false;
         for (d, cap) in demands
             .iter()
@@ -182,7 +182,7 @@ pub async fn run(
 
 /// Folds another instance's dispatch record into the pool it names.
 pub fn fold(topology: &Topology, record: &PrefixRecord) {
-    if let Some(pool) = topology.pools.iter().find(|p| *p.name == *record.pool) {
+    if let Some(pool) = topology.pools().iter().find(|p| *p.name == *record.pool) {
         pool.router.fold_remote(
             &pool.replicas,
             &record.replica,

@@ -102,7 +102,7 @@ fn reconcile(
     kv_metrics: &KvEventMetrics,
 ) {
     let mut wanted: HashMap<Key, (String, Starter)> = HashMap::new();
-    for pool in &topo.pools {
+    for pool in topo.pools() {
         let pool_name: Arc<str> = Arc::from(pool.name.as_str());
         // A loop keeps the prober it started with: restart it when the
         // pool's TLS settings change.
@@ -186,7 +186,7 @@ fn reconcile(
 
 fn refresh_gauges(topo: &Topology, metrics: &Metrics, kv_metrics: &KvEventMetrics) {
     let now = crate::telemetry::clock::now_millis();
-    for pool in &topo.pools {
+    for pool in topo.pools() {
         let subscriptions = pool.router.kv_subscriptions();
         if !subscriptions.is_empty() {
             let unknown = subscriptions.iter().filter(|(_, _, h)| !h.known()).count();
@@ -235,7 +235,7 @@ mod tests {
                 .contains("llmlb_prefix_replicated{pool=\"p\"} 0")
         );
         // One system prompt, 40 requests held: 3 copies (see routing::cache).
-        let _held = hold_hot_prompt(&topo.pools[0], 40);
+        let _held = hold_hot_prompt(&topo.pools()[0], 40);
         refresh_gauges(&topo, &metrics, &kv);
         let text = metrics.render();
         assert!(

@@ -34,7 +34,7 @@ impl Series {
     /// call, and remembers what is there now.
     pub fn forget_gone(&mut self, topo: &Topology, metrics: &Metrics, kv_metrics: &KvEventMetrics) {
         let mut now = Series::default();
-        for pool in &topo.pools {
+        for pool in topo.pools() {
             if !pool.router.kv_subscriptions().is_empty() {
                 now.subscribed.insert(pool.name.clone());
             }

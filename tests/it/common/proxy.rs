@@ -44,7 +44,7 @@ fn first_queue<T>(
 ) -> T {
     let topology = lb.state.topology();
     read(
-        &topology.pools[0]
+        &topology.pools()[0]
             .admission
             .as_ref()
             .expect("the pool queues")

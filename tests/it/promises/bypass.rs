@@ -71,7 +71,7 @@ async fn a_request_is_served_by_the_pool_whose_queue_admitted_it() {
     let _ = tokio::time::timeout(Duration::from_secs(5), tier_held.collect()).await;
     until("the tier's pool has nothing in flight", || {
         let topology = lb.state.topology();
-        !topology.pools[1].is_saturated()
+        !topology.pools()[1].is_saturated()
     })
     .await;
     // ...then the model pool's slot does.

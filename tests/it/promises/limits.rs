@@ -67,7 +67,7 @@ async fn a_reload_that_changes_the_weight_keeps_the_count() {
     until("first dispatched", || up.requests() == 1).await;
     let parsed = llmlb::config::parse(&config(5)).unwrap();
     llmlb::server::reload::apply(&lb.state, parsed);
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     assert_eq!(replica.weight, 5);
     assert_eq!(replica.in_flight(), 1, "the running request still counts");
     let second = tokio::spawn(call(lb.addr, stream()));

@@ -93,7 +93,7 @@ async fn every_request_is_counted_exactly_once_under_overload_and_disconnects() 
             until_async(
                 "the first request holds the slot",
                 Duration::from_secs(5),
-                async || lb.state.topology().pools[0].replicas[0].in_flight() == 1,
+                async || lb.state.topology().pools()[0].replicas[0].in_flight() == 1,
             )
             .await;
         }

@@ -73,7 +73,7 @@ async fn replicas_never_hold_more_than_max_inflight_under_retries_ejection_and_r
     // Reload while the flood is running: sim-0 gets a new weight (a rebuilt
     // replica that must keep its count) and the queue a new shape.
     until("some requests served", || {
-        lb.state.topology().pools[0].replicas[1].in_flight() > 0
+        lb.state.topology().pools()[0].replicas[1].in_flight() > 0
     })
     .await;
     let reloaded = llmlb::config::parse(&config(&addrs, dead, 3, 300)).unwrap();

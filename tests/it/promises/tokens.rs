@@ -50,7 +50,7 @@ async fn least_tokens_sees_at_most_max_model_len_for_an_absurd_request() {
     let lb = start_llmlb(&config(&up)).await;
     let held = tokio::spawn(call(lb.addr, keyed(ABSURD)));
     until("stream open", || up.requests() == 1).await;
-    let replica = lb.state.topology().pools[0].replicas[0].clone();
+    let replica = lb.state.topology().pools()[0].replicas[0].clone();
     until("prefill done", || replica.outstanding_tokens() < 4096).await;
     assert!(replica.outstanding_tokens() > 0);
     up.release_one();
