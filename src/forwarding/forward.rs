@@ -482,8 +482,11 @@ impl Upstream {
 }
 
 /// What one send gives back: a timeout, a transport error, or the head.
-type Sent =
-    Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, tokio::time::error::Elapsed>;
+type Sent = Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, HeadTimeout>;
+
+/// No response head within the pool's first-byte timeout.
+#[derive(Debug)]
+struct HeadTimeout;
 
 /// Sends `body` to `replica` as attempt number `n` (its own trace span,
 /// whose context goes with the request), waiting at most the pool's
@@ -498,11 +501,14 @@ async fn send_once(
     let mut upstream = build_request(&req.method, replica, &req.path_and_query, headers, body)?;
     let attempt = (req.origin.trace).map(|t| t.attempt(&replica.name, n, upstream.headers_mut()));
     let pool = req.pool;
-    let sent = tokio::time::timeout(
-        pool.timeouts.first_byte,
-        pool.client.request(&replica.conns, upstream),
-    )
-    .await;
+    let sent = pool
+        .client
+        .request_within(&replica.conns, upstream, Some(pool.timeouts.first_byte))
+        .await;
+    let sent = match sent {
+        Err(crate::net::UpstreamError::HeadTimeout) => Err(HeadTimeout),
+        other => Ok(other),
+    };
     Ok((attempt, sent))
 }
 

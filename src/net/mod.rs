@@ -17,6 +17,7 @@ pub mod body;
 pub mod client_tls;
 pub mod connection;
 pub mod guarded;
+mod head_deadline;
 pub mod probe;
 mod shutdown;
 pub mod upstream;

@@ -33,6 +33,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
 
 use super::BoxError;
+use super::head_deadline::{HeadDeadline, Watch};
 use super::upstream_tls::UpstreamTls;
 use crate::config::TimeoutConfig;
 
@@ -44,7 +45,19 @@ const MAX_IDLE: usize = 1024;
 /// makes a new client).
 static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
 
-type Sender = SendRequest<Full<Bytes>>;
+/// A connection as its requests hold it: the sender, and the deadline its
+/// task keeps.
+#[derive(Debug)]
+struct Sender {
+    send: SendRequest<Full<Bytes>>,
+    head: Arc<HeadDeadline>,
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        self.send.is_closed()
+    }
+}
 
 /// A pool's client to its replicas: the connector (TCP with `TCP_NODELAY`
 /// and the pool's connect timeout, TLS for `https://`) and the idle
@@ -170,6 +183,10 @@ pub enum UpstreamError {
     /// have reached the replica.
     #[error("request")]
     Request(#[source] hyper::Error),
+    /// No response head within the first-byte limit (or no connection
+    /// made within it); the connection is closed.
+    #[error("no response head in time")]
+    HeadTimeout,
 }
 
 impl UpstreamError {
@@ -186,7 +203,20 @@ impl UpstreamClient {
     pub async fn request(
         &self,
         conns: &IdleConns,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        self.request_within(conns, req, None).await
+    }
+
+    /// [`Self::request`], failing with [`UpstreamError::HeadTimeout`] when
+    /// the response head is not in `first_byte` after the request is sent
+    /// (kept by the connection's task, not by a timer per request; a new
+    /// connection must be made within it too).
+    pub async fn request_within(
+        &self,
+        conns: &IdleConns,
         mut req: Request<Full<Bytes>>,
+        first_byte: Option<Duration>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         // Connected by the absolute URL, sent in origin form.
         let target = std::mem::take(req.uri_mut());
@@ -199,18 +229,25 @@ impl UpstreamClient {
                 Some(sender) => (sender, true),
                 // On the heap: the connector's future is kilobytes, and
                 // this one is moved by value into the caller's timeout.
-                None => (Box::pin(self.connect(&target)).await?, false),
+                None => (self.connect_within(&target, first_byte).await?, false),
             };
             // A returned connection may still be finishing its last answer.
-            if let Err(e) = sender.ready().await {
+            if let Err(e) = sender.send.ready().await {
                 match pooled {
                     true => continue,
                     // Closed before anything was written to it.
                     false => return Err(UpstreamError::Connect(e.into())),
                 }
             }
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(self.answer(resp, sender, conns)),
+            if let Some(limit) = first_byte {
+                sender.head.set(limit);
+            }
+            match sender.send.try_send_request(req).await {
+                Ok(resp) => {
+                    sender.head.clear();
+                    return Ok(self.answer(resp, sender, conns));
+                }
+                Err(_) if sender.head.expired() => return Err(UpstreamError::HeadTimeout),
                 Err(mut e) => match e.take_message() {
                     // Closed before the request was written: another.
                     Some(unsent) if pooled => req = unsent,
@@ -229,6 +266,23 @@ impl UpstreamClient {
         self.request(&IdleConns::default(), req).await
     }
 
+    /// A new connection, within `limit` when one is given.
+    async fn connect_within(
+        &self,
+        target: &Uri,
+        limit: Option<Duration>,
+    ) -> Result<Sender, UpstreamError> {
+        // On the heap: the connector's future is kilobytes, and this one
+        // is moved by value.
+        let connect = Box::pin(self.connect(target));
+        match limit {
+            None => connect.await,
+            Some(limit) => tokio::time::timeout(limit, connect)
+                .await
+                .unwrap_or(Err(UpstreamError::HeadTimeout)),
+        }
+    }
+
     async fn connect(&self, target: &Uri) -> Result<Sender, UpstreamError> {
         let io = self
             .connector
@@ -236,15 +290,31 @@ impl UpstreamClient {
             .call(target.clone())
             .await
             .map_err(UpstreamError::Connect)?;
-        let (sender, conn) = http1::handshake(io)
+        let (send, conn) = http1::handshake(io)
             .await
             .map_err(|e| UpstreamError::Connect(e.into()))?;
+        let head = Arc::new(HeadDeadline::new());
+        let watched = Arc::clone(&head);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
+            let mut conn = std::pin::pin!(conn);
+            let mut watch = Watch::default();
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "upstream connection ended");
+                    }
+                    return Poll::Ready(());
+                }
+                // A late head: the connection is dropped, which fails the
+                // request and tells the replica to stop.
+                match watch.poll_expired(&watched, cx) {
+                    true => Poll::Ready(()),
+                    false => Poll::Pending,
+                }
+            })
+            .await;
         });
-        Ok(sender)
+        Ok(Sender { send, head })
     }
 
     fn answer(
