@@ -18,7 +18,7 @@ use super::error::ForwardError;
 use super::headers::{FORWARDED_FOR, REPLICA_HEADER, REQUEST_ID, strip_hop_by_hop};
 use super::recent::Outcome;
 use crate::balancing::{Branch, Pick, RequestInfo};
-use crate::net::UpstreamBody;
+use crate::net::{UpstreamBody, UpstreamError};
 use crate::pool::{Choice, choose};
 use crate::pool::{Failure, Pool};
 use crate::replica::{Replica, ReplicaId};
@@ -103,8 +103,10 @@ pub async fn forward(
         )
         .await?;
         let resp = match sent {
-            Err(_elapsed) => return Err(timed_out(req, replica, attempt.as_ref(), seq)),
-            Ok(Err(err)) => {
+            Err(UpstreamError::HeadTimeout) => {
+                return Err(timed_out(req, replica, attempt.as_ref(), seq));
+            }
+            Err(err) => {
                 let not_sent = attempt_failed(req, replica, attempt.as_ref(), seq, &err);
                 drop(guard);
                 if !not_sent || n >= max_attempts {
@@ -115,7 +117,7 @@ pub async fn forward(
                 }
                 continue;
             }
-            Ok(Ok(resp)) => resp,
+            Ok(resp) => resp,
         };
         answered(req, replica, attempt, seq, resp.status());
         let mut resp = stream_back(resp, req, replica, guard, expected, strip_usage);
@@ -265,18 +267,18 @@ async fn send_with_usage(
     let body = with_usage.unwrap_or(&req.body.body);
     let first = headers.for_send(retry || may_refuse);
     let (attempt, sent) = send_once(req, replica, first, body, n).await?;
-    if let (Some(_), Ok(Ok(resp))) = (with_usage, &sent) {
+    if let (Some(_), Ok(resp)) = (with_usage, &sent) {
         replica.note_takes_stream_options(resp.status() != StatusCode::BAD_REQUEST);
     }
     match sent {
-        Ok(Ok(resp)) if may_refuse && resp.status() == StatusCode::BAD_REQUEST => {
+        Ok(resp) if may_refuse && resp.status() == StatusCode::BAD_REQUEST => {
             drop(resp);
             if let Some(a) = attempt {
                 a.set("http.response.status_code", 400);
             }
             let again = headers.for_send(retry);
             let (attempt, again) = send_once(req, replica, again, &req.body.body, n).await?;
-            if let Ok(Ok(r)) = &again
+            if let Ok(r) = &again
                 && r.status() != StatusCode::BAD_REQUEST
                 && replica.note_refuses_stream_options()
             {
@@ -320,7 +322,7 @@ fn attempt_failed(
     replica: &Replica,
     attempt: Option<&StageSpan>,
     seq: u64,
-    err: &crate::net::UpstreamError,
+    err: &UpstreamError,
 ) -> bool {
     let pool = req.pool;
     let not_sent = err.is_connect();
@@ -481,12 +483,9 @@ impl Upstream {
     }
 }
 
-/// What one send gives back: a timeout, a transport error, or the head.
-type Sent = Result<Result<Response<UpstreamBody>, crate::net::UpstreamError>, HeadTimeout>;
-
-/// No response head within the pool's first-byte timeout.
-#[derive(Debug)]
-struct HeadTimeout;
+/// What one send gives back: the head, or why there is none (a timeout is
+/// [`UpstreamError::HeadTimeout`]).
+type Sent = Result<Response<UpstreamBody>, UpstreamError>;
 
 /// Sends `body` to `replica` as attempt number `n` (its own trace span,
 /// whose context goes with the request), waiting at most the pool's
@@ -505,10 +504,6 @@ async fn send_once(
         .client
         .request_within(&replica.conns, upstream, Some(pool.timeouts.first_byte))
         .await;
-    let sent = match sent {
-        Err(crate::net::UpstreamError::HeadTimeout) => Err(HeadTimeout),
-        other => Ok(other),
-    };
     Ok((attempt, sent))
 }
 
