@@ -227,8 +227,6 @@ impl UpstreamClient {
         loop {
             let (mut sender, pooled) = match conns.take(self) {
                 Some(sender) => (sender, true),
-                // On the heap: the connector's future is kilobytes, and
-                // this one is moved by value into the caller's timeout.
                 None => (self.connect_within(&target, first_byte).await?, false),
             };
             // A returned connection may still be finishing its last answer.
@@ -272,8 +270,9 @@ impl UpstreamClient {
         target: &Uri,
         limit: Option<Duration>,
     ) -> Result<Sender, UpstreamError> {
-        // On the heap: the connector's future is kilobytes, and this one
-        // is moved by value.
+        // On the heap: the connector's future is kilobytes, and the
+        // request's future, held inline by the request path's futures
+        // above it, is moved by value.
         let connect = Box::pin(self.connect(target));
         match limit {
             None => connect.await,
@@ -573,13 +572,15 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
 
-    /// The request's future is moved by value into its caller's timeout:
-    /// the connector's future (kilobytes) is kept out of it.
+    /// The request's future is held inline by the request path's futures
+    /// and moved by value with them: the connector's future (kilobytes) is
+    /// kept out of it.
     #[test]
     fn a_request_future_is_small() {
         let client = client_with_idle(Duration::from_secs(4));
         let conns = IdleConns::default();
-        let request = client.request(&conns, Request::new(Full::default()));
+        let limit = Some(Duration::from_secs(4));
+        let request = client.request_within(&conns, Request::new(Full::default()), limit);
         let size = std::mem::size_of_val(&request);
         assert!(size < 1536, "{size} bytes");
     }
