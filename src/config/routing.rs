@@ -134,6 +134,11 @@ pub struct PrefixConfig {
     /// stand, after being weighed against the median by how many requests
     /// they were learned from (1 turns both off).
     pub rate_band: f64,
+    /// `cache` and `exact`: when the cheapest replica's free KV cache
+    /// cannot take the prompt's uncached tokens (it would wait for running
+    /// requests to end) and another's can, at a cost within this factor,
+    /// the other one serves it (1 turns it off).
+    pub fit_band: f64,
 }
 
 impl Default for PrefixConfig {
@@ -153,6 +158,7 @@ impl Default for PrefixConfig {
             kv_wait: KvWait::None,
             evictions: Evictions::Charged,
             rate_band: 1.25,
+            fit_band: 1.25,
         }
     }
 }

@@ -84,6 +84,13 @@ fn validate_pool(out: &mut Vec<ConfigIssue>, key: &str, pool: &PoolConfig) {
             "must be a number at least 1 (a ratio of rates; 1 turns it off)",
         );
     }
+    if !(p.fit_band.is_finite() && p.fit_band >= 1.0) {
+        push(
+            out,
+            &format!("{key}.prefix.fit_band"),
+            "must be a number at least 1 (a ratio of costs; 1 turns it off)",
+        );
+    }
     if !(p.replicate_above.is_finite() && p.replicate_above >= 1.0) {
         push(
             out,
@@ -364,7 +371,7 @@ mod tests {
     #[test]
     fn prefix_parameters_are_checked() {
         let text = format!(
-            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nrate_band = 0.5\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\nmax_kv_usage = 1.5\n{}",
+            "{POOL}[pools.prefix]\nmode = \"hash\"\ntokens = 0\nblock_size = 0\nprefill_tokens_per_second = -1.0\nrate_band = 0.5\nfit_band = 0.9\nreplicate_above = 0.5\nreplicate_hold = \"0s\"\n[pools.saturation]\nmax_in_flight = 0\nmax_kv_usage = 1.5\n{}",
             replica(1, "")
         );
         let keys = issue_keys(&text);
@@ -375,6 +382,7 @@ mod tests {
                 "pools[0].prefix.block_size",
                 "pools[0].prefix.prefill_tokens_per_second",
                 "pools[0].prefix.rate_band",
+                "pools[0].prefix.fit_band",
                 "pools[0].prefix.replicate_above",
                 "pools[0].prefix.replicate_hold",
                 "pools[0].saturation.max_in_flight",

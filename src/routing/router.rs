@@ -116,6 +116,7 @@ impl Router {
                 kv_wait: pc.prefix.kv_wait,
                 evictions: pc.prefix.evictions,
                 rate_band: pc.prefix.rate_band,
+                fit_band: pc.prefix.fit_band,
             },
             saturation: pc.saturation.clone(),
             max_age_ms: pc.scrape.staleness.as_millis() as u64,

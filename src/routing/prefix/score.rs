@@ -102,6 +102,13 @@
 //! router cost and llm-d's weighted prefix, queue and KV scorers, expressed
 //! in seconds so the terms share a unit.)
 //!
+//! A near tie goes to a replica that can start the prompt now: when the
+//! cheapest candidate's free KV cache cannot take the prompt's uncached
+//! tokens (the engine holds it back until a running request ends) and
+//! another's can, at a cost within `fit_band` (1.25×) of the cheapest, the
+//! other serves it. The band is narrower than the prefill a warm replica
+//! saves, so it moves cold and near-cold prompts, not prefixes.
+//!
 //! Ties (an empty index, even load) go to the earliest replica in the
 //! prefix's rendezvous order, so independent llmlb instances agree.
 //!
@@ -125,6 +132,9 @@ pub struct CostModel {
     /// Learned rates within this factor of the candidates' median count as
     /// the median (`same_hardware`).
     pub rate_band: f64,
+    /// A replica whose free KV cache takes the prompt wins over a cheaper
+    /// one whose cache does not, when its cost is within this factor.
+    pub fit_band: f64,
 }
 
 /// What is ahead of a new request on one replica.
@@ -309,6 +319,8 @@ const MAX_DELAYED: f64 = 8.0;
 /// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
     let mut best: Option<(usize, f64, f64)> = None;
+    // The cheapest candidate whose free KV cache takes the uncached prompt.
+    let mut best_fitting: Option<(usize, f64, f64)> = None;
     // The medians are needed to snap rates within a band above 1, or to
     // stand in for a rate a candidate has not learned yet.
     let typical = if model.rate_band > 1.0 || cands.iter().any(|c| c.rates.lacks_any()) {
@@ -362,8 +374,31 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
         if wins {
             best = Some((i, cost, t));
         }
+        if fits_free_kv(c.ahead, uncached) && best_fitting.is_none_or(|(_, fc, _)| cost < fc) {
+            best_fitting = Some((i, cost, t));
+        }
     }
-    best.map(|(i, _, t)| (i, t))
+    // A near tie goes to a replica that can start the prompt now.
+    match (best, best_fitting) {
+        (Some((b, bc, _)), Some(fit))
+            if !fits_free_kv(
+                cands[b].ahead,
+                prompt_tokens.saturating_sub(cands[b].cached_tokens),
+            ) && fit.1 <= bc * model.fit_band =>
+        {
+            Some((fit.0, fit.2))
+        }
+        _ => best.map(|(i, _, t)| (i, t)),
+    }
+}
+
+/// Whether `uncached` prompt tokens fit in the replica's free KV cache as
+/// scraped (corrected by what llmlb sent since); unknown counts as fitting.
+fn fits_free_kv(ahead: Ahead, uncached: u64) -> bool {
+    match ahead {
+        Ahead::Scraped { free_kv_tokens, .. } => free_kv_tokens.is_none_or(|free| uncached <= free),
+        Ahead::Local { .. } => true,
+    }
 }
 
 /// The uncached prompt tokens of llmlb's requests queued on the replica.
@@ -553,6 +588,7 @@ mod tests {
         kv_wait: KvWait::Batch,
         evictions: Evictions::Free,
         rate_band: 1.25,
+        fit_band: 1.0,
     };
 
     const NO_RATES: Rates = Rates {
@@ -745,6 +781,47 @@ mod tests {
         let (i, t) = best(&none, 2_050, &[warm, cold]).unwrap();
         assert_eq!(i, 0);
         assert!((t - (0.02 + 50.0 / 2_500.0)).abs() < 1e-9, "{t}");
+    }
+
+    #[test]
+    fn a_near_tie_goes_to_the_replica_whose_free_kv_takes_the_prompt() {
+        // 1,500 prompt tokens at 2,500 tokens/s; both replicas decode (a
+        // 0.02 s step of interference), nothing waits on either. The first
+        // holds some of the prompt, but its free KV cache cannot take the
+        // rest: the engine would hold the prompt back until a running
+        // request ends. The second holds none of it and has room.
+        let model = CostModel {
+            kv_wait: KvWait::None,
+            fit_band: 1.25,
+            ..MODEL
+        };
+        let short = |cached, free| cand(scraped(0, 2, free, 100), LEARNED, cached, 0);
+        let roomy = cand(scraped(0, 1, 4_000, 100), LEARNED, 0, 1);
+        // 200 held, 1,300 to prefill in 1,000 free tokens: 0.54 s against
+        // 0.62 s, within 1.25 times, so the one with room serves it.
+        let (i, t) = best(&model, 1_500, &[short(200, 1_000), roomy]).unwrap();
+        assert_eq!(i, 1);
+        assert!((t - 0.62).abs() < 1e-9, "{t}");
+        // With the band off the cheaper one does.
+        let off = CostModel {
+            fit_band: 1.0,
+            ..model
+        };
+        assert_eq!(best(&off, 1_500, &[short(200, 1_000), roomy]).unwrap().0, 0);
+        // Holding 500 of it (0.42 s), it is cheaper by more than the band:
+        // the prefix stays.
+        assert_eq!(best(&model, 1_500, &[short(500, 500), roomy]).unwrap().0, 0);
+        // A free KV cache not reported counts as room: nothing moves.
+        let unknown = Candidate {
+            ahead: Ahead::Scraped {
+                waiting: 0,
+                running: 2,
+                free_kv_tokens: None,
+                remaining_per_request: 100,
+            },
+            ..short(200, 0)
+        };
+        assert_eq!(best(&model, 1_500, &[unknown, roomy]).unwrap().0, 0);
     }
 
     #[test]
