@@ -318,7 +318,7 @@ const MAX_DELAYED: f64 = 8.0;
 /// that much. With nothing pending anywhere the term is 0 and the rule is
 /// the lowest TTFT.
 pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Option<(usize, f64)> {
-    let mut best: Option<(usize, f64, f64)> = None;
+    let mut best: Option<(usize, f64, f64, bool)> = None;
     // The cheapest candidate whose free KV cache takes the uncached prompt.
     let mut best_fitting: Option<(usize, f64, f64)> = None;
     // The medians are needed to snap rates within a band above 1, or to
@@ -369,26 +369,20 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
         let cost = t - kept + delayed * prefill + model.prefill_seconds(&c.rates, evicted);
         let wins = match best {
             None => true,
-            Some((b, bc, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
+            Some((b, bc, _, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
         };
+        let fits = fits_free_kv(c.ahead, uncached);
         if wins {
-            best = Some((i, cost, t));
+            best = Some((i, cost, t, fits));
         }
-        if fits_free_kv(c.ahead, uncached) && best_fitting.is_none_or(|(_, fc, _)| cost < fc) {
+        if fits && best_fitting.is_none_or(|(_, fc, _)| cost < fc) {
             best_fitting = Some((i, cost, t));
         }
     }
     // A near tie goes to a replica that can start the prompt now.
     match (best, best_fitting) {
-        (Some((b, bc, _)), Some(fit))
-            if !fits_free_kv(
-                cands[b].ahead,
-                prompt_tokens.saturating_sub(cands[b].cached_tokens),
-            ) && fit.1 <= bc * model.fit_band =>
-        {
-            Some((fit.0, fit.2))
-        }
-        _ => best.map(|(i, _, t)| (i, t)),
+        (Some((_, bc, _, false)), Some((f, fc, ft))) if fc <= bc * model.fit_band => Some((f, ft)),
+        _ => best.map(|(i, _, t, _)| (i, t)),
     }
 }
 
