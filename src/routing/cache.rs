@@ -248,14 +248,20 @@ impl Pick<'_> {
             let held = self.held[i];
             // The scraped queue as estimated now, or llmlb's own count
             // when some candidate's scrape is stale.
-            let (ahead, count) = match c.ahead {
-                score::Ahead::Scraped { waiting, .. } => ("waiting", waiting),
-                score::Ahead::Local { in_flight } => ("in_flight", in_flight),
+            let (ahead, count, free) = match c.ahead {
+                score::Ahead::Scraped {
+                    waiting,
+                    free_kv_tokens,
+                    ..
+                } => ("waiting", waiting, free_kv_tokens),
+                score::Ahead::Local { in_flight } => ("in_flight", in_flight, None),
             };
+            // Free KV and empty cache room, in tokens, where known.
+            let known = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
             let _ = std::fmt::Write::write_fmt(
                 &mut list,
                 format_args!(
-                    "{}{}:cached={}{},kept={},prefilling={},queued={},{ahead}={count};",
+                    "{}{}:cached={}{},kept={},prefilling={},queued={},{ahead}={count},free_kv={},room={};",
                     if i == self.i { "*" } else { "" },
                     r.name,
                     c.cached_tokens,
@@ -263,6 +269,8 @@ impl Pick<'_> {
                     c.kept_tokens,
                     c.prefilling,
                     c.queued_tokens,
+                    known(free),
+                    known(c.room_tokens),
                 ),
             );
         }
