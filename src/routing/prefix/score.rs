@@ -155,6 +155,19 @@ pub enum Ahead {
     Local { in_flight: u64 },
 }
 
+impl Ahead {
+    /// Whether `tokens` fit in the replica's free KV cache as scraped
+    /// (corrected by what llmlb sent since); unknown counts as room.
+    fn has_room_for(self, tokens: u64) -> bool {
+        match self {
+            Ahead::Scraped { free_kv_tokens, .. } => {
+                free_kv_tokens.is_none_or(|free| tokens <= free)
+            }
+            Ahead::Local { .. } => true,
+        }
+    }
+}
+
 impl CostModel {
     /// Seconds to prefill `tokens` at the replica's learned prefill rate,
     /// else the prior.
@@ -179,8 +192,8 @@ impl CostModel {
             Ahead::Scraped {
                 waiting,
                 running,
-                free_kv_tokens,
                 remaining_per_request,
+                ..
             } => {
                 let step = rates.decode_step_seconds;
                 let interference = if running > 0 {
@@ -188,8 +201,7 @@ impl CostModel {
                 } else {
                     0.0
                 };
-                let fits = self.kv_wait == KvWait::None
-                    || free_kv_tokens.is_none_or(|free| uncached_tokens <= free);
+                let fits = self.kv_wait == KvWait::None || ahead.has_room_for(uncached_tokens);
                 let kv_wait = match (fits, step) {
                     (true, _) => 0.0,
                     (false, Some(step)) if remaining_per_request > 0 => {
@@ -371,7 +383,7 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             None => true,
             Some((b, bc, _, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
         };
-        let fits = fits_free_kv(c.ahead, uncached);
+        let fits = c.ahead.has_room_for(uncached);
         if wins {
             best = Some((i, cost, t, fits));
         }
@@ -383,15 +395,6 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
     match (best, best_fitting) {
         (Some((_, bc, _, false)), Some((f, fc, ft))) if fc <= bc * model.fit_band => Some((f, ft)),
         _ => best.map(|(i, _, t, _)| (i, t)),
-    }
-}
-
-/// Whether `uncached` prompt tokens fit in the replica's free KV cache as
-/// scraped (corrected by what llmlb sent since); unknown counts as fitting.
-fn fits_free_kv(ahead: Ahead, uncached: u64) -> bool {
-    match ahead {
-        Ahead::Scraped { free_kv_tokens, .. } => free_kv_tokens.is_none_or(|free| uncached <= free),
-        Ahead::Local { .. } => true,
     }
 }
 
