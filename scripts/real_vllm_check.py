@@ -457,6 +457,9 @@ def run_policy(backend, policy, args, tmp, seed):
         "completed": report.get("completed"), "failed": report.get("failed"),
         "cached_predicted": metric_sum(own, "llmlb_prefix_cached_tokens_predicted_total"),
         "cached_reported": metric_sum(own, "llmlb_prefix_cached_tokens_reported_total"),
+        # The cost model's expected time to first token against the streams' own.
+        "ttft_predicted_s": metric_sum(own, "llmlb_prefix_ttft_predicted_seconds_total"),
+        "ttft_observed_s": metric_sum(own, "llmlb_prefix_ttft_observed_seconds_total"),
         "req_per_s": report.get("request_throughput"),
         "branches": branches(own),
         # llmlb's KV-event subscribers: sequence gaps, missed messages, replays asked.
@@ -487,7 +490,8 @@ def access_lines(path):
                 continue
             if v.get("target") == "llmlb::access" and v.get("path", "").startswith("/v1/"):
                 out.append({k: v.get(k) for k in ("replica", "route", "cached_tokens",
-                                                  "cached_tokens_predicted", "prompt_tokens")})
+                                                  "cached_tokens_predicted", "prompt_tokens",
+                                                  "ttft_ms", "queue_ms", "ttft_predicted_ms")})
     return out
 
 
@@ -500,6 +504,19 @@ def misses(r):
         return ""
     found_none = sum(1 for a in lines if not a.get("cached_tokens"))
     return f"; predicted cached and found none: {found_none} / {len(lines)}"
+
+
+def ttft_loop(r):
+    """The branch note's part on the cost model's time to first token: the
+    streams' own (from dispatch) over it, summed and per request (median)."""
+    p, o = r.get("ttft_predicted_s") or 0, r.get("ttft_observed_s") or 0
+    if not p:
+        return ""
+    ratios = sorted((a["ttft_ms"] - (a.get("queue_ms") or 0)) / a["ttft_predicted_ms"]
+                    for a in r.get("access") or []
+                    if a.get("ttft_predicted_ms") and a.get("ttft_ms") is not None)
+    median = f", median per request {ratios[len(ratios) // 2]:.2f}" if ratios else ""
+    return f"; TTFT observed / predicted {o / p:.2f}{median}"
 
 
 def process_cpu_s(pid):
@@ -531,7 +548,7 @@ def table(rows):
                    f"{fmt(r['ttft_p50_ms'])} | {fmt(r['ttft_p99_ms'])} | {r['preemptions']:.0f} | "
                    f"{r['mean_prompt_tokens']:.0f} | {loop(r)} | {cpu(r)} |")
     notes = [f"{r['policy']}: {', '.join(f'{k} {v}' for k, v in sorted(r['branches'].items()))}"
-             + misses(r)
+             + misses(r) + ttft_loop(r)
              + (f"; KV events: {r['kv_event_gaps']:.0f} gaps, {r['kv_events_missed']:.0f} missed, "
                 f"{r['kv_event_replays']:.0f} replays, {r.get('kv_stores_dropped', 0):.0f} stores dropped"
                 if r.get("kv_event_gaps") or r.get("kv_event_replays") else "")

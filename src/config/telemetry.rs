@@ -31,6 +31,7 @@ pub const ACCESS_LOG_FIELDS: &[&str] = &[
     "tier",
     "queue_ms",
     "cached_tokens_predicted",
+    "ttft_predicted_ms",
 ];
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

@@ -524,8 +524,9 @@ fn instance_variants(
 
 /// `--requests-out`: each run's requests as CSV lines, with the replica
 /// (its index in the fleet) each was sent to last, the prompt tokens llmlb
-/// predicted it holds there (empty outside the prefix modes) and those it
-/// found cached (empty when it did not finish).
+/// predicted it holds there (empty outside the prefix modes), those it
+/// found cached (empty when it did not finish) and the time to first token
+/// the cost model expected there (`cache` and `exact` modes).
 fn write_requests(
     path: &std::path::Path,
     workload: &SimWorkload,
@@ -533,7 +534,7 @@ fn write_requests(
 ) -> Result<(), SimulateError> {
     use std::fmt::Write as _;
     let mut text = String::from(
-        "policy,request,prompt_tokens,output_tokens,ttft_s,replica,predicted_cached,cached\n",
+        "policy,request,prompt_tokens,output_tokens,ttft_s,replica,predicted_cached,cached,predicted_ttft_s\n",
     );
     let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
     for r in runs {
@@ -541,14 +542,16 @@ fn write_requests(
         for (k, (q, (ttft, replica))) in rows.enumerate() {
             let ttft = ttft.map_or(String::new(), |t| format!("{t:.6}"));
             let (predicted, cached) = r.per_request_cache.get(k).copied().unwrap_or_default();
+            let expected = r.per_request_predicted_ttft.get(k).copied().flatten();
             let _ = writeln!(
                 text,
-                "{},{k},{},{},{ttft},{replica},{},{}",
+                "{},{k},{},{},{ttft},{replica},{},{},{}",
                 r.policy,
                 q.input,
                 q.output,
                 opt(predicted),
-                opt(cached.map(u64::from))
+                opt(cached.map(u64::from)),
+                expected.map_or(String::new(), |t| format!("{t:.6}"))
             );
         }
     }

@@ -114,6 +114,10 @@ pub struct RunResult {
     /// found cached (`None` until it finished).
     #[serde(skip)]
     pub per_request_cache: Vec<(Option<u64>, Option<u32>)>,
+    /// Per request: the time to first token the cost model expected on the
+    /// replica it picked (`cache` and `exact` modes), in seconds.
+    #[serde(skip)]
+    pub per_request_predicted_ttft: Vec<Option<f64>>,
 }
 
 impl RunResult {
@@ -167,6 +171,7 @@ impl RunResult {
             e2e_samples: e2e.to_vec(),
             per_request: Vec::new(),
             per_request_cache: Vec::new(),
+            per_request_predicted_ttft: Vec::new(),
             outcomes,
         }
     }

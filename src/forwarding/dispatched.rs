@@ -15,6 +15,9 @@ pub struct Dispatched {
     /// Cached prompt tokens the routing stage predicted for this replica
     /// (prefix modes other than `off`).
     pub predicted_cached: Option<u64>,
+    /// The cost model's expected time to first token there, in seconds,
+    /// when it picked this replica (`cache` and `exact` modes).
+    pub predicted_ttft: Option<f64>,
     /// The request's kind for the closed-loop metrics (`plain`, `tools`,
     /// `template_args`, `adapter`).
     pub kind: &'static str,

@@ -126,6 +126,7 @@ pub async fn forward(
             branch: pick.branch.as_str(),
             attempts: n,
             predicted_cached: req.route.predicted_for(replica.id),
+            predicted_ttft: req.route.predicted_ttft_for(replica.id),
             kind: req.route.kind_label(),
         });
         return Ok(resp);

@@ -123,16 +123,16 @@ pub(super) fn prefer(
     let Some((i, ttft)) = score::best(&router.cost, prompt_len, &scored) else {
         return;
     };
-    let id = cands[i].id;
     let pick = Pick {
         i,
+        ttft,
         most,
         held: &held,
         scored: &scored,
         prompt_len,
     };
-    pick.note_branches(router, id, &facts, cands, &mut d.branches);
-    d.preferred = Some(vec![id]);
+    pick.note_branches(router, cands[i].id, &facts, cands, &mut d.branches);
+    d.prefer_scored(cands[i].id, ttft);
     let ends = ends_ms(now_ms, ttft, max_tokens, &scored[i].rates);
     to_record(router, d, blocks, tokens, cache_key, ends);
 }
@@ -185,6 +185,8 @@ fn to_record(
 /// candidate's holding and score, the most any replica holds.
 struct Pick<'a> {
     i: usize,
+    /// The cost model's expected time to first token there, in seconds.
+    ttft: f64,
     most: u64,
     held: &'a [Holding],
     scored: &'a [Candidate],
@@ -279,6 +281,7 @@ impl Pick<'_> {
             target: "llmlb::prefix_pick",
             prompt = self.prompt_len,
             most = self.most,
+            ttft_ms = (self.ttft * 1000.0).round() as u64,
             branch,
             candidates = %list,
             "prefix pick"

@@ -52,6 +52,9 @@ pub struct Decision {
     pub(super) expect: Option<Expect>,
     /// Cached prompt tokens predicted per candidate (prefix modes but `off`).
     pub(super) predicted: Vec<(ReplicaId, u64)>,
+    /// The scored pick (`cache` and `exact` modes) and its expected time
+    /// to first token there, in seconds.
+    pub(super) ttft: Option<(ReplicaId, f64)>,
     /// Why no prediction was made, when the prompt's cached prefix cannot
     /// be predicted exactly (the request is routed by load).
     pub unpredictable: Option<crate::tokenize::Unpredictable>,
@@ -142,6 +145,19 @@ impl Decision {
     /// The cached prompt tokens predicted for `id`, if it was a candidate.
     pub fn predicted_for(&self, id: ReplicaId) -> Option<u64> {
         self.predicted.iter().find(|(r, _)| *r == id).map(|p| p.1)
+    }
+
+    /// `id` is the cost model's pick, where it expects the first token
+    /// after `ttft` seconds.
+    pub(super) fn prefer_scored(&mut self, id: ReplicaId, ttft: f64) {
+        self.preferred = Some(vec![id]);
+        self.ttft = Some((id, ttft));
+    }
+
+    /// The expected time to first token, in seconds, when `id` is the
+    /// replica the cost model picked.
+    pub fn predicted_ttft_for(&self, id: ReplicaId) -> Option<f64> {
+        self.ttft.filter(|t| t.0 == id).map(|t| t.1)
     }
 
     /// A decision that only predicts cached tokens (other modules' unit tests).

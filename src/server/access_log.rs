@@ -150,6 +150,15 @@ pub(super) fn record_model(r: &Record, label: &str, ended: &Ended, spans: &Spans
             cached,
         );
         m.prefix_loop.observe(pool, &d.replica, d.kind, o);
+        let t = crate::telemetry::prefix_loop::ttft_observation(
+            r.status,
+            stream,
+            d.attempts,
+            d.predicted_ttft,
+            spans.first_content.map(|t| t.as_secs_f64()),
+            r.fields.queued.map(|t| t.as_secs_f64()),
+        );
+        m.prefix_loop.observe_ttft(pool, &d.replica, t);
     }
 }
 
@@ -212,6 +221,7 @@ struct Fields<'a> {
     tier: Option<&'a str>,
     queue_ms: Option<u64>,
     cached_tokens_predicted: Option<u64>,
+    ttft_predicted_ms: Option<u64>,
 }
 
 impl<'a> Fields<'a> {
@@ -260,6 +270,11 @@ impl<'a> Fields<'a> {
             tier: keep(on(20), r.fields.tier.as_deref()),
             queue_ms: keep(on(21), r.fields.queued.map(span_ms)),
             cached_tokens_predicted: keep(on(22), d.and_then(|d| d.predicted_cached)),
+            ttft_predicted_ms: keep(
+                on(23),
+                d.and_then(|d| d.predicted_ttft)
+                    .map(|t| (t.max(0.0) * 1000.0 * 100.0).round() as u64),
+            ),
         }
     }
 
@@ -294,6 +309,7 @@ impl<'a> Fields<'a> {
             log_key!("cached_tokens_predicted"),
             self.cached_tokens_predicted,
         );
+        l.hundredths(log_key!("ttft_predicted_ms"), self.ttft_predicted_ms);
     }
 
     /// Through `tracing` (a terminal's colours, or another subscriber).
@@ -324,6 +340,7 @@ impl<'a> Fields<'a> {
             tier = self.tier,
             queue_ms = self.queue_ms.map(as_ms),
             cached_tokens_predicted = self.cached_tokens_predicted,
+            ttft_predicted_ms = self.ttft_predicted_ms.map(as_ms),
             "request"
         );
     }

@@ -6,8 +6,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 /// Declares metrics on one registry.
@@ -24,6 +24,11 @@ impl<'r> Family<'r> {
     /// A counter with these labels.
     pub fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("metric"))
+    }
+
+    /// A floating-point counter (seconds, for example) with these labels.
+    pub fn float_counter(&self, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+        self.add(CounterVec::new(Opts::new(name, help), labels).expect("metric"))
     }
 
     /// A counter without labels.

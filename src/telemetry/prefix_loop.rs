@@ -20,11 +20,20 @@
 //! without it carry no usage and are not counted. Pools with prefix mode
 //! `off` make no prediction and are not counted. Cost: two counter
 //! increments and one histogram observation per answer.
+//!
+//! The same loop for the time to first token: `cache` and `exact` pick a
+//! replica by the time to first token the cost model expects there
+//! (`Dispatched::predicted_ttft`); a stream's first content, less its wait
+//! in the pool's queue, is what the replica took ([`TtftObservation`]).
+//! Counted: streams answered 200 at their first attempt.
 
-use prometheus::{HistogramVec, IntCounterVec, Registry};
+use prometheus::{CounterVec, HistogramVec, IntCounterVec, Registry};
 
 /// Buckets of |predicted − reported| ÷ prompt tokens.
 const ERROR_BUCKETS: &[f64] = &[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
+
+/// Buckets of observed ÷ predicted time to first token.
+const TTFT_RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 8.0, 16.0];
 
 #[derive(Debug, Clone)]
 pub struct PrefixLoopMetrics {
@@ -34,6 +43,40 @@ pub struct PrefixLoopMetrics {
     pub reported: IntCounterVec,
     /// `llmlb_prefix_cached_tokens_error_ratio{pool}`.
     pub error: HistogramVec,
+    /// `llmlb_prefix_ttft_predicted_seconds_total{pool,replica}`.
+    pub ttft_predicted: CounterVec,
+    /// `llmlb_prefix_ttft_observed_seconds_total{pool,replica}`.
+    pub ttft_observed: CounterVec,
+    /// `llmlb_prefix_ttft_observed_over_predicted{pool}`.
+    pub ttft_ratio: HistogramVec,
+}
+
+/// One stream's time to first token, predicted when it was routed and
+/// observed from its dispatch, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftObservation {
+    pub predicted: f64,
+    pub observed: f64,
+}
+
+/// The TTFT observation for an answer: a stream answered 200 at its
+/// first attempt, with a prediction and a first content; `queued` (its
+/// wait in the pool's queue, before the dispatch) is taken off.
+pub fn ttft_observation(
+    status: u16,
+    stream: bool,
+    attempts: u32,
+    predicted: Option<f64>,
+    first_content: Option<f64>,
+    queued: Option<f64>,
+) -> Option<TtftObservation> {
+    if status != 200 || !stream || attempts != 1 {
+        return None;
+    }
+    Some(TtftObservation {
+        predicted: predicted?,
+        observed: (first_content? - queued.unwrap_or(0.0)).max(0.0),
+    })
 }
 
 /// One answered request, as the loop sees it.
@@ -63,10 +106,43 @@ impl PrefixLoopMetrics {
         let predicted = family.counter("llmlb_prefix_cached_tokens_predicted_total", "Prompt tokens llmlb predicted, when routing, that the replica would find in its prefix cache (answers whose usage reports cached tokens).", &["pool", "replica", "kind"]);
         let reported = family.counter("llmlb_prefix_cached_tokens_reported_total", "Prompt tokens the replica reported cached (usage.prompt_tokens_details.cached_tokens) on the same answers.", &["pool", "replica", "kind"]);
         let error = family.histogram("llmlb_prefix_cached_tokens_error_ratio", "Per request, |predicted - reported| cached tokens as a fraction of the prompt's tokens.", &["pool"], ERROR_BUCKETS);
+        let ttft_predicted = family.float_counter("llmlb_prefix_ttft_predicted_seconds_total", "Time to first token the cost model expected, when routing, on the replica it picked (streams answered at their first attempt).", &["pool", "replica"]);
+        let ttft_observed = family.float_counter(
+            "llmlb_prefix_ttft_observed_seconds_total",
+            "Time from dispatch to first content on the same streams.",
+            &["pool", "replica"],
+        );
+        let ttft_ratio = family.histogram(
+            "llmlb_prefix_ttft_observed_over_predicted",
+            "Per stream, observed time to first token over the cost model's prediction.",
+            &["pool"],
+            TTFT_RATIO_BUCKETS,
+        );
         PrefixLoopMetrics {
             predicted,
             reported,
             error,
+            ttft_predicted,
+            ttft_observed,
+            ttft_ratio,
+        }
+    }
+
+    /// Records one stream's time to first token; `None` is skipped.
+    pub fn observe_ttft(&self, pool: &str, replica: &str, o: Option<TtftObservation>) {
+        let Some(o) = o else {
+            return;
+        };
+        self.ttft_predicted
+            .with_label_values(&[pool, replica])
+            .inc_by(o.predicted);
+        self.ttft_observed
+            .with_label_values(&[pool, replica])
+            .inc_by(o.observed);
+        if o.predicted > 0.0 {
+            self.ttft_ratio
+                .with_label_values(&[pool])
+                .observe(o.observed / o.predicted);
         }
     }
 
@@ -127,5 +203,30 @@ mod tests {
         );
         assert_eq!(m.reported.with_label_values(&["p", "r", "tools"]).get(), 80);
         assert_eq!(m.error.with_label_values(&["p"]).get_sample_count(), 1);
+    }
+
+    #[test]
+    fn a_streams_ttft_is_counted_from_its_dispatch() {
+        let registry = Registry::new();
+        let m = PrefixLoopMetrics::register(&registry);
+        let ok = |status, stream, attempts| {
+            ttft_observation(status, stream, attempts, Some(0.2), Some(0.9), Some(0.3))
+        };
+        // Not a stream (its first byte is its last), a retry, an error.
+        assert_eq!(ok(200, false, 1), None);
+        assert_eq!(ok(200, true, 2), None);
+        assert_eq!(ok(503, true, 1), None);
+        assert_eq!(ttft_observation(200, true, 1, None, Some(0.9), None), None);
+        assert_eq!(ttft_observation(200, true, 1, Some(0.2), None, None), None);
+        let o = ok(200, true, 1).unwrap();
+        assert!((o.observed - 0.6).abs() < 1e-9, "{o:?}");
+        m.observe_ttft("p", "r", Some(o));
+        m.observe_ttft("p", "r", None);
+        let predicted = m.ttft_predicted.with_label_values(&["p", "r"]).get();
+        let observed = m.ttft_observed.with_label_values(&["p", "r"]).get();
+        assert!((predicted - 0.2).abs() < 1e-9 && (observed - 0.6).abs() < 1e-9);
+        let ratio = m.ttft_ratio.with_label_values(&["p"]);
+        assert_eq!(ratio.get_sample_count(), 1);
+        assert!((ratio.get_sample_sum() - 3.0).abs() < 1e-9);
     }
 }

@@ -400,4 +400,11 @@ async fn a_prefix_mode_logs_the_cached_tokens_it_predicted() {
         "{}",
         lines[1]
     );
+    // And the time to first token it expected there.
+    for l in &lines {
+        assert!(
+            l["ttft_predicted_ms"].as_f64().is_some_and(|t| t > 0.0),
+            "{l}"
+        );
+    }
 }

@@ -182,3 +182,49 @@ async fn hash_mode_predicts_from_what_it_sent() {
         s.shutdown().await;
     }
 }
+
+const TTFT_RATIO: &str = "llmlb_prefix_ttft_observed_over_predicted_count";
+
+/// A stream's time to first token from its dispatch, against what the
+/// cost model expected when it picked the replica: streams only (a JSON
+/// answer's first byte is its last), in the modes that score (`cache`,
+/// `exact`), not `hash`.
+#[tokio::test]
+async fn cache_mode_sets_each_streams_ttft_beside_its_prediction() {
+    let sims = fleet(2, false).await;
+    let lb = start_llmlb(&config(&sims, "cache", false)).await;
+    let model = sims[0].config().model.clone();
+    for _ in 0..3 {
+        stream(lb.addr, &model, true).await;
+    }
+    chat(lb.addr, &model, &system(2), "a json answer is not counted").await;
+    loop_totals(lb.admin_addr, 4.0).await;
+    let mut m = metrics_text(lb.admin_addr).await;
+    for _ in 0..50 {
+        if metric_value(&m, TTFT_RATIO, &[("pool", "sim")]) >= 3.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        m = metrics_text(lb.admin_addr).await;
+    }
+    assert_eq!(metric_value(&m, TTFT_RATIO, &[("pool", "sim")]), 3.0, "{m}");
+    let seconds = |name: &str| metric_value(&m, name, &[("pool", "sim")]);
+    assert!(
+        seconds("llmlb_prefix_ttft_predicted_seconds_total") > 0.0,
+        "{m}"
+    );
+    assert!(
+        seconds("llmlb_prefix_ttft_observed_seconds_total") > 0.0,
+        "{m}"
+    );
+    lb.shutdown().await;
+    let lb = start_llmlb(&config(&sims, "hash", false)).await;
+    stream(lb.addr, &model, true).await;
+    loop_totals(lb.admin_addr, 1.0).await;
+    let m = metrics_text(lb.admin_addr).await;
+    assert_eq!(metric_value(&m, TTFT_RATIO, &[("pool", "sim")]), 0.0, "{m}");
+    lb.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}

@@ -90,6 +90,7 @@ impl Sim<'_> {
                     self.open_request(i, at, guard, now);
                     self.live[i].expected = expected;
                     self.live[i].predicted = decision.predicted_for(replica.id);
+                    self.live[i].predicted_ttft = decision.predicted_ttft_for(replica.id);
                     self.live[i].prompt = std::mem::take(&mut self.prompt);
                     let half = self.half_delay();
                     if half > 0.0 {
@@ -251,6 +252,7 @@ impl Sim<'_> {
             prompt: Vec::new(),
             done: false,
             predicted: None,
+            predicted_ttft: None,
             cached: None,
         };
         self.open += 1;

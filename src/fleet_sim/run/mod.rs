@@ -85,6 +85,9 @@ struct Live {
     done: bool,
     /// The prompt tokens llmlb predicted its replica holds (prefix modes).
     predicted: Option<u64>,
+    /// The time to first token the cost model expected there (`cache`,
+    /// `exact`), in seconds.
+    predicted_ttft: Option<f64>,
     /// The prompt tokens its replica found cached, once it finished.
     cached: Option<u32>,
 }
@@ -451,6 +454,7 @@ pub fn run(spec: &RunSpec<'_>, policy: &str) -> Result<RunResult, SimulateError>
         .map(|(l, at)| (l.first.map(|t| t + half - at), l.replica))
         .collect();
     result.per_request_cache = sim.live.iter().map(|l| (l.predicted, l.cached)).collect();
+    result.per_request_predicted_ttft = sim.live.iter().map(|l| l.predicted_ttft).collect();
     Ok(result)
 }
 
