@@ -385,7 +385,8 @@ def run_policy(backend, policy, args, tmp, seed):
     cfg_path = os.path.join(tmp, f"{backend.kind}-{policy}.toml")
     with open(cfg_path, "w") as f:
         f.write(proxy_config(backend, policy, args))
-    log_path = os.path.join(tmp, f"{backend.kind}-{policy}.log")
+    # One log per round (its seed), so `--keep` keeps every round's picks.
+    log_path = os.path.join(tmp, f"{backend.kind}-{policy}-seed{seed}.log")
     proxy = subprocess.Popen([args.llmlb, "--log-format", "json", "serve", "--config", cfg_path],
                              stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
     try:
@@ -704,7 +705,7 @@ def main():
                     help="write every run (each request's timing and replica included) here, "
                          "for scripts/tail_breakdown.py")
     ap.add_argument("--keep", action="store_true",
-                    help="keep the run directory (each policy's config and llmlb log; "
+                    help="keep the run directory (each policy's config and its llmlb log per round; "
                          "RUST_LOG=llmlb::prefix_pick=debug logs every prefix pick there)")
     args = ap.parse_args()
     if not os.path.exists(args.llmlb):
