@@ -230,8 +230,11 @@ impl<'a> Fields<'a> {
         fn keep<T>(on: bool, v: Option<T>) -> Option<T> {
             v.filter(|_| on)
         }
-        // Milliseconds in whole hundredths.
-        let span_ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 100.0).round() as u64;
+        // Seconds as milliseconds in whole hundredths (a negative or
+        // infinite expectation saturates rather than panicking as
+        // `Duration` would).
+        let ms = |secs: f64| (secs.max(0.0) * 1000.0 * 100.0).round() as u64;
+        let span_ms = |d: Duration| ms(d.as_secs_f64());
         let d = r.dispatched.as_ref();
         let u = ended.usage.unwrap_or_default();
         let e = r.refusal.as_ref();
@@ -270,11 +273,7 @@ impl<'a> Fields<'a> {
             tier: keep(on(20), r.fields.tier.as_deref()),
             queue_ms: keep(on(21), r.fields.queued.map(span_ms)),
             cached_tokens_predicted: keep(on(22), d.and_then(|d| d.predicted_cached)),
-            ttft_predicted_ms: keep(
-                on(23),
-                d.and_then(|d| d.predicted_ttft)
-                    .map(|t| (t.max(0.0) * 1000.0 * 100.0).round() as u64),
-            ),
+            ttft_predicted_ms: keep(on(23), d.and_then(|d| d.predicted_ttft).map(ms)),
         }
     }
 
