@@ -1,0 +1,83 @@
+//! The process's allocator: mimalloc, asked for an alignment only when a
+//! type needs more than a machine word.
+//!
+//! A proxied request makes tens of small, short-lived allocations across
+//! the worker threads, which mimalloc's per-thread free lists serve in a
+//! fraction of glibc malloc's instructions (docs/BENCHMARKS.md, "Proxy
+//! cost"). The `mimalloc` crate's allocator passes every request through
+//! `mi_malloc_aligned`; in mimalloc 3 that call takes its fast path only for
+//! blocks up to 1 KiB, and larger ones (a connection's task, a request's
+//! future) go through the over-allocating fallback. Every mimalloc block is
+//! aligned to at least a word, so a layout that asks no more than that is
+//! served by plain `mi_malloc`, as the C library's `malloc` would serve it.
+//!
+//! Built without transparent huge pages (`no_thp`): with them, the first
+//! touch of fresh memory zeroed 2 MiB at a time, most of llmlb's CPU in the
+//! first seconds of a run (docs/lab/allocator-huge-pages.md).
+//!
+//! This file is part of the binary, not of the library (which has no unsafe
+//! code); `examples/hyper_floor.rs` includes it too, so the floor that
+//! llmlb's request cost is measured against runs on the same allocator.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::c_void;
+
+use libmimalloc_sys::{
+    mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_realloc_aligned, mi_zalloc,
+    mi_zalloc_aligned,
+};
+
+/// The alignment every mimalloc block has, whatever its size.
+const WORD: usize = std::mem::size_of::<usize>();
+
+/// mimalloc, with the alignment left out where the block's own suffices.
+pub struct Allocator;
+
+// SAFETY: each method hands its layout to the mimalloc call that honours
+// it: the size always, the alignment either explicitly or, when it is at
+// most a word, through mimalloc's guarantee that every block is
+// word-aligned. Blocks are freed with `mi_free`, which takes both kinds.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: mimalloc's allocation functions take any size.
+        unsafe {
+            if layout.align() <= WORD {
+                mi_malloc(layout.size()).cast()
+            } else {
+                mi_malloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        unsafe {
+            if layout.align() <= WORD {
+                mi_zalloc(layout.size()).cast()
+            } else {
+                mi_zalloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, so from mimalloc.
+        unsafe { mi_free(ptr.cast::<c_void>()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from this allocator with `layout`'s alignment,
+        // which the new block keeps.
+        unsafe {
+            if layout.align() <= WORD {
+                mi_realloc(ptr.cast::<c_void>(), new_size).cast()
+            } else {
+                mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast()
+            }
+        }
+    }
+}
