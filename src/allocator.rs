@@ -33,6 +33,28 @@ const WORD: usize = std::mem::size_of::<usize>();
 /// mimalloc, with the alignment left out where the block's own suffices.
 pub struct Allocator;
 
+/// A mimalloc allocation function without an alignment, and its aligned twin.
+type Plain = unsafe extern "C" fn(usize) -> *mut c_void;
+type Aligned = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+
+/// `layout`'s block from `plain` when a word's alignment suffices, else
+/// from `aligned`.
+///
+/// # Safety
+/// As `GlobalAlloc::alloc`: `layout` has a non-zero size.
+#[inline(always)]
+unsafe fn block(layout: Layout, plain: Plain, aligned: Aligned) -> *mut u8 {
+    // SAFETY: mimalloc's allocation functions take any size and any
+    // power-of-two alignment, which a `Layout` always has.
+    unsafe {
+        if layout.align() <= WORD {
+            plain(layout.size()).cast()
+        } else {
+            aligned(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: each method hands its layout to the mimalloc call that honours
 // it: the size always, the alignment either explicitly or, when it is at
 // most a word, through mimalloc's guarantee that every block is
@@ -40,26 +62,14 @@ pub struct Allocator;
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: mimalloc's allocation functions take any size.
-        unsafe {
-            if layout.align() <= WORD {
-                mi_malloc(layout.size()).cast()
-            } else {
-                mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires.
+        unsafe { block(layout, mi_malloc, mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        unsafe {
-            if layout.align() <= WORD {
-                mi_zalloc(layout.size()).cast()
-            } else {
-                mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { block(layout, mi_zalloc, mi_zalloc_aligned) }
     }
 
     #[inline]
