@@ -91,3 +91,63 @@ unsafe impl GlobalAlloc for Allocator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the `n` bytes at `p` are all `byte` (compared as slices:
+    /// one `memcmp`, quick in a debug build too).
+    ///
+    /// # Safety
+    /// `p` points to `n` initialised bytes.
+    unsafe fn all(p: *const u8, n: usize, byte: u8) -> bool {
+        // SAFETY: as the caller promises.
+        unsafe { std::slice::from_raw_parts(p, n) == vec![byte; n].as_slice() }
+    }
+
+    /// Every size class from a byte to past a huge page, at every
+    /// alignment up to a page: the block is aligned as asked, writable over
+    /// its whole size, zeroed when asked, and keeps its bytes and alignment
+    /// when it grows and shrinks.
+    #[test]
+    fn blocks_have_the_layouts_alignment_and_keep_their_bytes() {
+        let a = Allocator;
+        let sizes = (0..23).flat_map(|shift| {
+            let s = 1usize << shift;
+            [s, s + 1, s + s / 2 + 8]
+        });
+        for size in sizes {
+            for align in (0..13).map(|shift| 1usize << shift) {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                let half = size.div_ceil(2);
+                // SAFETY: the layout has a non-zero size; each block is
+                // written and read within its size and freed once, with
+                // its layout.
+                unsafe {
+                    let p = a.alloc(layout);
+                    assert!(!p.is_null());
+                    assert_eq!(p as usize % align, 0, "size {size}, align {align}");
+                    p.write_bytes(0xA5, size);
+                    let grown = a.realloc(p, layout, size * 2);
+                    assert_eq!(
+                        grown as usize % align,
+                        0,
+                        "grown: size {size}, align {align}"
+                    );
+                    assert!(all(grown, size, 0xA5));
+                    let grown_layout = Layout::from_size_align(size * 2, align).unwrap();
+                    let shrunk = a.realloc(grown, grown_layout, half);
+                    assert_eq!(shrunk as usize % align, 0);
+                    assert!(all(shrunk, half, 0xA5));
+                    a.dealloc(shrunk, Layout::from_size_align(half, align).unwrap());
+
+                    let z = a.alloc_zeroed(layout);
+                    assert_eq!(z as usize % align, 0);
+                    assert!(all(z, size, 0));
+                    a.dealloc(z, layout);
+                }
+            }
+        }
+    }
+}
