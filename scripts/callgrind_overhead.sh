@@ -29,6 +29,9 @@
 #        CG_OUT    where logs and callgrind files go (default target/callgrind)
 #        CG_ACCESS_LOG  `on`: llmlb writes its default access log (to the
 #                  run's log file); default off
+#        SSE_USAGE_NULL  1: every content event of the sse case carries
+#                  `"usage":null`, as servers that follow OpenAI's API send
+#                  it (vLLM leaves the key out)
 #        CG_VALGRIND_ARGS  more callgrind options for the BINARYs (not nginx), e.g.
 #                  "--cache-sim=yes --branch-sim=yes": the cache and branch
 #                  misses then sit beside the instructions in the .callgrind

@@ -67,10 +67,15 @@ cpu_ticks() {
 }
 
 # The canned answer in $SSE: 16 content chunks, a usage chunk, [DONE]
-# (nginx turns each \n in a quoted string into a newline).
+# (nginx turns each \n in a quoted string into a newline). With
+# SSE_USAGE_NULL=1 each content chunk also carries `"usage":null`, as
+# OpenAI's API (and servers that follow it) send them once
+# `include_usage` is asked for; vLLM leaves the key out.
 SSE=""
+NULL_USAGE=""
+[ "${SSE_USAGE_NULL:-0}" = 1 ] && NULL_USAGE=',"usage":null'
 for i in $(seq 0 15); do
-    SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[{"index":0,"text":" t'$i'","finish_reason":null}]}\n\n'
+    SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[{"index":0,"text":" t'$i'","finish_reason":null}]'"$NULL_USAGE"'}\n\n'
 done
 SSE+='data: {"id":"cmpl-instant","object":"text_completion","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}}\n\ndata: [DONE]\n\n'
 # The same text as one JSON completion (249 bytes), for `x-answer: json`.

@@ -87,7 +87,7 @@ impl UsageStrip {
         let (mut usage, mut unfinished) = (None, None);
         while let Some(h) = hit {
             match event_around(&buf, from, h) {
-                Ok((start, end)) if let Some(read) = usage_only(&buf[start..end]) => {
+                Ok((start, end)) if let Some(read) = usage_only(&buf[start..end], h - start) => {
                     usage = Some((start, end, read));
                     from = end;
                     break;
@@ -209,8 +209,16 @@ fn ends_an_event(buf: &[u8]) -> bool {
 /// An event whose single `data:` line is a chunk with no choices and a usage
 /// object, the one `include_usage` adds: its `usage` as [`usage_value`]
 /// reads it, from the same parse (`None`: not such an event). The caller
-/// has found `"usage"` in it.
-fn usage_only(event: &[u8]) -> Option<Option<Usage>> {
+/// has found the event's first `"usage"` at `at`.
+///
+/// Servers that follow OpenAI's API put `"usage":null` in every other
+/// chunk of the stream; an event whose only `"usage"` is that is told
+/// apart without parsing it (its top-level `usage`, if it has one, is
+/// null, so it is not the usage event).
+fn usage_only(event: &[u8], at: usize) -> Option<Option<Usage>> {
+    if null_and_alone(&event[at + USAGE_KEY.needle().len()..]) {
+        return None;
+    }
     #[derive(Deserialize)]
     struct Chunk<'a> {
         choices: Option<Vec<IgnoredAny>>,
@@ -235,6 +243,16 @@ fn usage_only(event: &[u8]) -> Option<Option<Usage>> {
     Some(usage_value(usage.get().as_bytes()))
 }
 
+/// Whether `after` (an event's bytes after its first `"usage"`) starts
+/// with the value `null` and holds no other `"usage"`.
+fn null_and_alone(after: &[u8]) -> bool {
+    let value = after
+        .trim_ascii_start()
+        .strip_prefix(b":")
+        .map(<[u8]>::trim_ascii_start);
+    value.is_some_and(|v| v.starts_with(b"null")) && USAGE_KEY.find(after).is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +261,13 @@ mod tests {
         "data: {\"choices\":[{\"delta\":{\"content\":\"a b\"}}],\"usage\":null}\n\n";
     const USAGE: &str = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
+
+    /// Where the first `"usage"` of `event` is.
+    fn first(event: impl AsRef<[u8]>) -> usize {
+        USAGE_KEY
+            .find(event.as_ref())
+            .expect("the event has a usage key")
+    }
 
     /// What the filter says of a removed event: its usage, as
     /// `find_usage` reads it from the event.
@@ -338,13 +363,20 @@ mod tests {
             r#"data: {"choices":[],"usage":V,}"#,
             "data: {\"choices\":[],\n\"usage\":V}",
             r#"{"choices":[],"usage":V}"#,
+            r#"data: {"x":{"usage":null},"choices":[],"usage":V}"#,
+            r#"data: {"choices":[],"usage" : null,"y":{"usage":V}}"#,
+            r#"data: {"choices":[],"usage"	:	V}"#,
         ];
         for value in values {
             for event in events {
                 let event = format!("{}\n\n", event.replace('V', value));
                 let expected =
                     is_usage_only(&event).map(|()| crate::net::find_usage(event.as_bytes()));
-                assert_eq!(usage_only(event.as_bytes()), expected, "{event}");
+                assert_eq!(
+                    usage_only(event.as_bytes(), first(&event)),
+                    expected,
+                    "{event}"
+                );
             }
         }
     }
@@ -359,11 +391,9 @@ mod tests {
             prompt_tokens: Some(1),
             ..Usage::default()
         };
-        assert_eq!(usage_only(event), Some(Some(usage)));
-        assert_eq!(
-            usage_only(b"data: {\"choices\":[\xff],\"usage\":{}}\n\n"),
-            None
-        );
+        assert_eq!(usage_only(event, first(event)), Some(Some(usage)));
+        let not_choices = b"data: {\"choices\":[\xff],\"usage\":{}}\n\n";
+        assert_eq!(usage_only(not_choices, first(not_choices)), None);
     }
 
     #[test]
