@@ -216,7 +216,8 @@ fn ends_an_event(buf: &[u8]) -> bool {
 /// apart without parsing it (its top-level `usage`, if it has one, is
 /// null, so it is not the usage event).
 fn usage_only(event: &[u8], at: usize) -> Option<Option<Usage>> {
-    if null_and_alone(&event[at + USAGE_KEY.needle().len()..]) {
+    let after_key = event.get(at + USAGE_KEY.needle().len()..);
+    if after_key.is_some_and(null_and_alone) {
         return None;
     }
     #[derive(Deserialize)]
@@ -394,6 +395,19 @@ mod tests {
         assert_eq!(usage_only(event, first(event)), Some(Some(usage)));
         let not_choices = b"data: {\"choices\":[\xff],\"usage\":{}}\n\n";
         assert_eq!(usage_only(not_choices, first(not_choices)), None);
+    }
+
+    /// A key position the event does not reach leaves the verdict to the
+    /// parse, without a panic.
+    #[test]
+    fn a_key_position_past_the_event_is_parsed() {
+        let usage = Usage {
+            prompt_tokens: Some(3),
+            completion_tokens: Some(4),
+            ..Usage::default()
+        };
+        assert_eq!(usage_only(USAGE.as_bytes(), USAGE.len()), Some(Some(usage)));
+        assert_eq!(usage_only(TOKEN.as_bytes(), TOKEN.len() + 9), None);
     }
 
     #[test]
