@@ -27,6 +27,12 @@ const EVENTS: [&str; 2] = [
     "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"one two three\"}}]}\n\n",
     "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" four five six\"}}]}\n\n",
 ];
+/// [`EVENTS`] as servers that follow OpenAI's API send them once usage is
+/// asked for: each with `"usage":null` (vLLM leaves the key out).
+const NULL_EVENTS: [&str; 2] = [
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"one two three\"}}],\"usage\":null}\n\n",
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" four five six\"}}],\"usage\":null}\n\n",
+];
 const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":6,\"total_tokens\":17}}\n\n";
 const DONE: &str = "data: [DONE]\n\n";
 /// [`EVENTS`] as `continuous_usage_stats` sends them: each with the usage
@@ -37,9 +43,11 @@ const CONTINUOUS: &str = concat!(
 );
 const STREAM: &str = r#"{"model":"llama-3-8b", "stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":100}"#;
 
-/// A replica that streams [`EVENTS`], then [`USAGE`] when asked for it
-/// (or [`CONTINUOUS`] alone when asked for `continuous_usage_stats`), then
-/// waits for a permit before `[DONE]`; it records the bodies it got.
+/// A replica that streams [`EVENTS`] ([`NULL_EVENTS`] when asked for
+/// usage by a request with an `x-openai-form` header), then [`USAGE`] when
+/// asked for it (or [`CONTINUOUS`] alone when asked for
+/// `continuous_usage_stats`), then waits for a permit before `[DONE]`; it
+/// records the bodies it got.
 struct Packer {
     addr: SocketAddr,
     bodies: Arc<Mutex<Vec<Bytes>>>,
@@ -90,6 +98,7 @@ async fn answer(
         *resp.status_mut() = StatusCode::NOT_FOUND;
         return resp;
     }
+    let openai_form = req.headers().contains_key("x-openai-form");
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let usage = v["stream_options"]["include_usage"] == true;
@@ -101,7 +110,12 @@ async fn answer(
             // Both events in one frame, each with the usage so far.
             let _ = tx.send(Bytes::from_static(CONTINUOUS.as_bytes())).await;
         } else {
-            for e in EVENTS {
+            let events = if usage && openai_form {
+                NULL_EVENTS
+            } else {
+                EVENTS
+            };
+            for e in events {
                 let _ = tx.send(Bytes::from_static(e.as_bytes())).await;
             }
         }
@@ -167,6 +181,23 @@ async fn a_stream_is_asked_for_usage_and_the_client_does_not_see_it() {
     );
     // Settled and counted from usage: 17 tokens, 6 of them output (two
     // events would have said 2).
+    let (tenant, completion) = counters(&lb).await;
+    assert_eq!((tenant, completion), (17.0, 6.0));
+}
+
+/// A server in OpenAI's form puts `"usage":null` in every event: those
+/// reach the client byte for byte, the usage event llmlb asked for does
+/// not, and its counts are taken.
+#[tokio::test]
+async fn null_usage_in_every_event_passes_and_the_usage_event_does_not() {
+    let up = Packer::start(false).await;
+    let lb = start_llmlb(&config(&format!("http://{}", up.addr), "")).await;
+    let mut req = keyed(STREAM);
+    req.headers_mut()
+        .insert("x-openai-form", "1".parse().unwrap());
+    let (status, _, text) = call(lb.addr, req).await;
+    assert_eq!(status, 200);
+    assert_eq!(text, format!("{}{}{DONE}", NULL_EVENTS[0], NULL_EVENTS[1]));
     let (tenant, completion) = counters(&lb).await;
     assert_eq!((tenant, completion), (17.0, 6.0));
 }
