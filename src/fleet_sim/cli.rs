@@ -537,21 +537,22 @@ fn write_requests(
         "policy,request,prompt_tokens,output_tokens,ttft_s,replica,predicted_cached,cached,predicted_ttft_s\n",
     );
     let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+    let secs = |v: Option<f64>| v.map_or(String::new(), |t| format!("{t:.6}"));
     for r in runs {
         let rows = workload.requests.iter().zip(&r.per_request);
-        for (k, (q, (ttft, replica))) in rows.enumerate() {
-            let ttft = ttft.map_or(String::new(), |t| format!("{t:.6}"));
+        for (k, (q, &(ttft, replica))) in rows.enumerate() {
             let (predicted, cached) = r.per_request_cache.get(k).copied().unwrap_or_default();
             let expected = r.per_request_predicted_ttft.get(k).copied().flatten();
             let _ = writeln!(
                 text,
-                "{},{k},{},{},{ttft},{replica},{},{},{}",
+                "{},{k},{},{},{},{replica},{},{},{}",
                 r.policy,
                 q.input,
                 q.output,
+                secs(ttft),
                 opt(predicted),
                 opt(cached.map(u64::from)),
-                expected.map_or(String::new(), |t| format!("{t:.6}"))
+                secs(expected)
             );
         }
     }
