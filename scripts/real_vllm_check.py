@@ -24,7 +24,8 @@ seconds llmlb and the whole host used during the load (from /proc). The policies
 `evictions = "free"`, `cache_own_rates` has `rate_band = 1.0`,
 `cache_one_hardware` and `exact_one_hardware` have `rate_band = 2.0` (as
 a pool known to be of one hardware may set it),
-`cache_kv_wait` and `exact_kv_wait` have `kv_wait = "batch"`, and
+`cache_kv_wait` and `exact_kv_wait` have `kv_wait = "batch"`,
+`cache_no_preempt` and `exact_no_preempt` have `preemptions = "free"`, and
 `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight`, and `hash_kv`
 is `hash` with `[pools.saturation] max_kv_usage = --saturation-kv-usage`
@@ -96,6 +97,9 @@ POLICIES = {
     # with [pools.prefix] kv_wait = "batch"
     "cache_kv_wait": ("least_connections", "cache"),
     "exact_kv_wait": ("least_connections", "exact"),
+    # with [pools.prefix] preemptions = "free"
+    "cache_no_preempt": ("least_connections", "cache"),
+    "exact_no_preempt": ("least_connections", "exact"),
 }
 
 
@@ -366,6 +370,8 @@ def proxy_config(backend, policy, args, stand_in=None):
             lines.append("rate_band = 2.0")
         if policy.endswith("_kv_wait"):
             lines.append('kv_wait = "batch"')
+        if policy.endswith("_no_preempt"):
+            lines.append('preemptions = "free"')
         if policy.endswith("_capped"):
             lines += ["", "[pools.saturation]", f"max_in_flight = {args.saturation_in_flight}"]
         if policy.endswith("_kv"):

@@ -64,6 +64,20 @@ pub enum Evictions {
     Free,
 }
 
+/// `[pools.prefix] preemptions`: whether `cache` and `exact` charge a
+/// placement for the running requests the replica will preempt when its
+/// KV cache runs out before their answers end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preemptions {
+    /// Charged at the prefill rate: one prompt's prefill for each prompt's
+    /// worth of tokens the placement leaves the replica short of.
+    #[default]
+    Charged,
+    /// Not charged: a replica is scored by its queue, prefill and cache.
+    Free,
+}
+
 /// `[pools.prefix] key`: what `hash` mode hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -127,6 +141,13 @@ pub struct PrefixConfig {
     /// default: on real vLLM replicas with caches of two or three system
     /// prompts it kept more prefixes in place, see docs/ROUTING.md).
     pub evictions: Evictions,
+    /// `cache` and `exact`: whether a placement is charged for the
+    /// preemptions it causes on a replica whose free KV cache will not hold
+    /// its prompt and the answers still being written there (`charged` by
+    /// default: on real vLLM replicas whose caches hold two prompts it
+    /// kept the prefix modes' p99 at or below round-robin's in more rounds,
+    /// see docs/ROUTING.md).
+    pub preemptions: Preemptions,
     /// `cache` and `exact`: a replica's learned prefill rate within this
     /// factor of the median over one request's candidates counts as the
     /// median, so replicas of the same hardware are compared by their
@@ -157,6 +178,7 @@ impl Default for PrefixConfig {
             homes: false,
             kv_wait: KvWait::None,
             evictions: Evictions::Charged,
+            preemptions: Preemptions::Charged,
             rate_band: 1.25,
             fit_band: 1.25,
         }

@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn cost_switches_have_defaults_and_a_bad_value_names_the_key() {
-        use super::super::{Evictions, KvWait};
+        use super::super::{Evictions, KvWait, Preemptions};
         let with = |extra: &str| {
             format!(
                 "{POOL}[pools.prefix]\nmode = \"cache\"\n{extra}\n{}",
@@ -286,15 +286,21 @@ mod tests {
             )
         };
         let prefix = |extra: &str| parse(&with(extra)).unwrap().pools[0].prefix.clone();
-        // The KV wait is off unless asked for; evictions are charged
-        // unless declared free.
+        // The KV wait is off unless asked for; evictions and preemptions
+        // are charged unless declared free.
         assert_eq!(prefix("").kv_wait, KvWait::None);
         assert_eq!(prefix("").evictions, Evictions::Charged);
         assert_eq!(prefix("kv_wait = \"batch\"").kv_wait, KvWait::Batch);
         assert_eq!(prefix("evictions = \"free\"").evictions, Evictions::Free);
+        assert_eq!(prefix("").preemptions, Preemptions::Charged);
+        assert_eq!(
+            prefix("preemptions = \"free\"").preemptions,
+            Preemptions::Free
+        );
         for (bad, key) in [
             ("kv_wait = \"always\"", "pools[0].prefix.kv_wait"),
             ("evictions = \"yes\"", "pools[0].prefix.evictions"),
+            ("preemptions = \"some\"", "pools[0].prefix.preemptions"),
         ] {
             assert_eq!(issue_keys(&with(bad)), vec![key], "{bad}");
         }

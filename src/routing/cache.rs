@@ -206,7 +206,7 @@ impl Pick<'_> {
     ) {
         let noted = out.len();
         self.add_branches(router, id, facts, out);
-        self.log(cands, &out[noted..]);
+        self.log(router, cands, &out[noted..]);
     }
 
     /// Why replica `id` won: the most-cached one (`prefix_hit`), another
@@ -241,7 +241,7 @@ impl Pick<'_> {
     /// The pick and what each candidate was scored on, as one `DEBUG`
     /// event of target `llmlb::prefix_pick` (off unless `RUST_LOG` asks
     /// for it): why a request left its prefix's replica, for example.
-    fn log(&self, cands: &[Arc<Replica>], branches: &[RouteBranch]) {
+    fn log(&self, router: &Router, cands: &[Arc<Replica>], branches: &[RouteBranch]) {
         if !tracing::enabled!(target: "llmlb::prefix_pick", tracing::Level::DEBUG) {
             return;
         }
@@ -263,7 +263,7 @@ impl Pick<'_> {
             let _ = std::fmt::Write::write_fmt(
                 &mut list,
                 format_args!(
-                    "{}{}:cached={}{},kept={},prefilling={},queued={},{ahead}={count},free_kv={},room={};",
+                    "{}{}:cached={}{},kept={},prefilling={},queued={},{ahead}={count},free_kv={},room={},preempt={};",
                     if i == self.i { "*" } else { "" },
                     r.name,
                     c.cached_tokens,
@@ -273,6 +273,11 @@ impl Pick<'_> {
                     c.queued_tokens,
                     known(free),
                     known(c.room_tokens),
+                    router.cost.preempted_tokens(
+                        c.ahead,
+                        self.prompt_len.saturating_sub(c.cached_tokens),
+                        self.prompt_len
+                    ),
                 ),
             );
         }

@@ -115,6 +115,7 @@ impl Router {
                 seconds_per_request_ahead: pc.prefix.seconds_per_request_ahead,
                 kv_wait: pc.prefix.kv_wait,
                 evictions: pc.prefix.evictions,
+                preemptions: pc.prefix.preemptions,
                 rate_band: pc.prefix.rate_band,
                 fit_band: pc.prefix.fit_band,
             },

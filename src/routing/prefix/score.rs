@@ -88,6 +88,15 @@
 //! `cache_config_info`) or the room suffices (docs/BENCHMARKS.md, "Charging
 //! evictions").
 //!
+//! With `preemptions = "charged"` (the default) it pays for the running
+//! requests the placement gets preempted: when the uncached tokens and the
+//! answers still to be written there (this one's counted as long as the
+//! others') do not fit in the free KV cache, each prompt's worth of the
+//! shortfall, the first whole, is a prompt prefilled again
+//! ([`CostModel::preempted_tokens`]). On real vLLM replicas whose caches
+//! hold two prompts this kept the requests that would have waited behind a
+//! replica about to stall off it (docs/lab/preemption-charge.md).
+//!
 //! The cost counts a prefix's home ([`super::home`]) as holding the part
 //! the prefix's requests share even when it does not hold it now (the
 //! returned TTFT does not): a miss goes home unless another replica is
@@ -117,7 +126,7 @@
 //! `rate_band` is above 1 or a candidate lacks a rate; no other allocation
 //! besides the `ahead` vector.
 
-use crate::config::{Evictions, KvWait};
+use crate::config::{Evictions, KvWait, Preemptions};
 use crate::replica::{Rates, ReplicaView};
 
 /// The pool's prior rates, used until a replica or one of its peers has learned.
@@ -129,6 +138,9 @@ pub struct CostModel {
     pub kv_wait: KvWait,
     /// Whether a placement is charged for the cached blocks it evicts.
     pub evictions: Evictions,
+    /// Whether a placement is charged for the running requests it gets
+    /// preempted.
+    pub preemptions: Preemptions,
     /// Learned rates within this factor of the candidates' median count as
     /// the median (`same_hardware`).
     pub rate_band: f64,
@@ -178,7 +190,40 @@ impl CostModel {
         tokens as f64 / rate
     }
 
-    /// Expected time to first token, in seconds, of a request with
+    /// With `preemptions = "charged"`: the tokens prefilled again because a
+    /// request with `uncached` tokens to write goes to a replica with `ahead`.
+    ///
+    /// ```text
+    /// short      = uncached + (running + 1) × remaining output per request
+    ///              − free KV tokens                                  (at least 0)
+    /// prefilled  = ⌈short ÷ prompt⌉ × prompt
+    /// ```
+    ///
+    /// Every running request writes its remaining answer into the cache, and
+    /// this one about as much (llmlb's estimate per request past its first
+    /// byte). When that does not fit, the engine preempts the newest running
+    /// request at a decode step that finds no free block and prefills it again
+    /// later, its blocks written anew; each preemption is counted as a prompt
+    /// of this length, the first one whole however small the shortfall (a
+    /// preemption is all or nothing). Nothing is charged without a fresh
+    /// scrape of the capacity and usage.
+    pub fn preempted_tokens(&self, ahead: Ahead, uncached: u64, prompt: u64) -> u64 {
+        let Ahead::Scraped {
+            running,
+            free_kv_tokens: Some(free),
+            remaining_per_request,
+            ..
+        } = ahead
+        else {
+            return 0;
+        };
+        if self.preemptions == Preemptions::Free || prompt == 0 {
+            return 0;
+        }
+        let need = uncached + (running + 1) * remaining_per_request;
+        need.saturating_sub(free).div_ceil(prompt) * prompt
+    }
+
     /// `uncached_tokens` left to prefill on a replica with `ahead` and `rates`.
     pub fn expected_ttft(&self, ahead: Ahead, rates: &Rates, uncached_tokens: u64) -> f64 {
         let per_request = rates
@@ -378,7 +423,11 @@ pub fn best(model: &CostModel, prompt_tokens: u64, cands: &[Candidate]) -> Optio
             (Evictions::Charged, Some(room)) => uncached.saturating_sub(room),
             _ => 0,
         };
-        let cost = t - kept + delayed * prefill + model.prefill_seconds(&c.rates, evicted);
+        // With `preemptions = "charged"`: the running requests its
+        // placement gets preempted, prefilled again.
+        let preempted = model.preempted_tokens(c.ahead, uncached, prompt_tokens);
+        let cost =
+            t - kept + delayed * prefill + model.prefill_seconds(&c.rates, evicted + preempted);
         let wins = match best {
             None => true,
             Some((b, bc, _, _)) => cost < bc || (cost == bc && c.rank < cands[b].rank),
@@ -584,6 +633,7 @@ mod tests {
         seconds_per_request_ahead: 0.02,
         kv_wait: KvWait::Batch,
         evictions: Evictions::Free,
+        preemptions: Preemptions::Free,
         rate_band: 1.25,
         fit_band: 1.0,
     };
@@ -919,6 +969,40 @@ mod tests {
             new[1],
         ];
         assert_eq!(best(&charged, 2_050, &unknown).unwrap().0, 0);
+    }
+
+    #[test]
+    fn charged_preemptions_move_a_hit_off_a_replica_whose_answers_will_not_fit() {
+        let charged = CostModel {
+            kv_wait: KvWait::None,
+            preemptions: Preemptions::Charged,
+            ..MODEL
+        };
+        let free = CostModel {
+            preemptions: Preemptions::Free,
+            ..charged
+        };
+        // 1,450 of 1,500 prompt tokens cached on the warm replica, one
+        // waiting and six running there with 16 output tokens left each,
+        // and 100 free KV tokens: its 50 uncached tokens and the seven
+        // answers' 112 need 162. The cold replica has room for all of it.
+        let warm = |free_kv| cand(scraped(1, 6, free_kv, 16), LEARNED, 1_450, 0);
+        let cold = cand(scraped(0, 2, 3_000, 16), LEARNED, 0, 1);
+        // Warm: 0.1 s waiting + 0.02 step + 0.02 prefill, and the 0.02 s
+        // its one waiting request waits for it: 0.16 s. Cold: 0.02 + 0.6.
+        assert_eq!(best(&free, 1_500, &[warm(100), cold]).unwrap().0, 0);
+        // Charged: 62 tokens short is one preemption, a 1,500-token prompt
+        // prefilled again (0.6 s): 0.76 s, and the cold replica wins.
+        assert_eq!(best(&charged, 1_500, &[warm(100), cold]).unwrap().0, 1);
+        // With room for the answers nothing is charged.
+        assert_eq!(best(&charged, 1_500, &[warm(162), cold]).unwrap().0, 0);
+        // Whole prompts: one token short is one, a prompt and a token two.
+        let short = |by: u64| charged.preempted_tokens(scraped(0, 0, 1_000, 0), 1_000 + by, 1_500);
+        assert_eq!((short(0), short(1), short(1_501)), (0, 1_500, 3_000));
+        // Without a fresh scrape of the cache, or free, no charge.
+        let local = Ahead::Local { in_flight: 9 };
+        assert_eq!(charged.preempted_tokens(local, 5_000, 1_500), 0);
+        assert_eq!(free.preempted_tokens(scraped(0, 0, 0, 0), 5_000, 1_500), 0);
     }
 
     #[test]
