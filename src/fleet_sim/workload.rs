@@ -311,14 +311,30 @@ fn push_block(out: &mut Vec<u32>, id: u64, take: usize) {
 mod tests {
     use super::*;
 
-    /// A trace file in the temp dir, unique per test.
-    pub(crate) fn write(name: &str, lines: &str) -> std::path::PathBuf {
+    /// A trace file in the temp dir, unique per test, removed when the
+    /// test is done with it.
+    struct TempTrace(std::path::PathBuf);
+
+    impl std::ops::Deref for TempTrace {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempTrace {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn write(name: &str, lines: &str) -> TempTrace {
         let path = std::env::temp_dir().join(format!(
             "llmlb-simulate-{}-{name}.jsonl",
             std::process::id()
         ));
         std::fs::write(&path, lines).unwrap();
-        path
+        TempTrace(path)
     }
 
     #[test]
@@ -384,7 +400,7 @@ mod tests {
             .unwrap()
             .with_bench_text();
         let mut bench = Trace::load(TraceOptions {
-            path: f,
+            path: f.to_path_buf(),
             time_scale: 1.0,
             length_scale: 0.5,
             max_requests: None,
