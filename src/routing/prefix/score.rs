@@ -224,6 +224,7 @@ impl CostModel {
         need.saturating_sub(free).div_ceil(prompt) * prompt
     }
 
+    /// Expected time to first token, in seconds, of a request with
     /// `uncached_tokens` left to prefill on a replica with `ahead` and `rates`.
     pub fn expected_ttft(&self, ahead: Ahead, rates: &Rates, uncached_tokens: u64) -> f64 {
         let per_request = rates
