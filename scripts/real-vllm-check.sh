@@ -4,7 +4,8 @@
 # KV-cache events (with replay) on 127.0.0.1.
 #
 # Skipped, with the reason and exit 0, when the vLLM CPU venv or its tiny
-# model is absent. Otherwise: builds llmlb in release mode (cargo skips a current build), then
+# model is absent. Otherwise: builds llmlb in release mode (cargo skips a current build;
+# no build when --llmlb names a binary), then
 # runs scripts/real_vllm_check.py on each backend in BACKENDS (default
 # `vllm,sim`: the real replicas, then two `llmlb replica-sim --profile vllm-cpu-tiny`
 # replicas tokenizing with the same model directory). For the real backend
@@ -61,9 +62,13 @@ stop_replicas() {
 trap stop_replicas EXIT
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-# Always through cargo: a binary older than the sources is rebuilt (a no-op
-# when it is current), so the run measures this checkout.
-(cd "$ROOT" && cargo build --release --bin llmlb)
+# Through cargo unless `--llmlb` names the binary: one older than the
+# sources is rebuilt (a no-op when it is current), so the run measures this
+# checkout.
+case " $* " in
+  *" --llmlb "*|*" --llmlb="*) ;;
+  *) (cd "$ROOT" && cargo build --release --bin llmlb) ;;
+esac
 
 for i in 0 1; do
   "$VLLM_DIR/venv/bin/python" "$ROOT/scripts/kv_events_relay.py" \
