@@ -26,7 +26,7 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 // The key every usage event carries.
-use crate::net::{USAGE_KEY, Usage, usage_value};
+use crate::net::{USAGE_KEY, Usage, usage_value, value_after_key};
 
 #[derive(Debug, Default)]
 pub struct UsageStrip {
@@ -247,11 +247,8 @@ fn usage_only(event: &[u8], at: usize) -> Option<Option<Usage>> {
 /// Whether `after` (an event's bytes after its first `"usage"`) starts
 /// with the value `null` and holds no other `"usage"`.
 fn null_and_alone(after: &[u8]) -> bool {
-    let value = after
-        .trim_ascii_start()
-        .strip_prefix(b":")
-        .map(<[u8]>::trim_ascii_start);
-    value.is_some_and(|v| v.starts_with(b"null")) && USAGE_KEY.find(after).is_none()
+    value_after_key(after).is_some_and(|v| v.starts_with(b"null"))
+        && USAGE_KEY.find(after).is_none()
 }
 
 #[cfg(test)]

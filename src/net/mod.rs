@@ -35,4 +35,4 @@ pub use upstream::{
     IdleConns, Lent, UpstreamBody, UpstreamClient, UpstreamError, client, error_chain, tls_client,
 };
 pub use upstream_tls::UpstreamTls;
-pub use usage::{Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_value};
+pub use usage::{Details, USAGE_KEY, Usage, UsageScan, find_usage, usage_value, value_after_key};

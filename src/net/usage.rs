@@ -114,8 +114,7 @@ fn flat_usage(json: &[u8]) -> Option<Option<Usage>> {
     loop {
         let member = rest.strip_prefix(b"\"")?;
         let (slot, after) = usage_key(member)?;
-        let after = skip_space(after);
-        let (value, after) = count_or_null(skip_space(after.strip_prefix(b":")?))?;
+        let (value, after) = count_or_null(value_after_key(after)?)?;
         let field = match slot {
             0 => &mut usage.prompt_tokens,
             1 => &mut usage.completion_tokens,
@@ -172,6 +171,12 @@ fn count_or_null(bytes: &[u8]) -> Option<(Option<u64>, &[u8])> {
         .iter()
         .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
     Some((Some(value), after))
+}
+
+/// What follows a key's closing quote, from its value on: past JSON
+/// whitespace, the `:` and JSON whitespace again (`None` without the `:`).
+pub fn value_after_key(after: &[u8]) -> Option<&[u8]> {
+    Some(skip_space(skip_space(after).strip_prefix(b":")?))
 }
 
 /// `bytes` after the JSON whitespace it starts with.
