@@ -25,7 +25,9 @@ seconds llmlb and the whole host used during the load (from /proc). The policies
 `cache_one_hardware` and `exact_one_hardware` have `rate_band = 2.0` (as
 a pool known to be of one hardware may set it),
 `cache_kv_wait` and `exact_kv_wait` have `kv_wait = "batch"`,
-`cache_no_preempt` and `exact_no_preempt` have `preemptions = "free"`, and
+`cache_no_preempt` and `exact_no_preempt` have `preemptions = "free"`,
+`cache_handoff` and `exact_handoff` have `max_inflight = --handoff-inflight`
+and `[pools.queue] prefix_handoff = --prefix-handoff`, and
 `hash_homes_capped` also has
 `[pools.saturation] max_in_flight = --saturation-in-flight`, and `hash_kv`
 is `hash` with `[pools.saturation] max_kv_usage = --saturation-kv-usage`
@@ -100,6 +102,10 @@ POLICIES = {
     # with [pools.prefix] preemptions = "free"
     "cache_no_preempt": ("least_connections", "cache"),
     "exact_no_preempt": ("least_connections", "exact"),
+    # with max_inflight = --handoff-inflight and [pools.queue]
+    # prefix_handoff = --prefix-handoff
+    "cache_handoff": ("least_connections", "cache"),
+    "exact_handoff": ("least_connections", "exact"),
 }
 
 
@@ -354,7 +360,10 @@ def proxy_config(backend, policy, args, stand_in=None):
         f'models = ["{MODEL}"]',
         f'balancer = "{balancer}"',
     ]
-    if args.max_inflight:
+    if policy.endswith("_handoff"):
+        lines.append(f"max_inflight = {args.handoff_inflight}")
+        lines += ["", "[pools.queue]", f'prefix_handoff = "{args.prefix_handoff}"']
+    elif args.max_inflight:
         lines.append(f"max_inflight = {args.max_inflight}")
     if mode:
         lines += ["", "[pools.prefix]", f'mode = "{mode}"']
@@ -703,6 +712,10 @@ def main():
                     help="where llmlb subscribes to events (a relay's ports; default --events-port)")
     ap.add_argument("--max-inflight", type=int,
                     help="every policy's pool gets this max_inflight per replica (the rest wait in llmlb's queue)")
+    ap.add_argument("--handoff-inflight", type=int, default=3,
+                    help="max_inflight per replica of the *_handoff policies")
+    ap.add_argument("--prefix-handoff", default="250ms",
+                    help="[pools.queue] prefix_handoff of the *_handoff policies")
     ap.add_argument("--no-doctor", action="store_true", help="skip the llmlb doctor step")
     ap.add_argument("--proxy-port", type=int, default=18080)
     ap.add_argument("--run-timeout", type=int, default=600)

@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod anticipate;
+mod handoff;
 
 pub use anticipate::anticipate;
 

@@ -18,7 +18,9 @@ mod settlement;
 pub use error::AdmitError;
 pub use estimate::service_mean;
 pub use metrics::AdmissionMetrics;
-pub use queue::{Admit, Claim, Level, Others, Permit, PoolQueue, QueueParams, QueueState, Refusal};
+pub use queue::{
+    Admit, Affinity, Claim, Level, Others, Permit, PoolQueue, QueueParams, QueueState, Refusal,
+};
 pub use settlement::Settlement;
 
 use std::sync::Arc;

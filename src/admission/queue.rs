@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::estimate::{Drain, Placement};
-use super::fair::{FairLevel, FairParams, TenantView, anticipate};
+use super::fair::{Entry, FairLevel, FairParams, TenantView, anticipate};
 use super::refusal::{Standing, lifted_ahead, next_level, refusal};
 
 mod others;
@@ -61,6 +61,22 @@ pub struct QueueParams {
     pub max_depth: usize,
     /// Fair share among the tenants of a level.
     pub fair: FairParams,
+    /// How long the waiter that goes next may be passed for one whose
+    /// prompt a replica with a free slot caches (zero: never; see
+    /// [`crate::admission::fair`]'s `pop_preferring`).
+    pub prefix_handoff: Duration,
+}
+
+/// How much of a waiter's prompt the pool's replicas with a free slot
+/// cache right now, in tokens (the most of any of them); read when a slot
+/// frees, under the queue's lock.
+#[derive(Clone)]
+pub struct Affinity(pub Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl std::fmt::Debug for Affinity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Affinity")
+    }
 }
 
 /// Who asks for a slot: its level, its tenant and its token estimate.
@@ -74,6 +90,8 @@ pub struct Claim {
     /// The output allowance (`max_tokens`, else the pool's default),
     /// charged when the replica reports no `usage`.
     pub output_tokens: u64,
+    /// Where its prompt is cached, for the prefix handoff.
+    pub affinity: Option<Affinity>,
 }
 
 impl Claim {
@@ -84,6 +102,7 @@ impl Claim {
             tenant: Arc::from(""),
             prompt_tokens: 0,
             output_tokens: 0,
+            affinity: None,
         }
     }
 }
@@ -175,6 +194,7 @@ struct Waiter {
     tx: oneshot::Sender<Permit>,
     prompt_tokens: u64,
     output_tokens: u64,
+    affinity: Option<Affinity>,
 }
 
 /// A place in the queue; resolves to a [`Permit`] when granted.
@@ -278,6 +298,17 @@ impl PoolQueue {
         &self.params.levels
     }
 
+    /// Whether a freed slot may go to a younger waiter whose prompt a free
+    /// replica caches (`[pools.queue] prefix_handoff`).
+    pub fn hands_off_by_prefix(&self) -> bool {
+        !self.params.prefix_handoff.is_zero()
+    }
+
+    /// The prefix handoff's bound ([`QueueParams::prefix_handoff`]).
+    pub fn prefix_handoff(&self) -> Duration {
+        self.params.prefix_handoff
+    }
+
     /// Waiters allowed per level.
     pub fn max_depth(&self) -> usize {
         self.params.max_depth
@@ -331,6 +362,7 @@ impl PoolQueue {
             tx,
             prompt_tokens: claim.prompt_tokens,
             output_tokens: claim.output_tokens,
+            affinity: claim.affinity,
         };
         inner.waiting[level].push(&claim.tenant, weight, since, waiter);
         Admit::Wait(Ticket {
@@ -591,12 +623,31 @@ impl PoolQueue {
         }
     }
 
+    /// The waiter of `level` that takes a free slot: the next one, or with
+    /// the prefix handoff a younger one whose prompt a free replica caches.
+    fn next_waiter(
+        &self,
+        inner: &mut Inner,
+        level: usize,
+        now_s: f64,
+    ) -> (Arc<str>, f64, Entry<Waiter>) {
+        let fair = self.params.fair.enabled;
+        let handoff = self.params.prefix_handoff.as_secs_f64();
+        let waiting = &mut inner.waiting[level];
+        let next = match handoff > 0.0 {
+            true => waiting.pop_preferring(fair, now_s - handoff, |w| {
+                w.affinity.as_ref().map_or(0, |a| (a.0)())
+            }),
+            false => waiting.pop(fair),
+        };
+        next.expect("non-empty level")
+    }
+
     fn grant(&self, inner: &mut Inner) -> Vec<(oneshot::Sender<Permit>, Permit)> {
         let mut out = Vec::new();
         let capacity = (self.capacity.load())();
         let now = Instant::now();
         let now_s = self.seconds(now);
-        let fair = self.params.fair.enabled;
         while inner.active + inner.held(now_s) < capacity {
             let fronts = inner.waiting.iter().map(FairLevel::oldest);
             let Some(level) = next_level(&self.params.levels, fronts, now_s) else {
@@ -609,7 +660,7 @@ impl PoolQueue {
                 crate::fleet::nudge();
                 break;
             }
-            let (tenant, weight, entry) = inner.waiting[level].pop(fair).expect("non-empty level");
+            let (tenant, weight, entry) = self.next_waiter(inner, level, now_s);
             let w = entry.item;
             if w.tx.is_closed() {
                 continue;
@@ -642,6 +693,7 @@ mod tests {
         };
         let q = PoolQueue::new(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![level("high"), level("low")],
                 max_depth: depth,
                 fair: FairParams::default(),
@@ -750,6 +802,7 @@ mod tests {
         };
         let q = PoolQueue::new(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![level("high", Some(2)), level("low", None)],
                 max_depth: 100,
                 fair: FairParams::default(),
@@ -913,6 +966,7 @@ mod tests {
     fn deadline_queue(capacity: usize) -> Arc<PoolQueue> {
         PoolQueue::new(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![Level {
                     name: "only".into(),
                     max_wait: Duration::from_secs(3600),
@@ -1013,6 +1067,7 @@ mod tests {
         };
         let next = q.replace(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![one()],
                 max_depth: 4,
                 fair: FairParams::default(),
@@ -1046,12 +1101,14 @@ mod tests {
             tenant: Arc::from(tenant),
             prompt_tokens: 100,
             output_tokens: 200,
+            affinity: None,
         }
     }
 
     fn fair_queue(capacity: usize, fair: FairParams) -> Arc<PoolQueue> {
         PoolQueue::new(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![Level {
                     name: "only".into(),
                     max_wait: Duration::from_secs(3600),
@@ -1063,6 +1120,41 @@ mod tests {
             },
             Box::new(move || capacity),
         )
+    }
+
+    /// With the prefix handoff a freed slot goes to the waiter whose
+    /// prompt a free replica caches the most, passing the next waiter
+    /// while it has waited less than the bound, never after.
+    #[test]
+    fn a_freed_slot_goes_to_the_waiter_whose_prompt_is_cached_within_the_bound() {
+        let q = PoolQueue::new(
+            QueueParams {
+                prefix_handoff: Duration::from_secs(1),
+                ..fair_queue(1, FairParams::default()).params.clone()
+            },
+            Box::new(|| 1),
+        );
+        let cached = |tokens: u64| Claim {
+            affinity: Some(Affinity(Arc::new(move || tokens))),
+            ..claim("", 0)
+        };
+        let t0 = Instant::now();
+        let running = now_permit(q.admit_claim(cached(0), t0, Duration::ZERO));
+        // The next waiter arrived two seconds ago: due, never passed.
+        let mut due = ticket(q.admit_claim(cached(0), t0 - Duration::from_secs(2), Duration::ZERO));
+        let mut cold = ticket(q.admit_claim(cached(0), t0, Duration::ZERO));
+        let mut warm = ticket(q.admit_claim(cached(512), t0, Duration::ZERO));
+        let mut warmer = ticket(q.admit_claim(cached(900), t0, Duration::ZERO));
+        drop(running);
+        let p = due.rx.try_recv().expect("the due waiter goes first");
+        assert!(warmer.rx.try_recv().is_err());
+        drop(p);
+        let p = warmer.rx.try_recv().expect("then the warmest");
+        drop(p);
+        let p = warm.rx.try_recv().expect("then the warm one");
+        assert!(cold.rx.try_recv().is_err());
+        drop(p);
+        assert!(cold.rx.try_recv().is_ok());
     }
 
     /// Frees the oldest running slot as an answered request and returns

@@ -205,6 +205,11 @@ pub struct QueueConfig {
     /// other tenants wait ("0s": never).
     #[serde(with = "duration_serde")]
     pub anticipate: Duration,
+    /// With a prefix mode (`cache`, `exact`): how long the waiter that
+    /// goes next may be passed, when a slot frees, for a younger one whose
+    /// prompt a replica with a free slot caches ("0s": never).
+    #[serde(with = "duration_serde")]
+    pub prefix_handoff: Duration,
 }
 
 impl Default for QueueConfig {
@@ -218,6 +223,7 @@ impl Default for QueueConfig {
             prompt_weight: 0.5,
             tenant_max_depth: None,
             anticipate: DEFAULT_ANTICIPATE,
+            prefix_handoff: Duration::ZERO,
         }
     }
 }

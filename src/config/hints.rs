@@ -22,6 +22,13 @@ pub fn prefix_hints(pool: &PoolConfig) -> Vec<String> {
         ),
         _ => {}
     }
+    let by_prefix = matches!(pool.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+    if !pool.queue.prefix_handoff.is_zero() && !by_prefix {
+        out.push(format!(
+            "queue.prefix_handoff with prefix mode {:?}: the handoff reads where each waiter's prompt is cached, which only \"cache\" and \"exact\" track; it does nothing here",
+            pool.prefix.mode.as_str()
+        ));
+    }
     out
 }
 
@@ -100,5 +107,18 @@ mod tests {
         let hints = prefix_hints(&p);
         assert_eq!(hints.len(), 1);
         assert!(hints[0].contains("[pools.tokenizer] dir"), "{hints:?}");
+    }
+
+    #[test]
+    fn a_prefix_handoff_without_a_prefix_mode_does_nothing() {
+        let handoff = "max_inflight = 2\n[pools.queue]\nprefix_handoff = \"1s\"";
+        let off = prefix_hints(&pool(handoff));
+        assert!(off.len() == 1 && off[0].contains("does nothing"), "{off:?}");
+        let cache = pool(&format!("{handoff}\n[pools.prefix]\nmode = \"cache\""));
+        assert!(prefix_hints(&cache).is_empty());
+        assert_eq!(
+            cache.queue.prefix_handoff,
+            std::time::Duration::from_secs(1)
+        );
     }
 }

@@ -55,6 +55,9 @@ pub struct QueueModel {
     started: HashMap<u32, f64>,
     /// How a level is shared among tenants.
     fair: FairParams,
+    /// Seconds the next waiter may be passed for one whose prompt a free
+    /// replica caches (0: never).
+    pub prefix_handoff: f64,
 }
 
 impl QueueModel {
@@ -69,6 +72,7 @@ impl QueueModel {
             fleet_counts: false,
             started: HashMap::new(),
             fair: admission.queue.fairness().clone(),
+            prefix_handoff: admission.queue.prefix_handoff().as_secs_f64(),
         })
     }
 
@@ -204,6 +208,7 @@ mod tests {
             fleet_counts: false,
             started: HashMap::new(),
             fair: FairParams::default(),
+            prefix_handoff: 0.0,
         }
     }
 

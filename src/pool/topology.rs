@@ -392,6 +392,7 @@ fn queue_for(
     let members: Vec<Arc<Replica>> = replicas.to_vec();
     let capacity = Box::new(move || queue_capacity(&members, now_millis()));
     let params = QueueParams {
+        prefix_handoff: pc.queue.prefix_handoff,
         levels,
         max_depth: pc.queue.max_depth,
         fair: fair_params(config, pc),

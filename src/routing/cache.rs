@@ -137,6 +137,25 @@ pub(super) fn prefer(
     to_record(router, d, blocks, tokens, cache_key, ends);
 }
 
+/// The most tokens of the prompt (`tokens` of `model`, keyed by `key`)
+/// any of `cands` caches, counted as [`prefer`] counts them.
+pub(super) fn cached_most(
+    router: &Router,
+    cands: &[Arc<Replica>],
+    views: &HashMap<ReplicaId, ReplicaView>,
+    model: &str,
+    tokens: &[u32],
+    key: &CacheKey,
+) -> u64 {
+    let blocks = block_hashes_keyed(model, tokens, router.prefix.block_size, key);
+    if blocks.is_empty() {
+        return 0;
+    }
+    let holdings = Holdings::new(router, tokens, key, &blocks, cands, views);
+    let cached = cands.iter().map(|r| holdings.holding(r.id).cached);
+    cached.max().unwrap_or(0)
+}
+
 /// Output tokens assumed for a request that does not bound its answer,
 /// on a replica whose answer length is not learned yet.
 const UNBOUNDED_OUTPUT: f64 = 256.0;
@@ -915,6 +934,35 @@ mod tests {
         let d = go();
         assert_ne!(d.preferred, Some(vec![home]));
         assert_eq!(d.branches, vec![RouteBranch::PrefixOverflow]);
+    }
+
+    /// What the queue's prefix handoff reads: the prompt tokens the warm
+    /// replica caches while it has a free slot, nothing once it is full
+    /// (the slot that frees is elsewhere) or for another prompt.
+    #[test]
+    fn cached_where_free_counts_only_replicas_with_a_free_slot() {
+        let t = pool_of("max_inflight = 1\n[pools.prefix]\nmode = \"cache\"", 2);
+        let pool = &t.pools()[0];
+        let router = &pool.router;
+        let headers = HeaderMap::new();
+        let prompt = "Summarise the attached contract clause by clause. ".repeat(30);
+        let first = route(pool, &input(&headers, None, Prompt::Text(&prompt)));
+        let home = first.preferred.clone().unwrap()[0];
+        let home_replica = pool.replicas.iter().find(|r| r.id == home).unwrap();
+        let _sent = first.dispatched(home_replica);
+        let key = router.key_of("m", None);
+        let tokens = router.prompt_tokens(Prompt::Text(&prompt));
+        let other = router.prompt_tokens(Prompt::Text(&"Translate the menu. ".repeat(60)));
+        let cached = |ids: &[u32]| router.cached_where_free(&pool.replicas, "m", ids, &key, 1);
+        let warm = cached(&tokens);
+        assert!(
+            warm >= 128 && warm <= tokens.len() as u64,
+            "{warm} of {}",
+            tokens.len()
+        );
+        assert_eq!(cached(&other), 0);
+        let _full = home_replica.acquire();
+        assert_eq!(cached(&tokens), 0);
     }
 
     /// A chat of a system prompt repeated 40 times and a question.

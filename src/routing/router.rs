@@ -149,12 +149,44 @@ impl Router {
 
     /// What keys the request's cached blocks besides its tokens.
     pub fn cache_key(&self, input: &RouteInput<'_>) -> CacheKey {
+        self.key_of(input.model, input.salt)
+    }
+
+    /// What keys the blocks of a request for `model` with `salt` besides
+    /// its tokens.
+    pub fn key_of(&self, model: &str, salt: Option<&str>) -> CacheKey {
         CacheKey {
-            adapter: self
-                .is_adapter(input.model)
-                .then(|| input.model.to_string()),
-            salt: input.salt.map(String::from),
+            adapter: self.is_adapter(model).then(|| model.to_string()),
+            salt: salt.map(String::from),
         }
+    }
+
+    /// In `cache` and `exact` modes, the prompt tokens (`tokens`, keyed by
+    /// `model` and `key`) cached on the one of `replicas` with a free slot
+    /// that caches the most of them at `now_ms`, as routing would count
+    /// them; 0 in the other modes. The pool queue's prefix handoff reads it
+    /// when a slot frees.
+    pub fn cached_where_free(
+        &self,
+        replicas: &[Arc<Replica>],
+        model: &str,
+        tokens: &[u32],
+        key: &CacheKey,
+        now_ms: u64,
+    ) -> u64 {
+        if !matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact) {
+            return 0;
+        }
+        let free: Vec<Arc<Replica>> = replicas
+            .iter()
+            .filter(|r| r.is_eligible_at(now_ms) && r.has_free_slot())
+            .cloned()
+            .collect();
+        if free.is_empty() {
+            return 0;
+        }
+        let views = views_at(&free, now_ms);
+        cache::cached_most(self, &free, &views, model, tokens, key)
     }
 
     /// Publishes this pool's dispatch records through `outbox` from now on

@@ -292,6 +292,7 @@ mod tests {
             .unwrap();
             let queue = PoolQueue::new(
                 QueueParams {
+                    prefix_handoff: Duration::ZERO,
                     levels: vec![Level {
                         name: "only".into(),
                         max_wait: Duration::from_secs(1),

@@ -15,15 +15,16 @@ use hyper::body::Incoming;
 
 use super::budget::Reservation;
 use super::pending::PendingGuard;
-use super::prompt_tokens::PromptTokens;
+use super::prompt_tokens::{PromptTokens, prompt};
 use super::request::RequestMeta;
 use super::{ApiError, AppState, surface};
 use crate::admission::estimate::Placement;
-use crate::admission::{Claim, Permit};
+use crate::admission::{Affinity, Claim, Permit};
 use crate::config::ServerConfig;
 use crate::gateway::{Caller, Charge, RateHeaders};
 use crate::net::{ResponseBody, read_body};
 use crate::pool::{Pool, Resolution, Topology, placement_ttft};
+use crate::routing::prefix::blocks::prompt_ids;
 use crate::telemetry::clock::now_millis;
 use crate::telemetry::trace::RequestTrace;
 
@@ -281,10 +282,11 @@ pub async fn charge<'c>(
 /// `ttft_objective` is given the request's predicted time to first token
 /// on its best replica (`routing::placement_ttft`).
 pub async fn admit(
-    pool: &Pool,
+    pool: &Arc<Pool>,
     caller: &Caller,
     tenant: Arc<str>,
-    estimate: &Estimate,
+    estimate: &mut Estimate,
+    (meta, model): (&RequestMeta, &str),
     trace: Option<&RequestTrace>,
 ) -> Result<Option<Permit>, ApiError> {
     let Some(admission) = &pool.admission else {
@@ -296,14 +298,49 @@ pub async fn admit(
     } else {
         Placement::default()
     };
+    let affinity = match admission.queue.hands_off_by_prefix() {
+        true => affinity(pool, estimate, meta, model).await,
+        false => None,
+    };
     let claim = Claim {
         level: caller.level,
         tenant,
         prompt_tokens,
         output_tokens: estimate.total.saturating_sub(prompt_tokens),
+        affinity,
     };
     let _queued = trace.map(|t| t.stage("llmlb.queue"));
     Ok(Some(admission.acquire(claim, placement).await?))
+}
+
+/// For the queue's prefix handoff: how much of the request's prompt the
+/// pool's replicas with a free slot cache, read when a slot frees. `None`
+/// for a prompt whose tokens cannot be predicted.
+async fn affinity(
+    pool: &Arc<Pool>,
+    estimate: &mut Estimate,
+    meta: &RequestMeta,
+    model: &str,
+) -> Option<Affinity> {
+    let router = &pool.router;
+    let tokens = match estimate.tokens_for(pool, meta).await {
+        Some((ids, None)) => ids.to_vec(),
+        Some((_, Some(_))) => return None,
+        None => match prompt_ids(router.tokenizer(), prompt(meta)) {
+            (ids, None) => ids,
+            (_, Some(_)) => return None,
+        },
+    };
+    if meta.unpredictable.is_some() {
+        return None;
+    }
+    let key = router.key_of(model, meta.cache_salt.as_deref());
+    let (pool, model) = (Arc::clone(pool), model.to_string());
+    let cached = move || {
+        let now_ms = now_millis();
+        (pool.router).cached_where_free(&pool.replicas, &model, &tokens, &key, now_ms)
+    };
+    Some(Affinity(Arc::new(cached)))
 }
 
 /// After a queue wait, the same pool with the replicas in force now (a

@@ -249,6 +249,7 @@ mod tests {
         };
         PoolQueue::new(
             QueueParams {
+                prefix_handoff: Duration::ZERO,
                 levels: vec![level("high"), level("low")],
                 max_depth: 100,
                 fair: FairParams::default(),

@@ -12,6 +12,7 @@ impl PoolQueue {
     pub fn same_params(&self, params: &QueueParams) -> bool {
         self.params.max_depth == params.max_depth
             && self.params.fair == params.fair
+            && self.params.prefix_handoff == params.prefix_handoff
             && self.params.levels.len() == params.levels.len()
             && self.params.levels.iter().zip(&params.levels).all(|(a, b)| {
                 a.name == b.name

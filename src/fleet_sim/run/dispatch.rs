@@ -13,6 +13,8 @@ use crate::fleet_sim::clock::{Event, millis};
 use crate::fleet_sim::fleet::State;
 use crate::pool::{Choice, Failure};
 use crate::replica::state::WaitingGuard;
+use std::sync::Arc;
+
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::engine::NewRequest;
 use crate::routing::Decision;
@@ -308,6 +310,36 @@ impl Sim<'_> {
         }
     }
 
+    /// The waiter of `level` that tries next: the next in the queue's
+    /// order, or with the prefix handoff a younger one whose prompt a free
+    /// replica caches (as the routing decision it waits with predicted).
+    fn next_waiter(
+        &mut self,
+        level: usize,
+        fair: bool,
+        now: f64,
+    ) -> Option<(Arc<str>, f64, Entry<Waiter>)> {
+        let handoff = self.pool_queue.as_ref().map_or(0.0, |q| q.prefix_handoff);
+        if handoff <= 0.0 {
+            return self.waiting[level].pop(fair);
+        }
+        let now_ms = millis(now);
+        let free: Vec<Vec<ReplicaId>> = (self.instances())
+            .map(|d| {
+                let replicas = d.pool().replicas.iter();
+                let open = replicas.filter(|r| r.is_eligible_at(now_ms) && r.has_free_slot());
+                open.map(|r| r.id).collect()
+            })
+            .collect();
+        let instance_of = &self.instance_of;
+        let score = |w: &Waiter| {
+            let ids = &free[usize::from(instance_of[w.index])];
+            let cached = ids.iter().filter_map(|id| w.decision.predicted_for(*id));
+            cached.max().unwrap_or(0)
+        };
+        self.waiting[level].pop_preferring(fair, now - handoff, score)
+    }
+
     /// After a slot freed: every waiter tries again in the order `serve`'s
     /// queue grants slots (the level whose oldest waiter has the highest
     /// effective level after aging, then the level's fair share among
@@ -332,7 +364,7 @@ impl Sim<'_> {
             let Some(level) = next_level(&levels, fronts, now) else {
                 break;
             };
-            let Some((tenant, weight, entry)) = self.waiting[level].pop(fair) else {
+            let Some((tenant, weight, entry)) = self.next_waiter(level, fair, now) else {
                 break;
             };
             let Entry {
