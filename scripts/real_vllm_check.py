@@ -362,7 +362,10 @@ def proxy_config(backend, policy, args, stand_in=None):
     ]
     if policy.endswith("_handoff"):
         lines.append(f"max_inflight = {args.handoff_inflight}")
-        lines += ["", "[pools.queue]", f'prefix_handoff = "{args.prefix_handoff}"']
+        # Closed-loop clients queue rather than take a 429 for a wait of
+        # a few seconds.
+        lines += ["", "[pools.queue]", f'prefix_handoff = "{args.prefix_handoff}"',
+                  'max_wait = "60s"']
     elif args.max_inflight:
         lines.append(f"max_inflight = {args.max_inflight}")
     if mode:

@@ -23,6 +23,12 @@ pub fn prefix_hints(pool: &PoolConfig) -> Vec<String> {
         _ => {}
     }
     let by_prefix = matches!(pool.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+    let queued = pool.replicas.iter().any(|r| pool.limit_of(r).is_some());
+    if by_prefix && queued && pool.queue.prefix_handoff.is_zero() {
+        out.push(
+            "max_inflight with a prefix mode: a freed slot goes to the oldest waiter wherever its prompt is cached; [pools.queue] prefix_handoff hands it to a waiter whose prompt that replica holds (docs/ADMISSION.md#prefix-handoff)".to_string(),
+        );
+    }
     if !pool.queue.prefix_handoff.is_zero() && !by_prefix {
         out.push(format!(
             "queue.prefix_handoff with prefix mode {:?}: the handoff reads where each waiter's prompt is cached, which only \"cache\" and \"exact\" track; it does nothing here",
@@ -110,12 +116,17 @@ mod tests {
     }
 
     #[test]
-    fn a_prefix_handoff_without_a_prefix_mode_does_nothing() {
+    fn a_prefix_handoff_is_pointed_at_under_a_bound_and_idle_without_a_prefix_mode() {
         let handoff = "max_inflight = 2\n[pools.queue]\nprefix_handoff = \"1s\"";
         let off = prefix_hints(&pool(handoff));
         assert!(off.len() == 1 && off[0].contains("does nothing"), "{off:?}");
         let cache = pool(&format!("{handoff}\n[pools.prefix]\nmode = \"cache\""));
         assert!(prefix_hints(&cache).is_empty());
+        let bound = prefix_hints(&pool("max_inflight = 2\n[pools.prefix]\nmode = \"cache\""));
+        assert!(
+            bound.len() == 1 && bound[0].contains("prefix_handoff"),
+            "{bound:?}"
+        );
         assert_eq!(
             cache.queue.prefix_handoff,
             std::time::Duration::from_secs(1)

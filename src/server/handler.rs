@@ -155,15 +155,9 @@ fn route(
             _ => tenant,
         };
         let queued = first.pool.admission.is_some().then(Instant::now);
-        let mut permit = stages::admit(
-            first.pool,
-            &caller,
-            tenant,
-            &mut estimate,
-            (&meta, first.rewrite.unwrap_or(&meta.model)),
-            ctx.origin.trace,
-        )
-        .await?;
+        let trace = ctx.origin.trace;
+        let mut permit =
+            stages::admit(&first, &caller, tenant, &mut estimate, &meta, trace).await?;
         notes.fields.queued = queued.filter(|_| permit.is_some()).map(|t| t.elapsed());
         let current = state.topology();
         let resolved = stages::after_queue(&current, first, permit.is_some());

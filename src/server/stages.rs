@@ -280,15 +280,18 @@ pub async fn charge<'c>(
 /// Waits in the pool's queue, when it has one (a `llmlb.queue` span), as
 /// `tenant`'s request of `estimate`'s size. A level with a
 /// `ttft_objective` is given the request's predicted time to first token
-/// on its best replica (`routing::placement_ttft`).
+/// on its best replica (`routing::placement_ttft`); under the prefix
+/// handoff the request waits with its prompt's tokens (see [`affinity`]).
 pub async fn admit(
-    pool: &Arc<Pool>,
+    first: &Resolution<'_>,
     caller: &Caller,
     tenant: Arc<str>,
     estimate: &mut Estimate,
-    (meta, model): (&RequestMeta, &str),
+    meta: &RequestMeta,
     trace: Option<&RequestTrace>,
 ) -> Result<Option<Permit>, ApiError> {
+    let pool = first.pool;
+    let model = first.rewrite.unwrap_or(&meta.model);
     let Some(admission) = &pool.admission else {
         return Ok(None);
     };

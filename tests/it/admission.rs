@@ -383,3 +383,86 @@ async fn rate_limit_headers_count_down_and_refuse_with_retry_after() {
     assert_eq!(up.requests(), 3);
     lb.shutdown().await;
 }
+
+/// A streamed chat with a long system prompt (`system` repeated), tagged
+/// `tag` in its `user` field.
+fn chat_with(tag: &str, system: &str) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": "llama-3-8b",
+        "stream": true,
+        "user": tag,
+        "messages": [
+            {"role": "system", "content": system.repeat(40)},
+            {"role": "user", "content": "hi"},
+        ],
+        "max_tokens": 8,
+    });
+    Request::post("/v1/chat/completions")
+        .header("host", "llmlb.test")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// The order in which a replica receives a queued cold prompt and a later
+/// waiter whose prompt it already holds, with the pool's `extra` settings.
+async fn order_after_a_warm_request(extra: &str) -> Vec<String> {
+    let up = Upstream::start("a", Mode::StreamHeld).await;
+    let pool =
+        format!("{extra}\n[pools.prefix]\nmode = \"cache\"\n[pools.scrape]\nenabled = false");
+    let lb = start_llmlb(&config(&up.url(), &pool, "")).await;
+    let warm_prompt = "Answer as the support desk of a bicycle shop. ";
+    let first = spawn_call(lb.addr, chat_with("first", warm_prompt));
+    until("first dispatched", || chats(&up).len() == 1).await;
+    let cold = spawn_call(
+        lb.addr,
+        chat_with("cold", "Translate the menu into French. "),
+    );
+    until("cold queued", || {
+        queue_depths(&lb).iter().sum::<usize>() == 1
+    })
+    .await;
+    let warm = spawn_call(lb.addr, chat_with("warm", warm_prompt));
+    until("warm queued", || {
+        queue_depths(&lb).iter().sum::<usize>() == 2
+    })
+    .await;
+    for n in 2..=3 {
+        up.release_one();
+        until("next dispatched", || chats(&up).len() == n).await;
+    }
+    up.release_one();
+    for h in [first, cold, warm] {
+        let (status, _, body) = h.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.ends_with(b"data: [DONE]\n\n"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    lb.shutdown().await;
+    chats(&up).iter().map(user_of).collect()
+}
+
+/// The chat requests the replica received, in order (the pool's load
+/// scrapes left out).
+fn chats(up: &Upstream) -> Vec<Seen> {
+    let seen = up.seen.lock().unwrap();
+    let chat = seen.iter().filter(|s| s.path == "/v1/chat/completions");
+    chat.cloned().collect()
+}
+
+#[tokio::test]
+async fn the_prefix_handoff_gives_a_freed_slot_to_the_waiter_whose_prompt_is_held() {
+    let handoff = "[pools.queue]\nprefix_handoff = \"30s\"";
+    assert_eq!(
+        order_after_a_warm_request(handoff).await,
+        ["first", "warm", "cold"]
+    );
+    // Without it the oldest waiter goes first, wherever its prompt is.
+    assert_eq!(
+        order_after_a_warm_request("").await,
+        ["first", "cold", "warm"]
+    );
+}
