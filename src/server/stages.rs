@@ -325,6 +325,9 @@ async fn affinity(
     meta: &RequestMeta,
     model: &str,
 ) -> Option<Affinity> {
+    if meta.unpredictable.is_some() {
+        return None;
+    }
     let router = &pool.router;
     let tokens = match estimate.tokens_for(pool, meta).await {
         Some((ids, None)) => ids.to_vec(),
@@ -334,9 +337,6 @@ async fn affinity(
             (_, Some(_)) => return None,
         },
     };
-    if meta.unpredictable.is_some() {
-        return None;
-    }
     let key = router.key_of(model, meta.cache_salt.as_deref());
     let (pool, model) = (Arc::clone(pool), model.to_string());
     let cached = move || {
