@@ -323,8 +323,15 @@ impl<W> FairLevel<W> {
     /// Takes the waiter that goes next (fair share, or oldest first).
     pub fn pop(&mut self, fair: bool) -> Option<(Arc<str>, f64, Entry<W>)> {
         let i = self.pick(fair)?;
-        let flow = &mut self.flows[i];
-        let entry = flow.queue.pop_front()?;
+        self.take(i, 0)
+    }
+
+    /// Takes flow `f`'s waiter at `at` to be served: its tenant, weight and
+    /// entry. A tenant left with nothing waiting sets the floor newcomers
+    /// are lifted to.
+    fn take(&mut self, f: usize, at: usize) -> Option<(Arc<str>, f64, Entry<W>)> {
+        let flow = &mut self.flows[f];
+        let entry = flow.queue.remove(at)?;
         self.waiting -= 1;
         if flow.queue.is_empty() {
             self.floor = self.counters.get(&flow.name);

@@ -298,13 +298,8 @@ impl PoolQueue {
         &self.params.levels
     }
 
-    /// Whether a freed slot may go to a younger waiter whose prompt a free
-    /// replica caches (`[pools.queue] prefix_handoff`).
-    pub fn hands_off_by_prefix(&self) -> bool {
-        !self.params.prefix_handoff.is_zero()
-    }
-
-    /// The prefix handoff's bound ([`QueueParams::prefix_handoff`]).
+    /// The prefix handoff's bound ([`QueueParams::prefix_handoff`]; zero:
+    /// off).
     pub fn prefix_handoff(&self) -> Duration {
         self.params.prefix_handoff
     }

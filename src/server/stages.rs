@@ -301,9 +301,9 @@ pub async fn admit(
     } else {
         Placement::default()
     };
-    let affinity = match admission.queue.hands_off_by_prefix() {
-        true => affinity(pool, estimate, meta, model).await,
-        false => None,
+    let affinity = match admission.queue.prefix_handoff().is_zero() {
+        false => affinity(pool, estimate, meta, model).await,
+        true => None,
     };
     let claim = Claim {
         level: caller.level,

@@ -35,37 +35,31 @@ impl<W> FairLevel<W> {
         score: impl Fn(&W) -> u64,
     ) -> Option<(Arc<str>, f64, Entry<W>)> {
         let turn = self.pick(fair)?;
-        let head = self.flows[turn].queue.front()?;
-        if head.since <= due {
-            return self.pop(fair);
+        if self.flows[turn].queue.front()?.since <= due {
+            return self.take(turn, 0);
         }
-        let mut best = (score(&head.item), head.seq, turn);
         let flows: Vec<usize> = match fair {
             true => vec![turn],
             false => (0..self.flows.len()).collect(),
         };
-        // The oldest waiters of those flows, in arrival order.
+        // The oldest waiters of those flows, in arrival order: the one that
+        // goes next comes first.
         let mut scanned: Vec<(u64, usize, usize)> = Vec::new();
         for &f in &flows {
             let queue = self.flows[f].queue.iter().enumerate().take(SCAN);
             scanned.extend(queue.map(|(at, e)| (e.seq, f, at)));
         }
         scanned.sort_unstable();
-        for &(seq, f, at) in scanned.iter().take(SCAN) {
+        // The highest score, the oldest among equals: (score, flow, position).
+        let mut best: Option<(u64, usize, usize)> = None;
+        for &(_, f, at) in scanned.iter().take(SCAN) {
             let s = score(&self.flows[f].queue[at].item);
-            if s > best.0 || (s == best.0 && seq < best.1) {
-                best = (s, seq, f);
+            if best.is_none_or(|(b, _, _)| s > b) {
+                best = Some((s, f, at));
             }
         }
-        let (_, seq, f) = best;
-        let flow = &mut self.flows[f];
-        let at = flow.queue.iter().position(|e| e.seq == seq)?;
-        let entry = flow.queue.remove(at)?;
-        self.waiting -= 1;
-        if flow.queue.is_empty() {
-            self.floor = self.counters.get(&flow.name);
-        }
-        Some((Arc::clone(&flow.name), flow.weight, entry))
+        let (_, f, at) = best?;
+        self.take(f, at)
     }
 }
 

@@ -6,6 +6,8 @@
 //! keeps), charged with each request's prompt at dispatch and its output
 //! when the proxy sees its end.
 
+use std::sync::Arc;
+
 use crate::admission::Level;
 use crate::admission::fair::{Entry, FairLevel, anticipate};
 use crate::admission::refusal::next_level;
@@ -13,8 +15,6 @@ use crate::fleet_sim::clock::{Event, millis};
 use crate::fleet_sim::fleet::State;
 use crate::pool::{Choice, Failure};
 use crate::replica::state::WaitingGuard;
-use std::sync::Arc;
-
 use crate::replica::{InFlightGuard, ReplicaId};
 use crate::replica_sim::engine::NewRequest;
 use crate::routing::Decision;
