@@ -22,7 +22,7 @@ pub fn prefix_hints(pool: &PoolConfig) -> Vec<String> {
         ),
         _ => {}
     }
-    let by_prefix = matches!(pool.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+    let by_prefix = pool.prefix.mode.scores_by_cost();
     let queued = pool.replicas.iter().any(|r| pool.limit_of(r).is_some());
     if by_prefix && queued && pool.queue.prefix_handoff.is_zero() {
         out.push(

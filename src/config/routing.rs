@@ -24,6 +24,12 @@ pub enum PrefixMode {
 }
 
 impl PrefixMode {
+    /// `cache` and `exact`: the modes that score each replica by the
+    /// prompt tokens it holds and its queue.
+    pub fn scores_by_cost(self) -> bool {
+        matches!(self, PrefixMode::Cache | PrefixMode::Exact)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PrefixMode::Off => "off",

@@ -94,7 +94,7 @@ impl PrefixState {
             })
             .collect();
         // `hash` places by homes but never replicates.
-        let scored = matches!(mode, PrefixMode::Cache | PrefixMode::Exact);
+        let scored = mode.scores_by_cost();
         let replicate = pc.prefix.replicate && scored;
         let tracked = replicate || (pc.prefix.homes && (scored || mode == PrefixMode::Hash));
         let hot = tracked.then(|| {

@@ -174,7 +174,7 @@ impl Router {
         key: &CacheKey,
         now_ms: u64,
     ) -> u64 {
-        if !matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact) {
+        if !self.prefix.mode.scores_by_cost() {
             return 0;
         }
         let free: Vec<Arc<Replica>> = replicas
@@ -334,8 +334,7 @@ impl Router {
         if cands.is_empty() {
             return Ok(d);
         }
-        let by_cost = session_key.is_none()
-            && matches!(self.prefix.mode, PrefixMode::Cache | PrefixMode::Exact);
+        let by_cost = session_key.is_none() && self.prefix.mode.scores_by_cost();
         let lora = adapter
             .then(|| {
                 self.place_adapter(&mut d, &mut cands, &views, &saturated, input.model, by_cost)
