@@ -15,6 +15,7 @@
 //! the pool stack read it.
 
 pub mod adapters;
+pub mod carried;
 pub mod health;
 pub mod learned;
 pub mod outlier;

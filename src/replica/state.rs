@@ -14,6 +14,7 @@ use prometheus::IntGauge;
 use tokio::sync::Notify;
 
 use super::ActiveHealth;
+use super::carried::CarriedBlocks;
 use super::learned::LearnedRates;
 use super::outlier::Outlier;
 use super::view::ScrapedLoad;
@@ -55,7 +56,8 @@ pub struct Replica {
     counts: Arc<Counts>,
     /// Since the last stored scrape: requests dispatched, requests finished,
     /// requests whose first byte came, tokens (prompt + expected output,
-    /// less a predicted cached prefix) dispatched.
+    /// less a cached prefix a request in flight here carries) dispatched;
+    /// each scrape starts them at the requests it could not see yet.
     dispatched_since_scrape: AtomicU64,
     completed_since_scrape: AtomicU64,
     first_bytes_since_scrape: AtomicU64,
@@ -365,19 +367,51 @@ impl Replica {
             uncached_left: prompt_tokens,
             output_left: output_tokens,
             adapter: None,
+            carried: Vec::new(),
         }
     }
 
+    /// The prompt blocks of the requests in flight here, in the prefix
+    /// index's hashes (prefix modes; see [`InFlightGuard::carry`]).
+    pub fn carried(&self) -> &CarriedBlocks {
+        &self.counts.carried
+    }
+
     /// Takes back `tokens` of a request's prompt from the KV tokens counted
-    /// since the scrape: the part the replica holds cached already (it
-    /// shares those blocks instead of writing new ones). Call after the
-    /// request's guard is taken.
+    /// since the scrape: the cached part a request in flight here carries
+    /// (its blocks are in use; the new request shares them instead of
+    /// taking free ones). Call after the request's guard is taken.
     pub fn kv_tokens_shared(&self, tokens: u64) {
         let _ = self
             .tokens_since_scrape
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
                 Some(t.saturating_sub(tokens))
             });
+    }
+
+    /// llmlb's requests here the scrape cannot have counted, and their KV
+    /// tokens: those in flight beyond every request the replica reports
+    /// running or waiting (still on the wire, or in its API server's
+    /// backlog, which vLLM's gauges leave out). They are ahead of any
+    /// request sent now, so they carry over into the since-scrape counts:
+    /// as dispatched, and at the mean uncached prompt of llmlb's requests
+    /// there without a first byte (their answers' blocks left out). Other
+    /// senders' requests in the scrape hide some of them; then fewer carry
+    /// over, never more.
+    fn unseen_by(&self, snapshot: &LoadSnapshot) -> (u64, u64) {
+        let (Some(running), Some(waiting)) = (snapshot.running, snapshot.waiting) else {
+            return (0, 0);
+        };
+        let prefilling = self.prefilling();
+        let unseen = self
+            .in_flight()
+            .saturating_sub(running + waiting)
+            .min(prefilling);
+        if unseen == 0 {
+            return (0, 0);
+        }
+        let per_request = self.uncached_prefill() / prefilling;
+        (unseen, per_request * unseen)
     }
 
     /// Stores a new scrape and restarts the since-scrape counts.
@@ -388,12 +422,15 @@ impl Replica {
         if let Some(previous) = self.load.load().as_deref() {
             self.learned.observe(previous, &snapshot);
         }
+        let (unseen, unseen_tokens) = self.unseen_by(&snapshot);
         self.load.store(Some(Arc::new(snapshot)));
-        self.dispatched_since_scrape.store(0, Ordering::Relaxed);
+        self.dispatched_since_scrape
+            .store(unseen, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);
         self.first_bytes_since_scrape.store(0, Ordering::Relaxed);
-        (self.prefilling_at_scrape).store(self.prefilling(), Ordering::Relaxed);
-        self.tokens_since_scrape.store(0, Ordering::Relaxed);
+        (self.prefilling_at_scrape).store(self.prefilling() - unseen, Ordering::Relaxed);
+        self.tokens_since_scrape
+            .store(unseen_tokens, Ordering::Relaxed);
         restarted
     }
 
@@ -522,6 +559,8 @@ struct Counts {
     freed: Notify,
     /// Restarts seen in the replica's scrapes.
     restarts: RestartWatch,
+    /// The prompt blocks of the in-flight requests (prefix modes).
+    carried: CarriedBlocks,
 }
 
 impl Default for Counts {
@@ -536,6 +575,7 @@ impl Default for Counts {
             decoding_output: AtomicU64::new(0),
             freed: Notify::new(),
             restarts: RestartWatch::default(),
+            carried: CarriedBlocks::default(),
         }
     }
 }
@@ -553,6 +593,9 @@ pub struct InFlightGuard {
     output_left: u64,
     /// The LoRA adapter the request runs there, counted until the drop.
     adapter: Option<Arc<str>>,
+    /// Its prompt's blocks, carried there until the drop
+    /// ([`Replica::carried`]).
+    carried: Vec<u64>,
 }
 
 impl InFlightGuard {
@@ -567,6 +610,15 @@ impl InFlightGuard {
             self.replica.adapters.end(&old);
         }
         self.replica.adapters.start(adapter);
+    }
+
+    /// The request's prompt has these prefix-index blocks: carried there
+    /// ([`Replica::carried`]) until the guard drops.
+    pub fn carry(&mut self, blocks: Vec<u64>) {
+        let carried = &self.replica.counts.carried;
+        carried.remove(&self.carried);
+        carried.add(&blocks);
+        self.carried = blocks;
     }
 
     /// `tokens` of the prompt are predicted cached there: not part of the
@@ -629,6 +681,9 @@ impl Drop for InFlightGuard {
         let r = &self.replica;
         if let Some(a) = self.adapter.take() {
             r.adapters.end(&a);
+        }
+        if !self.carried.is_empty() {
+            r.counts.carried.remove(&self.carried);
         }
         if self.prefilled {
             r.counts
@@ -886,6 +941,57 @@ mod tests {
         assert_eq!(l.dispatched_since, 1);
         assert_eq!(l.completed_since, 1);
         assert_eq!(l.tokens_since, 8);
+    }
+
+    #[test]
+    fn requests_a_scrape_cannot_have_counted_stay_counted_after_it() {
+        let r = replica();
+        let mut running = r.acquire_tokens(1_600, 64);
+        running.prefill_done();
+        let _on_its_way = r.acquire_tokens(1_000, 100);
+        let _also = r.acquire_tokens(2_000, 100);
+        // The replica reports one running and one waiting: the third of
+        // llmlb's requests has not reached it (on the wire, in its API
+        // server), so its place in the queue and its KV tokens carry over,
+        // at the mean uncached prompt of the requests without a first byte.
+        r.store_load(LoadSnapshot {
+            running: Some(1),
+            waiting: Some(1),
+            kv_usage: Some(0.4),
+            taken_at_ms: 100,
+            ..LoadSnapshot::default()
+        });
+        let l = r.scraped_load(100).unwrap();
+        assert_eq!(l.dispatched_since, 1);
+        assert_eq!(l.tokens_since, 1_500);
+        assert_eq!(l.queue_now(), Some(2));
+        // Everything seen (or the counts unknown): nothing carries over.
+        for (running, waiting) in [(Some(3), Some(0)), (Some(9), Some(4)), (None, Some(0))] {
+            r.store_load(LoadSnapshot {
+                running,
+                waiting,
+                taken_at_ms: 200,
+                ..LoadSnapshot::default()
+            });
+            let l = r.scraped_load(200).unwrap();
+            assert_eq!((l.dispatched_since, l.tokens_since), (0, 0));
+        }
+    }
+
+    #[test]
+    fn a_guard_carries_its_prompt_blocks_until_it_drops() {
+        let r = replica();
+        let mut a = r.acquire_tokens(48, 8);
+        a.carry(vec![1, 2, 3]);
+        let mut b = r.acquire_tokens(48, 8);
+        b.carry(vec![1, 2, 4]);
+        assert_eq!(r.carried().leading(&[1, 2, 3]), 3);
+        drop(a);
+        assert_eq!(r.carried().leading(&[1, 2, 3]), 2);
+        b.carry(vec![5]); // carried anew: the old blocks go
+        assert_eq!(r.carried().leading(&[1]), 0);
+        drop(b);
+        assert!(r.carried().is_empty());
     }
 
     #[test]

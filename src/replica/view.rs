@@ -116,11 +116,13 @@ impl ScrapedLoad {
 /// as projected usage (by `kv_aware`, against its threshold).
 ///
 /// Every token llmlb sent since the scrape (prompt and expected output)
-/// counts as still held, less the part of a prompt that prefix routing
-/// predicted cached on the replica (those blocks are shared, not written
-/// again), which overestimates use slightly until the next scrape; vLLM
-/// counts blocks holding only a cached prefix as free, and so does this
-/// model.
+/// counts as still held, less the part of a prompt's predicted cached
+/// prefix that a request in flight there carries (those blocks are in use
+/// and shared, not taken again); which overestimates use slightly until
+/// the next scrape. vLLM counts blocks holding only a cached prefix as
+/// free, and so does this model: a request reusing such a prefix takes its
+/// blocks out of the free ones. llmlb's requests the scrape could not see
+/// yet (on their way, in the replica's API server) count as sent since.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvRoom {
     /// Fraction in use at the scrape.

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::RouteBranch;
-use super::decision::{Decision, Expect};
+use super::decision::{Decision, Expect, Recorded};
 use super::prefix::blocks::{CacheKey, block_hashes_keyed, exact_seed, keyed_hashes};
 use super::prefix::cache_index::BlockIndex;
 use super::prefix::held::HeldBlocks;
@@ -189,7 +189,11 @@ fn to_record(
     cache_key: &CacheKey,
     ends_ms: u64,
 ) {
-    d.record = Some((Arc::clone(&router.state.indexes), blocks));
+    d.record = Some(Recorded {
+        indexes: Arc::clone(&router.state.indexes),
+        blocks,
+        block_size: router.prefix.block_size,
+    });
     if router.prefix.mode == PrefixMode::Exact {
         d.expect = Some(Expect {
             held: Arc::clone(&router.state.held),
@@ -490,7 +494,11 @@ pub(super) fn record_for_prediction(
         }
     }
     d.predicted = predict::from_sent(&router.state.indexes, cands, &blocks, tokens.len(), bs);
-    d.record = Some((Arc::clone(&router.state.indexes), blocks));
+    d.record = Some(Recorded {
+        indexes: Arc::clone(&router.state.indexes),
+        blocks,
+        block_size: bs,
+    });
 }
 
 /// Bounds a replica's index to the KV capacity it reports, in the index's
@@ -704,6 +712,42 @@ mod tests {
         assert!(
             (n - 1.0) * 0.02 <= saving + 1e-9 && n * 0.02 >= saving - 1e-9,
             "{n} vs {saving}"
+        );
+    }
+
+    /// A prompt's cached prefix takes no more KV room only while a request
+    /// in flight there carries it: vLLM counts a cached block no running
+    /// request uses as free, and takes it again for the next request.
+    #[test]
+    fn a_cached_prefix_is_kept_out_of_the_kv_tokens_sent_only_while_carried() {
+        let t = pool_of("[pools.prefix]\nmode = \"cache\"", 1);
+        let pool = &t.pools()[0];
+        let replica = &pool.replicas[0];
+        replica.store_load(crate::replica::LoadSnapshot {
+            taken_at_ms: 1,
+            ..Default::default()
+        });
+        let headers = HeaderMap::new();
+        let (_, chat) = short_and_long_chats();
+        let prompt = pool.router.prompt_tokens(Prompt::Chat(&chat)).len() as u64;
+        let cached = (prompt - 1) / 16 * 16;
+        let since = || replica.scraped_load(1).unwrap().tokens_since;
+        let send = || {
+            let d = route(pool, &input(&headers, None, Prompt::Chat(&chat)));
+            let mut guard = replica.acquire_tokens(prompt, 10);
+            let _ = d.dispatched_with(&mut guard);
+            guard
+        };
+        let first = send();
+        assert_eq!(since(), prompt + 10);
+        let second = send();
+        assert_eq!(since(), 2 * (prompt + 10) - cached, "carried by the first");
+        drop((first, second));
+        let _third = send();
+        assert_eq!(
+            since(),
+            3 * (prompt + 10) - cached,
+            "cached, carried by none"
         );
     }
 

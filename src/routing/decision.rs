@@ -34,6 +34,15 @@ pub(super) struct Expect {
     pub ends_ms: u64,
 }
 
+/// A prefix mode's record of the prompt: its blocks in the pool's index
+/// hashes, of `block_size` tokens each.
+#[derive(Debug)]
+pub(super) struct Recorded {
+    pub indexes: Indexes,
+    pub blocks: Vec<u64>,
+    pub block_size: usize,
+}
+
 /// The routing stage's answer for one request.
 #[derive(Debug, Default)]
 pub struct Decision {
@@ -45,8 +54,9 @@ pub struct Decision {
     pub branches: Vec<RouteBranch>,
     /// The canary version chosen, when the pool splits by version.
     pub version: Option<Arc<str>>,
-    /// `cache` mode: the prompt's blocks, recorded on the replica it is sent to.
-    pub(super) record: Option<(Indexes, Vec<u64>)>,
+    /// Prefix modes: the prompt's blocks, recorded on the replica it is
+    /// sent to.
+    pub(super) record: Option<Recorded>,
     /// `exact` mode: the prompt, expected on the replica it is sent to
     /// until its events report it or the request ends.
     pub(super) expect: Option<Expect>,
@@ -109,18 +119,13 @@ impl Decision {
             .adapter
             .as_deref()
             .is_some_and(|a| replica.adapters.sent(a) == crate::replica::adapters::Placement::Swap);
-        // The prompt's cached part takes no new KV blocks there: the
-        // request's in-flight guard counted the whole prompt.
-        if let Some(cached) = self.predicted_for(replica.id) {
-            replica.kv_tokens_shared(cached);
-        }
-        if let Some((indexes, blocks)) = &self.record
-            && let Some(index) = indexes.get(&replica.id)
+        if let Some(r) = &self.record
+            && let Some(index) = r.indexes.get(&replica.id)
         {
-            index.record(blocks);
+            index.record(&r.blocks);
         }
-        if let (Some((outbox, key)), Some((_, blocks))) = (&self.share, &self.record) {
-            outbox.send(&replica.name, *key, blocks);
+        if let (Some((outbox, key)), Some(r)) = (&self.share, &self.record) {
+            outbox.send(&replica.name, *key, &r.blocks);
         }
         let sent = self.expect.as_ref().and_then(|e| {
             e.held
@@ -132,12 +137,23 @@ impl Decision {
 
     /// [`Self::dispatched`] to the replica of the request's in-flight
     /// `guard`, which then counts the prompt's predicted cached part out of
-    /// the prefill queued there (it counted the whole prompt).
+    /// the prefill queued there (it counted the whole prompt), and the part
+    /// of it a request in flight there carries out of the KV tokens sent
+    /// there; the guard carries the prompt's blocks until it drops.
     #[must_use = "in exact mode the prompt counts as sent only while the answer lives"]
     pub fn dispatched_with(&self, guard: &mut InFlightGuard) -> Dispatched {
         let sent = self.dispatched(guard.replica());
         if let Some(cached) = self.predicted_for(guard.replica().id) {
             guard.expect_cached(cached);
+            if let Some(r) = &self.record {
+                // The guard counted the whole prompt against the replica's
+                // free KV cache; the part a request in flight there carries
+                // takes no more room (a cached prefix no running request
+                // uses is counted free by the replica, and is taken again).
+                let carried = guard.replica().carried().leading(&r.blocks) * r.block_size;
+                guard.replica().kv_tokens_shared(cached.min(carried as u64));
+                guard.carry(r.blocks.clone());
+            }
         }
         sent
     }

@@ -20,7 +20,9 @@
 //!              byte; without one, or before a decode step is learned:
 //!              running × seconds_per_request_ahead)
 //! free KV tokens = capacity × (1 − kv_usage) − tokens sent since the scrape
-//!                  (prompt less its predicted cached part, plus output)
+//!                  (prompt less the cached prefix a request in flight there
+//!                  carries, plus output; and llmlb's requests the scrape
+//!                  did not see yet)
 //! ```
 //!
 //! (free KV tokens: [`KvRoom::free_tokens`](crate::replica::KvRoom), the
