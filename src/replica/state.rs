@@ -428,7 +428,8 @@ impl Replica {
             .store(unseen, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);
         self.first_bytes_since_scrape.store(0, Ordering::Relaxed);
-        (self.prefilling_at_scrape).store(self.prefilling() - unseen, Ordering::Relaxed);
+        let prefilling = self.prefilling().saturating_sub(unseen);
+        (self.prefilling_at_scrape).store(prefilling, Ordering::Relaxed);
         self.tokens_since_scrape
             .store(unseen_tokens, Ordering::Relaxed);
         restarted
