@@ -25,20 +25,21 @@ pub struct CarriedBlocks {
 impl CarriedBlocks {
     /// How many leading blocks of `blocks` (a prompt's chained hashes) a
     /// request in flight carries.
+    #[cfg(test)]
     pub fn leading(&self, blocks: &[u64]) -> usize {
-        let held = self.lock();
-        if held.is_empty() {
-            return 0;
-        }
-        blocks.iter().take_while(|b| held.contains_key(b)).count()
+        leading_in(&self.lock(), blocks)
     }
 
-    /// A request carrying `blocks` is in flight.
-    pub fn add(&self, blocks: &[u64]) {
+    /// A request carrying `blocks` is in flight. Returns how many leading
+    /// blocks of them the requests already in flight carried (under the
+    /// same lock, so the request never counts itself).
+    pub fn add(&self, blocks: &[u64]) -> usize {
         let mut held = self.lock();
+        let leading = leading_in(&held, blocks);
         for &b in blocks {
             *held.entry(b).or_insert(0) += 1;
         }
+        leading
     }
 
     /// A request carrying `blocks` ended.
@@ -54,18 +55,22 @@ impl CarriedBlocks {
         }
     }
 
-    /// Distinct blocks carried (tests and diagnostics).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
+    /// Whether no block is carried (tests).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.lock().is_empty()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
         self.blocks.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+fn leading_in(held: &HashMap<u64, u32>, blocks: &[u64]) -> usize {
+    if held.is_empty() {
+        return 0;
+    }
+    blocks.iter().take_while(|b| held.contains_key(b)).count()
 }
 
 #[cfg(test)]
@@ -76,8 +81,8 @@ mod tests {
     fn a_prefix_counts_while_some_request_carries_it() {
         let c = CarriedBlocks::default();
         assert_eq!(c.leading(&[1, 2, 3]), 0);
-        c.add(&[1, 2, 3]);
-        c.add(&[1, 2, 4]);
+        assert_eq!(c.add(&[1, 2, 3]), 0);
+        assert_eq!(c.add(&[1, 2, 4]), 2);
         // The shared system prompt (1, 2), then the first request's own block.
         assert_eq!(c.leading(&[1, 2, 5]), 2);
         assert_eq!(c.leading(&[1, 2, 3, 9]), 3);

@@ -373,6 +373,7 @@ impl Replica {
 
     /// The prompt blocks of the requests in flight here, in the prefix
     /// index's hashes (prefix modes; see [`InFlightGuard::carry`]).
+    #[cfg(test)]
     pub fn carried(&self) -> &CarriedBlocks {
         &self.counts.carried
     }
@@ -398,11 +399,12 @@ impl Replica {
     /// there without a first byte (their answers' blocks left out). Other
     /// senders' requests in the scrape hide some of them; then fewer carry
     /// over, never more.
-    fn unseen_by(&self, snapshot: &LoadSnapshot) -> (u64, u64) {
+    /// `prefilling`: llmlb's requests here without a first byte, read once
+    /// by the caller (the unseen ones are at most as many).
+    fn unseen_by(&self, snapshot: &LoadSnapshot, prefilling: u64) -> (u64, u64) {
         let (Some(running), Some(waiting)) = (snapshot.running, snapshot.waiting) else {
             return (0, 0);
         };
-        let prefilling = self.prefilling();
         let unseen = self
             .in_flight()
             .saturating_sub(running + waiting)
@@ -422,14 +424,14 @@ impl Replica {
         if let Some(previous) = self.load.load().as_deref() {
             self.learned.observe(previous, &snapshot);
         }
-        let (unseen, unseen_tokens) = self.unseen_by(&snapshot);
+        let prefilling = self.prefilling();
+        let (unseen, unseen_tokens) = self.unseen_by(&snapshot, prefilling);
         self.load.store(Some(Arc::new(snapshot)));
         self.dispatched_since_scrape
             .store(unseen, Ordering::Relaxed);
         self.completed_since_scrape.store(0, Ordering::Relaxed);
         self.first_bytes_since_scrape.store(0, Ordering::Relaxed);
-        let prefilling = self.prefilling().saturating_sub(unseen);
-        (self.prefilling_at_scrape).store(prefilling, Ordering::Relaxed);
+        (self.prefilling_at_scrape).store(prefilling - unseen, Ordering::Relaxed);
         self.tokens_since_scrape
             .store(unseen_tokens, Ordering::Relaxed);
         restarted
@@ -614,12 +616,16 @@ impl InFlightGuard {
     }
 
     /// The request's prompt has these prefix-index blocks: carried there
-    /// ([`Replica::carried`]) until the guard drops.
-    pub fn carry(&mut self, blocks: Vec<u64>) {
+    /// ([`Replica::carried`]) until the guard drops. Returns how many
+    /// leading blocks of them the other requests in flight there carry.
+    pub fn carry(&mut self, blocks: Vec<u64>) -> usize {
         let carried = &self.replica.counts.carried;
-        carried.remove(&self.carried);
-        carried.add(&blocks);
+        if !self.carried.is_empty() {
+            carried.remove(&self.carried);
+        }
+        let leading = carried.add(&blocks);
         self.carried = blocks;
+        leading
     }
 
     /// `tokens` of the prompt are predicted cached there: not part of the

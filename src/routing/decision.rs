@@ -150,9 +150,8 @@ impl Decision {
                 // free KV cache; the part a request in flight there carries
                 // takes no more room (a cached prefix no running request
                 // uses is counted free by the replica, and is taken again).
-                let carried = guard.replica().carried().leading(&r.blocks) * r.block_size;
+                let carried = guard.carry(r.blocks.clone()) * r.block_size;
                 guard.replica().kv_tokens_shared(cached.min(carried as u64));
-                guard.carry(r.blocks.clone());
             }
         }
         sent
