@@ -597,7 +597,7 @@ pub struct InFlightGuard {
     /// The LoRA adapter the request runs there, counted until the drop.
     adapter: Option<Arc<str>>,
     /// Its prompt's blocks, carried there until the drop
-    /// ([`Replica::carried`]).
+    /// ([`CarriedBlocks`]).
     carried: Vec<u64>,
 }
 
@@ -616,7 +616,7 @@ impl InFlightGuard {
     }
 
     /// The request's prompt has these prefix-index blocks: carried there
-    /// ([`Replica::carried`]) until the guard drops. Returns how many
+    /// ([`CarriedBlocks`]) until the guard drops. Returns how many
     /// leading blocks of them the other requests in flight there carry.
     pub fn carry(&mut self, blocks: Vec<u64>) -> usize {
         let carried = &self.replica.counts.carried;
