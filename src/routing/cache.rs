@@ -376,7 +376,8 @@ fn copies_of(
 
 /// Each candidate's scoring input: what is ahead of the request there, its
 /// rates, what it holds (a copy of the prefix at least its shared part),
-/// what it keeps (the home), its cache room, its rank in the rendezvous
+/// what it keeps (the home; what it holds now, evicted before the
+/// request's turn or not), its cache room, its rank in the rendezvous
 /// order on the prefix's `key` (the tie-break) and what a LoRA request
 /// waits for there.
 fn candidates(
@@ -406,10 +407,12 @@ fn candidates(
             } else {
                 held[i].cached
             },
+            // What it keeps for the prefix: its home's part, and what it
+            // holds now even if the requests queued there evict it first.
             kept_tokens: if facts.home == Some(cands[i].id) {
-                facts.kept
+                facts.kept.max(held[i].held_now)
             } else {
-                0
+                held[i].held_now
             },
             room_tokens: held[i].room,
             rank: rank[i],
@@ -527,6 +530,10 @@ struct Holding {
     estimated: bool,
     /// Empty cache room in tokens, when the replica's capacity is known.
     room: Option<u64>,
+    /// `exact`, from the replica's events: prompt tokens it holds or has
+    /// been sent now, counting those the requests queued there will evict
+    /// before this one's turn (0 otherwise). The cost counts them as kept.
+    held_now: u64,
 }
 
 impl Holdings {
@@ -570,16 +577,17 @@ impl Holdings {
                         }
                     };
                     let blocks = capacity.map(|cap| (cap / bs as u64) as usize);
-                    let cached = (h.matched_or_sent(&by_size[pos].1, blocks) * bs) as u64;
-                    (cached, false, bs)
+                    let m = h.matched_at_turn(&by_size[pos].1, blocks);
+                    let tokens = |n: usize| (n * bs) as u64;
+                    (tokens(m.at_turn), false, bs, tokens(m.now))
                 }
                 None => {
                     let bs = router.prefix.block_size;
                     let matched = index.map_or(0, |i| i.matched(blocks));
-                    ((matched * bs) as u64, exact, bs)
+                    ((matched * bs) as u64, exact, bs, 0)
                 }
             };
-            let (cached, estimated, bs) = value;
+            let (cached, estimated, bs, held_now) = value;
             predicted.push((r.id, predict::cap(cached, tokens.len(), bs)));
             by_replica.insert(
                 r.id,
@@ -587,6 +595,7 @@ impl Holdings {
                     cached,
                     estimated,
                     room,
+                    held_now,
                 },
             );
         }
@@ -1116,73 +1125,127 @@ mod tests {
         assert!(third.predicted_for(home).unwrap() > 0);
     }
 
-    /// A replica near capacity whose old prefix the prompts queued there
-    /// will evict before the next request of that prefix runs is not
-    /// preferred for it: the blocks it reports are doomed.
-    #[test]
-    fn exact_mode_does_not_prefer_a_replica_about_to_evict_the_prefix() {
-        use crate::kv_events::subscriber::EventSink;
-        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
-        use crate::replica::LoadSnapshot;
-        let t = exact_topology();
-        let pool = &t.pools()[0];
-        let headers = HeaderMap::new();
-        let chat = long_chat;
-        let old = chat(
+    /// The old prompt of the doomed-prefix tests below, and its tokens.
+    fn old_prompt(pool: &crate::pool::Pool) -> (Vec<ChatMessage>, Vec<u32>) {
+        let old = long_chat(
             "Quote the order number and answer in the customer's language. ",
             "where is it?",
         );
-        let new = chat(
-            &"Summarise the ticket history before proposing a refund. ".repeat(3),
-            "refund?",
-        );
-        let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
-        let tokens = |c: &[ChatMessage]| at(c).expect.as_ref().unwrap().tokens.clone();
-        let (old_tokens, new_tokens) = (tokens(&old), tokens(&new));
+        let headers = HeaderMap::new();
+        let d = route(pool, &input(&headers, None, Prompt::Chat(&old)));
+        let tokens = d.expect.as_ref().unwrap().tokens.clone();
+        (old, tokens)
+    }
+
+    /// Both replicas of an `exact` pool known, with room for the old
+    /// prompt's blocks and `slack` blocks more (one holds another block);
+    /// the first has stored the old prompt's blocks, its request ended.
+    /// Returns the old prompt and its tokens.
+    fn old_prefix_on_the_first(
+        pool: &crate::pool::Pool,
+        slack: usize,
+    ) -> (Vec<ChatMessage>, Vec<u32>) {
+        use crate::kv_events::subscriber::EventSink;
+        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+        use crate::replica::LoadSnapshot;
+        let (old, old_tokens) = old_prompt(pool);
         let blocks = old_tokens.len() / 16;
-        assert!(blocks >= 30 && new_tokens.len() / 16 >= 30, "long prompts");
-        let (warm, cold) = (&pool.replicas[0], &pool.replicas[1]);
-        let stored = |keys: std::ops::Range<u64>, tokens: &[u32]| KvEvent::BlockStored {
-            block_hashes: keys.map(BlockKey).collect(),
-            parent_block_hash: None,
-            token_ids: tokens.to_vec(),
-            block_size: 16,
-            lora_name: None,
-            medium: None,
-            extra_keys: Vec::new(),
-        };
-        let batch = |e| EventBatch {
+        let stored = |keys: std::ops::Range<u64>, tokens: &[u32]| EventBatch {
             ts: 0.0,
-            events: vec![e],
+            events: vec![KvEvent::BlockStored {
+                block_hashes: keys.map(BlockKey).collect(),
+                parent_block_hash: None,
+                token_ids: tokens.to_vec(),
+                block_size: 16,
+                lora_name: None,
+                medium: None,
+                extra_keys: Vec::new(),
+            }],
             dp_rank: None,
         };
         for r in &pool.replicas {
             let held = pool.router.held(r.id).unwrap();
             held.caught_up();
-            held.apply(&batch(stored(1..2, &[7; 16])));
-            // Room for the old prefix and a few blocks more.
+            held.apply(&stored(1..2, &[7; 16]));
             r.store_load(LoadSnapshot {
-                kv_capacity_tokens: Some(((blocks + 4) * 16) as u64),
+                kv_capacity_tokens: Some(((blocks + slack) * 16) as u64),
                 taken_at_ms: 1,
                 ..LoadSnapshot::default()
             });
         }
-        // The warm replica stored the old prefix (its request has ended).
-        let held = pool.router.held(warm.id).unwrap();
-        held.apply(&batch(stored(
+        let held = pool.router.held(pool.replicas[0].id).unwrap();
+        held.apply(&stored(
             100..100 + blocks as u64,
             &old_tokens[..blocks * 16],
-        )));
+        ));
+        (old, old_tokens)
+    }
+
+    /// A chat whose system prompt is `repeats` sentences × 40.
+    fn refund_chat(repeats: usize) -> Vec<ChatMessage> {
+        long_chat(
+            &"Summarise the ticket history before proposing a refund. ".repeat(repeats),
+            "refund?",
+        )
+    }
+
+    /// A replica near capacity whose old prefix the prompts queued there
+    /// will evict before the next request of that prefix runs is not
+    /// preferred for it when what is queued costs more than the prefix
+    /// saves: the blocks it reports are doomed.
+    #[test]
+    fn exact_mode_does_not_prefer_a_replica_about_to_evict_the_prefix() {
+        let t = exact_topology();
+        let pool = &t.pools()[0];
+        let headers = HeaderMap::new();
+        let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
+        // Room for the old prefix and a few blocks more.
+        let (old, old_tokens) = old_prefix_on_the_first(pool, 4);
+        assert!(old_tokens.len() / 16 >= 30, "a long prompt");
+        let new = refund_chat(3);
+        let (warm, cold) = (&pool.replicas[0], &pool.replicas[1]);
         let d = at(&old);
         assert_eq!(d.preferred, Some(vec![warm.id]));
         assert_eq!(d.branches, vec![RouteBranch::PrefixHit]);
-        // A request of another long prompt is sent there and holds its
+        // A request of another, longer prompt is sent there and holds its
         // turn: its blocks will push the old prefix out.
         let _busy = warm.acquire();
-        let _sent = at(&new).dispatched(warm);
+        let sent = at(&new);
+        assert!(sent.expect.as_ref().unwrap().tokens.len() > old_tokens.len());
+        let _sent = sent.dispatched(warm);
         let d = at(&old);
         assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
         assert_eq!(d.predicted_for(warm.id), Some(0));
+    }
+
+    /// Where the prompt queued on the replica evicts most of the old
+    /// prefix, only its beginning is predicted cached there, but the
+    /// replica still counts as keeping the whole prefix: the request goes
+    /// back there and stores it again, rather than copying it to the cold
+    /// replica, while the queue there costs less than the prefix saves.
+    #[test]
+    fn exact_mode_keeps_a_prefix_where_it_lives_though_its_tail_will_be_evicted() {
+        let t = exact_topology();
+        let pool = &t.pools()[0];
+        let headers = HeaderMap::new();
+        let at = |c: &[ChatMessage]| route(pool, &input(&headers, None, Prompt::Chat(c)));
+        // Room for the old prefix and one block more; a shorter prompt
+        // queued there.
+        let (old, old_tokens) = old_prefix_on_the_first(pool, 1);
+        let new = refund_chat(1);
+        let (warm, cold) = (&pool.replicas[0], &pool.replicas[1]);
+        let _sent = at(&new).dispatched(warm);
+        let d = at(&old);
+        let predicted = d.predicted_for(warm.id).unwrap();
+        assert!(
+            predicted > 0 && predicted < old_tokens.len() as u64 / 4,
+            "most of the prefix is doomed: {predicted}"
+        );
+        assert_eq!(d.preferred, Some(vec![warm.id]), "{:?}", d.branches);
+        // Four more requests there cost more than the prefix saves.
+        let _busy: Vec<_> = (0..4).map(|_| warm.acquire()).collect();
+        let d = at(&old);
+        assert_eq!(d.preferred, Some(vec![cold.id]), "{:?}", d.branches);
     }
 
     /// A replica whose requests in flight carry more than its cache holds

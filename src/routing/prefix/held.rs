@@ -149,6 +149,17 @@ struct Held {
     restarts_seen: Option<u64>,
 }
 
+/// How many leading blocks of a prompt a replica has, as a pick reads them
+/// ([`HeldBlocks::matched_at_turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matched {
+    /// Held or on their way, less those the requests queued there will
+    /// evict before a request placed now gets its turn.
+    pub at_turn: usize,
+    /// Held or on their way now, those included.
+    pub now: usize,
+}
+
 impl HeldBlocks {
     /// An empty record, unknown until the first events say otherwise.
     pub fn new(capacity: usize) -> HeldBlocks {
@@ -208,29 +219,42 @@ impl HeldBlocks {
     /// events taught, if anything). When the requests in flight there carry
     /// more than that capacity, only the blocks of those ending last count.
     /// See the module docs.
+    #[cfg(test)]
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
+        self.matched_at_turn(hashes, capacity).at_turn
+    }
+
+    /// The leading blocks of `hashes` the replica will hold at a request's
+    /// turn ([`matched_or_sent`](Self::matched_or_sent)), and those it
+    /// holds or has been sent now, the ones it will evict first included.
+    pub fn matched_at_turn(&self, hashes: &[u64], capacity: Option<usize>) -> Matched {
         let held = self.lock();
         let capacity = capacity.or(held.order.learned_capacity());
         let ending = held.order.carried();
         if let Some(cut) = capacity.and_then(|c| ending.cutoff(c)) {
-            return hashes
+            let n = hashes
                 .iter()
                 .take_while(|h| {
                     ending.kept(**h, cut)
                         && (held.pending.contains_key(h) || held.ours.contains_key(h))
                 })
                 .count();
+            return Matched { at_turn: n, now: n };
         }
         let doom = held
             .order
             .doom(held.theirs.len(), held.pending.len(), capacity);
-        hashes
+        let now = hashes
             .iter()
-            .take_while(|h| {
-                held.pending.contains_key(h)
-                    || (held.ours.contains_key(h) && !held.order.doomed(**h, doom))
-            })
-            .count()
+            .take_while(|h| held.pending.contains_key(h) || held.ours.contains_key(h))
+            .count();
+        // Within `now` every block is sent or held: the held ones count
+        // unless doomed.
+        let at_turn = hashes[..now]
+            .iter()
+            .take_while(|h| held.pending.contains_key(h) || !held.order.doomed(**h, doom))
+            .count();
+        Matched { at_turn, now }
     }
 
     /// Blocks the replica reports holding plus those sent and not yet

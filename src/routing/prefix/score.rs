@@ -103,7 +103,10 @@
 //! the prefix's requests share even when it does not hold it now (the
 //! returned TTFT does not): a miss goes home unless another replica is
 //! faster by more than that part's prefill, and warms the replica its next
-//! requests will look at.
+//! requests will look at. In `exact` mode a replica that holds the prefix
+//! now but will evict it before the request's turn (the requests queued
+//! there write over it first) is counted the same way: the prefix is
+//! stored again where it lives rather than copied to a second replica.
 //!
 //! A warm replica therefore loses to a cold one exactly when its queue, plus
 //! what it lacks in free cache, costs more than the prefill the cache would
@@ -306,9 +309,11 @@ pub struct Candidate {
     /// Prompt tokens the replica probably has cached.
     pub cached_tokens: u64,
     /// Prompt tokens the replica is counted as keeping for the prefix's
-    /// next requests, whether it holds them now or not (the prefix's home,
-    /// [`super::home`]): the cost reads the larger of the two, the
-    /// returned TTFT only what is cached.
+    /// next requests, whether it holds them at the request's turn or not
+    /// (the prefix's home, [`super::home`]; in `exact` mode also what it
+    /// holds now that the requests queued there will evict first): the
+    /// cost reads the larger of the two, the returned TTFT only what is
+    /// cached.
     pub kept_tokens: u64,
     /// llmlb's requests on the replica still waiting for their first byte.
     pub prefilling: u64,
