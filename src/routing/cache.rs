@@ -167,7 +167,7 @@ const UNBOUNDED_OUTPUT: f64 = 256.0;
 /// is the request's `max_tokens`; without one, the replica's learned
 /// answer length ([`UNBOUNDED_OUTPUT`] until it has one). Only the order
 /// of the requests in flight on one replica matters
-/// ([`HeldBlocks::matched_or_sent`]): a request sent behind a longer
+/// ([`HeldBlocks::matched_at_turn`]): a request sent behind a longer
 /// queue, or asking for a longer answer, ends later.
 fn ends_ms(now_ms: u64, ttft: f64, max_tokens: Option<u32>, rates: &Rates) -> u64 {
     let out = max_tokens

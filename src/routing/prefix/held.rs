@@ -212,21 +212,21 @@ impl HeldBlocks {
             .count()
     }
 
-    /// Like [`matched`](Self::matched), also counting blocks sent there
-    /// and not yet reported, and not counting reported blocks the replica
-    /// will evict before a request placed now runs, with room for
-    /// `capacity` blocks (the replica's reported KV cache; `None`: what its
-    /// events taught, if anything). When the requests in flight there carry
-    /// more than that capacity, only the blocks of those ending last count.
-    /// See the module docs.
+    /// What [`matched_at_turn`](Self::matched_at_turn) counts at the turn.
     #[cfg(test)]
     pub fn matched_or_sent(&self, hashes: &[u64], capacity: Option<usize>) -> usize {
         self.matched_at_turn(hashes, capacity).at_turn
     }
 
     /// The leading blocks of `hashes` the replica will hold at a request's
-    /// turn ([`matched_or_sent`](Self::matched_or_sent)), and those it
-    /// holds or has been sent now, the ones it will evict first included.
+    /// turn: like [`matched`](Self::matched), also counting blocks sent
+    /// there and not yet reported, and not counting reported blocks it
+    /// will evict before a request placed now runs, with room for
+    /// `capacity` blocks (the replica's reported KV cache; `None`: what its
+    /// events taught, if anything); when the requests in flight there carry
+    /// more than that capacity, only the blocks of those ending last count
+    /// (see the module docs). And those it holds or has been sent now, the
+    /// ones it will evict first included.
     pub fn matched_at_turn(&self, hashes: &[u64], capacity: Option<usize>) -> Matched {
         let held = self.lock();
         let capacity = capacity.or(held.order.learned_capacity());
