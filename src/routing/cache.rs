@@ -1038,27 +1038,33 @@ mod tests {
         (short, long)
     }
 
+    /// A batch of one event: the replica stored blocks `keys` (its own
+    /// hashes) holding `tokens`, 16 a block.
+    fn stored(keys: std::ops::Range<u64>, tokens: &[u32]) -> crate::kv_events::EventBatch {
+        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
+        EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::BlockStored {
+                block_hashes: keys.map(BlockKey).collect(),
+                parent_block_hash: None,
+                token_ids: tokens.to_vec(),
+                block_size: 16,
+                lora_name: None,
+                medium: None,
+                extra_keys: Vec::new(),
+            }],
+            dp_rank: None,
+        }
+    }
+
     /// Every replica's record known, the block size (16) told by a block
     /// of another prompt.
     fn known_records(pool: &crate::pool::Pool) {
         use crate::kv_events::subscriber::EventSink;
-        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
         for r in &pool.replicas {
             let held = pool.router.held(r.id).unwrap();
             held.caught_up();
-            held.apply(&EventBatch {
-                ts: 0.0,
-                events: vec![KvEvent::BlockStored {
-                    block_hashes: vec![BlockKey(1)],
-                    parent_block_hash: None,
-                    token_ids: vec![7; 16],
-                    block_size: 16,
-                    lora_name: None,
-                    medium: None,
-                    extra_keys: Vec::new(),
-                }],
-                dp_rank: None,
-            });
+            held.apply(&stored(1..2, &[7; 16]));
         }
     }
 
@@ -1125,18 +1131,6 @@ mod tests {
         assert!(third.predicted_for(home).unwrap() > 0);
     }
 
-    /// The old prompt of the doomed-prefix tests below, and its tokens.
-    fn old_prompt(pool: &crate::pool::Pool) -> (Vec<ChatMessage>, Vec<u32>) {
-        let old = long_chat(
-            "Quote the order number and answer in the customer's language. ",
-            "where is it?",
-        );
-        let headers = HeaderMap::new();
-        let d = route(pool, &input(&headers, None, Prompt::Chat(&old)));
-        let tokens = d.expect.as_ref().unwrap().tokens.clone();
-        (old, tokens)
-    }
-
     /// Both replicas of an `exact` pool known, with room for the old
     /// prompt's blocks and `slack` blocks more (one holds another block);
     /// the first has stored the old prompt's blocks, its request ended.
@@ -1146,31 +1140,20 @@ mod tests {
         slack: usize,
     ) -> (Vec<ChatMessage>, Vec<u32>) {
         use crate::kv_events::subscriber::EventSink;
-        use crate::kv_events::{BlockKey, EventBatch, KvEvent};
-        use crate::replica::LoadSnapshot;
-        let (old, old_tokens) = old_prompt(pool);
+        let old = long_chat(
+            "Quote the order number and answer in the customer's language. ",
+            "where is it?",
+        );
+        let headers = HeaderMap::new();
+        let d = route(pool, &input(&headers, None, Prompt::Chat(&old)));
+        let old_tokens = d.expect.as_ref().unwrap().tokens.clone();
         let blocks = old_tokens.len() / 16;
-        let stored = |keys: std::ops::Range<u64>, tokens: &[u32]| EventBatch {
-            ts: 0.0,
-            events: vec![KvEvent::BlockStored {
-                block_hashes: keys.map(BlockKey).collect(),
-                parent_block_hash: None,
-                token_ids: tokens.to_vec(),
-                block_size: 16,
-                lora_name: None,
-                medium: None,
-                extra_keys: Vec::new(),
-            }],
-            dp_rank: None,
-        };
+        known_records(pool);
         for r in &pool.replicas {
-            let held = pool.router.held(r.id).unwrap();
-            held.caught_up();
-            held.apply(&stored(1..2, &[7; 16]));
-            r.store_load(LoadSnapshot {
+            r.store_load(crate::replica::LoadSnapshot {
                 kv_capacity_tokens: Some(((blocks + slack) * 16) as u64),
                 taken_at_ms: 1,
-                ..LoadSnapshot::default()
+                ..Default::default()
             });
         }
         let held = pool.router.held(pool.replicas[0].id).unwrap();

@@ -156,7 +156,9 @@ pub struct Matched {
     /// Held or on their way, less those the requests queued there will
     /// evict before a request placed now gets its turn.
     pub at_turn: usize,
-    /// Held or on their way now, those included.
+    /// Held or on their way now, those included. Where the requests in
+    /// flight carry more than the capacity, the same as `at_turn` (only
+    /// the blocks of those ending last count, now as at the turn).
     pub now: usize,
 }
 
@@ -244,17 +246,24 @@ impl HeldBlocks {
         let doom = held
             .order
             .doom(held.theirs.len(), held.pending.len(), capacity);
-        let now = hashes
-            .iter()
-            .take_while(|h| held.pending.contains_key(h) || held.ours.contains_key(h))
-            .count();
-        // Within `now` every block is sent or held: the held ones count
-        // unless doomed.
-        let at_turn = hashes[..now]
-            .iter()
-            .take_while(|h| held.pending.contains_key(h) || !held.order.doomed(**h, doom))
-            .count();
-        Matched { at_turn, now }
+        // One walk: `now` runs while a block is sent or held, `at_turn`
+        // stops at the first held one that is doomed.
+        let mut at_turn = None;
+        let mut now = 0;
+        for h in hashes {
+            let sent = held.pending.contains_key(h);
+            if !sent && !held.ours.contains_key(h) {
+                break;
+            }
+            if at_turn.is_none() && !sent && held.order.doomed(*h, doom) {
+                at_turn = Some(now);
+            }
+            now += 1;
+        }
+        Matched {
+            at_turn: at_turn.unwrap_or(now),
+            now,
+        }
     }
 
     /// Blocks the replica reports holding plus those sent and not yet
